@@ -1,0 +1,34 @@
+"""The ``layerwise`` command: LightningCLI (fit, validate, test, predict) plus ``layerwise plot``."""
+
+import sys
+from typing import Any, Optional
+
+from lightning.pytorch.cli import LightningCLI
+
+from layerwise.lightning_modules import LayerwiseModule
+
+
+class LayerwiseCLI(LightningCLI):
+    """LightningCLI over every :class:`~layerwise.lightning_modules.LayerwiseModule` and any LightningDataModule.
+
+    ``--model`` and ``--data`` take a ``class_path`` (e.g. ``layerwise.lightning_modules.AlternatingAligned``,
+    ``layerwise.datamodules.DigitsDataModule``) with ``init_args``; several ``--config`` files compose.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("model_class", LayerwiseModule)
+        kwargs.setdefault("subclass_mode_model", True)
+        kwargs.setdefault("subclass_mode_data", True)
+        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        super().__init__(*args, **kwargs)
+
+
+def main(args: Optional[list[str]] = None) -> None:
+    """Entry point of ``layerwise`` and ``python -m layerwise``."""
+    argv = sys.argv[1:] if args is None else list(args)
+    if argv and argv[0] == "plot":
+        from layerwise.plot import main as plot_main
+
+        plot_main(argv[1:])
+        return
+    LayerwiseCLI(args=argv)

@@ -1,0 +1,45 @@
+"""Pooling rules that turn a block's token sequence ``(B, T, d)`` into one feature per sample ``(B, d)``."""
+
+from typing import Literal, Optional
+
+import torch
+from torch import Tensor
+
+Pooling = Literal["cls", "mean", "last"]
+POOLINGS: tuple[str, ...] = ("cls", "mean", "last")
+
+
+def check_pooling(pooling: str, option: str = "pooling") -> None:
+    """Raise a ValueError naming ``option`` if ``pooling`` is not a known rule."""
+    if pooling not in POOLINGS:
+        raise ValueError(f"`{option}={pooling!r}` is not a pooling rule; choose one of {POOLINGS}.")
+
+
+def pool_tokens(
+    tokens: Tensor, pooling: str, num_prefix_tokens: int = 1, attention_mask: Optional[Tensor] = None
+) -> Tensor:
+    """Pool ``tokens`` of shape ``(B, T, d)`` to ``(B, d)``.
+
+    Args:
+        tokens: a block's output sequence.
+        pooling: ``"cls"`` takes token 0; ``"mean"`` averages the non-prefix tokens (the ones the mask keeps, if a
+            mask is given); ``"last"`` takes the last token (the last one the mask keeps, for causal language models).
+        num_prefix_tokens: leading class/register tokens that ``"mean"`` skips (timm's convention).
+        attention_mask: optional ``(B, T)`` mask of real (1) versus padding (0) tokens.
+    """
+    if tokens.ndim != 3:
+        raise ValueError(f"Expected block output of shape (B, T, d), got {tuple(tokens.shape)}.")
+    if pooling == "cls":
+        return tokens[:, 0]
+    if pooling == "mean":
+        if attention_mask is None:
+            return tokens[:, num_prefix_tokens:].mean(dim=1)
+        mask = attention_mask.to(tokens.dtype).unsqueeze(-1)
+        return (tokens * mask).sum(dim=1) / mask.sum(dim=1).clamp_min(1)
+    if pooling == "last":
+        if attention_mask is None:
+            return tokens[:, -1]
+        last = attention_mask.long().cumsum(dim=1).argmax(dim=1)
+        return tokens[torch.arange(tokens.shape[0], device=tokens.device), last]
+    check_pooling(pooling)
+    raise AssertionError("unreachable")

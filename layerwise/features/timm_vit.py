@@ -1,0 +1,106 @@
+"""Layer features of timm VisionTransformer / DeiT models, without hooks."""
+
+import copy
+import difflib
+from typing import Optional
+
+import timm
+import torch
+from torch import Tensor, nn
+
+from layerwise.features.pooling import Pooling, check_pooling, pool_tokens
+
+_TIMM_POOL = {"cls": "token", "mean": "avg"}
+
+
+class TimmViT(nn.Module):
+    """A timm VisionTransformer (ViT, DeiT) that returns the pooled feature of every layer.
+
+    "The output of layer l" is the residual stream after block ``l`` (l = 1..L), before any final norm, pooled by
+    ``pooling``. The *shared head* is the model's own final norm followed by its classifier; applied to the last
+    layer it reproduces the model's own logits exactly (the model is built with the matching ``global_pool``).
+
+    Args:
+        model_name: any timm VisionTransformer/DeiT name, e.g. ``"deit_small_patch16_224"``.
+        pretrained: load timm's pretrained weights (needs the hub; keep off offline).
+        num_classes: classifier outputs.
+        img_size, patch_size, in_chans, embed_dim, depth, num_heads: override the named architecture.
+        pooling: ``"cls"`` (the class token, default) or ``"mean"`` (average of the patch tokens).
+        drop_rate, drop_path_rate: timm's dropout and stochastic-depth rates.
+
+    Shapes:
+        ``forward(x)``: ``(B, C, H, W)`` -> ``(L, B, d)``; ``head(h)``: ``(..., d)`` -> ``(..., num_classes)``.
+    """
+
+    def __init__(
+        self,
+        model_name: str = "vit_tiny_patch16_224",
+        pretrained: bool = False,
+        num_classes: int = 1000,
+        img_size: Optional[int] = None,
+        patch_size: Optional[int] = None,
+        in_chans: Optional[int] = None,
+        embed_dim: Optional[int] = None,
+        depth: Optional[int] = None,
+        num_heads: Optional[int] = None,
+        pooling: Pooling = "cls",
+        drop_rate: float = 0.0,
+        drop_path_rate: float = 0.0,
+    ) -> None:
+        super().__init__()
+        option = "--model.init_args.backbone.init_args"
+        if not timm.is_model(model_name):
+            close = difflib.get_close_matches(model_name, timm.list_models(), n=5, cutoff=0.5)
+            raise ValueError(f"`{option}.model_name={model_name!r}` is not a timm model. Similar names: {close}.")
+        check_pooling(pooling, f"{option}.pooling")
+        if pooling not in _TIMM_POOL:
+            raise ValueError(f"`{option}.pooling={pooling!r}`: vision transformers pool with 'cls' or 'mean'.")
+        overrides = dict(
+            img_size=img_size,
+            patch_size=patch_size,
+            in_chans=in_chans,
+            embed_dim=embed_dim,
+            depth=depth,
+            num_heads=num_heads,
+        )
+        model = timm.create_model(
+            model_name,
+            pretrained=pretrained,
+            num_classes=num_classes,
+            global_pool=_TIMM_POOL[pooling],
+            drop_rate=drop_rate,
+            drop_path_rate=drop_path_rate,
+            **{key: value for key, value in overrides.items() if value is not None},
+        )
+        if not hasattr(model, "forward_intermediates") or not hasattr(model, "blocks"):
+            raise ValueError(f"`{option}.model_name={model_name!r}` is not a VisionTransformer-style timm model.")
+        self.model = model
+        self.pooling = pooling
+        self.num_classes = num_classes
+        self.num_layers = len(model.blocks)
+        self.embed_dim = model.embed_dim
+
+    def forward(self, x: Tensor) -> Tensor:
+        """Pooled residual stream after every block: ``(L, B, d)``; one pass, gradients kept."""
+        tokens = self.model.forward_intermediates(x, output_fmt="NLC", intermediates_only=True, return_prefix_tokens=True)
+        pooled = [self._pool(patches, prefix) for patches, prefix in tokens]
+        return torch.stack(pooled)
+
+    def _pool(self, patches: Tensor, prefix: Optional[Tensor]) -> Tensor:
+        if self.pooling == "cls":
+            return prefix[:, 0]
+        return pool_tokens(patches, "mean", num_prefix_tokens=0)
+
+    def head(self, h: Tensor) -> Tensor:
+        """The model's own final norm + classifier, applied to features of any leading shape."""
+        model = self.model
+        return model.head(model.head_drop(model.fc_norm(model.norm(h))))
+
+    def head_modules(self) -> nn.Module:
+        """A fresh copy of the head (final norm + classifier), e.g. for a separate exit classifier per layer."""
+        model = self.model
+        return copy.deepcopy(nn.Sequential(model.norm, model.fc_norm, model.head_drop, model.head))
+
+    def head_parameters(self) -> int:
+        """Number of parameters of the shared head."""
+        return sum(p.numel() for p in self.head_modules().parameters())

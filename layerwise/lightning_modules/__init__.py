@@ -1,0 +1,21 @@
+"""Training strategies: one shared-head base; each strategy overrides only its loss."""
+
+from layerwise.lightning_modules.aligned import Aligned
+from layerwise.lightning_modules.alternating import AlternatingAligned
+from layerwise.lightning_modules.base import LayerwiseModule
+from layerwise.lightning_modules.cos_regularized import CosRegularized
+from layerwise.lightning_modules.multi_exit import MultiExit
+from layerwise.lightning_modules.schedules import WarmupCosineLR
+from layerwise.lightning_modules.standard import Standard
+from layerwise.lightning_modules.weights import resolve_layer_weights
+
+__all__ = [
+    "Aligned",
+    "AlternatingAligned",
+    "CosRegularized",
+    "LayerwiseModule",
+    "MultiExit",
+    "Standard",
+    "WarmupCosineLR",
+    "resolve_layer_weights",
+]

@@ -1,0 +1,57 @@
+"""Alternating aligned training: last-layer CE and the aligned loss on alternate steps."""
+
+from typing import Literal, Optional
+
+import torch
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import Tensor
+
+from layerwise.features import LOGITS, TARGETS, TimmViT
+from layerwise.lightning_modules.aligned import Aligned
+from layerwise.lightning_modules.weights import LayerWeights
+
+
+class AlternatingAligned(Aligned):
+    """Last-layer CE on odd steps, the aligned loss ``Σ_l λ_l CE(head(h_l), y)`` on even steps.
+
+    Steps are counted from 1. By default the step is the *optimizer* step (``trainer.global_step + 1``), so every
+    micro-batch of one gradient-accumulation step uses the same objective, and resuming from a checkpoint continues
+    the alternation where it stopped. ``alternate_by="micro_batch"`` counts training batches instead, as the
+    authors' own code does (identical without gradient accumulation).
+
+    Args:
+        alternate_by: ``"optimizer_step"`` (default) or ``"micro_batch"``.
+        Others: see :class:`Aligned`.
+
+    Logged keys: ``train/aligned_step`` (1 when the step used the aligned loss), plus those of the base.
+    """
+
+    def __init__(
+        self,
+        backbone: TimmViT,
+        layer_weights: LayerWeights = "linear",
+        alternate_by: Literal["optimizer_step", "micro_batch"] = "optimizer_step",
+        optimizer: OptimizerCallable = torch.optim.AdamW,
+        lr_scheduler: Optional[LRSchedulerCallable] = None,
+        scheduler_interval: Literal["epoch", "step"] = "epoch",
+        label_smoothing: float = 0.0,
+    ) -> None:
+        super().__init__(backbone, layer_weights, optimizer, lr_scheduler, scheduler_interval, label_smoothing)
+        if alternate_by not in ("optimizer_step", "micro_batch"):
+            raise ValueError(
+                f"`--model.init_args.alternate_by={alternate_by!r}` must be 'optimizer_step' or 'micro_batch'."
+            )
+        self.alternate_by = alternate_by
+
+    def step_number(self) -> int:
+        """The 1-based step that decides the objective of the current training batch."""
+        if self.alternate_by == "optimizer_step":
+            return self.trainer.global_step + 1
+        return self.trainer.fit_loop.total_batch_idx + 1
+
+    def compute_loss(self, outputs: dict[str, Tensor]) -> Tensor:
+        aligned = self.step_number() % 2 == 0
+        self.log("train/aligned_step", float(aligned))
+        if aligned:
+            return self.aligned_loss(outputs)
+        return self.cross_entropy(outputs[LOGITS][-1], outputs[TARGETS])

@@ -1,0 +1,54 @@
+"""Cross-entropy plus a regulariser that pulls every layer's feature towards the last layer's."""
+
+from typing import Literal, Optional
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
+from torch import Tensor
+
+from layerwise.features import FEATURES, LOGITS, TARGETS, TimmViT
+from layerwise.lightning_modules.base import LayerwiseModule
+
+
+class CosRegularized(LayerwiseModule):
+    """``CE(head(h_L), y) − β · mean_{l<L} COS(h_l, h_L)``.
+
+    ``COS(h_l, h_L)`` is the sample-wise cosine similarity averaged over the batch; with ``center=True`` (default)
+    each layer's features are first centred by their batch mean, the batch counterpart of the globally centred COS
+    that the analysis callbacks report.
+
+    Args:
+        beta: weight β of the similarity term (>= 0).
+        center: centre features by the batch mean before the cosine.
+        Others: see :class:`LayerwiseModule`.
+
+    Logged keys: ``train/cos_to_last`` (the batch's mean_{l<L} COS(h_l, h_L)), plus those of the base.
+    """
+
+    def __init__(
+        self,
+        backbone: TimmViT,
+        beta: float = 0.1,
+        center: bool = True,
+        optimizer: OptimizerCallable = torch.optim.AdamW,
+        lr_scheduler: Optional[LRSchedulerCallable] = None,
+        scheduler_interval: Literal["epoch", "step"] = "epoch",
+        label_smoothing: float = 0.0,
+    ) -> None:
+        super().__init__(backbone, optimizer, lr_scheduler, scheduler_interval, label_smoothing)
+        if beta < 0:
+            raise ValueError(f"`--model.init_args.beta={beta}` must be >= 0.")
+        self.beta = beta
+        self.center = center
+
+    def cos_to_last(self, features: Tensor) -> Tensor:
+        """``mean_{l<L} mean_i cos(h_i^l, h_i^L)`` over the batch, optionally batch-centred."""
+        if self.center:
+            features = features - features.mean(dim=1, keepdim=True)
+        return F.cosine_similarity(features[:-1], features[-1:], dim=-1).mean()
+
+    def compute_loss(self, outputs: dict[str, Tensor]) -> Tensor:
+        similarity = self.cos_to_last(outputs[FEATURES])
+        self.log("train/cos_to_last", similarity)
+        return self.cross_entropy(outputs[LOGITS][-1], outputs[TARGETS]) - self.beta * similarity
