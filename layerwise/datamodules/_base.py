@@ -1,0 +1,77 @@
+"""Shared plumbing for the datamodules: argument checks and dataloader construction."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import torch
+from lightning.pytorch import LightningDataModule
+from torch.utils.data import DataLoader, Dataset
+
+
+def flag(arg: str) -> str:
+    """The LightningCLI flag that sets datamodule argument ``arg``."""
+    return f"--data.init_args.{arg}"
+
+
+def check_positive_int(arg: str, value: int, minimum: int = 1) -> None:
+    """Raise ValueError naming the CLI flag unless ``value`` is an int >= ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{flag(arg)} must be an integer >= {minimum}, got {value!r}")
+
+
+def resolve_root(root: Optional[str]) -> Optional[Path]:
+    """Expand ``~`` and make ``root`` absolute; None stays None."""
+    return None if root is None else Path(root).expanduser().resolve()
+
+
+class ImageDataModule(LightningDataModule):
+    """Base for the image datamodules: holds ``train_set``/``val_set`` and builds the dataloaders.
+
+    Subclasses set ``num_classes``, ``img_size`` and ``in_chans`` in ``__init__`` and fill ``train_set`` (for
+    ``fit``) and ``val_set`` in ``setup``. Train loader: shuffle=True, drop_last=False; every other loader:
+    shuffle=False, drop_last=False. ``test_dataloader`` and ``predict_dataloader`` return the validation split.
+    """
+
+    num_classes: int
+    img_size: int
+    in_chans: int
+
+    def __init__(self, batch_size: int, num_workers: int) -> None:
+        super().__init__()
+        check_positive_int("batch_size", batch_size)
+        check_positive_int("num_workers", num_workers, minimum=0)
+        self.batch_size = batch_size
+        self.num_workers = num_workers
+        self.train_set: Optional[Dataset] = None
+        self.val_set: Optional[Dataset] = None
+
+    def _loader(self, dataset: Optional[Dataset], split: str, train: bool) -> DataLoader:
+        if dataset is None:
+            raise RuntimeError(f"{type(self).__name__}: the {split} split is not built; call setup() first")
+        return DataLoader(
+            dataset,
+            batch_size=self.batch_size,
+            shuffle=train,
+            drop_last=False,
+            num_workers=self.num_workers,
+            pin_memory=torch.cuda.is_available(),
+            persistent_workers=self.num_workers > 0,
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        """Training split, shuffled."""
+        return self._loader(self.train_set, "train", train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        """Validation split, in a fixed order."""
+        return self._loader(self.val_set, "validation", train=False)
+
+    def test_dataloader(self) -> DataLoader:
+        """The validation split (see the subclass docstring for what that split is)."""
+        return self._loader(self.val_set, "validation", train=False)
+
+    def predict_dataloader(self) -> DataLoader:
+        """The validation split (see the subclass docstring for what that split is)."""
+        return self._loader(self.val_set, "validation", train=False)
