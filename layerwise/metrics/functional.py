@@ -1,0 +1,404 @@
+"""Pure tensor functions behind the layer-wise metrics.
+
+Shapes: ``features`` (L, B, d) — L layers, B samples, width d, any float dtype; ``logits`` (L, B, C) — the
+model's own classifier applied at every layer; ``targets`` (B,) integer class indices in [0, C). Layers are
+indexed 0..L-1 in tensors; reported layer *numbers* are 1-based.
+
+Every ``_xxx_update`` returns additive sufficient statistics of one batch (float64, so several batches and
+several processes are merged by summation) and every ``_xxx_compute`` turns the summed statistics into the
+metric. Inputs are cast to float64 *before* any product, so no statistic goes through a TF32 or bf16 matmul.
+The public helpers (``layer_cosine_similarity``, ``linear_cka``, ...) apply the pair to a single tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+
+_F64 = torch.float64
+
+
+# ----------------------------------------------------------------------------------------------------- validation
+def _check_features(
+    features: Tensor, num_layers: Optional[int], dim: Optional[int] = None, name: str = "features"
+) -> None:
+    """Raise a ValueError unless ``features`` is a floating (num_layers, B, dim) tensor (``None``: any size)."""
+    if (
+        features.ndim != 3
+        or (num_layers is not None and features.shape[0] != num_layers)
+        or (dim is not None and features.shape[2] != dim)
+    ):
+        expected = f"({'L' if num_layers is None else num_layers}, B, {'d' if dim is None else dim})"
+        raise ValueError(f"Expected `{name}` of shape {expected} (layers, batch, width), got {tuple(features.shape)}.")
+    if not features.is_floating_point():
+        raise ValueError(f"Expected `{name}` to be a floating-point tensor, got dtype {features.dtype}.")
+
+
+def _check_logits(logits: Tensor, num_layers: Optional[int]) -> None:
+    """Raise a ValueError unless ``logits`` is a floating (num_layers, B, C) tensor."""
+    _check_features(logits, num_layers, name="logits")
+
+
+def _check_index(index: Tensor, batch_size: int, name: str) -> None:
+    """Raise a ValueError unless ``index`` is an integer tensor of shape (batch_size,)."""
+    if index.shape != (batch_size,):
+        raise ValueError(f"Expected `{name}` of shape ({batch_size},) to match the batch, got {tuple(index.shape)}.")
+    if index.is_floating_point() or index.is_complex() or index.dtype == torch.bool:
+        raise ValueError(f"Expected `{name}` to be an integer tensor, got dtype {index.dtype}.")
+
+
+# --------------------------------------------------------------------------------------------- cosine similarity
+def _count(index: Tensor, size: int) -> Tensor:
+    """Float64 histogram (size,) of a long index tensor, without the host sync of ``torch.bincount`` on CUDA."""
+    return torch.zeros(size, dtype=_F64, device=index.device).index_add_(0, index, torch.ones_like(index, dtype=_F64))
+
+
+def _unit(x: Tensor) -> Tensor:
+    """Normalise the last dimension of a float64 tensor to unit norm; zero vectors stay zero (cosine 0)."""
+    return x / torch.linalg.vector_norm(x, dim=-1, keepdim=True).clamp_min(torch.finfo(_F64).tiny)
+
+
+def _feature_sum_update(features: Tensor, num_layers: int, dim: Optional[int] = None) -> tuple[Tensor, int]:
+    """Per-layer float64 sum (L, d) of the batch and its size, the statistics of the per-layer mean."""
+    _check_features(features, num_layers, dim)
+    return features.to(_F64).sum(dim=1), features.shape[1]
+
+
+def _cosine_update(features: Tensor, num_layers: int, center: Optional[Tensor] = None) -> tuple[Tensor, int]:
+    """Sum over the batch of cos(h_i^a - c^a, h_i^b - c^b) for all layer pairs (L, L), and the batch size.
+
+    ``center`` (L, d) is subtracted first when given (centered COS); ``None`` gives the uncentered variant.
+    """
+    _check_features(features, num_layers, None if center is None else center.shape[-1])
+    x = features.to(_F64)
+    if center is not None:
+        x = x - center.to(device=x.device, dtype=_F64).unsqueeze(1)
+    unit = _unit(x)
+    return torch.einsum("lbd,mbd->lm", unit, unit), features.shape[1]
+
+
+def _cosine_compute(cos_sum: Tensor, count: Union[Tensor, int]) -> Tensor:
+    """Mean cosine (L, L) from the summed cosines; NaN when no sample was seen."""
+    return cos_sum / count
+
+
+def layer_cosine_similarity(features: Tensor, center: bool = True) -> Tensor:
+    """COS matrix of one set of features: C[a, b] = mean_i cos(h_i^a - mu^a, h_i^b - mu^b).
+
+    Args:
+        features: (L, N, d) features of N samples at L layers.
+        center: subtract the per-layer mean mu^l over the N samples first; ``False`` gives the uncentered COS.
+
+    Returns:
+        (L, L) float64 tensor.
+    """
+    _check_features(features, None)
+    mean = features.to(_F64).mean(dim=1) if center else None
+    cos_sum, count = _cosine_update(features, features.shape[0], center=mean)
+    return _cosine_compute(cos_sum, count)
+
+
+def _saturation_pairs(features: Tensor, saturation: Tensor, num_layers: int) -> tuple[Tensor, Tensor]:
+    """Gather h_i^{s_i} and h_i^{L}: the (B, d) feature of every sample at its saturation layer and at the last."""
+    _check_features(features, num_layers)
+    _check_index(saturation, features.shape[1], "saturation")
+    index = saturation.to(device=features.device, dtype=torch.long).view(1, -1, 1).expand(1, -1, features.shape[2])
+    return features.gather(0, index).squeeze(0), features[-1]
+
+
+def _saturation_cosine_update(
+    selected: Tensor, last: Tensor, saturation: Tensor, num_layers: int, center: Optional[Tensor] = None
+) -> tuple[Tensor, Tensor]:
+    """Per saturation layer l: sum of cos(h^l - mu^l, h^L - mu^L) over samples saturating at l (L,), and their count.
+
+    Args:
+        selected: (B, d) feature of every sample at its own saturation layer.
+        last: (B, d) feature of every sample at the last layer.
+        saturation: (B,) 0-based saturation layer of every sample.
+        num_layers: L.
+        center: optional (L, d) per-layer center mu (``None``: uncentered).
+    """
+    saturation = saturation.to(device=selected.device, dtype=torch.long)
+    x, y = selected.to(_F64), last.to(_F64)
+    if center is not None:
+        center = center.to(device=x.device, dtype=_F64)
+        x, y = x - center[saturation], y - center[-1]
+    cos = (_unit(x) * _unit(y)).sum(dim=-1)
+    cos_sum = torch.zeros(num_layers, dtype=_F64, device=x.device).index_add_(0, saturation, cos)
+    count = _count(saturation, num_layers)
+    return cos_sum, count
+
+
+def _saturation_cosine_compute(cos_sum: Tensor, count: Tensor) -> Tensor:
+    """Mean cosine per saturation layer (L,); NaN where no sample saturates."""
+    return torch.where(count > 0, cos_sum / count.clamp_min(1), torch.full_like(cos_sum, float("nan")))
+
+
+def saturation_cosine(features: Tensor, saturation: Tensor, center: bool = True) -> Tensor:
+    """Per saturation layer l: mean over samples saturating at l of cos(h^l - mu^l, h^L - mu^L).
+
+    Args:
+        features: (L, N, d) features.
+        saturation: (N,) 0-based saturation layer of every sample (see ``saturation_layers``).
+        center: subtract the per-layer mean mu^l over all N samples first.
+
+    Returns:
+        (L,) float64 tensor, NaN where no sample saturates at that layer.
+    """
+    _check_features(features, None)
+    num_layers = features.shape[0]
+    selected, last = _saturation_pairs(features, saturation, num_layers)
+    mean = features.to(_F64).mean(dim=1) if center else None
+    return _saturation_cosine_compute(*_saturation_cosine_update(selected, last, saturation, num_layers, mean))
+
+
+# ------------------------------------------------------------------------------------------------------- exact CKA
+def _linear_cka_update(
+    features: Tensor, num_layers: int, dim: int, cross: Optional[Tensor] = None
+) -> tuple[Tensor, Tensor, int]:
+    """Sufficient statistics of exact linear CKA for one batch: per-layer sums (L, d), Z^T Z (Ld, Ld), batch size.
+
+    Z = [h^1 ... h^L] (B, L*d) stacks the layers of every sample, so a single float64 matmul gives all cross-moments.
+    If ``cross`` (a float64 (Ld, Ld) state) is given, Z^T Z is added to it in place and it is returned, which
+    avoids a transient (L*d)^2 buffer per batch.
+    """
+    _check_features(features, num_layers, dim)
+    x = features.to(_F64)
+    z = x.transpose(0, 1).reshape(x.shape[1], num_layers * dim)
+    cross = z.T @ z if cross is None else cross.addmm_(z.T, z)
+    return x.sum(dim=1), cross, features.shape[1]
+
+
+def _linear_cka_compute(feature_sum: Tensor, cross: Tensor, count: Union[Tensor, int]) -> Tensor:
+    """Linear CKA (L, L) from the summed statistics.
+
+    K = S - n mu mu^T is the centred cross-covariance (times n); F[a, b] = ||K_ab||_F^2 for the (d, d) blocks and
+    CKA = F / sqrt(diag F diag F^T). Blocks are formed one block-row at a time (peak extra memory d * L*d floats).
+    NaN for a layer whose features are constant.
+    """
+    num_layers, dim = feature_sum.shape
+    mean = feature_sum.reshape(-1) / count
+    frob = torch.empty(num_layers, num_layers, dtype=_F64, device=cross.device)
+    for a in range(num_layers):
+        rows = slice(a * dim, (a + 1) * dim)
+        block_row = cross[rows] - count * torch.outer(mean[rows], mean)
+        frob[a] = block_row.reshape(dim, num_layers, dim).square().sum(dim=(0, 2))
+    frob = (frob + frob.T) / 2
+    diag = frob.diagonal()
+    return frob / torch.sqrt(torch.outer(diag, diag))
+
+
+def linear_cka(features: Tensor) -> Tensor:
+    """Exact linear CKA (Kornblith et al., 2019) between all pairs of layers of one set of features.
+
+    Args:
+        features: (L, N, d) features.
+
+    Returns:
+        (L, L) float64 tensor, CKA(a, b) = ||X_a^T X_b||_F^2 / (||X_a^T X_a||_F ||X_b^T X_b||_F), X column-centred.
+    """
+    _check_features(features, None)
+    num_layers, _, dim = features.shape
+    feature_sum, cross, count = _linear_cka_update(features, num_layers, dim)
+    return _linear_cka_compute(feature_sum, cross, count)
+
+
+# --------------------------------------------------------------------------------------------- minibatch CKA
+def _minibatch_hsic_update(features: Tensor, num_layers: int) -> Tensor:
+    """Unbiased HSIC_1 of the linear Grams of one minibatch for all layer pairs (L, L); needs n >= 4 samples.
+
+    HSIC_1(K, L) = [tr(K~L~) + 1'K~1 1'L~1 / ((n-1)(n-2)) - 2/(n-2) 1'K~L~1] / (n(n-3)), K~ = K with zero diagonal
+    (Song et al., 2012; Nguyen et al., 2021). The estimator is exactly invariant to a shift of the features, so
+    every layer is centred on its batch mean before the Gram purely for numerical accuracy (an uncentred Gram of
+    features with |mean| >> std loses most of its digits).
+    """
+    _check_features(features, num_layers)
+    n = features.shape[1]
+    if n < 4:
+        raise ValueError(f"The unbiased HSIC needs at least 4 samples per batch, got a batch of {n}.")
+    x = features.to(_F64)
+    x = x - x.mean(dim=1, keepdim=True)
+    gram = x @ x.transpose(1, 2)
+    gram.diagonal(dim1=1, dim2=2).zero_()
+    flat = gram.reshape(num_layers, n * n)
+    trace = flat @ flat.T  # tr(K~_a K~_b) = sum(K~_a * K~_b), the Grams being symmetric
+    row = gram.sum(dim=2)
+    total = row.sum(dim=1)
+    return (trace + torch.outer(total, total) / ((n - 1) * (n - 2)) - 2.0 / (n - 2) * (row @ row.T)) / (n * (n - 3))
+
+
+def _minibatch_cka_compute(hsic_sum: Tensor) -> Tensor:
+    """CKA (L, L) = S_ab / sqrt(S_aa S_bb) from the HSIC summed over minibatches (NaN if a diagonal is <= 0)."""
+    diag = hsic_sum.diagonal()
+    return hsic_sum / torch.sqrt(torch.outer(diag, diag))
+
+
+# ---------------------------------------------------------------------------------------- accuracy and saturation
+def _layer_accuracy_update(logits: Tensor, targets: Tensor, num_layers: int) -> tuple[Tensor, Tensor, int]:
+    """Per-layer number of correct argmax predictions (L,), summed float64 cross-entropy (L,) and the batch size."""
+    _check_logits(logits, num_layers)
+    _check_index(targets, logits.shape[1], "targets")
+    x = logits.to(_F64)
+    targets = targets.to(device=x.device, dtype=torch.long)
+    correct = (x.argmax(dim=-1) == targets).sum(dim=1).to(_F64)
+    index = targets.view(1, -1, 1).expand(num_layers, -1, 1)
+    loss = -torch.log_softmax(x, dim=-1).gather(-1, index).squeeze(-1).sum(dim=1)
+    return correct, loss, logits.shape[1]
+
+
+def _layer_accuracy_compute(correct: Tensor, loss_sum: Tensor, count: Union[Tensor, int]) -> tuple[Tensor, Tensor]:
+    """Per-layer accuracy and mean cross-entropy (L,) each."""
+    return correct / count, loss_sum / count
+
+
+def layer_accuracy(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    """Per-layer accuracy and mean cross-entropy (two (L,) tensors) of logits (L, N, C) with targets (N,)."""
+    _check_logits(logits, None)
+    return _layer_accuracy_compute(*_layer_accuracy_update(logits, targets, logits.shape[0]))
+
+
+def saturation_layers(predictions: Tensor) -> Tensor:
+    """0-based saturation layer of every sample: the smallest l with predictions[m] == predictions[L-1] for all m >= l.
+
+    Args:
+        predictions: (L, B) integer predictions at every layer.
+
+    Returns:
+        (B,) long tensor in [0, L-1].
+    """
+    if predictions.ndim != 2 or predictions.shape[0] == 0:
+        raise ValueError(f"Expected `predictions` of shape (L, B) with L >= 1, got {tuple(predictions.shape)}.")
+    agree = (predictions == predictions[-1:]).to(torch.long)
+    trailing = agree.flip(0).cumprod(dim=0).sum(dim=0)  # number of final layers agreeing with the last one
+    return predictions.shape[0] - trailing
+
+
+def _saturation_histogram_update(logits: Tensor, num_layers: int) -> Tensor:
+    """Number of samples (L,) float64 whose argmax prediction saturates at each layer."""
+    _check_logits(logits, num_layers)
+    return _count(saturation_layers(logits.argmax(dim=-1)), num_layers)
+
+
+# ---------------------------------------------------------------------------------------------------- early exit
+def _early_exit_update(
+    logits: Tensor, targets: Tensor, thresholds: Tensor, num_layers: int
+) -> tuple[Tensor, Tensor, int]:
+    """Confidence-based early exit for T thresholds: correct exits (T,), exit counts (T, L), batch size.
+
+    A sample exits at the first layer whose max float64 softmax probability is >= tau, else at the last layer,
+    and is correct when that layer's argmax equals its target.
+    """
+    _check_logits(logits, num_layers)
+    _check_index(targets, logits.shape[1], "targets")
+    confidence, prediction = torch.softmax(logits.to(_F64), dim=-1).max(dim=-1)  # (L, B)
+    thresholds = thresholds.to(device=confidence.device, dtype=_F64)
+    exits = confidence.unsqueeze(0) >= thresholds.view(-1, 1, 1)  # (T, L, B)
+    exits[:, -1] = True
+    exit_layer = (exits.cumsum(dim=1) == 0).sum(dim=1)  # (T, B): layers passed before the first confident one
+    exit_prediction = prediction.gather(0, exit_layer)
+    correct = (exit_prediction == targets.to(device=prediction.device).view(1, -1)).sum(dim=1).to(_F64)
+    exit_counts = torch.zeros(thresholds.numel(), num_layers, dtype=_F64, device=confidence.device)
+    exit_counts.scatter_add_(1, exit_layer, torch.ones_like(exit_layer, dtype=_F64))
+    return correct, exit_counts, logits.shape[1]
+
+
+def _early_exit_compute(
+    correct: Tensor, exit_counts: Tensor, count: Union[Tensor, int], layer_numbers: Tensor, depth: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Accuracy (T,), exit counts (T, L) and speedup (T,) = sum_l D m_l / sum_l n_l m_l."""
+    layer_numbers = layer_numbers.to(device=exit_counts.device, dtype=_F64)
+    speedup = depth * exit_counts.sum(dim=1) / (exit_counts * layer_numbers).sum(dim=1)
+    return correct / count, exit_counts, speedup
+
+
+# ------------------------------------------------------------------------------------------------ neural collapse
+def _nc1_update(
+    features: Tensor, targets: Tensor, num_layers: int, dim: int, num_classes: int
+) -> tuple[Tensor, Tensor, Tensor]:
+    """NC1 statistics of one batch: class counts (K,), class sums (L, K, d), raw second moments (L, d, d)."""
+    _check_features(features, num_layers, dim)
+    _check_index(targets, features.shape[1], "targets")
+    x = features.to(_F64)
+    targets = targets.to(device=x.device, dtype=torch.long)
+    counts = _count(targets, num_classes)
+    class_sums = x.new_zeros(num_layers, num_classes, dim).index_add_(1, targets, x)
+    return counts, class_sums, x.transpose(1, 2) @ x
+
+
+def _nc1_compute(class_counts: Tensor, class_sums: Tensor, second_moment: Tensor) -> Tensor:
+    """NC1 (L,) = (1/K) tr(Sigma_W Sigma_B^+) over the K classes present; NaN with fewer than 2 distinct means.
+
+    Sigma_W = (M - sum_k n_k mu_k mu_k^T) / N. Sigma_B = A A^T / K with A the (d, K) centred class means, so the
+    pseudo-inverse comes from the SVD A = U S V^T: NC1 = sum_j u_j^T Sigma_W u_j / s_j^2 over s_j above
+    max(d, K) * eps * s_max. A is centred twice: the second pass removes the rounding residue of the first,
+    which for features with a large common mean would otherwise leave a spurious singular value in the null
+    direction of Sigma_B (rank <= K - 1) and be inverted.
+    """
+    num_layers, _, dim = class_sums.shape
+    present = class_counts > 0
+    counts = class_counts[present]
+    num_present = counts.numel()
+    if num_present < 2:
+        return torch.full((num_layers,), float("nan"), dtype=_F64, device=class_sums.device)
+    sums = class_sums[:, present]
+    means = sums / counts.view(1, -1, 1)
+    within = (second_moment - torch.einsum("lkd,lke->lde", sums, means)) / counts.sum()
+    centred = means - means.mean(dim=1, keepdim=True)
+    centred = centred - centred.mean(dim=1, keepdim=True)
+    u, s, _ = torch.linalg.svd(centred.transpose(1, 2), full_matrices=False)  # u (L, d, r), s (L, r)
+    keep = s > max(dim, num_present) * torch.finfo(_F64).eps * s[:, :1]
+    projected = torch.einsum("ldj,lde,lej->lj", u, within, u)
+    nc1 = torch.where(keep, projected / s.square().clamp_min(torch.finfo(_F64).tiny), 0.0).sum(dim=1)
+    return torch.where(s[:, 0] > 0, nc1, float("nan"))
+
+
+def nc1(features: Tensor, targets: Tensor, num_classes: int) -> Tensor:
+    """NC1 within-class variability collapse (Papyan et al., 2020) of every layer of one set of features.
+
+    Args:
+        features: (L, N, d) features.
+        targets: (N,) class indices in [0, num_classes).
+        num_classes: number of classes; classes absent from ``targets`` are excluded.
+
+    Returns:
+        (L,) float64 tensor.
+    """
+    _check_features(features, None)
+    num_layers, _, dim = features.shape
+    return _nc1_compute(*_nc1_update(features, targets, num_layers, dim, num_classes))
+
+
+# ------------------------------------------------------------------------------------------------ effective depth
+def effective_depth(
+    accuracy: Union[Tensor, Sequence[float]],
+    epsilons: Sequence[float],
+    layer_numbers: Optional[Sequence[int]] = None,
+    relative: bool = False,
+) -> dict[str, int]:
+    """Smallest layer number whose accuracy is within epsilon of perfect (or of the last layer).
+
+    Args:
+        accuracy: (L,) per-layer accuracy in [0, 1].
+        epsilons: tolerances; one result per epsilon.
+        layer_numbers: 1-based layer number of every entry (default 1..L).
+        relative: compare with the last layer's accuracy (Acc >= Acc_last - eps) instead of with 1 (Acc >= 1 - eps).
+
+    Returns:
+        ``{str(eps): layer number}``, e.g. ``{"0.01": 7}``; the last layer number when no layer qualifies
+        (including NaN accuracies).
+    """
+    acc = torch.as_tensor(accuracy, dtype=_F64).detach().cpu()
+    if acc.ndim != 1 or acc.numel() == 0:
+        raise ValueError(f"Expected `accuracy` of shape (L,) with L >= 1, got {tuple(acc.shape)}.")
+    numbers = list(range(1, acc.numel() + 1)) if layer_numbers is None else [int(n) for n in layer_numbers]
+    if len(numbers) != acc.numel():
+        raise ValueError(f"Expected {acc.numel()} `layer_numbers`, got {len(numbers)}.")
+    result = {}
+    for eps in epsilons:
+        target = (acc[-1] - eps) if relative else (1.0 - eps)
+        reached = torch.nonzero(acc >= target).flatten()
+        result[str(eps)] = numbers[int(reached[0])] if reached.numel() else numbers[-1]
+    return result

@@ -1,0 +1,154 @@
+"""Prediction metrics of the per-layer classifier: accuracy and loss, saturation histogram, early exit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+
+from layerwise.metrics._base import _check_positive_int, _SumStateMetric
+from layerwise.metrics.functional import (
+    _early_exit_compute,
+    _early_exit_update,
+    _layer_accuracy_compute,
+    _layer_accuracy_update,
+    _saturation_histogram_update,
+)
+
+
+class LayerAccuracy(_SumStateMetric):
+    """Top-1 accuracy and mean cross-entropy of the model's classifier applied at every layer.
+
+    States (float64, summed): ``correct`` (L,), ``loss_sum`` (L,) (cross-entropy computed in float64 from the
+    logits), ``count``. Ties in the argmax go to the lowest class index.
+
+    Args:
+        num_layers: L.
+        kwargs: torchmetrics ``Metric`` options.
+
+    Shapes:
+        ``update(logits, targets)``: logits (L, B, C) any float dtype, targets (B,) integer in [0, C).
+        ``compute()``: ``{"accuracy": (L,), "loss": (L,)}`` float64.
+    """
+
+    def __init__(self, num_layers: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.num_layers = _check_positive_int("num_layers", num_layers)
+        self._add_sum_state("correct", (num_layers,))
+        self._add_sum_state("loss_sum", (num_layers,))
+        self._add_sum_state("count", ())
+
+    def update(self, logits: Tensor, targets: Tensor) -> None:
+        """Accumulate a batch of per-layer logits (L, B, C) with targets (B,)."""
+        correct, loss_sum, batch_size = _layer_accuracy_update(logits, targets, self.num_layers)
+        self.correct += correct
+        self.loss_sum += loss_sum
+        self.count += batch_size
+
+    def compute(self) -> dict[str, Tensor]:
+        """Return ``{"accuracy": (L,), "loss": (L,)}``."""
+        accuracy, loss = _layer_accuracy_compute(self.correct, self.loss_sum, self.count)
+        return {"accuracy": accuracy, "loss": loss}
+
+
+class SaturationHistogram(_SumStateMetric):
+    """Histogram of saturation layers: how many samples have their final prediction fixed from layer l onwards.
+
+    The saturation layer of a sample is the smallest 0-based l such that the argmax prediction at every layer
+    m >= l equals the last layer's (see ``saturation_layers``). State: ``counts`` (L,) float64 (exact integers).
+
+    Args:
+        num_layers: L.
+        kwargs: torchmetrics ``Metric`` options.
+
+    Shapes:
+        ``update(logits)``: (L, B, C). ``compute()``: (L,) float64 counts (sum = number of samples).
+    """
+
+    def __init__(self, num_layers: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.num_layers = _check_positive_int("num_layers", num_layers)
+        self._add_sum_state("counts", (num_layers,))
+
+    def update(self, logits: Tensor) -> None:
+        """Accumulate the saturation layers of a batch of per-layer logits (L, B, C)."""
+        self.counts += _saturation_histogram_update(logits, self.num_layers)
+
+    def compute(self) -> Tensor:
+        """Return the counts (L,) float64."""
+        return self.counts.clone()
+
+
+class EarlyExit(_SumStateMetric):
+    r"""Confidence-threshold early exit with the per-layer classifier.
+
+    For every threshold :math:`\tau`, a sample exits at the first row l whose max softmax probability (float64) is
+    :math:`\ge \tau`, else at the last row, and counts as correct when that row's argmax is its target. The speedup
+    over always running the full model is
+
+    .. math:: \mathrm{speedup} = \frac{\sum_l D \, m_l}{\sum_l n_l \, m_l}
+
+    with :math:`m_l` the number of samples exiting at row l, :math:`n_l` its 1-based layer number and D the depth
+    of the full model (the cost of the exit heads is ignored). States (float64, summed): ``correct`` (T,),
+    ``exit_counts`` (T, L), ``count``.
+
+    Args:
+        num_layers: L, the number of rows of the logits.
+        thresholds: T confidence thresholds in [0, 1].
+        layer_numbers: 1-based layer number of every row, strictly increasing (default 1..L); use it when the
+            logits cover a subset of the layers.
+        depth: depth D of the full model (default ``max(layer_numbers)``), at least ``max(layer_numbers)``.
+        kwargs: torchmetrics ``Metric`` options.
+
+    Shapes:
+        ``update(logits, targets)``: logits (L, B, C), targets (B,).
+        ``compute()``: ``{"accuracy": (T,), "exit_counts": (T, L), "speedup": (T,)}`` float64.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        thresholds: Sequence[float] = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99),
+        layer_numbers: Optional[Sequence[int]] = None,
+        depth: Optional[int] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.num_layers = _check_positive_int("num_layers", num_layers)
+        self.thresholds = tuple(float(t) for t in thresholds)
+        if not self.thresholds or not all(0.0 <= t <= 1.0 for t in self.thresholds):
+            raise ValueError(f"Expected `thresholds` to be a non-empty sequence in [0, 1], got {thresholds!r}.")
+        numbers = tuple(range(1, num_layers + 1)) if layer_numbers is None else tuple(layer_numbers)
+        if (
+            len(numbers) != num_layers
+            or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in numbers)
+            or any(b <= a for a, b in zip(numbers, numbers[1:]))
+        ):
+            raise ValueError(
+                f"Expected `layer_numbers` to be {num_layers} strictly increasing positive ints, got {layer_numbers!r}."
+            )
+        self.layer_numbers = numbers
+        self.depth = max(numbers) if depth is None else _check_positive_int("depth", depth)
+        if self.depth < max(numbers):
+            raise ValueError(f"Expected `depth` >= max(layer_numbers) = {max(numbers)}, got {depth}.")
+        self._add_sum_state("correct", (len(self.thresholds),))
+        self._add_sum_state("exit_counts", (len(self.thresholds), num_layers))
+        self._add_sum_state("count", ())
+
+    def update(self, logits: Tensor, targets: Tensor) -> None:
+        """Accumulate a batch of per-layer logits (L, B, C) with targets (B,)."""
+        thresholds = torch.tensor(self.thresholds, dtype=torch.float64, device=logits.device)
+        correct, exit_counts, batch_size = _early_exit_update(logits, targets, thresholds, self.num_layers)
+        self.correct += correct
+        self.exit_counts += exit_counts
+        self.count += batch_size
+
+    def compute(self) -> dict[str, Tensor]:
+        """Return ``{"accuracy": (T,), "exit_counts": (T, L), "speedup": (T,)}``."""
+        layer_numbers = torch.tensor(self.layer_numbers, dtype=torch.float64)
+        accuracy, exit_counts, speedup = _early_exit_compute(
+            self.correct, self.exit_counts, self.count, layer_numbers, self.depth
+        )
+        return {"accuracy": accuracy, "exit_counts": exit_counts, "speedup": speedup}

@@ -1,0 +1,360 @@
+"""Representation-similarity metrics between layers: COS, saturation COS, exact linear CKA and minibatch CKA."""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+import torch
+from torch import Tensor
+from torchmetrics.utilities import rank_zero_warn
+
+from layerwise.metrics._base import _check_positive_int, _SumStateMetric
+from layerwise.metrics.functional import (
+    _check_features,
+    _cosine_compute,
+    _cosine_update,
+    _count,
+    _feature_sum_update,
+    _linear_cka_compute,
+    _linear_cka_update,
+    _minibatch_cka_compute,
+    _minibatch_hsic_update,
+    _saturation_cosine_compute,
+    _saturation_cosine_update,
+    _saturation_pairs,
+    layer_cosine_similarity,
+    saturation_cosine,
+)
+
+
+class _CenteredBufferMetric(_SumStateMetric):
+    """Shared machinery of the centered cosine metrics.
+
+    A per-sample cosine of *centred* vectors is not a function of additive statistics: the center (the mean over
+    all N samples, on all ranks) is only known at the end. So each rank keeps a float32 buffer of what it needs
+    (a plain list, not a torchmetrics state: it is never gathered) plus a float64 ``feature_sum`` (L, d) state for
+    the mean. ``compute`` centres the buffer on the global mean and sums the local cosines over ranks with one
+    extra ``all_reduce`` — hence ``compute`` is a collective under DDP. If a rank's buffer would exceed
+    ``max_buffered_samples``, the rank freezes the center at the mean of the samples it has seen so far, folds the
+    buffer into the streamed ``cos_sum`` state and streams the rest with that fixed center (approximate).
+    """
+
+    def __init__(self, num_layers: int, center: bool, max_buffered_samples: int, dim: Optional[int], **kwargs: Any):
+        super().__init__(**kwargs)
+        self.num_layers = _check_positive_int("num_layers", num_layers)
+        if not isinstance(center, bool):
+            raise ValueError(f"Expected `center` to be a bool, got {center!r}.")
+        self.center = center
+        self.max_buffered_samples = _check_positive_int("max_buffered_samples", max_buffered_samples)
+        self.dim = None if dim is None else _check_positive_int("dim", dim)
+        if center:
+            # (L, 0) until the width is known: pass `dim` to allocate it eagerly (see the class docstring on DDP).
+            self._add_sum_state("feature_sum", (num_layers, self.dim or 0))
+            self._add_sum_state("num_samples", ())
+        self._buffer: list[tuple[Tensor, ...]] = []
+        self._num_buffered = 0
+        self._frozen_center: Optional[Tensor] = None
+        self._overflow_warned = False
+
+    def reset(self) -> None:
+        """Reset the states and free the buffer."""
+        super().reset()
+        self._buffer = []
+        self._num_buffered = 0
+        self._frozen_center = None
+
+    def merge_state(self, incoming_state: Any) -> None:
+        """Merge states of another instance; not possible for the centered variant, whose buffer is no state."""
+        if self.center:
+            raise NotImplementedError("merge_state is not supported with center=True (the sample buffer is no state).")
+        super().merge_state(incoming_state)
+
+    def _accumulate_mean(self, features: Tensor) -> None:
+        """Add the batch to the (lazily sized) per-layer sum used for the global mean."""
+        feature_sum, batch_size = _feature_sum_update(features, self.num_layers, self.dim)
+        if self.feature_sum.shape[1] == 0:
+            self.dim = feature_sum.shape[1]
+            self.feature_sum = torch.zeros_like(feature_sum)
+        self.feature_sum += feature_sum
+        self.num_samples += batch_size
+
+    def _buffer_or_stream(self, batch_size: int, entry: tuple[Tensor, ...]) -> None:
+        """Buffer a batch (``entry``: detached tensors the metric may keep), or stream it with the frozen center."""
+        if self._frozen_center is None and self._num_buffered + batch_size > self.max_buffered_samples:
+            if not self._overflow_warned:
+                rank_zero_warn(
+                    f"{type(self).__name__}: more than max_buffered_samples={self.max_buffered_samples} samples on"
+                    " this rank; freezing the center at the mean of the samples seen so far and streaming the rest."
+                    " The centered result is now approximate (and not identical across DDP world sizes)."
+                    " Raise `max_buffered_samples` for the exact value.",
+                    UserWarning,
+                )
+                self._overflow_warned = True
+            self._frozen_center = self.feature_sum / self.num_samples  # rank-local: update never sees synced states
+            for buffered in self._buffer:
+                self.cos_sum += self._centered_cos_sum(*buffered, center=self._frozen_center)
+            self._buffer, self._num_buffered = [], 0
+        if self._frozen_center is not None:
+            self.cos_sum += self._centered_cos_sum(*entry, center=self._frozen_center)
+        else:
+            self._buffer.append(entry)
+            self._num_buffered += batch_size
+
+    def _buffered_cos_sum(self) -> Tensor:
+        """Cosine sum of the buffered samples centred on the global mean, summed over ranks when states are global."""
+        center = self.feature_sum / self.num_samples
+        local = torch.zeros_like(self.cos_sum)
+        for buffered in self._buffer:
+            local += self._centered_cos_sum(*buffered, center=center)
+        self._all_reduce_if_global(local)
+        return local
+
+    def _centered_cos_sum(self, *entry: Tensor, center: Tensor) -> Tensor:
+        """Cosine sum of one buffered entry with a given center."""
+        raise NotImplementedError
+
+
+class LayerCosineSimilarity(_CenteredBufferMetric):
+    r"""Mean cosine similarity between the representations of every pair of layers (COS matrix).
+
+    .. math:: C[a, b] = \frac{1}{N} \sum_i \cos(h_i^a - \mu^a, h_i^b - \mu^b)
+
+    with :math:`\mu^l` the mean of layer l over all N samples of the epoch (all ranks); ``center=False`` drops
+    :math:`\mu`. Zero vectors have cosine 0 with everything.
+
+    The uncentered variant streams exactly: per sample, normalise, and sum :math:`U_i U_i^T` (states ``cos_sum``
+    (L, L), ``count``). The centered variant cannot be streamed (the per-sample norm is taken *after*
+    centering on the final mean): every rank keeps its features in a float32 buffer, ``L * d * 4`` bytes per sample
+    (37 kB for 12 x 768, so 2.4 GB at the default ``max_buffered_samples=65536``), on the device of the inputs.
+    Beyond ``max_buffered_samples`` samples on a rank, a warning is raised once and the rank freezes the center at
+    the mean of the samples it has seen, folds its buffer into ``cos_sum`` and streams the rest: the result is then
+    an approximation, close when the early mean is a good estimate of the final one, and it depends on how the data
+    are split across ranks.
+
+    DDP: ``compute`` of the centered variant is a collective (it all-reduces the L x L cosine sum of the buffers
+    once the global mean is known) whenever its states are global, i.e. after torchmetrics' ``sync_on_compute`` or
+    after ``all_reduce_sum_states``; call it on every rank. With rank-local states it stays local. Under DDP, pass
+    ``dim`` (or make sure every rank sees at least one batch, as ``DistributedSampler`` does): otherwise a rank
+    without data holds a (L, 0) ``feature_sum`` and the reduction fails. ``forward`` accumulates like ``update``
+    and returns the value on the batch alone (centred on the batch mean), without communication.
+
+    Args:
+        num_layers: L.
+        center: subtract the per-layer mean before the cosine.
+        max_buffered_samples: per-rank buffer limit of the centered variant (see above).
+        dim: feature width d; optional, allocates the mean state eagerly.
+        kwargs: torchmetrics ``Metric`` options (``sync_on_compute``, ``process_group``, ...).
+
+    Shapes:
+        ``update(features)``: features (L, B, d), any float dtype. ``compute()``: (L, L) float64.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        center: bool = True,
+        max_buffered_samples: int = 65536,
+        dim: Optional[int] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(num_layers, center, max_buffered_samples, dim, **kwargs)
+        self._add_sum_state("cos_sum", (num_layers, num_layers))
+        self._add_sum_state("count", ())
+
+    def update(self, features: Tensor) -> None:
+        """Accumulate a batch of features (L, B, d)."""
+        if not self.center:
+            cos_sum, batch_size = _cosine_update(features, self.num_layers)
+            self.cos_sum += cos_sum
+            self.count += batch_size
+            return
+        self._accumulate_mean(features)
+        self.count += features.shape[1]
+        self._buffer_or_stream(features.shape[1], (features.detach().to(torch.float32, copy=True),))
+
+    def forward(self, features: Tensor) -> Tensor:
+        """Accumulate the batch like ``update`` and return the COS matrix (L, L) of this batch alone."""
+        if not self.center:
+            return super().forward(features)
+        self.update(features)
+        self._forward_cache = layer_cosine_similarity(features, center=True)
+        return self._forward_cache
+
+    def compute(self) -> Tensor:
+        """Return the COS matrix (L, L) float64. A collective for the centered variant with global states."""
+        if not self.center:
+            return _cosine_compute(self.cos_sum, self.count)
+        return _cosine_compute(self.cos_sum + self._buffered_cos_sum(), self.count)
+
+    def _centered_cos_sum(self, features: Tensor, center: Tensor) -> Tensor:
+        """Cosine sum (L, L) of one buffered batch with a given center."""
+        return _cosine_update(features, self.num_layers, center=center)[0]
+
+
+class SaturationCosine(_CenteredBufferMetric):
+    r"""Similarity of a sample's representation at its saturation layer to its final representation.
+
+    For every layer l: the mean over the samples whose saturation layer (see ``saturation_layers``) is l of
+    :math:`\cos(h_i^l - \mu^l, h_i^L - \mu^L)`, :math:`\mu^l` the mean of layer l over *all* samples; NaN where no
+    sample saturates at l; the entry of the last layer is 1 by construction.
+
+    ``center=False`` streams exactly (states ``cos_sum`` (L,), ``count`` (L,)). ``center=True`` buffers per sample
+    only :math:`(h_i^{s_i}, h_i^L, s_i)` (float32, ``2 * d * 4 + 8`` bytes) plus the (L, d) float64 sum state for
+    the means, with the same ``max_buffered_samples`` fallback, collective ``compute`` and ``dim``/``forward``
+    notes as ``LayerCosineSimilarity``.
+
+    Args:
+        num_layers: L.
+        center: subtract the per-layer means before the cosine.
+        max_buffered_samples: per-rank buffer limit of the centered variant.
+        dim: feature width d; optional, allocates the mean state eagerly.
+        kwargs: torchmetrics ``Metric`` options.
+
+    Shapes:
+        ``update(features, saturation)``: features (L, B, d), saturation (B,) 0-based long.
+        ``compute()``: (L,) float64.
+    """
+
+    def __init__(
+        self,
+        num_layers: int,
+        center: bool = True,
+        max_buffered_samples: int = 65536,
+        dim: Optional[int] = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(num_layers, center, max_buffered_samples, dim, **kwargs)
+        self._add_sum_state("cos_sum", (num_layers,))
+        self._add_sum_state("count", (num_layers,))
+
+    def update(self, features: Tensor, saturation: Tensor) -> None:
+        """Accumulate features (L, B, d) with the 0-based saturation layer (B,) of every sample."""
+        selected, last = _saturation_pairs(features, saturation, self.num_layers)
+        if not self.center:
+            cos_sum, count = _saturation_cosine_update(selected, last, saturation, self.num_layers)
+            self.cos_sum += cos_sum
+            self.count += count
+            return
+        self._accumulate_mean(features)
+        saturation = saturation.detach().to(device=features.device, dtype=torch.long, copy=True)
+        self.count += _count(saturation, self.num_layers)
+        entry = (selected.detach().to(torch.float32, copy=True), last.detach().to(torch.float32, copy=True), saturation)
+        self._buffer_or_stream(features.shape[1], entry)
+
+    def forward(self, features: Tensor, saturation: Tensor) -> Tensor:
+        """Accumulate the batch like ``update`` and return the (L,) value of this batch alone."""
+        if not self.center:
+            return super().forward(features, saturation)
+        self.update(features, saturation)
+        self._forward_cache = saturation_cosine(features, saturation, center=True)
+        return self._forward_cache
+
+    def compute(self) -> Tensor:
+        """Return the mean cosine per saturation layer (L,) float64. A collective when centered with global states."""
+        if not self.center:
+            return _saturation_cosine_compute(self.cos_sum, self.count)
+        return _saturation_cosine_compute(self.cos_sum + self._buffered_cos_sum(), self.count)
+
+    def _centered_cos_sum(self, selected: Tensor, last: Tensor, saturation: Tensor, center: Tensor) -> Tensor:
+        """Cosine sum per saturation layer (L,) of one buffered batch with a given center."""
+        return _saturation_cosine_update(selected, last, saturation, self.num_layers, center=center)[0]
+
+
+class LayerCKA(_SumStateMetric):
+    r"""Exact linear CKA (Kornblith et al., 2019) between every pair of layers, streamed over the epoch.
+
+    .. math:: \mathrm{CKA}(a, b) = \frac{\|X_a^T X_b\|_F^2}{\|X_a^T X_a\|_F \, \|X_b^T X_b\|_F}
+
+    with :math:`X_l` the column-centred (N, d) features of layer l over all N samples. States (float64, summed):
+    ``feature_sum`` (L, d), ``cross`` = :math:`Z^T Z` (L*d, L*d) for the stacked features
+    :math:`Z = [h^1 \dots h^L]` (one float64 matmul per batch, added in place), ``count``. ``compute`` centres
+    (K = S - n mu mu^T) and takes blockwise squared Frobenius norms. Raw float64 moments lose about
+    log10((|mean| / std)^2) of their 16 digits to the centering, which is harmless for activations (mean/std of
+    1e3 still leaves ~1e-10). All layers must share the width d.
+
+    When to use which CKA: this one is exact, independent of batching and identical under DDP (sum states), but
+    its state is (L*d)^2 * 8 bytes: 680 MB for 12 x 768 (ViT-B/16, BERT-base; 797 MB with the embedding
+    output, 13 x 768), 4.8 GB for 24 x 1024 (ViT-L, BERT-large), plus one d x L*d block row during ``compute``
+    and, with torchmetrics' default gather-based sync, world-size copies of it (prefer ``all_reduce_sum_states``).
+    Each update costs 2 * B * (L*d)^2 float64 FLOPs (43 GFLOP for B=256 at 12 x 768), which is slow on GPUs with
+    weak float64. ``MinibatchCKA`` needs O(L^2) state but is an estimator whose value depends on the batches.
+
+    Args:
+        num_layers: L.
+        dim: feature width d.
+        kwargs: torchmetrics ``Metric`` options.
+
+    Shapes:
+        ``update(features)``: (L, B, dim). ``compute()``: (L, L) float64 (NaN for a constant layer).
+    """
+
+    def __init__(self, num_layers: int, dim: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.num_layers = _check_positive_int("num_layers", num_layers)
+        self.dim = _check_positive_int("dim", dim)
+        self._add_sum_state("feature_sum", (num_layers, dim))
+        self._add_sum_state("cross", (num_layers * dim, num_layers * dim))
+        self._add_sum_state("count", ())
+
+    def update(self, features: Tensor) -> None:
+        """Accumulate a batch of features (L, B, d)."""
+        feature_sum, self.cross, batch_size = _linear_cka_update(features, self.num_layers, self.dim, self.cross)
+        self.feature_sum += feature_sum
+        self.count += batch_size
+
+    def compute(self) -> Tensor:
+        """Return the CKA matrix (L, L) float64."""
+        return _linear_cka_compute(self.feature_sum, self.cross, self.count)
+
+
+class MinibatchCKA(_SumStateMetric):
+    r"""Minibatch linear CKA with the unbiased HSIC estimator (Nguyen, Raghu & Kornblith, 2021).
+
+    For every minibatch of n >= 4 samples, with Grams :math:`K_l = X_l X_l^T` and :math:`\tilde K` the Gram with a
+    zeroed diagonal,
+
+    .. math:: \mathrm{HSIC}_1(K, L) = \frac{1}{n(n-3)}\Big[\mathrm{tr}(\tilde K \tilde L)
+        + \frac{1^T \tilde K 1 \; 1^T \tilde L 1}{(n-1)(n-2)} - \frac{2}{n-2} 1^T \tilde K \tilde L 1\Big]
+
+    is summed over minibatches into ``hsic_sum`` (L, L) and CKA = S_ab / sqrt(S_aa S_bb). Batches with fewer than 4
+    samples are skipped (one warning). The estimator is shift invariant; each batch is centred on its own mean
+    before the Gram purely for numerical accuracy.
+
+    When to use which CKA: this one needs O(L^2) state and O(L n^2) memory per batch, so it fits any model, but its
+    value depends on the batch composition and size (it is not identical for different numbers of DDP processes,
+    which see different batches); unbiasedness makes it converge to the population CKA, not to ``LayerCKA`` on the
+    same finite set. Prefer ``LayerCKA`` when (L*d)^2 * 8 bytes fit.
+
+    Args:
+        num_layers: L.
+        kwargs: torchmetrics ``Metric`` options.
+
+    Shapes:
+        ``update(features)``: (L, n, d). ``compute()``: (L, L) float64 (NaN if no batch was used).
+    """
+
+    def __init__(self, num_layers: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.num_layers = _check_positive_int("num_layers", num_layers)
+        self._add_sum_state("hsic_sum", (num_layers, num_layers))
+        self._add_sum_state("num_batches", ())
+        self._small_batch_warned = False
+
+    def update(self, features: Tensor) -> None:
+        """Accumulate the unbiased HSIC of one minibatch of features (L, n, d); batches with n < 4 are skipped."""
+        _check_features(features, self.num_layers)
+        if features.shape[1] < 4:
+            if not self._small_batch_warned:
+                rank_zero_warn(
+                    f"MinibatchCKA skips batches with fewer than 4 samples (got {features.shape[1]}): the unbiased"
+                    " HSIC is undefined for them.",
+                    UserWarning,
+                )
+                self._small_batch_warned = True
+            return
+        self.hsic_sum += _minibatch_hsic_update(features, self.num_layers)
+        self.num_batches += 1
+
+    def compute(self) -> Tensor:
+        """Return the CKA matrix (L, L) float64."""
+        return _minibatch_cka_compute(self.hsic_sum)

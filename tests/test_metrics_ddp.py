@@ -1,0 +1,132 @@
+"""DDP on CPU with gloo and 2 processes: the 2-rank result equals the 1-rank result on the same data.
+
+Processes are started with torch.multiprocessing's "fork" method: under "spawn" every child re-imports torch and
+torchmetrics (over 10 s each on a loaded 2-core CI box), while the collective part of the test takes well under a
+second. The children set a single intra-op thread before any work, as DataLoader workers do, so a forked OpenMP
+pool is never used.
+"""
+
+import os
+import socket
+import sys
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from layerwise.metrics import (
+    EarlyExit,
+    LayerAccuracy,
+    LayerCKA,
+    LayerCosineSimilarity,
+    LayerNC1,
+    SaturationCosine,
+    SaturationHistogram,
+    all_reduce_sum_states,
+    saturation_layers,
+)
+
+N, L, D, C = 37, 3, 5, 4
+RANK_SPLITS = ((11, 8), (5, 13))  # rank 0 gets samples 0..18, rank 1 gets 19..36
+SINGLE_SPLITS = (20, 17)
+
+
+def make_data():
+    g = torch.Generator().manual_seed(0)
+    targets = torch.randint(0, C, (N,), generator=g)
+    base = torch.randn(N, D, generator=g)
+    features = torch.stack([base @ torch.randn(D, D, generator=g) + torch.randn(N, D, generator=g) for _ in range(L)])
+    features += 3.0 * torch.randn(C, D, generator=g)[targets] + 10.0
+    logits = 2.0 * torch.randn(L, N, C, generator=g)
+    logits += torch.linspace(0.0, 3.0, L).view(-1, 1, 1) * torch.nn.functional.one_hot(targets, C)
+    return features, logits, targets
+
+
+def build_metrics(**kwargs):
+    return {
+        "cos_centered": LayerCosineSimilarity(L, **kwargs),
+        "cos_centered_dim": LayerCosineSimilarity(L, dim=D, **kwargs),
+        "cos": LayerCosineSimilarity(L, center=False, **kwargs),
+        "saturation_cos_centered": SaturationCosine(L, **kwargs),
+        "saturation_cos": SaturationCosine(L, center=False, **kwargs),
+        "cka": LayerCKA(L, D, **kwargs),
+        "accuracy": LayerAccuracy(L, **kwargs),
+        "histogram": SaturationHistogram(L, **kwargs),
+        "early_exit": EarlyExit(L, thresholds=(0.3, 0.6, 0.9), layer_numbers=(2, 4, 6), depth=8, **kwargs),
+        "nc1": LayerNC1(L, D, C + 1, **kwargs),
+    }
+
+
+def run_metrics(start: int, splits, **kwargs):
+    features, logits, targets = make_data()
+    metrics = build_metrics(**kwargs)
+    for size in splits:
+        h, lg, t = features[:, start : start + size], logits[:, start : start + size], targets[start : start + size]
+        start += size
+        saturation = saturation_layers(lg.argmax(-1))
+        for name, metric in metrics.items():
+            if name.startswith("cos") or name == "cka":
+                metric.update(h)
+            elif name.startswith("saturation_cos"):
+                metric.update(h, saturation)
+            elif name == "histogram":
+                metric.update(lg)
+            elif name == "nc1":
+                metric.update(h, t)
+            else:
+                metric.update(lg, t)
+    return metrics
+
+
+def worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    try:
+        start = sum(RANK_SPLITS[0]) if rank else 0
+        results = {}
+        metrics = run_metrics(start, RANK_SPLITS[rank], sync_on_compute=False)
+        all_reduce_sum_states(list(metrics.values()))
+        results["packed"] = {name: metric.compute() for name, metric in metrics.items()}
+        metrics = run_metrics(start, RANK_SPLITS[rank])  # torchmetrics' own sync_on_compute=True
+        results["torchmetrics"] = {name: metric.compute() for name, metric in metrics.items()}
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def assert_same(actual, expected, where: str) -> None:
+    if isinstance(expected, dict):
+        assert actual.keys() == expected.keys(), where
+        for key in expected:
+            assert_same(actual[key], expected[key], f"{where}/{key}")
+    else:
+        torch.testing.assert_close(actual, expected, rtol=0, atol=1e-9, equal_nan=True, msg=where)
+
+
+@pytest.mark.skipif(sys.platform != "linux" or not dist.is_available(), reason="needs fork and torch.distributed")
+def test_two_ranks_equal_one_rank(tmp_path):
+    context = mp.start_processes(
+        worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=False, start_method="fork"
+    )
+    deadline = time.monotonic() + 120
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail("DDP workers did not finish within 120 s")
+
+    single = {name: metric.compute() for name, metric in run_metrics(0, SINGLE_SPLITS).items()}
+    assert not single["saturation_cos_centered"][:-1].isnan().all()  # some samples saturate early
+    for rank in range(2):
+        results = torch.load(tmp_path / f"rank{rank}.pt")
+        for mode, computed in results.items():
+            assert_same(computed, single, f"rank{rank}/{mode}")
