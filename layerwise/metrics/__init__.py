@@ -1,5 +1,6 @@
 """Layer-wise metrics: pure functions in ``functional`` and torchmetrics ``Metric`` classes of sufficient statistics."""
 
+from layerwise.metrics.count import SampleCount
 from layerwise.metrics.functional import (
     effective_depth,
     layer_accuracy,
@@ -22,6 +23,7 @@ __all__ = [
     "LayerNC1",
     "MinibatchCKA",
     "SaturationCosine",
+    "SampleCount",
     "SaturationHistogram",
     "all_reduce_sum_states",
     "effective_depth",

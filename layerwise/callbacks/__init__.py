@@ -1,0 +1,17 @@
+"""Analysis callbacks: drop them into any Lightning Trainer."""
+
+from layerwise.callbacks.analysis import LayerwiseAnalysis
+from layerwise.callbacks.base import LayerwiseMonitor
+from layerwise.callbacks.effective_depth import EffectiveDepthMonitor
+from layerwise.callbacks.logit_lens import LogitLensMonitor
+from layerwise.callbacks.neural_collapse import NeuralCollapseMonitor
+from layerwise.callbacks.similarity import LayerSimilarityMonitor
+
+__all__ = [
+    "EffectiveDepthMonitor",
+    "LayerSimilarityMonitor",
+    "LayerwiseAnalysis",
+    "LayerwiseMonitor",
+    "LogitLensMonitor",
+    "NeuralCollapseMonitor",
+]

@@ -1,0 +1,38 @@
+"""How many of a rank's evaluation samples are real, not the distributed sampler's padding."""
+
+from typing import Any, Optional
+
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from torch.utils.data import DistributedSampler
+
+
+def _sampler(dataloader: Any) -> Any:
+    sampler = getattr(dataloader, "sampler", None)
+    batch_sampler = getattr(dataloader, "batch_sampler", None)
+    inner = getattr(batch_sampler, "sampler", None)
+    return inner if isinstance(inner, DistributedSampler) else sampler
+
+
+def real_samples_on_rank(dataloader: Any) -> Optional[int]:
+    """Number of samples this rank sees before the padding that ``DistributedSampler`` appends, else ``None``.
+
+    ``DistributedSampler(drop_last=False)`` repeats the first indices so every rank gets ``ceil(N / W)`` samples; the
+    repeats land at the end of the padded index list, so on rank ``r`` they are the last ones of its stream. Rank ``r``
+    owns ``len(range(r, N, W))`` real samples. ``None`` means nothing needs trimming.
+    """
+    sampler = _sampler(dataloader)
+    if not isinstance(sampler, DistributedSampler) or isinstance(sampler, UnrepeatedDistributedSampler):
+        return None
+    if sampler.drop_last:
+        return None
+    return len(range(sampler.rank, len(sampler.dataset), sampler.num_replicas))
+
+
+def rank_indices(dataloader: Any) -> Optional[list[int]]:
+    """Dataset indices of this rank's real samples in order, when the sampler can say (``DistributedSampler``)."""
+    sampler = _sampler(dataloader)
+    if not isinstance(sampler, DistributedSampler) or hasattr(sampler, "_sampler"):
+        return None
+    budget = real_samples_on_rank(dataloader)
+    indices = list(iter(sampler))
+    return indices if budget is None else indices[:budget]

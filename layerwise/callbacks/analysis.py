@@ -1,0 +1,52 @@
+"""All analyses in one callback, sharing one source of features and one all-reduce."""
+
+from typing import Any
+
+from layerwise.callbacks.effective_depth import DEFAULT_EPSILONS, EffectiveDepthFamily
+from layerwise.callbacks.logit_lens import DEFAULT_THRESHOLDS, LogitLensFamily
+from layerwise.callbacks.neural_collapse import NeuralCollapseFamily
+from layerwise.callbacks.similarity import CKAEstimator, SimilarityFamily
+from layerwise.callbacks.base import LayerwiseMonitor
+
+
+class LayerwiseAnalysis(LayerwiseMonitor):
+    """Every layer-wise analysis at once: similarity, logit lens, neural collapse and effective depth.
+
+    Equivalent to :class:`LayerSimilarityMonitor`, :class:`LogitLensMonitor`, :class:`NeuralCollapseMonitor` and
+    :class:`EffectiveDepthMonitor` together, but all families read the same per-batch features and their states
+    travel in one all-reduce. Each family can be switched off.
+
+    Writes ``<log_dir>/layerwise/val_epoch_<EEE>.json`` with every key documented in the README.
+
+    Args:
+        similarity, logit_lens, neural_collapse, depth: switch a family on or off.
+        center, cka, max_buffered_samples: see :class:`LayerSimilarityMonitor`.
+        thresholds: early-exit confidences, see :class:`LogitLensMonitor`.
+        epsilons: see :class:`EffectiveDepthMonitor`.
+        Others: see :class:`LayerwiseMonitor`.
+    """
+
+    def __init__(
+        self,
+        similarity: bool = True,
+        logit_lens: bool = True,
+        neural_collapse: bool = True,
+        depth: bool = True,
+        center: bool = True,
+        cka: CKAEstimator = "exact",
+        max_buffered_samples: int = 65536,
+        thresholds: list[float] = list(DEFAULT_THRESHOLDS),
+        epsilons: list[float] = list(DEFAULT_EPSILONS),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        if similarity:
+            self.families.append(SimilarityFamily(center, cka, max_buffered_samples))
+        if logit_lens:
+            self.families.append(LogitLensFamily(thresholds, center, max_buffered_samples))
+        if neural_collapse:
+            self.families.append(NeuralCollapseFamily())
+        if depth:
+            self.families.append(EffectiveDepthFamily(epsilons))
+        if not self.families:
+            raise ValueError("LayerwiseAnalysis with every family switched off analyses nothing.")

@@ -1,0 +1,58 @@
+"""ε-effective depth: the first layer whose shared-head accuracy is good enough."""
+
+from collections.abc import Sequence
+from typing import Any
+
+from torchmetrics import Metric
+
+from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor
+from layerwise.metrics import LayerAccuracy, effective_depth
+
+DEFAULT_EPSILONS = (0.01, 0.05, 0.1)
+
+
+class EffectiveDepthFamily(Family):
+    """Absolute (Acc^l >= 1 − ε) and relative (Acc^l >= Acc^L − ε) ε-effective depth."""
+
+    def __init__(self, epsilons: Sequence[float] = DEFAULT_EPSILONS) -> None:
+        epsilons = [float(value) for value in epsilons]
+        if not epsilons or any(not 0.0 <= value <= 1.0 for value in epsilons):
+            raise ValueError(f"`epsilons={epsilons}` must be a non-empty list of numbers in [0, 1].")
+        self.epsilons = epsilons
+
+    def build(self, spec: LayerSpec) -> list[Metric]:
+        self.accuracy = LayerAccuracy(spec.num_layers, sync_on_compute=False)
+        return [self.accuracy]
+
+    def update(self, batch: LayerBatch) -> None:
+        self.accuracy.update(batch.logits, batch.targets)
+
+    def compute(self, spec: LayerSpec) -> dict[str, Any]:
+        accuracy = self.accuracy.compute()["accuracy"]
+        numbers = spec.layer_numbers
+        return {
+            "effective_depth": effective_depth(accuracy, self.epsilons, numbers),
+            "effective_depth_relative": effective_depth(accuracy, self.epsilons, numbers, relative=True),
+        }
+
+    def scalars(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, float]:
+        scalars = {f"effective_depth/eps_{eps}": float(v) for eps, v in results["effective_depth"].items()}
+        relative = results["effective_depth_relative"].items()
+        scalars.update({f"effective_depth_relative/eps_{eps}": float(v) for eps, v in relative})
+        return scalars
+
+    def charts(self) -> dict[str, str]:
+        return {"effective depth": r"effective_depth/.*", "relative effective depth": r"effective_depth_relative/.*"}
+
+
+class EffectiveDepthMonitor(LayerwiseMonitor):
+    """ε-effective depth: the smallest layer with shared-head accuracy ``>= 1 − ε`` (else the last layer), and the
+    variant relative to the last layer (``>= Acc^L − ε``), for every ε in ``epsilons``.
+
+    Logged: ``val/effective_depth/eps_E`` and ``val/effective_depth_relative/eps_E``. JSON keys:
+    ``effective_depth`` and ``effective_depth_relative`` (objects keyed by ε as a string, e.g. ``"0.05"``).
+    """
+
+    def __init__(self, epsilons: list[float] = list(DEFAULT_EPSILONS), **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.families = [EffectiveDepthFamily(epsilons)]

@@ -1,0 +1,140 @@
+"""What the model's own head reads from every layer: accuracy, loss, saturation, early exit."""
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torchmetrics import Metric
+
+from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor, _per_layer
+from layerwise.figures import exits_per_layer, saturation_histogram
+from layerwise.metrics import EarlyExit, LayerAccuracy, SaturationCosine, SaturationHistogram, saturation_layers
+
+DEFAULT_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
+
+
+class LogitLensFamily(Family):
+    """Per-layer accuracy/loss of the shared head, saturation events and early exit; separate heads if present."""
+
+    def __init__(
+        self,
+        thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
+        center: bool = True,
+        max_buffered_samples: int = 65536,
+    ) -> None:
+        thresholds = [float(value) for value in thresholds]
+        if not thresholds or any(not 0.0 <= value <= 1.0 for value in thresholds):
+            raise ValueError(f"`thresholds={thresholds}` must be a non-empty list of confidences in [0, 1].")
+        self.thresholds = thresholds
+        self.center = center
+        self.max_buffered_samples = max_buffered_samples
+
+    def build(self, spec: LayerSpec) -> list[Metric]:
+        layers = spec.num_layers
+        self.accuracy = LayerAccuracy(layers, sync_on_compute=False)
+        self.exit_accuracy = LayerAccuracy(layers, sync_on_compute=False)
+        self.saturation = SaturationHistogram(layers, sync_on_compute=False)
+        self.saturation_cos = SaturationCosine(
+            layers, self.center, self.max_buffered_samples, dim=spec.dim, sync_on_compute=False
+        )
+        self.early_exit = EarlyExit(
+            layers, self.thresholds, layer_numbers=spec.layer_numbers, depth=spec.depth, sync_on_compute=False
+        )
+        self._has_exit_heads = False
+        return [self.accuracy, self.exit_accuracy, self.saturation, self.saturation_cos, self.early_exit]
+
+    def update(self, batch: LayerBatch) -> None:
+        self.accuracy.update(batch.logits, batch.targets)
+        self.saturation.update(batch.logits)
+        self.saturation_cos.update(batch.features, saturation_layers(batch.logits.argmax(-1)))
+        self.early_exit.update(batch.logits, batch.targets)
+        if batch.exit_logits is not None:
+            self._has_exit_heads = True
+            self.exit_accuracy.update(batch.exit_logits, batch.targets)
+
+    def compute(self, spec: LayerSpec) -> dict[str, Any]:
+        accuracy = self.accuracy.compute()
+        early_exit = self.early_exit.compute()
+        results = {
+            "accuracy": accuracy["accuracy"],
+            "loss": accuracy["loss"],
+            "saturation_counts": self.saturation.compute().round().long(),
+            "saturation_cos": self.saturation_cos.compute(),
+            "early_exit": [
+                {
+                    "threshold": threshold,
+                    "accuracy": float(early_exit["accuracy"][i]),
+                    "exit_counts": early_exit["exit_counts"][i].round().long().tolist(),
+                    "speedup": float(early_exit["speedup"][i]),
+                }
+                for i, threshold in enumerate(self.thresholds)
+            ],
+        }
+        # Whether any rank saw separate exit heads is itself global: the reduced count is non-zero.
+        if float(self.exit_accuracy.count) > 0:
+            exit_accuracy = self.exit_accuracy.compute()
+            results["exit_accuracy"] = exit_accuracy["accuracy"]
+            results["exit_loss"] = exit_accuracy["loss"]
+        return results
+
+    def scalars(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, float]:
+        scalars = _per_layer(results["accuracy"], spec, "acc")
+        scalars.update(_per_layer(results["loss"], spec, "loss"))
+        total = max(1, int(results["saturation_counts"].sum()))
+        scalars.update(_per_layer(results["saturation_counts"].double() / total, spec, "saturation"))
+        if "exit_accuracy" in results:
+            scalars.update(_per_layer(results["exit_accuracy"], spec, "exit_acc"))
+        for row in results["early_exit"]:
+            name = f"tau_{row['threshold']:g}"
+            scalars[f"early_exit/accuracy/{name}"] = row["accuracy"]
+            scalars[f"early_exit/speedup/{name}"] = row["speedup"]
+        return scalars
+
+    def figures(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, Any]:
+        cos = [None if not torch.isfinite(v) else float(v) for v in results["saturation_cos"]]
+        return {
+            "saturation": saturation_histogram(results["saturation_counts"].tolist(), spec.layer_numbers, cos),
+            "early_exit": exits_per_layer(results["early_exit"], spec.layer_numbers),
+        }
+
+    def charts(self) -> dict[str, str]:
+        return {
+            "accuracy per layer": r"acc/layer_\d+",
+            "loss per layer": r"loss/layer_\d+",
+            "saturation per layer": r"saturation/layer_\d+",
+            "exit-head accuracy per layer": r"exit_acc/layer_\d+",
+            "early-exit accuracy": r"early_exit/accuracy/.*",
+            "early-exit speedup": r"early_exit/speedup/.*",
+        }
+
+
+class LogitLensMonitor(LayerwiseMonitor):
+    """The model's own final norm + classifier applied to every layer ("logit lens"), exact over the evaluated set.
+
+    - Accuracy and mean cross-entropy per layer: ``Acc^l = (1/N) Σ_i 1[argmax head(h_i^l) = y_i]``.
+    - Saturation layer of a sample: the smallest ``l`` from which the top-1 prediction equals the last layer's at
+      every deeper layer. Reported as a histogram over ``l`` and, per ``l``, the mean ``COS(h^l, h^L)`` of the
+      samples saturating there (centred as the COS matrix; ``null`` where none saturate).
+    - Early exit with the shared head: for each confidence ``τ`` in ``thresholds``, a sample exits at the first
+      layer whose max softmax probability reaches ``τ`` (else the last) with that layer's prediction; reports the
+      accuracy, exits per layer and ``speedup = Σ_l L·m_l / Σ_l l·m_l``.
+    - Multi-exit models also get the separate heads' accuracy/loss per layer (``exit_accuracy``, ``exit_loss``).
+
+    With ``layers`` selecting a subset, saturation and early exit run over the selected layers (the deepest selected
+    layer playing the last), and ``l`` in the speedup is the real layer number.
+
+    Logged: ``val/acc/layer_XX``, ``val/loss/layer_XX``, ``val/saturation/layer_XX`` (fraction of samples),
+    ``val/exit_acc/layer_XX``, ``val/early_exit/{accuracy,speedup}/tau_T``; images ``val/saturation``,
+    ``val/early_exit``. JSON keys: ``accuracy``, ``loss``, ``saturation_counts``, ``saturation_cos``,
+    ``early_exit`` (list of ``threshold``, ``accuracy``, ``exit_counts``, ``speedup``).
+    """
+
+    def __init__(
+        self,
+        thresholds: list[float] = list(DEFAULT_THRESHOLDS),
+        center: bool = True,
+        max_buffered_samples: int = 65536,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.families = [LogitLensFamily(thresholds, center, max_buffered_samples)]

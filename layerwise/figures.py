@@ -1,0 +1,119 @@
+"""Paper-style figures of one epoch's summary; shared by the callbacks (TensorBoard) and ``layerwise plot``."""
+
+from collections.abc import Sequence
+from typing import Any, Optional
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+
+
+def _ticks(ax: Any, layers: Sequence[int], axis: str = "both") -> None:
+    step = max(1, len(layers) // 12)
+    positions = list(range(0, len(layers), step))
+    if axis in ("x", "both"):
+        ax.set_xticks(positions, [str(layers[i]) for i in positions])
+    if axis in ("y", "both"):
+        ax.set_yticks(positions, [str(layers[i]) for i in positions])
+
+
+def heatmap(matrix: Any, layers: Sequence[int], title: str) -> Figure:
+    """Layer-by-layer similarity matrix (COS or CKA) with layer 1 at the top left."""
+    values = np.asarray(matrix, dtype=float)
+    fig, ax = plt.subplots(figsize=(4.6, 4.0), layout="constrained")
+    image = ax.imshow(values, cmap="viridis", vmin=min(0.0, float(np.nanmin(values))), vmax=1.0)
+    _ticks(ax, layers)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("layer")
+    ax.set_title(title)
+    fig.colorbar(image, ax=ax, shrink=0.85)
+    return fig
+
+
+def similarity_and_accuracy(summary: dict[str, Any]) -> Figure:
+    """COS (and CKA) of every layer to the last layer, with the shared head's accuracy per layer on a twin axis."""
+    layers = summary["layers"]
+    fig, ax = plt.subplots(figsize=(5.2, 3.4), layout="constrained")
+    if summary.get("cos") is not None:
+        ax.plot(layers, [row[-1] for row in summary["cos"]], marker="o", label="COS to last")
+    if summary.get("cka") is not None:
+        ax.plot(layers, [row[-1] for row in summary["cka"]], marker="s", label="CKA to last")
+    ax.set_xlabel("layer")
+    ax.set_ylabel("similarity to last layer")
+    if summary.get("accuracy") is not None:
+        twin = ax.twinx()
+        twin.plot(layers, summary["accuracy"], color="tab:red", marker="^", label="accuracy (shared head)")
+        twin.set_ylabel("accuracy", color="tab:red")
+        twin.set_ylim(0, 1.02)
+        twin.legend(loc="lower right")
+    ax.legend(loc="upper left")
+    ax.set_title(f"epoch {summary.get('epoch', '?')}")
+    return fig
+
+
+def saturation_histogram(counts: Sequence[float], layers: Sequence[int], cos: Optional[Sequence] = None) -> Figure:
+    """How many samples saturate at each layer; with the mean COS(h^l, h^L) of those samples on a twin axis."""
+    fig, ax = plt.subplots(figsize=(5.2, 3.4), layout="constrained")
+    ax.bar(layers, counts, color="tab:blue")
+    ax.set_xlabel("saturation layer")
+    ax.set_ylabel("samples")
+    if cos is not None:
+        twin = ax.twinx()
+        values = [np.nan if value is None else value for value in cos]
+        twin.plot(layers, values, color="tab:orange", marker="o")
+        twin.set_ylabel("mean COS to last layer", color="tab:orange")
+    ax.set_title("saturation events")
+    return fig
+
+
+def exits_per_layer(early_exit: Sequence[dict[str, Any]], layers: Sequence[int]) -> Figure:
+    """Exit counts per layer for every confidence threshold, with accuracy and speedup in the legend."""
+    fig, ax = plt.subplots(figsize=(5.6, 3.4), layout="constrained")
+    width = 0.8 / max(1, len(early_exit))
+    for i, row in enumerate(early_exit):
+        offset = (i - (len(early_exit) - 1) / 2) * width
+        label = f"τ={row['threshold']:g}: acc {row['accuracy']:.3f}, ×{row['speedup']:.2f}"
+        ax.bar(np.asarray(layers) + offset, row["exit_counts"], width=width, label=label)
+    ax.set_xlabel("exit layer")
+    ax.set_ylabel("samples")
+    ax.legend(fontsize="x-small")
+    ax.set_title("early exit with the shared head")
+    return fig
+
+
+def effective_depth(summary: dict[str, Any]) -> Figure:
+    """ε-effective depth (absolute and relative to the last layer) against ε."""
+    fig, ax = plt.subplots(figsize=(4.6, 3.4), layout="constrained")
+    for key, label in (("effective_depth", "Acc ≥ 1−ε"), ("effective_depth_relative", "Acc ≥ Acc_L − ε")):
+        depths = summary.get(key)
+        if depths:
+            epsilons = sorted(depths, key=float)
+            ax.plot([float(e) for e in epsilons], [depths[e] for e in epsilons], marker="o", label=label)
+    ax.set_xlabel("ε")
+    ax.set_ylabel("effective depth (layer)")
+    ax.legend()
+    ax.set_title("ε-effective depth")
+    return fig
+
+
+def summary_figures(summary: dict[str, Any]) -> dict[str, Figure]:
+    """Every figure the summary has data for, keyed by a file-name stem."""
+    layers = summary["layers"]
+    figures: dict[str, Figure] = {}
+    for key in ("cos", "cka"):
+        if summary.get(key) is not None:
+            figures[key] = heatmap(summary[key], layers, key.upper())
+    if summary.get("cos") is not None or summary.get("cka") is not None or summary.get("accuracy") is not None:
+        figures["similarity_accuracy"] = similarity_and_accuracy(summary)
+    if summary.get("saturation_counts") is not None:
+        figures["saturation"] = saturation_histogram(
+            summary["saturation_counts"], layers, summary.get("saturation_cos")
+        )
+    if summary.get("early_exit"):
+        figures["early_exit"] = exits_per_layer(summary["early_exit"], layers)
+    if summary.get("effective_depth"):
+        figures["effective_depth"] = effective_depth(summary)
+    return figures
