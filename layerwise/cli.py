@@ -6,6 +6,7 @@ from typing import Any, Optional
 from lightning.pytorch.cli import LightningCLI
 
 from layerwise.lightning_modules import LayerwiseModule
+from layerwise.lightning_modules.base import check_data_compatible
 
 
 class LayerwiseCLI(LightningCLI):
@@ -21,6 +22,23 @@ class LayerwiseCLI(LightningCLI):
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         super().__init__(*args, **kwargs)
+
+    def _check_before_run(self) -> None:
+        # Before the Trainer creates log folders or touches data: a bad combination leaves nothing behind.
+        if isinstance(self.model, LayerwiseModule):
+            check_data_compatible(self.model, self.datamodule)
+
+    def before_fit(self) -> None:
+        self._check_before_run()
+
+    def before_validate(self) -> None:
+        self._check_before_run()
+
+    def before_test(self) -> None:
+        self._check_before_run()
+
+    def before_predict(self) -> None:
+        self._check_before_run()
 
 
 def main(args: Optional[list[str]] = None) -> None:

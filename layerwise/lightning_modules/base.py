@@ -114,13 +114,7 @@ class LayerwiseModule(LightningModule):
         return outputs
 
     def setup(self, stage: str) -> None:
-        datamodule = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
-        data_classes = getattr(datamodule, "num_classes", None)
-        if data_classes is not None and data_classes != self.backbone.num_classes:
-            raise ValueError(
-                f"The model has `--model.init_args.backbone.init_args.num_classes={self.backbone.num_classes}` but "
-                f"the data has {data_classes} classes; set num_classes={data_classes}."
-            )
+        check_data_compatible(self, getattr(self.trainer, "datamodule", None))
         if stage == "fit":
             rank_zero_info(self.head_parameter_report())
 
@@ -142,3 +136,14 @@ class LayerwiseModule(LightningModule):
             return optimizer
         scheduler = self.lr_scheduler_factory(optimizer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": self.scheduler_interval}}
+
+
+def check_data_compatible(model: LayerwiseModule, datamodule: Any) -> None:
+    """Raise a ValueError naming the flag when the model's class count disagrees with the data's."""
+    data_classes = getattr(datamodule, "num_classes", None)
+    model_classes = model.backbone.num_classes
+    if data_classes is not None and data_classes != model_classes:
+        raise ValueError(
+            f"The model has `--model.init_args.backbone.init_args.num_classes={model_classes}` but the data has "
+            f"{data_classes} classes; set num_classes={data_classes}."
+        )

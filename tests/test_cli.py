@@ -1,0 +1,223 @@
+"""The CLI, every shipped config, the quickstart, resuming, and bad input failing before any work."""
+
+import json
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from layerwise.cli import LayerwiseCLI
+from layerwise.features import TimmViT
+from layerwise.lightning_modules import AlternatingAligned, WarmupCosineLR
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ROOT / "configs"
+QUICKSTART = str(CONFIGS / "quickstart.yaml")
+TRAINER_CONFIGS = sorted((CONFIGS / "trainer").glob("*.yaml"))
+EXPERIMENT_CONFIGS = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name != "trainer")
+TINY = [
+    "--model.init_args.backbone.init_args.embed_dim=16",
+    "--model.init_args.backbone.init_args.depth=2",
+    "--model.init_args.backbone.init_args.num_heads=2",
+    "--data.init_args.num_workers=0",
+]
+QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+
+
+def fake_data_root(tmp_path: Path, config: Path) -> list[str]:
+    """A local folder in the layout the config's datamodule expects (instantiation checks the layout only)."""
+    text = config.read_text()
+    if "CIFAR10DataModule" in text:
+        folder = tmp_path / "cifar-10-batches-py"
+        names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch", "batches.meta"]
+    elif "ImageNetDataModule" in text:
+        folder = tmp_path / "imagenet"
+        for split in ("train", "val"):
+            (folder / split / "n01440764").mkdir(parents=True)
+        return [f"--data.init_args.root={folder}", "--data.init_args.img_size=32"]
+    else:
+        return []
+    folder.mkdir()
+    for name in names:
+        (folder / name).touch()
+    return [f"--data.init_args.root={folder}"]
+
+
+@pytest.mark.parametrize("config", EXPERIMENT_CONFIGS, ids=lambda p: str(p.relative_to(CONFIGS)))
+def test_every_experiment_config_parses_and_instantiates(config, tmp_path):
+    size = ["--model.init_args.backbone.init_args.img_size=32"] if "imagenet" in str(config) else []
+    cli = LayerwiseCLI(
+        args=["--config", str(config), *TINY, *size, *fake_data_root(tmp_path, config)], run=False
+    )
+    assert cli.model.backbone.num_layers == 2
+    assert isinstance(cli.trainer, pl.Trainer)
+    assert any(type(c).__name__ == "LayerwiseAnalysis" for c in cli.trainer.callbacks)
+    expected_lr = 0.1 if "paper" in config.parts else None
+    if expected_lr is not None:
+        assert cli.config.model.init_args.optimizer.init_args.lr == expected_lr
+        milestones = cli.config.model.init_args.lr_scheduler.init_args.milestones
+        assert list(milestones) == [100, 150] and cli.config.trainer.max_epochs == 200
+
+
+@pytest.mark.parametrize("config", TRAINER_CONFIGS, ids=lambda p: p.name)
+def test_every_trainer_config_parses_and_instantiates(config, tmp_path):
+    # GPU configs are parsed as written and instantiated with the accelerator swapped for the CPU this test has.
+    cpu = ["--trainer.accelerator=cpu", "--trainer.precision=32-true"] if "gpu" in config.name else []
+    devices = ["--trainer.devices=2"] if "ddp_gpu" in config.name else []
+    cli = LayerwiseCLI(args=["--config", QUICKSTART, "--config", str(config), *cpu, *devices], run=False)
+    parsed = cli.config.trainer
+    written = config.read_text()
+    assert f"accelerator: {parsed.accelerator}" in written or cpu
+    assert isinstance(cli.trainer, pl.Trainer)
+    if "ddp" in config.name:
+        assert cli.trainer.num_devices == 2
+
+
+def test_quickstart_config_one_short_epoch(tmp_path):
+    LayerwiseCLI(
+        args=[
+            "fit",
+            "--config",
+            QUICKSTART,
+            "--trainer.max_epochs=1",
+            "--trainer.limit_train_batches=3",
+            f"--trainer.logger.init_args.save_dir={tmp_path}",
+            *QUIET,
+        ]
+    )
+    log_dir = tmp_path / "quickstart" / "version_0"
+    summary = json.loads((log_dir / "layerwise" / "val_epoch_000.json").read_text())
+    assert summary["num_samples"] == 360 and summary["layers"] == [1, 2, 3, 4, 5, 6]
+    assert (log_dir / "checkpoints" / "last.ckpt").exists()
+    assert list(log_dir.glob("events.out.tfevents.*"))
+
+
+def test_python_dash_m_layerwise_works():
+    result = subprocess.run([sys.executable, "-m", "layerwise", "fit", "--help"], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert "--model" in result.stdout and "--data" in result.stdout
+
+
+# -- resuming ---------------------------------------------------------------------------------------------------
+
+
+class RecordingAlternating(AlternatingAligned):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.objectives: list[str] = []
+
+    def compute_loss(self, outputs):
+        self.objectives.append("aligned" if self.step_number() % 2 == 0 else "last")
+        return super().compute_loss(outputs)
+
+
+def resume_module() -> RecordingAlternating:
+    torch.manual_seed(0)
+    backbone = TimmViT(num_classes=4, img_size=8, patch_size=4, in_chans=1, embed_dim=16, depth=2, num_heads=2)
+    return RecordingAlternating(
+        backbone,
+        optimizer=partial(torch.optim.AdamW, lr=1e-2),
+        lr_scheduler=partial(WarmupCosineLR, warmup_epochs=1, max_epochs=2),
+    )
+
+
+def resume_fit(module, max_epochs, ckpt_path=None) -> pl.Trainer:
+    generator = torch.Generator().manual_seed(1)
+    data = TensorDataset(torch.randn(12, 1, 8, 8, generator=generator), torch.randint(0, 4, (12,), generator=generator))
+    trainer = pl.Trainer(
+        max_epochs=max_epochs,
+        accelerator="cpu",
+        deterministic=True,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(module, DataLoader(data, batch_size=4), ckpt_path=ckpt_path)  # 3 (odd) steps per epoch
+    return trainer
+
+
+def test_resume_continues_the_alternation_and_matches_an_uninterrupted_run(tmp_path):
+    uninterrupted = resume_module()
+    resume_fit(uninterrupted, max_epochs=2)
+
+    first = resume_module()
+    resume_fit(first, max_epochs=1).save_checkpoint(tmp_path / "step3.ckpt")
+    resumed = resume_module()
+    torch.manual_seed(123)  # a resumed run must not depend on the seed it was started with
+    trainer = resume_fit(resumed, max_epochs=2, ckpt_path=tmp_path / "step3.ckpt")
+
+    assert trainer.global_step == 6
+    assert first.objectives + resumed.objectives == uninterrupted.objectives
+    assert resumed.objectives[0] == "aligned"  # step 4 is even
+    for (name, a), (_, b) in zip(uninterrupted.state_dict().items(), resumed.state_dict().items()):
+        assert torch.allclose(a, b, atol=1e-7), name
+
+
+# -- bad input fails before training, naming the flag ------------------------------------------------------------
+
+
+def quickstart_cli(tmp_path, *overrides):
+    return LayerwiseCLI(
+        args=[
+            "fit",
+            "--config",
+            QUICKSTART,
+            f"--trainer.logger.init_args.save_dir={tmp_path}",
+            "--trainer.max_epochs=1",
+            *QUIET,
+            *overrides,
+        ]
+    )
+
+
+def assert_nothing_written(tmp_path):
+    assert not any(tmp_path.rglob("*.ckpt")) and not any(tmp_path.rglob("*.json"))
+
+
+def test_unknown_backbone_names_the_flag(tmp_path):
+    with pytest.raises(ValueError, match=r"--model.init_args.backbone.init_args.model_name='vit_nope'"):
+        quickstart_cli(tmp_path, "--model.init_args.backbone.init_args.model_name=vit_nope")
+    assert_nothing_written(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("weights", "message"),
+    [("[1.0, 2.0]", "has 2 entries but the model has 6 layers"), ("[1, 1, 1, 0, 1, 1]", "must be positive")],
+)
+def test_bad_layer_weights_name_the_flag(tmp_path, weights, message):
+    with pytest.raises(ValueError, match=rf"--model.init_args.layer_weights.*{message}|{message}") as error:
+        quickstart_cli(tmp_path, f"--model.init_args.layer_weights={weights}")
+    assert "--model.init_args.layer_weights" in str(error.value)
+    assert_nothing_written(tmp_path)
+
+
+def test_pooling_outside_the_allowed_set_names_the_flag(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        quickstart_cli(tmp_path, "--model.init_args.backbone.init_args.pooling=max")
+    assert "pooling" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="pooling='max'"):
+        TimmViT(pooling="max", depth=1, embed_dim=8, num_heads=1, img_size=8, patch_size=4)
+    assert_nothing_written(tmp_path)
+
+
+def test_missing_local_data_path_names_the_flag(tmp_path):
+    missing = tmp_path / "nowhere"
+    # jsonargparse re-raises the datamodule's FileNotFoundError as a ValueError carrying the same message
+    with pytest.raises((FileNotFoundError, ValueError), match=r"does not exist. Pass --data.init_args.root="):
+        LayerwiseCLI(
+            args=["--config", str(CONFIGS / "cifar10" / "deit_s_standard.yaml"), *TINY,
+                  f"--data.init_args.root={missing}"],
+            run=False,
+        )
+
+
+def test_num_classes_disagreeing_with_the_data_fails_before_training(tmp_path):
+    with pytest.raises(ValueError, match=r"--model.init_args.backbone.init_args.num_classes=7.*10 classes"):
+        quickstart_cli(tmp_path, "--model.init_args.backbone.init_args.num_classes=7")
+    assert not any(tmp_path.iterdir())  # not even a log folder
