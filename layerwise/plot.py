@@ -23,10 +23,12 @@ def find_summaries(path: Path, all_epochs: bool = False) -> list[Path]:
         return found
     latest_dir = max({p.parent for p in found}, key=lambda d: d.stat().st_mtime)
     stages = {p.name.split("_epoch_")[0] for p in found if p.parent == latest_dir}
-    return [max((p for p in found if p.parent == latest_dir and p.name.startswith(f"{s}_epoch_"))) for s in stages]
+    return [max(p for p in found if p.parent == latest_dir and p.name.startswith(f"{s}_epoch_")) for s in stages]
 
 
-def plot_summary(summary_file: Path, out_dir: Optional[Path] = None, formats: tuple[str, ...] = ("png", "pdf")) -> list[Path]:
+def plot_summary(
+    summary_file: Path, out_dir: Optional[Path] = None, formats: tuple[str, ...] = ("png", "pdf")
+) -> list[Path]:
     """Write every figure of one summary; returns the written paths."""
     summary = load_summary(str(summary_file))
     target = out_dir or summary_file.parent / "figures"

@@ -51,9 +51,7 @@ def fake_data_root(tmp_path: Path, config: Path) -> list[str]:
 @pytest.mark.parametrize("config", EXPERIMENT_CONFIGS, ids=lambda p: str(p.relative_to(CONFIGS)))
 def test_every_experiment_config_parses_and_instantiates(config, tmp_path):
     size = ["--model.init_args.backbone.init_args.img_size=32"] if "imagenet" in str(config) else []
-    cli = LayerwiseCLI(
-        args=["--config", str(config), *TINY, *size, *fake_data_root(tmp_path, config)], run=False
-    )
+    cli = LayerwiseCLI(args=["--config", str(config), *TINY, *size, *fake_data_root(tmp_path, config)], run=False)
     assert cli.model.backbone.num_layers == 2
     assert isinstance(cli.trainer, pl.Trainer)
     assert any(type(c).__name__ == "LayerwiseAnalysis" for c in cli.trainer.callbacks)
@@ -211,8 +209,12 @@ def test_missing_local_data_path_names_the_flag(tmp_path):
     # jsonargparse re-raises the datamodule's FileNotFoundError as a ValueError carrying the same message
     with pytest.raises((FileNotFoundError, ValueError), match=r"does not exist. Pass --data.init_args.root="):
         LayerwiseCLI(
-            args=["--config", str(CONFIGS / "cifar10" / "deit_s_standard.yaml"), *TINY,
-                  f"--data.init_args.root={missing}"],
+            args=[
+                "--config",
+                str(CONFIGS / "cifar10" / "deit_s_standard.yaml"),
+                *TINY,
+                f"--data.init_args.root={missing}",
+            ],
             run=False,
         )
 

@@ -110,7 +110,10 @@ def test_multi_exit_has_one_head_per_layer_and_its_loss():
     outputs = outputs_of(module, x, y)
     heads = [*module.exit_heads, None]
     own = reference_layer_logits(module.backbone, x)
-    exit_logits = [reference_layer_logits(module.backbone, x, head)[i] if head is not None else own[i] for i, head in enumerate(heads)]
+    exit_logits = [
+        reference_layer_logits(module.backbone, x, head)[i] if head is not None else own[i]
+        for i, head in enumerate(heads)
+    ]
     assert torch.allclose(outputs[EXIT_LOGITS].double(), torch.stack(exit_logits), atol=1e-5)
     weights = [2 * layer / (DEPTH * (DEPTH + 1)) for layer in range(1, DEPTH + 1)]
     supervised = sum(w * ce(z, y) for w, z in zip(weights, exit_logits))

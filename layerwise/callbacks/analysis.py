@@ -1,12 +1,13 @@
 """All analyses in one callback, sharing one source of features and one all-reduce."""
 
+from collections.abc import Sequence
 from typing import Any
 
+from layerwise.callbacks.base import LayerwiseMonitor
 from layerwise.callbacks.effective_depth import DEFAULT_EPSILONS, EffectiveDepthFamily
 from layerwise.callbacks.logit_lens import DEFAULT_THRESHOLDS, LogitLensFamily
 from layerwise.callbacks.neural_collapse import NeuralCollapseFamily
 from layerwise.callbacks.similarity import CKAEstimator, SimilarityFamily
-from layerwise.callbacks.base import LayerwiseMonitor
 
 
 class LayerwiseAnalysis(LayerwiseMonitor):
@@ -35,8 +36,8 @@ class LayerwiseAnalysis(LayerwiseMonitor):
         center: bool = True,
         cka: CKAEstimator = "exact",
         max_buffered_samples: int = 65536,
-        thresholds: list[float] = list(DEFAULT_THRESHOLDS),
-        epsilons: list[float] = list(DEFAULT_EPSILONS),
+        thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
+        epsilons: Sequence[float] = DEFAULT_EPSILONS,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)

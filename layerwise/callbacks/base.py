@@ -9,7 +9,6 @@ from typing import Any, Literal, Optional, Union
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
-from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor, nn
 from torchmetrics import Metric
 
@@ -322,7 +321,9 @@ class LayerwiseMonitor(Callback):
         results: dict[str, Any] = {}
         for family in self.families:
             results.update(family.compute(spec))
-        scalars = {f"{stage}/{key}": value for family in self.families for key, value in family.scalars(results, spec).items()}
+        scalars = {
+            f"{stage}/{key}": value for family in self.families for key, value in family.scalars(results, spec).items()
+        }
         self._log_scalars(trainer, scalars)
         if trainer.is_global_zero:
             log_dir = _log_dir(trainer)
@@ -423,7 +424,9 @@ def _merge_ranks(gathered: list[Any]) -> dict[str, Tensor]:
     indices = [index for index_list, part in gathered if part for index in (index_list or [])]
     if len(indices) == merged["labels"].shape[0]:
         order = torch.tensor(indices).argsort()
-        merged = {key: value.index_select(1 if key == "features" else value.ndim - 1, order) for key, value in merged.items()}
+        merged = {
+            key: value.index_select(1 if key == "features" else value.ndim - 1, order) for key, value in merged.items()
+        }
     return merged
 
 

@@ -46,13 +46,15 @@ class EffectiveDepthFamily(Family):
 
 
 class EffectiveDepthMonitor(LayerwiseMonitor):
-    """ε-effective depth: the smallest layer with shared-head accuracy ``>= 1 − ε`` (else the last layer), and the
-    variant relative to the last layer (``>= Acc^L − ε``), for every ε in ``epsilons``.
+    """ε-effective depth per ε: the first layer whose shared-head accuracy is good enough.
+
+    The smallest layer with shared-head accuracy ``>= 1 − ε`` (else the last layer), and the variant relative to the
+    last layer (``>= Acc^L − ε``), for every ε in ``epsilons``.
 
     Logged: ``val/effective_depth/eps_E`` and ``val/effective_depth_relative/eps_E``. JSON keys:
     ``effective_depth`` and ``effective_depth_relative`` (objects keyed by ε as a string, e.g. ``"0.05"``).
     """
 
-    def __init__(self, epsilons: list[float] = list(DEFAULT_EPSILONS), **kwargs: Any) -> None:
+    def __init__(self, epsilons: Sequence[float] = DEFAULT_EPSILONS, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.families = [EffectiveDepthFamily(epsilons)]

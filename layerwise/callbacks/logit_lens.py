@@ -131,7 +131,7 @@ class LogitLensMonitor(LayerwiseMonitor):
 
     def __init__(
         self,
-        thresholds: list[float] = list(DEFAULT_THRESHOLDS),
+        thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
         center: bool = True,
         max_buffered_samples: int = 65536,
         **kwargs: Any,

@@ -82,7 +82,9 @@ class TimmViT(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """Pooled residual stream after every block: ``(L, B, d)``; one pass, gradients kept."""
-        tokens = self.model.forward_intermediates(x, output_fmt="NLC", intermediates_only=True, return_prefix_tokens=True)
+        tokens = self.model.forward_intermediates(
+            x, output_fmt="NLC", intermediates_only=True, return_prefix_tokens=True
+        )
         pooled = [self._pool(patches, prefix) for patches, prefix in tokens]
         return torch.stack(pooled)
 

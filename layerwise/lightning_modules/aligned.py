@@ -40,4 +40,3 @@ class Aligned(LayerwiseModule):
 
     def compute_loss(self, outputs: dict[str, Tensor]) -> Tensor:
         return self.aligned_loss(outputs)
-
