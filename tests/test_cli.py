@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from layerwise.cli import LayerwiseCLI
+from layerwise.cli import LayerwiseCLI, main
 from layerwise.features import TimmViT
 from layerwise.lightning_modules import AlternatingAligned, WarmupCosineLR
 
@@ -93,6 +93,25 @@ def test_quickstart_config_one_short_epoch(tmp_path):
     assert summary["num_samples"] == 360 and summary["layers"] == [1, 2, 3, 4, 5, 6]
     assert (log_dir / "checkpoints" / "last.ckpt").exists()
     assert list(log_dir.glob("events.out.tfevents.*"))
+
+    # the other subcommands on the same config and checkpoint
+    common = ["--config", QUICKSTART, f"--trainer.logger.init_args.save_dir={tmp_path}", *QUIET]
+    checkpoint = f"--ckpt_path={log_dir / 'checkpoints' / 'last.ckpt'}"
+    LayerwiseCLI(args=["validate", *common, checkpoint])
+    LayerwiseCLI(args=["test", *common, checkpoint])
+    predict = LayerwiseCLI(args=["predict", *common, checkpoint, "--trainer.limit_predict_batches=1"])
+    assert predict.trainer.predict_loop.predictions[0]["predictions"].shape[0] == 6
+    validated = json.loads((tmp_path / "quickstart" / "version_1" / "layerwise" / "val_epoch_000.json").read_text())
+    assert validated["accuracy"] == pytest.approx(summary["accuracy"], abs=1e-12)  # same weights, same numbers
+    assert (tmp_path / "quickstart" / "version_2" / "layerwise" / "test_epoch_000.json").exists()
+
+    # `layerwise plot` renders the figures of the latest epoch to PNG and PDF
+    main(["plot", str(log_dir), "--out", str(tmp_path / "figures")])
+    written = {p.name for p in (tmp_path / "figures").iterdir()}
+    for name in ("cos", "cka", "similarity_accuracy", "saturation", "early_exit", "effective_depth"):
+        assert {f"val_epoch_000_{name}.png", f"val_epoch_000_{name}.pdf"} <= written
+    with pytest.raises(SystemExit):
+        main(["plot", str(tmp_path / "nowhere")])
 
 
 def test_python_dash_m_layerwise_works():

@@ -103,8 +103,8 @@ class LayerwiseMonitor(Callback):
             (L x N x d float32), ``labels`` (N), ``predictions`` (L x N) and ``max_prob`` (L x N). Holds the
             evaluated features in CPU memory for the epoch.
         log_figures: draw heatmaps/histograms as TensorBoard images (global rank zero only).
-        source: ``"auto"`` (module outputs for layerwise modules or when hook paths are not given... see above),
-            ``"outputs"`` or ``"hooks"``.
+        source: ``"outputs"`` reads the step's returned dict, ``"hooks"`` attaches forward hooks; ``"auto"`` uses hooks
+            when paths are given or the module is not a layerwise module, else the outputs.
         blocks, final_norm, classifier: dotted paths, relative to the LightningModule, of the block list, the final
             norm(s) and the classifier module(s) (applied in order); only for the hook source.
         pooling: ``"cls"``, ``"mean"`` or ``"last"`` token of each block output (hook source; default from the table).
