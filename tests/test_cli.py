@@ -94,6 +94,12 @@ def test_quickstart_config_one_short_epoch(tmp_path):
     assert (log_dir / "checkpoints" / "last.ckpt").exists()
     assert list(log_dir.glob("events.out.tfevents.*"))
 
+    # a CLI checkpoint reloads in Python without the config (hyper-parameters hold the backbone's class path)
+    checkpoint_file = log_dir / "checkpoints" / "last.ckpt"
+    reloaded = AlternatingAligned.load_from_checkpoint(checkpoint_file)
+    state = torch.load(checkpoint_file, weights_only=False)["state_dict"]
+    assert reloaded.num_layers == 6 and all(torch.equal(reloaded.state_dict()[k], v) for k, v in state.items())
+
     # the other subcommands on the same config and checkpoint
     common = ["--config", QUICKSTART, f"--trainer.logger.init_args.save_dir={tmp_path}", *QUIET]
     checkpoint = f"--ckpt_path={log_dir / 'checkpoints' / 'last.ckpt'}"

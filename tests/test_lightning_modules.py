@@ -11,6 +11,7 @@ from layerwise.lightning_modules import (
     Aligned,
     AlternatingAligned,
     CosRegularized,
+    LayerwiseModule,
     MultiExit,
     Standard,
     resolve_layer_weights,
@@ -58,6 +59,11 @@ def outputs_of(module, x, y):
     outputs = module.layer_outputs(x)
     outputs[TARGETS] = y
     return outputs
+
+
+def test_the_base_module_is_abstract():
+    with pytest.raises(TypeError, match="compute_loss"):
+        LayerwiseModule(tiny_backbone())
 
 
 def test_shared_head_on_last_layer_is_the_models_own_output():

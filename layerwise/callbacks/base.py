@@ -1,5 +1,6 @@
 """The orchestration every analysis callback shares: where features come from, when to update, compute, log."""
 
+import abc
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -51,20 +52,20 @@ class LayerBatch:
     exit_logits: Optional[Tensor] = None
 
 
-class Family:
+class Family(abc.ABC):
     """One metric family: builds its metrics, feeds them, turns them into results, scalars and figures."""
 
+    @abc.abstractmethod
     def build(self, spec: LayerSpec) -> list[Metric]:
         """Create the metrics (constructed with ``sync_on_compute=False``) and return them."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def update(self, batch: LayerBatch) -> None:
         """Feed one batch."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def compute(self, spec: LayerSpec) -> dict[str, Any]:
         """Results keyed as in the JSON summary (states are already reduced across ranks)."""
-        raise NotImplementedError
 
     def scalars(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, float]:
         """Scalars to log, keyed without the stage prefix, e.g. ``acc/layer_03``."""

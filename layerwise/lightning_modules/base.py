@@ -1,5 +1,6 @@
 """The shared-head base that every training strategy builds on."""
 
+import abc
 from typing import Any, Literal, Optional
 
 import torch
@@ -12,7 +13,7 @@ from torch import Tensor
 from layerwise.features import FEATURES, LOGITS, TARGETS, TimmViT
 
 
-class LayerwiseModule(LightningModule):
+class LayerwiseModule(LightningModule, abc.ABC):
     """Base LightningModule: one backbone pass gives every layer's feature and the shared head's logits per layer.
 
     Subclasses (the training strategies) override only :meth:`compute_loss` (and, for separate exit classifiers,
@@ -43,7 +44,9 @@ class LayerwiseModule(LightningModule):
         super().__init__()
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"`--model.init_args.label_smoothing={label_smoothing}` must lie in [0, 1).")
-        self.save_hyperparameters(ignore=["backbone", "optimizer", "lr_scheduler"])
+        # Under LightningCLI the hyper-parameters are the parsed config (class paths included), which is what
+        # `load_from_checkpoint` needs; built in Python, the backbone and factories are objects, not hyper-parameters.
+        self.save_hyperparameters(ignore=[] if _built_by_lightning_cli() else ["backbone", "optimizer", "lr_scheduler"])
         self.backbone = backbone
         self.optimizer_factory = optimizer
         self.lr_scheduler_factory = lr_scheduler
@@ -69,9 +72,9 @@ class LayerwiseModule(LightningModule):
         features = self.backbone(x)
         return {FEATURES: features, LOGITS: self.backbone.head(features)}
 
+    @abc.abstractmethod
     def compute_loss(self, outputs: dict[str, Tensor]) -> Tensor:
         """The strategy's training objective; ``outputs`` holds ``layer_outputs`` plus ``targets``."""
-        raise NotImplementedError(f"{type(self).__name__} must define its training loss.")
 
     def cross_entropy(self, logits: Tensor, targets: Tensor) -> Tensor:
         """Cross-entropy with the configured label smoothing; ``logits`` ``(..., B, C)`` gives shape ``(...)``."""
@@ -136,6 +139,15 @@ class LayerwiseModule(LightningModule):
             return optimizer
         scheduler = self.lr_scheduler_factory(optimizer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": self.scheduler_interval}}
+
+
+def _built_by_lightning_cli() -> bool:
+    """Whether LightningCLI is instantiating this module (it hands its parsed config over as hyper-parameters)."""
+    try:
+        from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
+    except ImportError:  # older or newer Lightning without the mechanism: fall back to ignoring objects
+        return False
+    return _given_hyperparameters.get() is not None
 
 
 def check_data_compatible(model: LayerwiseModule, datamodule: Any) -> None:
