@@ -326,8 +326,8 @@ class LayerwiseMonitor(Callback):
             f"{stage}/{key}": value for family in self.families for key, value in family.scalars(results, spec).items()
         }
         self._log_scalars(trainer, scalars)
+        log_dir = _log_dir(trainer)  # a collective (trainer.log_dir broadcasts from rank 0): every rank calls it
         if trainer.is_global_zero:
-            log_dir = _log_dir(trainer)
             header = {
                 "stage": stage,
                 "epoch": trainer.current_epoch,
@@ -340,7 +340,7 @@ class LayerwiseMonitor(Callback):
             if self.log_figures:
                 self._log_figures(trainer, stage, results, spec)
         if self.save_features:
-            self._write_features(trainer, stage)
+            self._write_features(trainer, stage, log_dir)
         for metric in self._metrics:
             metric.reset()
 
@@ -401,7 +401,7 @@ class LayerwiseMonitor(Callback):
         for key, value in parts.items():
             self._saved.setdefault(key, []).append(value.detach().cpu())
 
-    def _write_features(self, trainer: Trainer, stage: str) -> None:
+    def _write_features(self, trainer: Trainer, stage: str, log_dir: str) -> None:
         local = {key: torch.cat(values, dim=-1 if key != "features" else 1) for key, values in self._saved.items()}
         self._saved = {}
         if trainer.world_size > 1:
@@ -409,7 +409,7 @@ class LayerwiseMonitor(Callback):
             torch.distributed.all_gather_object(gathered, (self._indices, local))
             local = _merge_ranks(gathered)
         if trainer.is_global_zero and local:
-            path = summary_path(_log_dir(trainer), stage, trainer.current_epoch)
+            path = summary_path(log_dir, stage, trainer.current_epoch)
             target = path.with_name(path.stem + "_features.pt")
             temporary = target.with_suffix(".tmp")
             torch.save(local, temporary)

@@ -1,0 +1,148 @@
+"""Shared pieces of the callback and hook tests: a tiny timm ViT with a fitted head, digits batches, a quiet Trainer.
+
+The backbone is random, but its shared head is fitted in closed form (ridge regression on one-hot targets over the
+features of every layer) and sharpened, so predictions differ between samples and layers and the softmax
+confidences spread from 0.2 to 0.9: accuracy, saturation and early exit all see non-degenerate inputs without a
+training loop (which costs tens of seconds on a loaded 2-core box).
+"""
+
+import copy
+import functools
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+from layerwise.callbacks.summary import summary_path
+from layerwise.datamodules.digits import DigitsDataModule
+from layerwise.features import TimmViT
+from layerwise.lightning_modules import Standard
+
+DEPTH, DIM, CLASSES = 4, 16, 10
+HEAD_SCALE = 30.0
+
+
+@functools.lru_cache(maxsize=1)
+def digits() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Standardised digits: train images/labels and validation images/labels, ``(N, 1, 8, 8)`` and ``(N,)``."""
+    datamodule = DigitsDataModule()
+    datamodule.setup()
+    return (*datamodule.train_set.tensors, *datamodule.val_set.tensors)
+
+
+def val_loader(num_samples: int = 101, batch_size: int = 16) -> DataLoader:
+    """The first ``num_samples`` validation digits in a fixed order (101 / 16: a ragged last batch of 5)."""
+    _, _, x, y = digits()
+    assert len(torch.unique(y[:num_samples])) == CLASSES, "every class must be present for NC1"
+    return DataLoader(TensorDataset(x[:num_samples], y[:num_samples]), batch_size=batch_size)
+
+
+def tiny_backbone(seed: int = 0) -> TimmViT:
+    """Random tiny ViT (8x8 grey images, patch 2, 16 wide, 4 blocks, 2 heads, 10 classes)."""
+    torch.manual_seed(seed)
+    backbone = TimmViT(
+        num_classes=CLASSES, img_size=8, patch_size=2, in_chans=1, embed_dim=DIM, depth=DEPTH, num_heads=2
+    )
+    assert (backbone.num_layers, backbone.embed_dim, backbone.num_classes) == (DEPTH, DIM, CLASSES)
+    assert backbone.model.patch_embed.num_patches == 16 and backbone.model.patch_embed.proj.in_channels == 1
+    return backbone
+
+
+def train_loader(num_samples: int = 64, batch_size: int = 16) -> DataLoader:
+    """The first ``num_samples`` training digits, shuffled."""
+    x, y, _, _ = digits()
+    return DataLoader(TensorDataset(x[:num_samples], y[:num_samples]), batch_size=batch_size, shuffle=True)
+
+
+def fit_linear_head(head: torch.nn.Linear, features: torch.Tensor, targets: torch.Tensor) -> None:
+    """Ridge fit of ``head`` to one-hot ``targets`` on ``(n, d)`` features, sharpened by ``HEAD_SCALE``."""
+    with torch.no_grad():
+        design = torch.cat([features.double(), torch.ones(len(features), 1, dtype=torch.float64)], dim=1)
+        onehot = torch.nn.functional.one_hot(targets, head.out_features).double()
+        # ridge: layer-normed features sum to zero, so the plain least-squares system is singular
+        gram = design.T @ design + 1e-3 * len(design) * torch.eye(design.shape[1], dtype=torch.float64)
+        solution = torch.linalg.solve(gram, design.T @ onehot)
+        head.weight.copy_(HEAD_SCALE * solution[:-1].T)
+        head.bias.copy_(HEAD_SCALE * solution[-1])
+
+
+@functools.lru_cache(maxsize=1)
+def _fitted_state() -> dict[str, torch.Tensor]:
+    backbone = tiny_backbone().eval()
+    x, y, _, _ = digits()
+    with torch.no_grad():
+        normed = backbone.model.norm(backbone(x[::3]))  # (L, n, d): one head fitted to every layer at once
+    fit_linear_head(backbone.model.head, normed.reshape(-1, DIM), y[::3].repeat(DEPTH))
+    return {key: value.clone() for key, value in backbone.state_dict().items()}
+
+
+def fitted_backbone() -> TimmViT:
+    """The tiny ViT with its fitted, sharpened head (deterministic; a fresh copy on every call)."""
+    backbone = tiny_backbone()
+    backbone.load_state_dict(_fitted_state())
+    return backbone.eval()
+
+
+def fitted_module() -> Standard:
+    """A layerwise ``Standard`` module around :func:`fitted_backbone`."""
+    return Standard(fitted_backbone())
+
+
+def head64(backbone: TimmViT):
+    """The backbone's own final norm + classifier in float64, as a function of ``(..., d)`` features."""
+    copied = copy.deepcopy(backbone).double().eval()
+
+    def apply(features: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return copied.head(torch.as_tensor(features, dtype=torch.float64))
+
+    return apply
+
+
+def trainer(root: Path, callbacks: list[Any], **kwargs: Any) -> pl.Trainer:
+    """A quiet single-process CPU Trainer writing under ``root`` (no logger unless given)."""
+    options = dict(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        default_root_dir=str(root),
+        num_sanity_val_steps=0,
+    )
+    options.update(kwargs)
+    return pl.Trainer(callbacks=callbacks, **options)
+
+
+def read_summary(log_dir: Path, stage: str = "val", epoch: int = 0) -> dict[str, Any]:
+    """The JSON summary the callbacks wrote for ``stage``/``epoch``."""
+    return json.loads(summary_path(str(log_dir), stage, epoch).read_text())
+
+
+def read_features(log_dir: Path, stage: str = "val", epoch: int = 0) -> dict[str, torch.Tensor]:
+    """The ``save_features`` file for ``stage``/``epoch``."""
+    path = summary_path(str(log_dir), stage, epoch)
+    return torch.load(path.with_name(path.stem + "_features.pt"))
+
+
+def assert_json_close(actual: Any, expected: Any, atol: float = 0.0, rtol: float = 0.0, where: str = "$") -> None:
+    """Nested JSON values equal, floats within ``atol + rtol * |expected|``, ``None`` (NaN) only against ``None``."""
+    if isinstance(expected, dict):
+        assert isinstance(actual, dict) and set(actual) == set(expected), f"{where}: keys {actual} != {expected}"
+        for key in expected:
+            assert_json_close(actual[key], expected[key], atol, rtol, f"{where}.{key}")
+    elif isinstance(expected, list):
+        assert isinstance(actual, list) and len(actual) == len(expected), f"{where}: {actual} != {expected}"
+        for index, (item, reference) in enumerate(zip(actual, expected)):
+            assert_json_close(item, reference, atol, rtol, f"{where}[{index}]")
+    elif expected is None or actual is None:
+        assert actual is None and expected is None, f"{where}: {actual} != {expected}"
+    elif isinstance(expected, float) or isinstance(actual, float):
+        assert math.isclose(actual, expected, rel_tol=rtol, abs_tol=atol), f"{where}: {actual} != {expected}"
+    else:
+        assert actual == expected, f"{where}: {actual} != {expected}"

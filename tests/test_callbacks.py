@@ -1,0 +1,359 @@
+"""The analysis callbacks end to end on a tiny timm ViT: every JSON value against an independent float64 numpy
+reference computed from the saved features, the TensorBoard output, scheduling, layer selection, state size and
+the standalone monitors.
+"""
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import (
+    CLASSES,
+    DEPTH,
+    DIM,
+    assert_json_close,
+    digits,
+    fitted_module,
+    head64,
+    read_features,
+    read_summary,
+    train_loader,
+    trainer,
+    val_loader,
+)
+from lightning.pytorch import Callback
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.custom_scalar import layout_pb2
+from torch import Tensor
+
+from layerwise.callbacks import (
+    EffectiveDepthMonitor,
+    LayerSimilarityMonitor,
+    LayerwiseAnalysis,
+    LogitLensMonitor,
+    NeuralCollapseMonitor,
+)
+from layerwise.callbacks.effective_depth import DEFAULT_EPSILONS
+from layerwise.callbacks.logit_lens import DEFAULT_THRESHOLDS
+from layerwise.callbacks.summary import REQUIRED_KEYS, summary_path
+
+N = 101  # validation samples: 6 batches of 16 and a ragged one of 5
+THRESHOLDS = [0.3, 0.5, 0.7, 0.9]
+EPSILONS = [0.01, 0.05, 0.1]
+HEADER = {"stage", "epoch", "global_step", "num_samples", "depth", "layers"}
+
+
+# ---------------------------------------------------------------------------------------- float64 references
+def softmax64(logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Probabilities and log-probabilities over the last axis."""
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    log_prob = shifted - np.log(np.exp(shifted).sum(axis=-1, keepdims=True))
+    return np.exp(log_prob), log_prob
+
+
+def cosine(a: np.ndarray, b: np.ndarray) -> float:
+    return float(a @ b / (np.linalg.norm(a) * np.linalg.norm(b)))
+
+
+def ref_cos(h: np.ndarray) -> np.ndarray:
+    """C[a, b] = mean_i cos(h_i^a - mu^a, h_i^b - mu^b), sample by sample."""
+    x = h - h.mean(axis=1, keepdims=True)
+    layers, n = h.shape[:2]
+    return np.array(
+        [[np.mean([cosine(x[a, i], x[b, i]) for i in range(n)]) for b in range(layers)] for a in range(layers)]
+    )
+
+
+def ref_cka(h: np.ndarray) -> np.ndarray:
+    """Linear CKA from centred Gram matrices: HSIC(K, L) ~ tr(HKH HLH)."""
+    n = h.shape[1]
+    centering = np.eye(n) - np.ones((n, n)) / n
+    grams = [centering @ (x @ x.T) @ centering for x in h]
+    hsic = np.array([[np.sum(ka * kb) for kb in grams] for ka in grams])
+    return hsic / np.sqrt(np.outer(np.diag(hsic), np.diag(hsic)))
+
+
+def ref_saturation(predictions: np.ndarray) -> np.ndarray:
+    """0-based saturation layer: walk down from the last layer while the prediction stays the last one."""
+    layers = predictions.shape[0]
+    result = []
+    for column in predictions.T:
+        layer = layers - 1
+        while layer > 0 and column[layer - 1] == column[-1]:
+            layer -= 1
+        result.append(layer)
+    return np.array(result)
+
+
+def ref_saturation_cos(h: np.ndarray, saturation: np.ndarray) -> list:
+    mean = h.mean(axis=1)
+    result = []
+    for layer in range(h.shape[0]):
+        samples = np.flatnonzero(saturation == layer)
+        cos = [cosine(h[layer, i] - mean[layer], h[-1, i] - mean[-1]) for i in samples]
+        result.append(float(np.mean(cos)) if cos else None)
+    return result
+
+
+def ref_nc1(h: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """(1/K) tr(Sigma_W pinv(Sigma_B)) over the classes present, Sigma_B around the mean of the class means."""
+    classes = np.unique(labels)
+    result = []
+    for x in h:
+        means = np.stack([x[labels == k].mean(axis=0) for k in classes])
+        within = sum((x[labels == k] - m).T @ (x[labels == k] - m) for k, m in zip(classes, means)) / len(labels)
+        spread = means - means.mean(axis=0)
+        between = spread.T @ spread / len(classes)
+        result.append(np.trace(within @ np.linalg.pinv(between, hermitian=True, rtol=1e-10)) / len(classes))
+    return np.array(result)
+
+
+def ref_effective_depth(accuracy: np.ndarray, numbers: list[int], relative: bool) -> dict[str, int]:
+    result = {}
+    for eps in EPSILONS:
+        target = accuracy[-1] - eps if relative else 1.0 - eps
+        result[str(eps)] = next((n for n, a in zip(numbers, accuracy) if a >= target), numbers[-1])
+    return result
+
+
+def ref_early_exit(prob: np.ndarray, labels: np.ndarray, numbers: list[int], depth: int) -> list[dict]:
+    confidence, predictions = prob.max(axis=-1), prob.argmax(axis=-1)
+    layers, n = confidence.shape
+    rows = []
+    for tau in THRESHOLDS:
+        exits = [next((layer for layer in range(layers) if confidence[layer, i] >= tau), layers - 1) for i in range(n)]
+        rows.append(
+            {
+                "threshold": tau,
+                "accuracy": float(np.mean([predictions[e, i] == labels[i] for i, e in enumerate(exits)])),
+                "exit_counts": np.bincount(exits, minlength=layers).tolist(),
+                "speedup": depth * n / sum(numbers[e] for e in exits),
+            }
+        )
+    return rows
+
+
+def reference(h: np.ndarray, labels: np.ndarray, logits: np.ndarray, numbers: list[int]) -> dict:
+    """Every JSON value of ``LayerwiseAnalysis`` from features (L, N, d) and float64 logits (L, N, C)."""
+    prob, log_prob = softmax64(logits)
+    predictions = prob.argmax(axis=-1)
+    accuracy = (predictions == labels).mean(axis=1)
+    saturation = ref_saturation(predictions)
+    return {
+        "cos": ref_cos(h).tolist(),
+        "cka": ref_cka(h).tolist(),
+        "accuracy": accuracy.tolist(),
+        "loss": (-np.take_along_axis(log_prob, labels[None, :, None], axis=-1)[..., 0].mean(axis=1)).tolist(),
+        "saturation_counts": np.bincount(saturation, minlength=len(numbers)).tolist(),
+        "saturation_cos": ref_saturation_cos(h, saturation),
+        "nc1": ref_nc1(h, labels).tolist(),
+        "effective_depth": ref_effective_depth(accuracy, numbers, relative=False),
+        "effective_depth_relative": ref_effective_depth(accuracy, numbers, relative=True),
+        "early_exit": ref_early_exit(prob, labels, numbers, DEPTH),
+    }
+
+
+# ------------------------------------------------------------------------------------------------- the run
+@pytest.fixture(scope="module")
+def analysis_run(tmp_path_factory):
+    """One validation of the fitted tiny ViT with every family on and ``save_features=True``."""
+    root = tmp_path_factory.mktemp("analysis")
+    module = fitted_module()
+    callback = LayerwiseAnalysis(save_features=True, thresholds=THRESHOLDS, epsilons=EPSILONS)
+    trainer(root, [callback]).validate(module, val_loader(N), verbose=False)
+    saved = read_features(root)
+    h = saved["features"].double().numpy()
+    logits = head64(module.backbone)(h).numpy()
+    return read_summary(root), saved, h, logits
+
+
+def test_analysis_json_equals_float64_reference(analysis_run):
+    summary, saved, h, logits = analysis_run
+    _, _, x, y = digits()
+    labels = y[:N].numpy()
+
+    # the saved file holds the real features of the real samples, in dataset order
+    assert saved["features"].dtype == torch.float32 and saved["features"].shape == (DEPTH, N, DIM)
+    assert saved["labels"].tolist() == labels.tolist()
+    with torch.no_grad():
+        torch.testing.assert_close(saved["features"], fitted_module().backbone(x[:N]), rtol=0, atol=1e-5)
+    prob = softmax64(logits)[0]
+    assert saved["predictions"].tolist() == prob.argmax(-1).tolist()
+    np.testing.assert_allclose(saved["max_prob"].numpy(), prob.max(-1), atol=1e-5)
+
+    # inputs that exercise every branch: varied predictions, confidences and saturation layers
+    assert len(np.unique(prob.argmax(-1))) >= 5 and 0.1 < (prob.max(-1) >= 0.7).mean() < 0.9
+    expected = reference(h, labels, logits, list(range(1, DEPTH + 1)))
+    assert sum(count > 0 for count in expected["saturation_counts"]) >= 3
+
+    assert {key: summary[key] for key in HEADER} == {
+        "stage": "val",
+        "epoch": 0,
+        "global_step": 0,
+        "num_samples": N,
+        "depth": DEPTH,
+        "layers": [1, 2, 3, 4],
+    }
+    assert set(summary) == HEADER | set(expected)
+    for key in ("cos", "cka", "accuracy", "saturation_counts", "saturation_cos", "effective_depth"):
+        assert_json_close(summary[key], expected[key], atol=1e-9, where=key)
+    for key in ("effective_depth_relative", "early_exit"):
+        assert_json_close(summary[key], expected[key], atol=1e-12, where=key)
+    assert_json_close(summary["nc1"], expected["nc1"], rtol=1e-8, where="nc1")
+    # float32 logits of the module versus float64 logits recomputed here
+    assert_json_close(summary["loss"], expected["loss"], rtol=1e-5, where="loss")
+
+
+# ----------------------------------------------------------------------------------------- loggers and JSON
+def test_fit_writes_tensorboard_images_scalars_layout_and_full_json(tmp_path):
+    logger = TensorBoardLogger(str(tmp_path), name="tb")
+    fit = trainer(
+        tmp_path, [LayerwiseAnalysis()], logger=logger, max_epochs=1, limit_train_batches=2, limit_val_batches=2
+    )
+    fit.fit(fitted_module(), train_loader(), val_loader(N))
+
+    events = EventAccumulator(logger.log_dir, size_guidance={"images": 0, "scalars": 0, "tensors": 0})
+    events.Reload()
+    tags = events.Tags()
+    assert {"val/cos", "val/cka", "val/saturation", "val/early_exit"} <= set(tags["images"])
+    layers = [f"layer_{n:02d}" for n in range(1, DEPTH + 1)]
+    per_layer = ("acc", "loss", "nc1", "saturation", "cos_to_last", "cka_to_last")
+    expected_scalars = {f"val/{name}/{layer}" for name in per_layer for layer in layers}
+    expected_scalars |= {f"val/effective_depth/eps_{eps}" for eps in DEFAULT_EPSILONS}
+    expected_scalars |= {f"val/early_exit/speedup/tau_{tau:g}" for tau in DEFAULT_THRESHOLDS}
+    assert expected_scalars <= set(tags["scalars"])
+
+    summary = read_summary(logger.log_dir)
+    assert summary["num_samples"] == 32 and summary["global_step"] == 2
+    for layer, accuracy in zip(layers, summary["accuracy"]):
+        (event,) = events.Scalars(f"val/acc/{layer}")
+        assert event.step == 2 and event.value == pytest.approx(accuracy, abs=1e-6)
+
+    (config,) = events.Tensors("custom_scalars__config__")
+    layout = layout_pb2.Layout.FromString(config.tensor_proto.string_val[0])
+    charts = {chart.title: list(chart.multiline.tag) for cat in layout.category for chart in cat.chart}
+    for title, name in (("val accuracy per layer", "acc"), ("val NC1 per layer", "nc1")):
+        (pattern,) = charts[title]
+        assert {tag for tag in tags["scalars"] if re.fullmatch(pattern, tag)} == {f"val/{name}/{x}" for x in layers}
+
+    assert set(REQUIRED_KEYS) <= set(summary)
+    for key in ("cos", "cka"):
+        assert np.asarray(summary[key]).shape == (DEPTH, DEPTH)
+    for key in ("accuracy", "loss", "saturation_counts", "saturation_cos", "nc1"):
+        assert len(summary[key]) == DEPTH
+    assert sum(summary["saturation_counts"]) == 32
+    assert set(summary["effective_depth"]) == {str(eps) for eps in DEFAULT_EPSILONS}
+    assert [row["threshold"] for row in summary["early_exit"]] == list(DEFAULT_THRESHOLDS)
+    for row in summary["early_exit"]:
+        assert set(row) == {"threshold", "accuracy", "exit_counts", "speedup"}
+        assert len(row["exit_counts"]) == DEPTH and sum(row["exit_counts"]) == 32 and row["speedup"] >= 1.0
+
+
+# ------------------------------------------------------------------------------------------------ scheduling
+def test_every_n_epochs_skips_epoch_0_and_runs_epoch_1(tmp_path):
+    callback = LayerwiseAnalysis(every_n_epochs=2, log_figures=False)
+    fit = trainer(tmp_path, [callback], max_epochs=2, limit_train_batches=1, limit_val_batches=1)
+    fit.fit(fitted_module(), train_loader(), val_loader(N))
+    assert not summary_path(str(tmp_path), "val", 0).exists()
+    assert read_summary(tmp_path, epoch=1)["epoch"] == 1
+
+
+class SanityProbe(Callback):
+    """Records what the analysis left behind by the end of the sanity check."""
+
+    def on_sanity_check_end(self, trainer, pl_module):
+        self.files = sorted(Path(trainer.default_root_dir).rglob("*.json"))
+        self.metrics = [key for key in trainer.callback_metrics if "/layer_" in key]
+
+
+def test_sanity_check_writes_and_logs_nothing(tmp_path):
+    probe = SanityProbe()
+    callbacks = [LayerwiseAnalysis(log_figures=False), probe]
+    fit = trainer(tmp_path, callbacks, max_epochs=1, limit_train_batches=1, limit_val_batches=1, num_sanity_val_steps=1)
+    fit.fit(fitted_module(), train_loader(), val_loader(N))
+    assert probe.files == [] and probe.metrics == []
+    assert read_summary(tmp_path)["num_samples"] == 16  # the callback was live for the real epoch
+
+
+def test_layers_first_and_last(tmp_path, analysis_run):
+    full, _, h, logits = analysis_run
+    callback = LayerwiseAnalysis(layers=[0, -1], thresholds=THRESHOLDS, epsilons=EPSILONS, log_figures=False)
+    trainer(tmp_path, [callback]).validate(fitted_module(), val_loader(N), verbose=False)
+    summary = read_summary(tmp_path)
+
+    assert summary["layers"] == [1, DEPTH] and summary["depth"] == DEPTH
+    pick = [0, DEPTH - 1]
+    for key in ("cos", "cka"):
+        assert np.asarray(summary[key]).shape == (2, 2)
+        np.testing.assert_allclose(summary[key], np.asarray(full[key])[np.ix_(pick, pick)], atol=1e-12)
+    for key in ("accuracy", "loss", "nc1"):
+        np.testing.assert_allclose(summary[key], np.asarray(full[key])[pick], rtol=1e-12)
+    # saturation and early exit run over the selected layers; the speedup counts real layer numbers
+    expected = reference(h[pick], digits()[3][:N].numpy(), logits[pick], [1, DEPTH])
+    assert summary["saturation_counts"] == expected["saturation_counts"]
+    assert_json_close(summary["early_exit"], expected["early_exit"], atol=1e-12)
+    assert_json_close(summary["effective_depth"], expected["effective_depth"])
+    assert_json_close(summary["effective_depth_relative"], expected["effective_depth_relative"])
+
+
+class StateProbe(LayerwiseAnalysis):
+    """Snapshots the shapes of every metric state just before the epoch's states are reduced and reset."""
+
+    def _finish(self, trainer, pl_module):
+        self.states = {}
+        for index, metric in enumerate(self._metrics):
+            for name, value in metric.metric_state.items():
+                assert isinstance(value, Tensor), f"{type(metric).__name__}.{name} is a list state"
+                self.states[f"{index}.{type(metric).__name__}.{name}"] = tuple(value.shape)
+        self.buffered = {type(m).__name__: m._num_buffered for m in self._metrics if hasattr(m, "_num_buffered")}
+        super()._finish(trainer, pl_module)
+
+
+def test_metric_states_do_not_grow_with_samples(tmp_path):
+    probes = {}
+    for batches in (1, 3):
+        probes[batches] = StateProbe(log_figures=False)
+        trainer(tmp_path / str(batches), [probes[batches]], limit_val_batches=batches).validate(
+            fitted_module(), val_loader(N), verbose=False
+        )
+    assert probes[1].states == probes[3].states
+    assert probes[1].states["2.LayerCKA.cross"] == (DEPTH * DIM, DEPTH * DIM)
+    assert probes[1].states["8.LayerNC1.second_moment"] == (DEPTH, DIM, DIM)
+    assert probes[1].states["8.LayerNC1.class_sums"] == (DEPTH, CLASSES, DIM)
+    # only the centred cosines keep samples, and only for the epoch (documented, bounded by max_buffered_samples)
+    assert probes[1].buffered == {"LayerCosineSimilarity": 16, "SaturationCosine": 16}
+    assert probes[3].buffered == {"LayerCosineSimilarity": 48, "SaturationCosine": 48}
+
+
+# ------------------------------------------------------------------------------------------ standalone monitors
+MONITORS = [
+    (LayerSimilarityMonitor, {}, {"cos", "cka"}),
+    (
+        LogitLensMonitor,
+        {"thresholds": THRESHOLDS},
+        {"accuracy", "loss", "saturation_counts", "saturation_cos", "early_exit"},
+    ),
+    (NeuralCollapseMonitor, {}, {"nc1"}),
+    (EffectiveDepthMonitor, {"epsilons": EPSILONS}, {"effective_depth", "effective_depth_relative"}),
+]
+
+
+@pytest.mark.parametrize("monitor, kwargs, keys", MONITORS, ids=[m[0].__name__ for m in MONITORS])
+def test_standalone_monitor_matches_analysis(tmp_path, analysis_run, monitor, kwargs, keys):
+    full = analysis_run[0]
+    trainer(tmp_path, [monitor(log_figures=False, **kwargs)]).validate(fitted_module(), val_loader(N), verbose=False)
+    summary = read_summary(tmp_path)
+    assert set(summary) == HEADER | keys
+    assert_json_close(summary, {key: full[key] for key in summary}, atol=1e-12)
+
+
+def test_two_monitors_merge_into_one_json(tmp_path, analysis_run):
+    full = analysis_run[0]
+    callbacks = [LayerSimilarityMonitor(log_figures=False), NeuralCollapseMonitor(log_figures=False)]
+    trainer(tmp_path, callbacks).validate(fitted_module(), val_loader(N), verbose=False)
+    summary = read_summary(tmp_path)
+    assert set(summary) == HEADER | {"cos", "cka", "nc1"}
+    assert_json_close(summary, {key: full[key] for key in summary}, atol=1e-12)

@@ -1,0 +1,60 @@
+"""DDP on CPU with gloo: the analysis of 2 (or 4) processes equals the analysis of 1 process, value for value.
+
+The validation set has 101 samples and batches of 16, so ``DistributedSampler`` pads every rank to the same length
+(51 + 51 on 2 ranks: one sample counted twice unless the callback drops it) and every rank ends on a ragged batch.
+Processes are started with Lightning's ``ddp_fork``: the children inherit the imported modules and the weights (the
+state dict is saved once and loaded before launching), where ``ddp_spawn`` would re-import torch, Lightning and timm
+in every child (about 15 s each on a loaded 2-core box). The children run a single intra-op thread, as DataLoader
+workers do, so a forked OpenMP pool is never used.
+"""
+
+import os
+
+import pytest
+import torch
+from helpers import assert_json_close, fitted_module, read_features, read_summary, trainer, val_loader
+
+from layerwise.callbacks import LayerwiseAnalysis
+
+N = 101
+
+
+@pytest.fixture
+def single_thread():
+    """One intra-op thread in the parent (inherited by forked children); environment and threads restored after."""
+    environment, threads = dict(os.environ), torch.get_num_threads()
+    os.environ["OMP_NUM_THREADS"] = "1"  # keeps Lightning from raising the children's thread count again
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+    os.environ.clear()
+    os.environ.update(environment)
+
+
+def analyse(root, weights, **trainer_options):
+    module = fitted_module()
+    module.load_state_dict(torch.load(weights))
+    callback = LayerwiseAnalysis(save_features=True, log_figures=False)
+    trainer(root, [callback], **trainer_options).validate(module, val_loader(N, batch_size=16), verbose=False)
+    return read_summary(root), read_features(root)
+
+
+@pytest.mark.parametrize("devices", [2, pytest.param(4, marks=pytest.mark.slow)])
+def test_processes_match_one_process(tmp_path, single_thread, devices):
+    weights = tmp_path / "weights.pt"
+    torch.save(fitted_module().state_dict(), weights)
+    one, one_features = analyse(tmp_path / "one", weights)
+    many, many_features = analyse(tmp_path / "many", weights, devices=devices, strategy="ddp_fork")
+
+    assert one["num_samples"] == many["num_samples"] == N  # the sampler's padding is not counted
+    assert sum(many["saturation_counts"]) == N
+    assert all(sum(row["exit_counts"]) == N for row in many["early_exit"])
+    assert_json_close(many, one, atol=1e-6, rtol=1e-6)
+
+    assert (
+        many_features["labels"].tolist() == one_features["labels"].tolist() == val_loader(N).dataset.tensors[1].tolist()
+    )
+    assert torch.equal(many_features["predictions"], one_features["predictions"])
+    for key in ("features", "max_prob"):
+        assert many_features[key].shape == one_features[key].shape
+        torch.testing.assert_close(many_features[key], one_features[key], rtol=0, atol=1e-6)
