@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from layerwise.callbacks.summary import summary_path
 from layerwise.datamodules.digits import DigitsDataModule
 from layerwise.features import TimmViT
-from layerwise.lightning_modules import Standard
+from layerwise.lightning_modules import AlternatingAligned, Standard
 
 DEPTH, DIM, CLASSES = 4, 16, 10
 HEAD_SCALE = 30.0
@@ -131,10 +131,13 @@ def read_features(log_dir: Path, stage: str = "val", epoch: int = 0) -> dict[str
 
 
 def assert_json_close(actual: Any, expected: Any, atol: float = 0.0, rtol: float = 0.0, where: str = "$") -> None:
-    """Nested JSON values equal, floats within ``atol + rtol * |expected|``, ``None`` (NaN) only against ``None``."""
+    """Nested JSON values equal, floats within ``atol + rtol * |expected|``, ``None`` (NaN) only against ``None``.
+
+    A summary's ``run_id`` (which run wrote it) is not a result and differs between runs by design: it is skipped.
+    """
     if isinstance(expected, dict):
         assert isinstance(actual, dict) and set(actual) == set(expected), f"{where}: keys {actual} != {expected}"
-        for key in expected:
+        for key in set(expected) - {"run_id"}:
             assert_json_close(actual[key], expected[key], atol, rtol, f"{where}.{key}")
     elif isinstance(expected, list):
         assert isinstance(actual, list) and len(actual) == len(expected), f"{where}: {actual} != {expected}"
@@ -146,3 +149,15 @@ def assert_json_close(actual: Any, expected: Any, atol: float = 0.0, rtol: float
         assert math.isclose(actual, expected, rel_tol=rtol, abs_tol=atol), f"{where}: {actual} != {expected}"
     else:
         assert actual == expected, f"{where}: {actual} != {expected}"
+
+
+class RecordingAlternating(AlternatingAligned):
+    """Records, per training micro-batch, whether the aligned objective was used."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.objectives: list[str] = []
+
+    def compute_loss(self, outputs):
+        self.objectives.append("aligned" if self.step_number() % 2 == 0 else "last")
+        return super().compute_loss(outputs)

@@ -43,7 +43,7 @@ from layerwise.callbacks.summary import REQUIRED_KEYS, summary_path
 N = 101  # validation samples: 6 batches of 16 and a ragged one of 5
 THRESHOLDS = [0.3, 0.5, 0.7, 0.9]
 EPSILONS = [0.01, 0.05, 0.1]
-HEADER = {"stage", "epoch", "global_step", "num_samples", "depth", "layers"}
+HEADER = {"stage", "epoch", "global_step", "num_samples", "depth", "layers", "run_id"}
 
 
 # ---------------------------------------------------------------------------------------- float64 references
@@ -189,7 +189,7 @@ def test_analysis_json_equals_float64_reference(analysis_run):
     expected = reference(h, labels, logits, list(range(1, DEPTH + 1)))
     assert sum(count > 0 for count in expected["saturation_counts"]) >= 3
 
-    assert {key: summary[key] for key in HEADER} == {
+    assert {key: summary[key] for key in HEADER - {"run_id"}} == {
         "stage": "val",
         "epoch": 0,
         "global_step": 0,
@@ -357,3 +357,20 @@ def test_two_monitors_merge_into_one_json(tmp_path, analysis_run):
     summary = read_summary(tmp_path)
     assert set(summary) == HEADER | {"cos", "cka", "nc1"}
     assert_json_close(summary, {key: full[key] for key in summary}, atol=1e-12)
+
+
+def test_a_new_run_replaces_an_old_summary_instead_of_merging(tmp_path):
+    trainer(tmp_path, [LogitLensMonitor(log_figures=False)]).validate(fitted_module(), val_loader(N), verbose=False)
+    assert "accuracy" in read_summary(tmp_path)
+    trainer(tmp_path, [NeuralCollapseMonitor(log_figures=False)]).validate(
+        fitted_module(), val_loader(N), verbose=False
+    )
+    summary = read_summary(tmp_path)
+    assert "nc1" in summary and "accuracy" not in summary  # no stale key from the earlier run
+
+
+def test_callbacks_with_different_layers_fail_before_any_work(tmp_path):
+    callbacks = [LayerSimilarityMonitor(layers=[0, -1]), NeuralCollapseMonitor()]
+    with pytest.raises(ValueError, match="the same `layers`"):
+        trainer(tmp_path, callbacks).validate(fitted_module(), val_loader(N), verbose=False)
+    assert not list(tmp_path.rglob("*.json"))

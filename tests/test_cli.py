@@ -9,6 +9,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
+from helpers import RecordingAlternating
 from torch.utils.data import DataLoader, TensorDataset
 
 from layerwise.cli import LayerwiseCLI, main
@@ -127,16 +128,6 @@ def test_python_dash_m_layerwise_works():
 
 
 # -- resuming ---------------------------------------------------------------------------------------------------
-
-
-class RecordingAlternating(AlternatingAligned):
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.objectives: list[str] = []
-
-    def compute_loss(self, outputs):
-        self.objectives.append("aligned" if self.step_number() % 2 == 0 else "last")
-        return super().compute_loss(outputs)
 
 
 def resume_module() -> RecordingAlternating:

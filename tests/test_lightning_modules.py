@@ -4,6 +4,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import RecordingAlternating
 from torch.utils.data import DataLoader, TensorDataset
 
 from layerwise.features import EXIT_LOGITS, TARGETS, TimmViT
@@ -145,18 +146,6 @@ def test_cos_regularized_loss(center):
             cosines.append(layer[i] @ last[i] / (layer[i].norm() * last[i].norm()))
     expected = ce(reference_layer_logits(module.backbone, x)[-1], y) - 0.3 * torch.stack(cosines).mean()
     assert torch.allclose(module.compute_loss(outputs).double(), expected, atol=1e-5)
-
-
-class RecordingAlternating(AlternatingAligned):
-    """Records, per training micro-batch, whether the aligned objective was used."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.objectives: list[str] = []
-
-    def compute_loss(self, outputs):
-        self.objectives.append("aligned" if self.step_number() % 2 == 0 else "last")
-        return super().compute_loss(outputs)
 
 
 def fit_recording(alternate_by: str, accumulate: int, batches: int = 8) -> list[str]:

@@ -1,6 +1,8 @@
 """The orchestration every analysis callback shares: where features come from, when to update, compute, log."""
 
 import abc
+import uuid
+import weakref
 from collections.abc import Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -21,6 +23,15 @@ from layerwise.features.layers import LayerSelection, select_layers
 from layerwise.metrics import SampleCount, all_reduce_sum_states
 
 Source = Literal["auto", "outputs", "hooks"]
+
+# One id per Trainer: every layerwise callback of a run writes into the same per-epoch summary under it.
+_RUN_IDS: "weakref.WeakKeyDictionary[Trainer, str]" = weakref.WeakKeyDictionary()
+
+
+def _run_id(trainer: Trainer) -> str:
+    if trainer not in _RUN_IDS:
+        _RUN_IDS[trainer] = uuid.uuid4().hex
+    return _RUN_IDS[trainer]
 
 
 @dataclass(frozen=True)
@@ -159,6 +170,15 @@ class LayerwiseMonitor(Callback):
         if trainer.state.fn == TrainerFn.FITTING:
             return (trainer.current_epoch + 1) % self.every_n_epochs == 0
         return True
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        for other in trainer.callbacks:
+            if isinstance(other, LayerwiseMonitor) and other is not self and other.layers != self.layers:
+                raise ValueError(
+                    f"{type(self).__name__}(layers={self.layers!r}) and {type(other).__name__}(layers="
+                    f"{other.layers!r}) would write one summary with different layers: give every layerwise callback "
+                    "the same `layers`, or use one LayerwiseAnalysis."
+                )
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._begin(trainer, pl_module, "val", trainer.val_dataloaders)
@@ -336,7 +356,7 @@ class LayerwiseMonitor(Callback):
                 "depth": spec.depth,
                 "layers": spec.layer_numbers,
             }
-            merge_summary(summary_path(log_dir, stage, trainer.current_epoch), {**header, **results})
+            merge_summary(summary_path(log_dir, stage, trainer.current_epoch), {**header, **results}, _run_id(trainer))
             if self.log_figures:
                 self._log_figures(trainer, stage, results, spec)
         if self.save_features:

@@ -42,13 +42,16 @@ def to_json(value: Any) -> Any:
     return value
 
 
-def merge_summary(path: Path, updates: dict[str, Any]) -> None:
+def merge_summary(path: Path, updates: dict[str, Any], run_id: str) -> None:
     """Add ``updates`` to the summary at ``path`` (written atomically, so a crash never leaves half a file).
 
-    Several callbacks of one run may each contribute keys to the same epoch's summary.
+    Several callbacks of one run (same ``run_id``) each contribute their keys to the same epoch's summary; a file left
+    by another run (e.g. an earlier run into the same folder) is replaced, not merged, so no stale key survives.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     summary = json.loads(path.read_text()) if path.exists() else {}
+    if summary.get("run_id") != run_id:
+        summary = {"run_id": run_id}
     summary.update(to_json(updates))
     handle, temporary = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
     with os.fdopen(handle, "w") as file:
