@@ -374,3 +374,18 @@ def test_callbacks_with_different_layers_fail_before_any_work(tmp_path):
     with pytest.raises(ValueError, match="the same `layers`"):
         trainer(tmp_path, callbacks).validate(fitted_module(), val_loader(N), verbose=False)
     assert not list(tmp_path.rglob("*.json"))
+
+
+def test_bf16_mixed_precision_features_give_float64_statistics(tmp_path):
+    # bf16 autocast (CPU here; the same code path as bf16-mixed on a GPU): features arrive in bf16, the metrics
+    # accumulate in float64 and agree with the fp32 run to bf16's resolution.
+    fp32, bf16 = tmp_path / "fp32", tmp_path / "bf16"
+    trainer(fp32, [LayerwiseAnalysis(log_figures=False)]).validate(fitted_module(), val_loader(N), verbose=False)
+    trainer(bf16, [LayerwiseAnalysis(log_figures=False)], precision="bf16-mixed").validate(
+        fitted_module(), val_loader(N), verbose=False
+    )
+    full, half = read_summary(fp32), read_summary(bf16)
+    assert half["num_samples"] == N
+    assert np.allclose(half["cos"], full["cos"], atol=0.05) and np.allclose(half["cka"], full["cka"], atol=0.05)
+    assert np.abs(np.array(half["accuracy"]) - np.array(full["accuracy"])).max() <= 0.05
+    assert all(np.isfinite(half["nc1"]))
