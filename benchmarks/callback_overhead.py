@@ -1,0 +1,357 @@
+"""Validation-epoch cost of the analysis callbacks, measured side by side in one process.
+
+Two cases:
+
+- ``quickstart``: the quickstart ViT (vit_tiny_patch16_224 cut down to 8x8 digits: d=64, L=6, 4 heads, 10 classes)
+  on the 360-image digits validation split;
+- ``deit_s``: a DeiT-S-sized ViT (deit_small_patch16_224: d=384, L=12, 6 heads, 224x224, 1000 classes) on random
+  images (weights random too: only shapes matter for the cost).
+
+For each case every configuration gets its own Trainer (``logger=False``, no progress bar, no model summary, JSON
+summaries in a temporary directory). One warm-up run, then ``--repeats`` rounds that run every configuration once,
+in turn, so background load hits all of them alike. Reported per configuration, as medians over the rounds:
+
+- ``epoch s``: ``on_validation_epoch_start`` of the first callback to ``on_validation_epoch_end`` of the last
+  (forward passes, data loading and the analysis work); ``ratio`` is against the run without callbacks;
+- ``hooks s``: seconds spent inside the analysis callback's own hooks, split into ``begin`` (state allocation and
+  reset), ``batches`` (metric updates) and ``finish`` (compute, JSON). This is the callback's cost measured directly,
+  so it stays meaningful when other processes make the epoch times noisy.
+
+For DeiT-S, the four standalone monitors (LayerSimilarityMonitor, LogitLensMonitor, NeuralCollapseMonitor,
+EffectiveDepthMonitor) run together in one more Trainer and each is timed on its own, and a last table times every
+metric's ``update``/``compute``/``reset`` on random features of the DeiT-S shapes, without the model.
+
+    .venv/bin/python benchmarks/callback_overhead.py                    # both cases, a few minutes on 2 CPU cores
+    .venv/bin/python benchmarks/callback_overhead.py --quick            # tiny sizes, a smoke run
+    .venv/bin/python benchmarks/callback_overhead.py --device cuda --num-samples 1024
+"""
+
+import argparse
+import logging
+import os
+import shutil
+import statistics
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
+from lightning.pytorch.loggers import TensorBoardLogger
+from torch.utils.data import DataLoader, Subset, TensorDataset
+
+from layerwise.callbacks import (
+    EffectiveDepthMonitor,
+    LayerSimilarityMonitor,
+    LayerwiseAnalysis,
+    LayerwiseMonitor,
+    LogitLensMonitor,
+    NeuralCollapseMonitor,
+)
+from layerwise.datamodules import DigitsDataModule
+from layerwise.features import TimmViT
+from layerwise.lightning_modules import Standard
+from layerwise.metrics import (
+    EarlyExit,
+    LayerAccuracy,
+    LayerCKA,
+    LayerCosineSimilarity,
+    LayerNC1,
+    MinibatchCKA,
+    SaturationCosine,
+    SaturationHistogram,
+    saturation_layers,
+)
+
+QUICKSTART_BACKBONE = dict(
+    model_name="vit_tiny_patch16_224",
+    img_size=8,
+    patch_size=2,
+    in_chans=1,
+    embed_dim=64,
+    depth=6,
+    num_heads=4,
+    num_classes=10,
+)
+DEIT_S_BACKBONE = dict(model_name="deit_small_patch16_224", num_classes=1000)
+PARTS = ("begin", "batches", "finish")
+HOOK_PARTS = {
+    "on_validation_epoch_start": "begin",
+    "on_validation_batch_start": "batches",
+    "on_validation_batch_end": "batches",
+    "on_validation_epoch_end": "finish",
+}
+
+
+def _synchronizer(device: str) -> Callable[[], None]:
+    return torch.cuda.synchronize if device == "cuda" else (lambda: None)
+
+
+class _Clock(Callback):
+    """Reads the time at the start (put it first) or at the end (put it last) of every validation epoch."""
+
+    def __init__(self, marks: list[float], at: str, synchronize: Callable[[], None]) -> None:
+        self.marks, self.at, self.synchronize = marks, at, synchronize
+
+    def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.at == "start":
+            self.synchronize()
+            self.marks.append(time.perf_counter())
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if self.at == "end":
+            self.synchronize()
+            self.marks.append(time.perf_counter())
+
+    @property
+    def state_key(self) -> str:
+        return f"_Clock[{self.at}]"
+
+
+def _time_hooks(callback: LayerwiseMonitor, seconds: dict[str, float], synchronize: Callable[[], None]) -> None:
+    """Wrap the callback's validation hooks (on the instance) so that they add their duration to ``seconds``."""
+    for hook, part in HOOK_PARTS.items():
+        original = getattr(callback, hook)
+
+        def timed(*args: Any, _original: Callable = original, _part: str = part, **kwargs: Any) -> None:
+            synchronize()
+            start = time.perf_counter()
+            _original(*args, **kwargs)
+            synchronize()
+            seconds[_part] += time.perf_counter() - start
+
+        setattr(callback, hook, timed)
+
+
+@dataclass
+class Config:
+    """One side of the comparison: a Trainer with these analysis callbacks (none = the baseline)."""
+
+    name: str
+    monitors: dict[str, LayerwiseMonitor]
+    tensorboard: bool = False
+    trainer: Optional[Trainer] = None
+    marks: list[float] = field(default_factory=list)
+    hook_seconds: dict[str, dict[str, float]] = field(default_factory=dict)
+    epochs: list[float] = field(default_factory=list)
+    hooks: dict[str, list[dict[str, float]]] = field(default_factory=dict)
+
+    def build(self, device: str, root_dir: str) -> None:
+        synchronize = _synchronizer(device)
+        for label, monitor in self.monitors.items():
+            self.hook_seconds[label] = dict.fromkeys(PARTS, 0.0)
+            _time_hooks(monitor, self.hook_seconds[label], synchronize)
+        clocks = _Clock(self.marks, "start", synchronize), _Clock(self.marks, "end", synchronize)
+        self.trainer = Trainer(
+            accelerator="gpu" if device == "cuda" else "cpu",
+            devices=1,
+            logger=TensorBoardLogger(root_dir, name="tensorboard") if self.tensorboard else False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+            callbacks=[clocks[0], *self.monitors.values(), clocks[1]],
+            default_root_dir=root_dir,
+        )
+
+    def run(self, model: LightningModule, loader: DataLoader, record: bool = True) -> None:
+        self.marks.clear()
+        for seconds in self.hook_seconds.values():
+            seconds.update(dict.fromkeys(PARTS, 0.0))
+        self.trainer.validate(model, loader, verbose=False)
+        if record:
+            self.epochs.append(self.marks[1] - self.marks[0])
+            for label, seconds in self.hook_seconds.items():
+                self.hooks.setdefault(label, []).append(dict(seconds))
+
+
+def _median_hooks(runs: list[dict[str, float]]) -> dict[str, float]:
+    parts = {part: statistics.median(run[part] for run in runs) for part in PARTS}
+    parts["total"] = statistics.median(sum(run.values()) for run in runs)
+    return parts
+
+
+def measure(model: LightningModule, loader: DataLoader, configs: list[Config], repeats: int, device: str) -> None:
+    """Warm every configuration up on one batch (builds its metric states), then run each once per round."""
+    first_batch = DataLoader(Subset(loader.dataset, range(loader.batch_size)), batch_size=loader.batch_size)
+    root = tempfile.mkdtemp(prefix="layerwise_bench_")
+    try:
+        for index, config in enumerate(configs):
+            config.build(device, os.path.join(root, str(index)))
+            config.run(model, first_batch, record=False)
+        for _ in range(repeats):
+            for config in configs:
+                config.run(model, loader)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def print_table(title: str, configs: list[Config]) -> None:
+    """One row per configuration; a configuration holding several monitors gets one more row per monitor."""
+    baseline = statistics.median(configs[0].epochs)
+    print(f"\n{title}")
+    header = f"{'configuration':<38}{'epoch s':>9}{'(min-max)':>15}{'ratio':>8}{'hooks s':>9}"
+    header += "".join(f"{part:>9}" for part in PARTS)
+    print(header)
+    print("-" * len(header))
+    for config in configs:
+        epoch = statistics.median(config.epochs)
+        row = f"{config.name:<38}{epoch:>9.3f}{f'({min(config.epochs):.2f}-{max(config.epochs):.2f})':>15}"
+        row += f"{epoch / baseline:>7.2f}x"
+        hooks = {label: _median_hooks(runs) for label, runs in config.hooks.items()}
+        if len(hooks) == 1:
+            (single,) = hooks.values()
+            row += "".join(f"{single[part]:>9.3f}" for part in ("total", *PARTS))
+        elif hooks:
+            row += f"{sum(h['total'] for h in hooks.values()):>9.3f}"
+        print(row)
+        for label, parts in hooks.items() if len(hooks) > 1 else ():
+            print(f"{'  ' + label:<70}" + "".join(f"{parts[part]:>9.3f}" for part in ("total", *PARTS)))
+
+
+# -------------------------------------------------------------------------------------------------------- cases
+def _model(backbone: dict[str, Any], device: str) -> Standard:
+    return Standard(backbone=TimmViT(**backbone)).to(device).eval()
+
+
+def quickstart_case(args: argparse.Namespace) -> None:
+    seed_everything(0, verbose=False)
+    data = DigitsDataModule(batch_size=64)
+    data.setup("validate")
+    loader = data.val_dataloader()
+    model = _model(QUICKSTART_BACKBONE, args.device)
+    configs = [
+        Config("off", {}),
+        Config("LayerwiseAnalysis()", {"LayerwiseAnalysis": LayerwiseAnalysis()}),
+        Config("off, TensorBoard logger", {}, tensorboard=True),
+        Config("LayerwiseAnalysis(), TensorBoard", {"LayerwiseAnalysis": LayerwiseAnalysis()}, tensorboard=True),
+    ]
+    measure(model, loader, configs, args.quickstart_repeats, args.device)
+    title = (
+        f"(a) quickstart ViT (d=64, L=6, 10 classes), digits validation split: {len(loader.dataset)} samples, "
+        f"batch {loader.batch_size}, {args.device}, median of {args.quickstart_repeats} rounds"
+    )
+    print_table(title, configs)
+
+
+def deit_s_case(args: argparse.Namespace) -> None:
+    seed_everything(0, verbose=False)
+    images = torch.randn(args.num_samples, 3, 224, 224)
+    labels = torch.randint(0, 1000, (args.num_samples,))
+    loader = DataLoader(TensorDataset(images, labels), batch_size=args.batch_size)
+    model = _model(DEIT_S_BACKBONE, args.device)
+    standalone = {
+        "LayerSimilarityMonitor": LayerSimilarityMonitor(),
+        "LogitLensMonitor": LogitLensMonitor(),
+        "NeuralCollapseMonitor": NeuralCollapseMonitor(),
+        "EffectiveDepthMonitor": EffectiveDepthMonitor(),
+    }
+    configs = [
+        Config("off", {}),
+        Config("LayerwiseAnalysis()", {"LayerwiseAnalysis": LayerwiseAnalysis()}),
+        Config("LayerwiseAnalysis(cka='minibatch')", {"LayerwiseAnalysis": LayerwiseAnalysis(cka="minibatch")}),
+        Config("4 standalone monitors together", standalone),
+    ]
+    measure(model, loader, configs, args.repeats, args.device)
+    title = (
+        f"(b) DeiT-S-sized ViT (d=384, L=12, 1000 classes), random 224x224 images: {args.num_samples} samples, "
+        f"batch {args.batch_size}, {args.device}, median of {args.repeats} rounds"
+    )
+    print_table(title, configs)
+
+
+def metric_costs(args: argparse.Namespace) -> None:
+    """Time every metric's update (per batch), compute and reset on random features of the DeiT-S shapes."""
+    layers, dim, classes, batch, device = 12, 384, 1000, args.batch_size, args.device
+    synchronize = _synchronizer(device)
+    features = torch.randn(layers, batch, dim, device=device).cumsum(0)  # correlated layers, like a residual stream
+    logits = torch.randn(layers, batch, classes, device=device) * 3
+    targets = torch.randint(0, classes, (batch,), device=device)
+    saturation = saturation_layers(logits.argmax(-1))
+    every_class = torch.arange(classes, device=device)  # one sample of every class, fed once before compute
+    every_class_features = torch.randn(layers, classes, dim, device=device).cumsum(0)
+    metrics: dict[str, tuple[Any, tuple[Any, ...]]] = {
+        "LayerCKA (exact)": (LayerCKA(layers, dim), (features,)),
+        "MinibatchCKA": (MinibatchCKA(layers), (features,)),
+        "LayerCosineSimilarity (centred)": (LayerCosineSimilarity(layers, dim=dim), (features,)),
+        "LayerCosineSimilarity (uncentred)": (LayerCosineSimilarity(layers, center=False), (features,)),
+        "SaturationCosine (centred)": (SaturationCosine(layers, dim=dim), (features, saturation)),
+        "LayerNC1": (LayerNC1(layers, dim, classes), (features, targets)),
+        f"LayerNC1, all {classes} classes seen": (LayerNC1(layers, dim, classes), (features, targets)),
+        "LayerAccuracy": (LayerAccuracy(layers), (logits, targets)),
+        "SaturationHistogram": (SaturationHistogram(layers), (logits,)),
+        "EarlyExit": (EarlyExit(layers), (logits, targets)),
+    }
+    batches = max(1, args.num_samples // batch)
+
+    def seconds(action: Callable[[], Any], times: int) -> float:
+        """Median seconds of ``times`` calls."""
+        durations = []
+        for _ in range(times):
+            synchronize()
+            start = time.perf_counter()
+            action()
+            synchronize()
+            durations.append(time.perf_counter() - start)
+        return statistics.median(durations)
+
+    def compute_afresh(metric: Any) -> None:
+        metric._computed = None  # torchmetrics caches the result of compute()
+        metric.compute()
+
+    print(
+        f"\n(c) metric cost at the DeiT-S shapes (L={layers}, d={dim}, C={classes}), batch {batch}, {device}, "
+        f"without the model; epoch = {batches} updates + compute + reset"
+    )
+    header = f"{'metric':<38}{'update ms/batch':>16}{'compute ms':>12}{'reset ms':>10}{'epoch ms':>10}"
+    print(header)
+    print("-" * len(header))
+    with torch.inference_mode():
+        for name, (metric, inputs) in metrics.items():
+            metric.to(device)
+            update = seconds(lambda m=metric, x=inputs: m.update(*x), 5)
+            if name.startswith("LayerNC1,"):
+                metric.update(every_class_features, every_class)
+            compute = seconds(lambda m=metric: compute_afresh(m), 3)
+            reset = seconds(metric.reset, 3)
+            epoch = batches * update + compute + reset
+            row = f"{1e3 * update:>16.1f}{1e3 * compute:>12.1f}{1e3 * reset:>10.1f}{1e3 * epoch:>10.1f}"
+            print(f"{name:<38}{row}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--num-samples", type=int, default=128, help="random images of the DeiT-S case")
+    parser.add_argument("--batch-size", type=int, default=64, help="batch size of the DeiT-S case")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds of the DeiT-S case (medians over these)")
+    parser.add_argument("--quickstart-repeats", type=int, default=9, help="rounds of the quickstart case")
+    parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda if available")
+    parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES), help="which tables to print")
+    parser.add_argument("--quick", action="store_true", help="tiny sizes: 8 DeiT-S samples, batch 4, 2 rounds each")
+    args = parser.parse_args()
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.quick:
+        args.num_samples, args.batch_size, args.repeats, args.quickstart_repeats = 8, 4, 2, 2
+    logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", ".*does not have many workers.*")
+    warnings.filterwarnings("ignore", ".*is deprecated.*")
+    gpu = f" ({torch.cuda.get_device_name()})" if args.device == "cuda" else ""
+    print(
+        f"{time.strftime('%Y-%m-%d %H:%M')}, torch {torch.__version__}, {os.cpu_count()} CPUs, "
+        f"{torch.get_num_threads()} torch threads, device {args.device}{gpu}"
+    )
+    for case in args.cases:
+        CASES[case](args)
+
+
+CASES: dict[str, Callable[[argparse.Namespace], None]] = {
+    "quickstart": quickstart_case,
+    "deit_s": deit_s_case,
+    "metrics": metric_costs,
+}
+
+if __name__ == "__main__":
+    main()
