@@ -49,4 +49,4 @@ def main(args: Optional[list[str]] = None) -> None:
 
         plot_main(argv[1:])
         return
-    LayerwiseCLI(args=argv)
+    LayerwiseCLI(args=args)  # None: LightningCLI reads sys.argv itself

@@ -226,6 +226,9 @@ class LayerwiseMonitor(Callback):
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._detach()
+        self._stage = None
+        for metric in self._metrics:
+            metric.reset()
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._detach()
@@ -279,9 +282,8 @@ class LayerwiseMonitor(Callback):
             self._count = SampleCount(sync_on_compute=False)
             self._metrics = [self._count] + [metric for family in self.families for metric in family.build(spec)]
             self._selection = torch.tensor([number - 1 for number in numbers])
-        for metric in self._metrics:
+        for metric in self._metrics:  # already zero: fresh, or reset when the last epoch finished or failed
             metric.to(pl_module.device)
-            metric.reset()
 
     def _layer_batch(self, outputs: Any, batch: Any) -> LayerBatch:
         if self._tap is not None:
