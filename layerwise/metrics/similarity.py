@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 from typing import Any, Optional
 
 import torch
@@ -109,9 +110,9 @@ class _CenteredBufferMetric(_SumStateMetric):
         self._all_reduce_if_global(local)
         return local
 
+    @abc.abstractmethod
     def _centered_cos_sum(self, *entry: Tensor, center: Tensor) -> Tensor:
         """Cosine sum of one buffered entry with a given center."""
-        raise NotImplementedError
 
 
 class LayerCosineSimilarity(_CenteredBufferMetric):
