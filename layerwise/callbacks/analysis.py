@@ -43,11 +43,12 @@ class LayerwiseAnalysis(LayerwiseMonitor):
         super().__init__(**kwargs)
         if similarity:
             self.families.append(SimilarityFamily(center, cka, max_buffered_samples))
-        if logit_lens:
-            self.families.append(LogitLensFamily(thresholds, center, max_buffered_samples))
+        lens = LogitLensFamily(thresholds, center, max_buffered_samples) if logit_lens else None
+        if lens is not None:
+            self.families.append(lens)
         if neural_collapse:
             self.families.append(NeuralCollapseFamily())
-        if depth:
-            self.families.append(EffectiveDepthFamily(epsilons))
+        if depth:  # reads the logit lens's accuracy when it runs, instead of accumulating it a second time
+            self.families.append(EffectiveDepthFamily(epsilons, accuracy_from=lens))
         if not self.families:
             raise ValueError("LayerwiseAnalysis with every family switched off analyses nothing.")

@@ -158,10 +158,6 @@ class LayerwiseMonitor(Callback):
         self._saved: dict[str, list[Tensor]] = {}
         self._charts_written = False
 
-    @property
-    def state_key(self) -> str:
-        return self._generate_state_key(every_n_epochs=self.every_n_epochs, layers=str(self.layers))
-
     # -- when ---------------------------------------------------------------------------------------------------
 
     def _should_run(self, trainer: Trainer) -> bool:

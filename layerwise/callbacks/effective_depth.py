@@ -1,7 +1,7 @@
 """ε-effective depth: the first layer whose shared-head accuracy is good enough."""
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
 
 from torchmetrics import Metric
 
@@ -14,21 +14,27 @@ DEFAULT_EPSILONS = (0.01, 0.05, 0.1)
 class EffectiveDepthFamily(Family):
     """Absolute (Acc^l >= 1 − ε) and relative (Acc^l >= Acc^L − ε) ε-effective depth."""
 
-    def __init__(self, epsilons: Sequence[float] = DEFAULT_EPSILONS) -> None:
+    def __init__(self, epsilons: Sequence[float] = DEFAULT_EPSILONS, accuracy_from: Optional[Family] = None) -> None:
+        """``accuracy_from``: a family whose ``accuracy`` metric already accumulates the shared-head accuracy."""
         epsilons = [float(value) for value in epsilons]
         if not epsilons or any(not 0.0 <= value <= 1.0 for value in epsilons):
             raise ValueError(f"`epsilons={epsilons}` must be a non-empty list of numbers in [0, 1].")
         self.epsilons = epsilons
+        self.accuracy_from = accuracy_from
 
     def build(self, spec: LayerSpec) -> list[Metric]:
+        if self.accuracy_from is not None:
+            return []
         self.accuracy = LayerAccuracy(spec.num_layers, sync_on_compute=False)
         return [self.accuracy]
 
     def update(self, batch: LayerBatch) -> None:
-        self.accuracy.update(batch.logits, batch.targets)
+        if self.accuracy_from is None:
+            self.accuracy.update(batch.logits, batch.targets)
 
     def compute(self, spec: LayerSpec) -> dict[str, Any]:
-        accuracy = self.accuracy.compute()["accuracy"]
+        source = self if self.accuracy_from is None else self.accuracy_from
+        accuracy = source.accuracy.compute()["accuracy"]
         numbers = spec.layer_numbers
         return {
             "effective_depth": effective_depth(accuracy, self.epsilons, numbers),

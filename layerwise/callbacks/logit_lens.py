@@ -8,7 +8,7 @@ from torchmetrics import Metric
 
 from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor, _per_layer
 from layerwise.figures import exits_per_layer, saturation_histogram
-from layerwise.metrics import EarlyExit, LayerAccuracy, SaturationCosine, SaturationHistogram, saturation_layers
+from layerwise.metrics import EarlyExit, LayerAccuracy, SaturationCosine, saturation_layers
 
 DEFAULT_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
 
@@ -33,7 +33,6 @@ class LogitLensFamily(Family):
         layers = spec.num_layers
         self.accuracy = LayerAccuracy(layers, sync_on_compute=False)
         self.exit_accuracy = LayerAccuracy(layers, sync_on_compute=False)
-        self.saturation = SaturationHistogram(layers, sync_on_compute=False)
         self.saturation_cos = SaturationCosine(
             layers, self.center, self.max_buffered_samples, dim=spec.dim, sync_on_compute=False
         )
@@ -41,11 +40,11 @@ class LogitLensFamily(Family):
             layers, self.thresholds, layer_numbers=spec.layer_numbers, depth=spec.depth, sync_on_compute=False
         )
         self._has_exit_heads = False
-        return [self.accuracy, self.exit_accuracy, self.saturation, self.saturation_cos, self.early_exit]
+        # The saturation histogram is SaturationCosine's per-layer count: no second metric recomputes it.
+        return [self.accuracy, self.exit_accuracy, self.saturation_cos, self.early_exit]
 
     def update(self, batch: LayerBatch) -> None:
         self.accuracy.update(batch.logits, batch.targets)
-        self.saturation.update(batch.logits)
         self.saturation_cos.update(batch.features, saturation_layers(batch.logits.argmax(-1)))
         self.early_exit.update(batch.logits, batch.targets)
         if batch.exit_logits is not None:
@@ -58,7 +57,7 @@ class LogitLensFamily(Family):
         results = {
             "accuracy": accuracy["accuracy"],
             "loss": accuracy["loss"],
-            "saturation_counts": self.saturation.compute().round().long(),
+            "saturation_counts": self.saturation_cos.count.round().long(),
             "saturation_cos": self.saturation_cos.compute(),
             "early_exit": [
                 {
