@@ -321,8 +321,8 @@ def test_metric_states_do_not_grow_with_samples(tmp_path):
         )
     assert probes[1].states == probes[3].states
     assert probes[1].states["2.LayerCKA.cross"] == (DEPTH * DIM, DEPTH * DIM)
-    assert probes[1].states["7.LayerNC1.second_moment"] == (DEPTH, DIM, DIM)
-    assert probes[1].states["7.LayerNC1.class_sums"] == (DEPTH, CLASSES, DIM)
+    assert probes[1].states["8.LayerNC1.second_moment"] == (DEPTH, DIM, DIM)
+    assert probes[1].states["8.LayerNC1.class_sums"] == (DEPTH, CLASSES, DIM)
     # only the centred cosines keep samples, and only for the epoch (documented, bounded by max_buffered_samples)
     assert probes[1].buffered == {"LayerCosineSimilarity": 16, "SaturationCosine": 16}
     assert probes[3].buffered == {"LayerCosineSimilarity": 48, "SaturationCosine": 48}

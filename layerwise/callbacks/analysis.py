@@ -1,7 +1,7 @@
 """All analyses in one callback, sharing one source of features and one all-reduce."""
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
 
 from layerwise.callbacks.base import LayerwiseMonitor
 from layerwise.callbacks.effective_depth import DEFAULT_EPSILONS, EffectiveDepthFamily
@@ -24,6 +24,8 @@ class LayerwiseAnalysis(LayerwiseMonitor):
         center, cka, max_buffered_samples: see :class:`LayerSimilarityMonitor`.
         thresholds: early-exit confidences, see :class:`LogitLensMonitor`.
         epsilons: see :class:`EffectiveDepthMonitor`.
+        nc1_top_classes: restrict NC1 to the most frequent classes (see :class:`NeuralCollapseMonitor`). For a
+            language model NC1 runs only when this is set: over a whole vocabulary it is off by default.
         Others: see :class:`LayerwiseMonitor`.
     """
 
@@ -38,6 +40,7 @@ class LayerwiseAnalysis(LayerwiseMonitor):
         max_buffered_samples: int = 65536,
         thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
         epsilons: Sequence[float] = DEFAULT_EPSILONS,
+        nc1_top_classes: Optional[int] = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -47,7 +50,7 @@ class LayerwiseAnalysis(LayerwiseMonitor):
         if lens is not None:
             self.families.append(lens)
         if neural_collapse:
-            self.families.append(NeuralCollapseFamily())
+            self.families.append(NeuralCollapseFamily(nc1_top_classes))
         if depth:  # reads the logit lens's accuracy when it runs, instead of accumulating it a second time
             self.families.append(EffectiveDepthFamily(epsilons, accuracy_from=lens))
         if not self.families:

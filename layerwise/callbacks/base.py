@@ -17,10 +17,23 @@ from torchmetrics import Metric
 
 from layerwise.callbacks._sampling import rank_indices, real_samples_on_rank
 from layerwise.callbacks.summary import merge_summary, summary_path
-from layerwise.features import EXIT_LOGITS, FEATURES, LOGITS, TARGETS, check_layer_outputs, is_layer_outputs
+from layerwise.features import (
+    EXIT_LOGITS,
+    EXIT_PREFIX,
+    FEATURES,
+    LOGITS,
+    MAX_PROB,
+    NLL,
+    POSITIONS,
+    PREDICTIONS,
+    SAMPLE_INDEX,
+    TARGETS,
+    check_layer_outputs,
+    is_layer_outputs,
+)
 from layerwise.features.hooks import HookTap, resolve_paths
 from layerwise.features.layers import LayerSelection, select_layers
-from layerwise.metrics import SampleCount, all_reduce_sum_states
+from layerwise.metrics import Readout, SampleCount, all_reduce_sum_states, readout_from_logits
 
 Source = Literal["auto", "outputs", "hooks"]
 
@@ -42,6 +55,7 @@ class LayerSpec:
     depth: int
     dim: int
     num_classes: int
+    token_level: bool = False
 
     @property
     def num_layers(self) -> int:
@@ -55,16 +69,30 @@ class LayerSpec:
 
 @dataclass
 class LayerBatch:
-    """One batch of the selected layers: features ``(L, B, d)``, logits ``(L, B, C)``, targets ``(B,)``."""
+    """One batch of the selected layers.
+
+    ``features`` ``(L, N, d)``; ``readout`` the shared head's per-layer predictions, top-1 probability and loss
+    ``(L, N)``; ``targets`` ``(N,)``; ``exit_readout`` that of separate exit heads, if any. ``sampled`` indexes the
+    rows kept for the feature-similarity statistics (every row unless tokens are subsampled).
+    """
 
     features: Tensor
-    logits: Tensor
+    readout: Readout
     targets: Optional[Tensor]
-    exit_logits: Optional[Tensor] = None
+    exit_readout: Optional[Readout] = None
+    sampled: Optional[Tensor] = None
+
+    @property
+    def sampled_features(self) -> Tensor:
+        """The features of the rows kept for COS/CKA/saturation-COS: ``(L, N', d)``."""
+        return self.features if self.sampled is None else self.features[:, self.sampled]
 
 
 class Family(abc.ABC):
     """One metric family: builds its metrics, feeds them, turns them into results, scalars and figures."""
+
+    def configure(self, trainer: Trainer, spec: LayerSpec) -> None:  # noqa: B027 - an optional hook
+        """Read what the family needs from the run (e.g. class frequencies) before ``build``; default: nothing."""
 
     @abc.abstractmethod
     def build(self, spec: LayerSpec) -> list[Metric]:
@@ -120,6 +148,9 @@ class LayerwiseMonitor(Callback):
         blocks, final_norm, classifier: dotted paths, relative to the LightningModule, of the block list, the final
             norm(s) and the classifier module(s) (applied in order); only for the hook source.
         pooling: ``"cls"``, ``"mean"`` or ``"last"`` token of each block output (hook source; default from the table).
+        token_stride: language models: COS, CKA and the saturation COS use only positions ``t`` with
+            ``t % token_stride == 0`` (a subsample that does not depend on batching or the number of processes);
+            accuracy, loss, saturation counts and early exit always use every token.
     """
 
     def __init__(
@@ -133,7 +164,10 @@ class LayerwiseMonitor(Callback):
         final_norm: Union[str, list[str], None] = None,
         classifier: Union[str, list[str], None] = None,
         pooling: Optional[Literal["cls", "mean", "last"]] = None,
+        token_stride: int = 1,
     ) -> None:
+        if token_stride < 1:
+            raise ValueError(f"`token_stride={token_stride}` must be >= 1.")
         if every_n_epochs < 1:
             raise ValueError(f"`every_n_epochs={every_n_epochs}` must be >= 1.")
         if source not in ("auto", "outputs", "hooks"):
@@ -146,6 +180,7 @@ class LayerwiseMonitor(Callback):
         self.log_figures = log_figures
         self.source = source
         self.hook_paths = {"blocks": blocks, "final_norm": final_norm, "classifier": classifier, "pooling": pooling}
+        self.token_stride = token_stride
         self.families: list[Family] = []
         self._stage: Optional[str] = None
         self._hooks = ExitStack()
@@ -260,20 +295,22 @@ class LayerwiseMonitor(Callback):
         self._hooks.close()
         self._tap = None
 
-    def _dims(self, pl_module: LightningModule) -> tuple[int, int, int]:
+    def _dims(self, pl_module: LightningModule) -> tuple[int, int, int, bool]:
         if self._tap is not None:
             linears = [m for head in self._tap.head_modules for m in head.modules() if isinstance(m, nn.Linear)]
             if not linears:
                 raise ValueError("The classifier modules hold no nn.Linear; cannot tell the feature width.")
-            return self._tap.num_layers, linears[0].in_features, linears[-1].out_features
+            return self._tap.num_layers, linears[0].in_features, linears[-1].out_features, False
         backbone = pl_module.backbone
-        return backbone.num_layers, backbone.embed_dim, backbone.num_classes
+        return backbone.num_layers, backbone.embed_dim, backbone.num_classes, bool(backbone.token_level)
 
     def _build(self, pl_module: LightningModule) -> None:
-        depth, dim, num_classes = self._dims(pl_module)
+        depth, dim, num_classes, token_level = self._dims(pl_module)
         numbers = [index + 1 for index in select_layers(self.layers, depth)]
-        spec = LayerSpec(numbers, depth, dim, num_classes)
+        spec = LayerSpec(numbers, depth, dim, num_classes, token_level)
         if spec != self._spec or not self._metrics:
+            for family in self.families:
+                family.configure(pl_module.trainer, spec)
             self._spec = spec
             self._count = SampleCount(sync_on_compute=False)
             self._metrics = [self._count] + [metric for family in self.families for metric in family.build(spec)]
@@ -292,22 +329,23 @@ class LayerwiseMonitor(Callback):
                 "final_norm=, classifier= for models outside the built-in path table)."
             )
         check_layer_outputs(outputs)
-        keep = outputs[FEATURES].shape[1]
+        rows = _real_rows(outputs, self._budget)
         if self._budget is not None:
-            keep = min(keep, self._budget)
-            self._budget -= keep
+            self._budget -= _samples_in(outputs, rows)
         selection = self._selection.to(outputs[FEATURES].device)
 
         def pick(value: Optional[Tensor]) -> Optional[Tensor]:
-            return None if value is None else value.index_select(0, selection)[:, :keep]
+            return None if value is None else value.index_select(0, selection)[:, rows]
 
         targets = outputs.get(TARGETS)
-        return LayerBatch(
-            pick(outputs[FEATURES]),
-            pick(outputs[LOGITS]),
-            None if targets is None else targets[:keep],
-            pick(outputs.get(EXIT_LOGITS)),
-        )
+        targets = None if targets is None else targets[rows]
+        readout = _readout(outputs, "", targets, pick)
+        exit_readout = _readout(outputs, EXIT_PREFIX, targets, pick)
+        positions = outputs.get(POSITIONS)
+        sampled = None
+        if positions is not None and self.token_stride > 1:
+            sampled = torch.nonzero(positions[rows] % self.token_stride == 0).flatten()
+        return LayerBatch(pick(outputs[FEATURES]), readout, targets, exit_readout, sampled)
 
     def _collect(self, outputs: Any, batch: Any, dataloader_idx: int) -> None:
         if self._stage is None:
@@ -319,7 +357,7 @@ class LayerwiseMonitor(Callback):
         layer_batch = self._layer_batch(outputs, batch)
         if layer_batch.features.shape[1] == 0:
             return
-        if layer_batch.targets is None:
+        if layer_batch.targets is None or layer_batch.readout.nll is None:
             raise ValueError("The batch holds no targets: the analysis needs labels ('labels' key or batch[1]).")
         self._count.update(layer_batch.features.shape[1])
         for family in self.families:
@@ -408,13 +446,12 @@ class LayerwiseMonitor(Callback):
     # -- save_features --------------------------------------------------------------------------------------------
 
     def _keep_features(self, batch: LayerBatch) -> None:
-        probabilities = batch.logits.float().softmax(-1)
-        max_prob, predictions = probabilities.max(-1)
+        rows = slice(None) if batch.sampled is None else batch.sampled
         parts = {
-            "features": batch.features.float(),
-            "labels": batch.targets,
-            "predictions": predictions,
-            "max_prob": max_prob,
+            "features": batch.sampled_features.float(),
+            "labels": batch.targets[rows],
+            "predictions": batch.readout.predictions[:, rows],
+            "max_prob": batch.readout.max_prob[:, rows].float(),
         }
         for key, value in parts.items():
             self._saved.setdefault(key, []).append(value.detach().cpu())
@@ -447,6 +484,34 @@ def _merge_ranks(gathered: list[Any]) -> dict[str, Tensor]:
             key: value.index_select(1 if key == "features" else value.ndim - 1, order) for key, value in merged.items()
         }
     return merged
+
+
+def _real_rows(outputs: Mapping, budget: Optional[int]) -> Union[slice, Tensor]:
+    """The rows of a step's outputs that belong to real samples (``DistributedSampler`` pads at the end)."""
+    if budget is None:
+        return slice(None)
+    sample_index = outputs.get(SAMPLE_INDEX)
+    if sample_index is None:
+        return slice(0, budget)
+    return torch.nonzero(sample_index < budget).flatten()
+
+
+def _samples_in(outputs: Mapping, rows: Union[slice, Tensor]) -> int:
+    """How many dataloader samples the kept rows cover (a language model's sequence has many rows)."""
+    sample_index = outputs.get(SAMPLE_INDEX)
+    if sample_index is None:
+        return len(range(*rows.indices(outputs[FEATURES].shape[1]))) if isinstance(rows, slice) else rows.numel()
+    kept = sample_index[rows]
+    return 0 if kept.numel() == 0 else int(kept.max()) + 1
+
+
+def _readout(outputs: Mapping, prefix: str, targets: Optional[Tensor], pick: Any) -> Optional[Readout]:
+    """The readout under ``prefix`` ("" for the shared head, "exit_" for separate heads), from logits if needed."""
+    if prefix + PREDICTIONS in outputs and (prefix + NLL in outputs or targets is None):
+        predictions, max_prob = pick(outputs[prefix + PREDICTIONS]), pick(outputs[prefix + MAX_PROB])
+        return Readout(predictions, max_prob, pick(outputs.get(prefix + NLL)))
+    logits = outputs.get(EXIT_LOGITS if prefix else LOGITS)
+    return None if logits is None else readout_from_logits(pick(logits), targets)
 
 
 def _targets(batch: Any) -> Optional[Tensor]:

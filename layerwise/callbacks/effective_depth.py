@@ -30,7 +30,7 @@ class EffectiveDepthFamily(Family):
 
     def update(self, batch: LayerBatch) -> None:
         if self.accuracy_from is None:
-            self.accuracy.update(batch.logits, batch.targets)
+            self.accuracy.update(batch.readout, batch.targets)
 
     def compute(self, spec: LayerSpec) -> dict[str, Any]:
         source = self if self.accuracy_from is None else self.accuracy_from

@@ -8,7 +8,7 @@ from torchmetrics import Metric
 
 from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor, _per_layer
 from layerwise.figures import exits_per_layer, saturation_histogram
-from layerwise.metrics import EarlyExit, LayerAccuracy, SaturationCosine, saturation_layers
+from layerwise.metrics import EarlyExit, LayerAccuracy, SaturationCosine, SaturationHistogram, saturation_layers
 
 DEFAULT_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
 
@@ -39,17 +39,22 @@ class LogitLensFamily(Family):
         self.early_exit = EarlyExit(
             layers, self.thresholds, layer_numbers=spec.layer_numbers, depth=spec.depth, sync_on_compute=False
         )
+        # Counts over every sample; SaturationCosine averages over the (possibly subsampled) rows it sees.
+        self.histogram = SaturationHistogram(layers, sync_on_compute=False)
         self._has_exit_heads = False
-        # The saturation histogram is SaturationCosine's per-layer count: no second metric recomputes it.
-        return [self.accuracy, self.exit_accuracy, self.saturation_cos, self.early_exit]
+        return [self.accuracy, self.exit_accuracy, self.saturation_cos, self.histogram, self.early_exit]
 
     def update(self, batch: LayerBatch) -> None:
-        self.accuracy.update(batch.logits, batch.targets)
-        self.saturation_cos.update(batch.features, saturation_layers(batch.logits.argmax(-1)))
-        self.early_exit.update(batch.logits, batch.targets)
-        if batch.exit_logits is not None:
+        self.accuracy.update(batch.readout, batch.targets)
+        saturation = saturation_layers(batch.readout.predictions)
+        if batch.sampled is not None:
+            saturation = saturation[batch.sampled]
+        self.saturation_cos.update(batch.sampled_features, saturation)
+        self.histogram.update(batch.readout)
+        self.early_exit.update(batch.readout, batch.targets)
+        if batch.exit_readout is not None:
             self._has_exit_heads = True
-            self.exit_accuracy.update(batch.exit_logits, batch.targets)
+            self.exit_accuracy.update(batch.exit_readout, batch.targets)
 
     def compute(self, spec: LayerSpec) -> dict[str, Any]:
         accuracy = self.accuracy.compute()
@@ -57,7 +62,8 @@ class LogitLensFamily(Family):
         results = {
             "accuracy": accuracy["accuracy"],
             "loss": accuracy["loss"],
-            "saturation_counts": self.saturation_cos.count.round().long(),
+            **({"perplexity": accuracy["loss"].exp()} if spec.token_level else {}),
+            "saturation_counts": self.histogram.compute().round().long(),
             "saturation_cos": self.saturation_cos.compute(),
             "early_exit": [
                 {
@@ -79,6 +85,8 @@ class LogitLensFamily(Family):
     def scalars(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, float]:
         scalars = _per_layer(results["accuracy"], spec, "acc")
         scalars.update(_per_layer(results["loss"], spec, "loss"))
+        if "perplexity" in results:
+            scalars.update(_per_layer(results["perplexity"], spec, "perplexity"))
         total = max(1, int(results["saturation_counts"].sum()))
         scalars.update(_per_layer(results["saturation_counts"].double() / total, spec, "saturation"))
         if "exit_accuracy" in results:
@@ -100,6 +108,7 @@ class LogitLensFamily(Family):
         return {
             "accuracy per layer": r"acc/layer_\d+",
             "loss per layer": r"loss/layer_\d+",
+            "perplexity per layer": r"perplexity/layer_\d+",
             "saturation per layer": r"saturation/layer_\d+",
             "exit-head accuracy per layer": r"exit_acc/layer_\d+",
             "early-exit accuracy": r"early_exit/accuracy/.*",

@@ -1,7 +1,10 @@
 """Within-class variability collapse (NC1) per layer."""
 
-from typing import Any
+from typing import Any, Optional
 
+import torch
+from lightning.pytorch import Trainer
+from torch import Tensor
 from torchmetrics import Metric
 
 from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor, _per_layer
@@ -9,20 +12,70 @@ from layerwise.metrics import LayerNC1
 
 
 class NeuralCollapseFamily(Family):
-    """NC1 of every selected layer."""
+    """NC1 of every selected layer, over all classes or over the ``top_classes`` most frequent ones.
+
+    ``required``: raise when the classes are a vocabulary and ``top_classes`` is not set (the standalone monitor);
+    otherwise NC1 is silently skipped for language models (``LayerwiseAnalysis``'s default).
+    """
+
+    def __init__(self, top_classes: Optional[int] = None, required: bool = False) -> None:
+        if top_classes is not None and top_classes < 2:
+            raise ValueError(f"`top_classes={top_classes}` must be >= 2 (NC1 compares classes).")
+        self.top_classes = top_classes
+        self.required = required
+        self.class_ids: Optional[Tensor] = None
+        self.active = True
+
+    def configure(self, trainer: Trainer, spec: LayerSpec) -> None:
+        self.active = not spec.token_level or self.top_classes is not None
+        if not self.active and self.required:
+            raise ValueError(
+                "NC1 over a whole vocabulary needs L x V x d statistics: set `top_classes` (e.g. 1000) to restrict it "
+                "to the most frequent tokens."
+            )
+        self.class_ids = None
+        if self.active and self.top_classes is not None:
+            counts = getattr(getattr(trainer, "datamodule", None), "class_counts", None)
+            if counts is None:
+                raise ValueError(
+                    "`top_classes` needs the class frequencies: the datamodule must provide `class_counts()` "
+                    "(layerwise.datamodules.TextDataModule does)."
+                )
+            frequencies = counts()
+            self.class_ids = frequencies.argsort(descending=True, stable=True)[: self.top_classes].sort().values
 
     def build(self, spec: LayerSpec) -> list[Metric]:
-        self.nc1 = LayerNC1(spec.num_layers, spec.dim, spec.num_classes, sync_on_compute=False)
+        if not self.active:
+            return []
+        num_classes = spec.num_classes if self.class_ids is None else self.class_ids.numel()
+        self.nc1 = LayerNC1(spec.num_layers, spec.dim, num_classes, sync_on_compute=False)
+        if self.class_ids is not None:
+            self._class_map = torch.full((spec.num_classes,), -1, dtype=torch.long)
+            self._class_map[self.class_ids] = torch.arange(self.class_ids.numel())
         return [self.nc1]
 
     def update(self, batch: LayerBatch) -> None:
-        self.nc1.update(batch.features, batch.targets)
+        if not self.active:
+            return
+        if self.class_ids is None:
+            self.nc1.update(batch.features, batch.targets)
+            return
+        self._class_map = self._class_map.to(batch.targets.device)
+        classes = self._class_map[batch.targets]
+        keep = torch.nonzero(classes >= 0).flatten()
+        if keep.numel():
+            self.nc1.update(batch.features[:, keep], classes[keep])
 
     def compute(self, spec: LayerSpec) -> dict[str, Any]:
-        return {"nc1": self.nc1.compute()}
+        if not self.active:
+            return {}
+        results = {"nc1": self.nc1.compute()}
+        if self.class_ids is not None:
+            results["nc1_classes"] = self.class_ids.tolist()
+        return results
 
     def scalars(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, float]:
-        return _per_layer(results["nc1"], spec, "nc1")
+        return _per_layer(results["nc1"], spec, "nc1") if "nc1" in results else {}
 
     def charts(self) -> dict[str, str]:
         return {"NC1 per layer": r"nc1/layer_\d+"}
@@ -35,9 +88,14 @@ class NeuralCollapseMonitor(LayerwiseMonitor):
     absent from the evaluated set are left out of ``K``. The pseudo-inverse is taken on the range of ``Σ_B``
     (rank <= K-1). State: ``L·d²`` float64 plus class sums, independent of N.
 
-    Logged: ``val/nc1/layer_XX``. JSON key: ``nc1`` (L). Args: see :class:`LayerwiseMonitor`.
+    For a language model the classes are the vocabulary; ``top_classes=k`` restricts NC1 to the samples whose
+    target is one of the ``k`` most frequent tokens of the training split (from the datamodule's
+    ``class_counts()``), and is required there.
+
+    Logged: ``val/nc1/layer_XX``. JSON keys: ``nc1`` (L), ``nc1_classes`` (the class ids, when restricted).
+    Args: ``top_classes``, and see :class:`LayerwiseMonitor`.
     """
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, top_classes: Optional[int] = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        self.families = [NeuralCollapseFamily()]
+        self.families = [NeuralCollapseFamily(top_classes, required=True)]

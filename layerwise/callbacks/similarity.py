@@ -34,9 +34,9 @@ class SimilarityFamily(Family):
         return metrics + ([self.cka] if self.cka is not None else [])
 
     def update(self, batch: LayerBatch) -> None:
-        self.cos.update(batch.features)
+        self.cos.update(batch.sampled_features)
         if self.cka is not None:
-            self.cka.update(batch.features)
+            self.cka.update(batch.sampled_features)
 
     def compute(self, spec: LayerSpec) -> dict[str, Any]:
         return {"cos": self.cos.compute(), "cka": None if self.cka is None else self.cka.compute()}

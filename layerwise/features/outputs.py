@@ -7,6 +7,13 @@ A LightningModule that wants the analysis callbacks to read its outputs (instead
 - ``logits``: ``(L, B, C)`` the model's own final norm + classifier (the "shared head") applied to every layer.
 - ``targets``: ``(B,)`` integer class labels (absent in ``predict``).
 - ``exit_logits``: optional ``(L, B, C)`` logits of separate per-layer classifiers (multi-exit models).
+
+Where the classes are a vocabulary, per-layer logits are too large to return: a step may then return, instead of
+``logits``, the head's *readout* per layer and sample (computed in token chunks, see
+:mod:`layerwise.features.readout`): ``predictions`` ``(L, N)``, ``max_prob`` ``(L, N)``, ``nll`` ``(L, N)`` (and
+``exit_predictions``/``exit_max_prob``/``exit_nll`` for separate heads). Token-level models (every predicted token
+is a sample) also return ``sample_index`` ``(N,)`` (the batch row of each sample, used to drop DDP padding) and
+``positions`` ``(N,)`` (its position in the sequence, used to subsample tokens).
 """
 
 from collections.abc import Mapping
@@ -16,20 +23,29 @@ FEATURES = "features"
 LOGITS = "logits"
 TARGETS = "targets"
 EXIT_LOGITS = "exit_logits"
+PREDICTIONS = "predictions"
+MAX_PROB = "max_prob"
+NLL = "nll"
+EXIT_PREFIX = "exit_"
+SAMPLE_INDEX = "sample_index"
+POSITIONS = "positions"
 
 
 def is_layer_outputs(obj: Any) -> bool:
     """Whether ``obj`` is a dict following the contract above."""
-    return isinstance(obj, Mapping) and FEATURES in obj and LOGITS in obj
+    return isinstance(obj, Mapping) and FEATURES in obj and (LOGITS in obj or PREDICTIONS in obj)
 
 
 def check_layer_outputs(outputs: Mapping) -> None:
     """Raise a ValueError that prints the offending shapes if ``outputs`` breaks the contract."""
-    features, logits = outputs[FEATURES], outputs[LOGITS]
-    if features.ndim != 3 or logits.ndim != 3 or features.shape[:2] != logits.shape[:2]:
+    features = outputs[FEATURES]
+    scores = outputs[LOGITS] if LOGITS in outputs else outputs[PREDICTIONS]
+    expected = 3 if LOGITS in outputs else 2
+    if features.ndim != 3 or scores.ndim != expected or features.shape[:2] != scores.shape[:2]:
+        name = "logits (L, B, C)" if LOGITS in outputs else "predictions (L, B)"
         raise ValueError(
-            f"Expected features (L, B, d) and logits (L, B, C) with the same L and B, got features "
-            f"{tuple(features.shape)} and logits {tuple(logits.shape)}."
+            f"Expected features (L, B, d) and {name} with the same L and B, got features "
+            f"{tuple(features.shape)} and {tuple(scores.shape)}."
         )
     targets = outputs.get(TARGETS)
     if targets is not None and tuple(targets.shape) != tuple(features.shape[1:2]):

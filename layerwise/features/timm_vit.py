@@ -8,12 +8,13 @@ import timm
 import torch
 from torch import Tensor, nn
 
+from layerwise.features.backbone import Backbone
 from layerwise.features.pooling import Pooling, check_pooling, pool_tokens
 
 _TIMM_POOL = {"cls": "token", "mean": "avg"}
 
 
-class TimmViT(nn.Module):
+class TimmViT(Backbone):
     """A timm VisionTransformer (ViT, DeiT) that returns the pooled feature of every layer.
 
     "The output of layer l" is the residual stream after block ``l`` (l = 1..L), before any final norm, pooled by
@@ -102,7 +103,3 @@ class TimmViT(nn.Module):
         """A fresh copy of the head (final norm + classifier), e.g. for a separate exit classifier per layer."""
         model = self.model
         return copy.deepcopy(nn.Sequential(model.norm, model.fc_norm, model.head_drop, model.head))
-
-    def head_parameters(self) -> int:
-        """Number of parameters of the shared head."""
-        return sum(p.numel() for p in self.head_modules().parameters())

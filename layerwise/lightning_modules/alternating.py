@@ -6,9 +6,10 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
-from layerwise.features import LOGITS, TARGETS, TimmViT
+from layerwise.features import Backbone
+from layerwise.features.readout import DEFAULT_CHUNK_SIZE
 from layerwise.lightning_modules.aligned import Aligned
-from layerwise.lightning_modules.weights import LayerWeights
+from layerwise.lightning_modules.weights import ExitSampling, LayerWeights
 
 
 class AlternatingAligned(Aligned):
@@ -21,22 +22,37 @@ class AlternatingAligned(Aligned):
 
     Args:
         alternate_by: ``"optimizer_step"`` (default) or ``"micro_batch"``.
-        Others: see :class:`Aligned`.
+        Others (sampled exits included, which then apply on the aligned steps): see :class:`Aligned`.
 
     Logged keys: ``train/aligned_step`` (1 when the step used the aligned loss), plus those of the base.
     """
 
     def __init__(
         self,
-        backbone: TimmViT,
+        backbone: Backbone,
         layer_weights: LayerWeights = "linear",
         alternate_by: Literal["optimizer_step", "micro_batch"] = "optimizer_step",
+        sampled_exits: Optional[int] = None,
+        exit_sampling: ExitSampling = "uniform",
+        sampling_seed: int = 0,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: Optional[LRSchedulerCallable] = None,
         scheduler_interval: Literal["epoch", "step"] = "epoch",
         label_smoothing: float = 0.0,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
     ) -> None:
-        super().__init__(backbone, layer_weights, optimizer, lr_scheduler, scheduler_interval, label_smoothing)
+        super().__init__(
+            backbone,
+            layer_weights,
+            sampled_exits,
+            exit_sampling,
+            sampling_seed,
+            optimizer,
+            lr_scheduler,
+            scheduler_interval,
+            label_smoothing,
+            chunk_size,
+        )
         if alternate_by not in ("optimizer_step", "micro_batch"):
             raise ValueError(
                 f"`--model.init_args.alternate_by={alternate_by!r}` must be 'optimizer_step' or 'micro_batch'."
@@ -54,4 +70,4 @@ class AlternatingAligned(Aligned):
         self.log("train/aligned_step", float(aligned))
         if aligned:
             return self.aligned_loss(outputs)
-        return self.cross_entropy(outputs[LOGITS][-1], outputs[TARGETS])
+        return self.last_layer_loss(outputs)

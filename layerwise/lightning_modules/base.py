@@ -1,49 +1,79 @@
 """The shared-head base that every training strategy builds on."""
 
 import abc
+from collections.abc import Sequence
 from typing import Any, Literal, Optional
 
 import torch
-import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
-from layerwise.features import FEATURES, LOGITS, TARGETS, TimmViT
+from layerwise.features import (
+    EXIT_LOGITS,
+    EXIT_PREFIX,
+    FEATURES,
+    IGNORE_INDEX,
+    LOGITS,
+    MAX_PROB,
+    NLL,
+    POSITIONS,
+    PREDICTIONS,
+    SAMPLE_INDEX,
+    TARGETS,
+    Backbone,
+    chunked_cross_entropy,
+    chunked_readout,
+)
+from layerwise.features.readout import DEFAULT_CHUNK_SIZE, Head
+from layerwise.metrics import Readout, readout_from_logits
 
 
 class LayerwiseModule(LightningModule, abc.ABC):
-    """Base LightningModule: one backbone pass gives every layer's feature and the shared head's logits per layer.
+    """Base LightningModule: one backbone pass gives every layer's feature; the model's own head reads every layer.
 
     Subclasses (the training strategies) override only :meth:`compute_loss` (and, for separate exit classifiers,
-    :meth:`layer_outputs`). ``validation_step``, ``test_step`` and ``predict_step`` run the backbone once and return
-    the dict described in :mod:`layerwise.features.outputs`: ``features`` ``(L, B, d)``, ``logits`` ``(L, B, C)``
-    (the model's own final norm + classifier applied to every layer), ``targets`` ``(B,)``; the analysis callbacks
-    read it, so they never run a second forward pass.
+    :meth:`classifier_heads`). The same strategies serve classifiers (timm ViTs, Hugging Face encoders: one sample
+    per input) and causal language models (every predicted token is a sample, its class the next token).
+
+    Losses go through :meth:`layer_losses`, which applies a head to one layer at a time and, beyond ``chunk_size``
+    rows, in checkpointed token chunks (:func:`layerwise.features.chunked_cross_entropy`): the extra memory of even
+    the all-layer aligned loss over a 50,257-token vocabulary is about one chunk of logits.
+
+    ``validation_step``, ``test_step`` and ``predict_step`` run the backbone once and return the dict of
+    :mod:`layerwise.features.outputs`: ``features`` ``(L, N, d)``, the shared head's readout per layer
+    (``predictions``, ``max_prob``, ``nll``, each ``(L, N)``), ``targets`` ``(N,)``; classifiers also return
+    ``logits`` ``(L, N, C)``, language models ``sample_index`` and ``positions`` of every token. The analysis
+    callbacks read it, so they never run a second forward pass.
 
     Args:
-        backbone: the layer tap, e.g. :class:`layerwise.features.TimmViT`.
+        backbone: the layer tap: :class:`~layerwise.features.TimmViT`, :class:`~layerwise.features.HFEncoder`,
+            :class:`~layerwise.features.HFCausalLM` or any :class:`~layerwise.features.Backbone`.
         optimizer: optimizer factory (LightningCLI ``class_path``/``init_args``), called with the parameters.
         lr_scheduler: optional scheduler factory, called with the optimizer.
         scheduler_interval: whether the scheduler steps every ``"epoch"`` or every optimizer ``"step"``.
         label_smoothing: label smoothing of every cross-entropy term.
+        chunk_size: rows (tokens) per chunk when the head is applied to many rows.
 
-    Logged keys: ``train/loss``, ``train/acc`` (last layer), ``val/loss``, ``val/acc`` (last layer, shared head);
-    ``test/...`` likewise.
+    Logged keys: ``train/loss``, ``train/acc`` (last layer; classifiers only), ``val/loss``, ``val/acc`` (last
+    layer, shared head); ``test/...`` likewise.
     """
 
     def __init__(
         self,
-        backbone: TimmViT,
+        backbone: Backbone,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: Optional[LRSchedulerCallable] = None,
         scheduler_interval: Literal["epoch", "step"] = "epoch",
         label_smoothing: float = 0.0,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
     ) -> None:
         super().__init__()
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"`--model.init_args.label_smoothing={label_smoothing}` must lie in [0, 1).")
+        if chunk_size < 1:
+            raise ValueError(f"`--model.init_args.chunk_size={chunk_size}` must be >= 1.")
         # Under LightningCLI the hyper-parameters are the parsed config (class paths included), which is what
         # `load_from_checkpoint` needs; built in Python, the backbone and factories are objects, not hyper-parameters.
         self.save_hyperparameters(ignore=[] if _built_by_lightning_cli() else ["backbone", "optimizer", "lr_scheduler"])
@@ -52,6 +82,7 @@ class LayerwiseModule(LightningModule, abc.ABC):
         self.lr_scheduler_factory = lr_scheduler
         self.scheduler_interval = scheduler_interval
         self.label_smoothing = label_smoothing
+        self.chunk_size = chunk_size
 
     @property
     def num_layers(self) -> int:
@@ -63,44 +94,90 @@ class LayerwiseModule(LightningModule, abc.ABC):
         """How many classifiers the strategy trains: one shared head."""
         return 1
 
-    def forward(self, x: Tensor) -> Tensor:
-        """The model's own logits (shared head on the last layer)."""
-        return self.backbone.head(self.backbone(x)[-1])
+    def classifier_heads(self) -> list[Head]:
+        """The classifier the strategy trains at every layer: the shared head everywhere."""
+        return [self.backbone.head] * self.num_layers
 
-    def layer_outputs(self, x: Tensor) -> dict[str, Tensor]:
-        """One backbone pass: per-layer features ``(L, B, d)`` and shared-head logits ``(L, B, C)``."""
-        features = self.backbone(x)
-        return {FEATURES: features, LOGITS: self.backbone.head(features)}
+    def forward(self, inputs: Any) -> Tensor:
+        """The model's own logits (shared head on the last layer; ``(B, T, V)`` for a language model)."""
+        return self.backbone.head(self.backbone(inputs)[-1])
+
+    def samples(self, batch: Any) -> dict[str, Tensor]:
+        """One backbone pass: ``features`` ``(L, N, d)`` and ``targets`` ``(N,)`` of every sample of the batch.
+
+        For a language model the rows are the batch's positions (``N = B·T``, a view, no copy), and the targets of
+        positions that predict nothing are ``-100`` (ignored by the losses).
+        """
+        inputs, targets = self.backbone.split_batch(batch)
+        features = self.backbone(inputs)
+        if self.backbone.token_level:
+            features = features.flatten(1, 2)
+            targets = targets.flatten()
+        return {FEATURES: features, TARGETS: targets}
 
     @abc.abstractmethod
     def compute_loss(self, outputs: dict[str, Tensor]) -> Tensor:
-        """The strategy's training objective; ``outputs`` holds ``layer_outputs`` plus ``targets``."""
+        """The strategy's training objective; ``outputs`` holds :meth:`samples`."""
 
-    def cross_entropy(self, logits: Tensor, targets: Tensor) -> Tensor:
-        """Cross-entropy with the configured label smoothing; ``logits`` ``(..., B, C)`` gives shape ``(...)``."""
-        if logits.ndim == 2:
-            return F.cross_entropy(logits, targets, label_smoothing=self.label_smoothing)
-        per_layer = [F.cross_entropy(layer, targets, label_smoothing=self.label_smoothing) for layer in logits]
-        return torch.stack(per_layer)
+    def layer_losses(self, outputs: dict[str, Tensor], layers: Sequence[int]) -> Tensor:
+        """Cross-entropy ``(k,)`` of :meth:`classifier_heads` at the given 0-based layers, one layer at a time."""
+        heads = self.classifier_heads()
+        features, targets = outputs[FEATURES], outputs[TARGETS]
+        losses = [
+            chunked_cross_entropy(heads[layer], features[layer], targets, self.chunk_size, self.label_smoothing)
+            for layer in layers
+        ]
+        return torch.stack(losses)
+
+    def last_layer_loss(self, outputs: dict[str, Tensor]) -> Tensor:
+        """Cross-entropy of the last layer: the standard objective."""
+        return self.layer_losses(outputs, [self.num_layers - 1])[0]
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
-        x, y = batch
-        outputs = self.layer_outputs(x)
-        outputs[TARGETS] = y
+        outputs = self.samples(batch)
         loss = self.compute_loss(outputs)
-        accuracy = (outputs[LOGITS][-1].argmax(-1) == y).float().mean()
         self.log("train/loss", loss, prog_bar=True)
-        self.log("train/acc", accuracy, prog_bar=True)
+        if not self.backbone.token_level:
+            with torch.no_grad():
+                last = self.backbone.head(outputs[FEATURES][-1])
+            self.log("train/acc", (last.argmax(-1) == outputs[TARGETS]).float().mean(), prog_bar=True)
         return loss
 
+    @torch.no_grad()
+    def layer_outputs(self, batch: Any) -> dict[str, Tensor]:
+        """Every layer's features and the shared head's readout for one batch (the evaluation contract)."""
+        outputs = self.samples(batch)
+        features, targets = outputs[FEATURES], outputs[TARGETS]
+        if self.backbone.token_level:
+            batch_size, length = self.backbone.split_batch(batch)[1].shape
+            keep = targets != IGNORE_INDEX
+            rows = torch.arange(batch_size, device=keep.device).repeat_interleave(length)
+            positions = torch.arange(length, device=keep.device).repeat(batch_size)
+            outputs = {FEATURES: features[:, keep], TARGETS: targets[keep]}
+            outputs.update({SAMPLE_INDEX: rows[keep], POSITIONS: positions[keep]})
+            readout = chunked_readout(self.backbone.head, outputs[FEATURES], outputs[TARGETS], self.chunk_size)
+        else:
+            outputs[LOGITS] = self.backbone.head(features)
+            readout = readout_from_logits(outputs[LOGITS], targets)
+        outputs.update(_readout_dict(readout))
+        if self.num_classifiers > 1:
+            heads = self.classifier_heads()
+            if self.backbone.token_level:
+                exits = chunked_readout(heads, outputs[FEATURES], outputs[TARGETS], self.chunk_size)
+            else:
+                outputs[EXIT_LOGITS] = torch.stack([head(h) for head, h in zip(heads, features)])
+                exits = readout_from_logits(outputs[EXIT_LOGITS], targets)
+            outputs.update({EXIT_PREFIX + key: value for key, value in _readout_dict(exits).items()})
+        return {key: value for key, value in outputs.items() if value is not None}
+
     def _evaluation_step(self, batch: Any, stage: str) -> dict[str, Tensor]:
-        x, y = batch
-        outputs = self.layer_outputs(x)
-        outputs[TARGETS] = y
-        last = outputs[LOGITS][-1]
-        self.log(f"{stage}/loss", F.cross_entropy(last, y), prog_bar=True, sync_dist=True)
-        self.log(f"{stage}/acc", (last.argmax(-1) == y).float().mean(), prog_bar=True, sync_dist=True)
-        return {key: value.detach() for key, value in outputs.items()}
+        outputs = self.layer_outputs(batch)
+        samples = outputs[TARGETS].shape[0]
+        last_loss = outputs[NLL][-1].mean().float()
+        last_acc = (outputs[PREDICTIONS][-1] == outputs[TARGETS]).float().mean()
+        self.log(f"{stage}/loss", last_loss, prog_bar=True, sync_dist=True, batch_size=samples)
+        self.log(f"{stage}/acc", last_acc, prog_bar=True, sync_dist=True, batch_size=samples)
+        return outputs
 
     def validation_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
         return self._evaluation_step(batch, "val")
@@ -109,15 +186,15 @@ class LayerwiseModule(LightningModule, abc.ABC):
         return self._evaluation_step(batch, "test")
 
     def predict_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
-        x = batch[0] if isinstance(batch, (tuple, list)) else batch
-        outputs = {key: value.detach() for key, value in self.layer_outputs(x).items()}
-        if isinstance(batch, (tuple, list)) and len(batch) > 1:
-            outputs[TARGETS] = batch[1]
-        outputs["predictions"] = outputs[LOGITS].argmax(-1)
-        return outputs
+        inputs, targets = self.backbone.split_batch(batch)
+        if targets is None and not self.backbone.token_level:  # unlabelled images: read every layer without targets
+            features = self.backbone(inputs)
+            logits = self.backbone.head(features)
+            return {FEATURES: features, LOGITS: logits, PREDICTIONS: logits.argmax(-1)}
+        return self.layer_outputs(batch)
 
     def setup(self, stage: str) -> None:
-        check_data_compatible(self, getattr(self.trainer, "datamodule", None))
+        check_data_compatible(self, getattr(self.trainer, "datamodule", None), after_setup=True)
         if stage == "fit":
             rank_zero_info(self.head_parameter_report())
 
@@ -141,6 +218,10 @@ class LayerwiseModule(LightningModule, abc.ABC):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": self.scheduler_interval}}
 
 
+def _readout_dict(readout: Readout) -> dict[str, Optional[Tensor]]:
+    return {PREDICTIONS: readout.predictions, MAX_PROB: readout.max_prob, NLL: readout.nll}
+
+
 def _built_by_lightning_cli() -> bool:
     """Whether LightningCLI is instantiating this module (it hands its parsed config over as hyper-parameters)."""
     try:
@@ -150,12 +231,25 @@ def _built_by_lightning_cli() -> bool:
     return _given_hyperparameters.get() is not None
 
 
-def check_data_compatible(model: LayerwiseModule, datamodule: Any) -> None:
-    """Raise a ValueError naming the flag when the model's class count disagrees with the data's."""
+def check_data_compatible(model: LayerwiseModule, datamodule: Any, after_setup: bool = False) -> None:
+    """Raise a ValueError naming the flag when the model's classes or vocabulary disagree with the data's.
+
+    The vocabulary of a trained tokenizer is known only after the datamodule's ``setup``: ``after_setup`` checks it.
+    """
+    backbone = model.backbone
     data_classes = getattr(datamodule, "num_classes", None)
-    model_classes = model.backbone.num_classes
-    if data_classes is not None and data_classes != model_classes:
+    if data_classes is not None and not backbone.token_level and data_classes != backbone.num_classes:
         raise ValueError(
-            f"The model has `--model.init_args.backbone.init_args.num_classes={model_classes}` but the data has "
-            f"{data_classes} classes; set num_classes={data_classes}."
+            f"The model has `--model.init_args.backbone.init_args.num_classes={backbone.num_classes}` but the data "
+            f"has {data_classes} classes; set num_classes={data_classes}."
+        )
+    model_vocab = getattr(backbone, "vocab_size", None)
+    if not after_setup or model_vocab is None or getattr(datamodule, "tokenizer", None) is None:
+        return
+    data_vocab = datamodule.vocab_size
+    if data_vocab > model_vocab:
+        raise ValueError(
+            f"The tokenizer has {data_vocab} tokens but the model's vocabulary has {model_vocab}: set "
+            f"`--model.init_args.backbone.init_args.config_overrides` vocab_size (n_vocab) to at least {data_vocab}, "
+            "or use the model's own tokenizer (`--data.init_args.tokenizer`)."
         )

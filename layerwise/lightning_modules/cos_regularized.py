@@ -7,14 +7,16 @@ import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
-from layerwise.features import FEATURES, LOGITS, TARGETS, TimmViT
+from layerwise.features import FEATURES, IGNORE_INDEX, TARGETS, Backbone
+from layerwise.features.readout import DEFAULT_CHUNK_SIZE
 from layerwise.lightning_modules.base import LayerwiseModule
 
 
 class CosRegularized(LayerwiseModule):
     """``CE(head(h_L), y) − β · mean_{l<L} COS(h_l, h_L)``.
 
-    ``COS(h_l, h_L)`` is the sample-wise cosine similarity averaged over the batch; with ``center=True`` (default)
+    ``COS(h_l, h_L)`` is the sample-wise cosine similarity averaged over the batch (its predicted tokens, for a
+    language model); with ``center=True`` (default)
     each layer's features are first centred by their batch mean, the batch counterpart of the globally centred COS
     that the analysis callbacks report.
 
@@ -28,15 +30,16 @@ class CosRegularized(LayerwiseModule):
 
     def __init__(
         self,
-        backbone: TimmViT,
+        backbone: Backbone,
         beta: float = 0.1,
         center: bool = True,
         optimizer: OptimizerCallable = torch.optim.AdamW,
         lr_scheduler: Optional[LRSchedulerCallable] = None,
         scheduler_interval: Literal["epoch", "step"] = "epoch",
         label_smoothing: float = 0.0,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
     ) -> None:
-        super().__init__(backbone, optimizer, lr_scheduler, scheduler_interval, label_smoothing)
+        super().__init__(backbone, optimizer, lr_scheduler, scheduler_interval, label_smoothing, chunk_size)
         if beta < 0:
             raise ValueError(f"`--model.init_args.beta={beta}` must be >= 0.")
         self.beta = beta
@@ -49,6 +52,7 @@ class CosRegularized(LayerwiseModule):
         return F.cosine_similarity(features[:-1], features[-1:], dim=-1).mean()
 
     def compute_loss(self, outputs: dict[str, Tensor]) -> Tensor:
-        similarity = self.cos_to_last(outputs[FEATURES])
+        features, keep = outputs[FEATURES], outputs[TARGETS] != IGNORE_INDEX
+        similarity = self.cos_to_last(features if bool(keep.all()) else features[:, keep])
         self.log("train/cos_to_last", similarity)
-        return self.cross_entropy(outputs[LOGITS][-1], outputs[TARGETS]) - self.beta * similarity
+        return self.last_layer_loss(outputs) - self.beta * similarity

@@ -3,11 +3,11 @@
 from typing import Literal, Optional
 
 import torch
-import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
-from layerwise.features import EXIT_LOGITS, TARGETS, TimmViT
+from layerwise.features import FEATURES, IGNORE_INDEX, TARGETS, Backbone, chunked_kl_divergence
+from layerwise.features.readout import DEFAULT_CHUNK_SIZE, Head
 from layerwise.lightning_modules.base import LayerwiseModule
 from layerwise.lightning_modules.weights import LayerWeights, resolve_layer_weights
 
@@ -20,8 +20,10 @@ class MultiExit(LayerwiseModule):
     ``distill_weight > 0``, ``distill_weight · T² · mean_{l<L} KL(softmax(z_L/T) || softmax(z_l/T))`` with the last
     exit's logits ``z_L`` detached (self-distillation of shallow exits towards the last layer).
 
-    ``validation_step`` returns the shared head's logits per layer (``logits``, the logit lens of the model's own
-    head) and the separate heads' logits (``exit_logits``).
+    ``validation_step`` returns the shared head's readout per layer (the logit lens of the model's own head) and
+    the separate heads' (``exit_*`` keys; ``exit_logits`` for classifiers). For a language model every exit head is
+    a copy of the final norm and the LM head, so this baseline costs ``(L-1)·V·d`` extra parameters — the cost the
+    shared head avoids.
 
     Args:
         layer_weights: λ as in :class:`Aligned` (default ``"linear"``).
@@ -32,7 +34,7 @@ class MultiExit(LayerwiseModule):
 
     def __init__(
         self,
-        backbone: TimmViT,
+        backbone: Backbone,
         layer_weights: LayerWeights = "linear",
         distill_weight: float = 0.0,
         distill_temperature: float = 1.0,
@@ -40,8 +42,9 @@ class MultiExit(LayerwiseModule):
         lr_scheduler: Optional[LRSchedulerCallable] = None,
         scheduler_interval: Literal["epoch", "step"] = "epoch",
         label_smoothing: float = 0.0,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
     ) -> None:
-        super().__init__(backbone, optimizer, lr_scheduler, scheduler_interval, label_smoothing)
+        super().__init__(backbone, optimizer, lr_scheduler, scheduler_interval, label_smoothing, chunk_size)
         if distill_weight < 0:
             raise ValueError(f"`--model.init_args.distill_weight={distill_weight}` must be >= 0.")
         if distill_temperature <= 0:
@@ -57,25 +60,29 @@ class MultiExit(LayerwiseModule):
         """``L``: one exit head per layer below the last, plus the model's own head."""
         return len(self.exit_heads) + 1
 
-    def layer_outputs(self, x: Tensor) -> dict[str, Tensor]:
-        outputs = super().layer_outputs(x)
-        features = outputs["features"]
-        shallow = [head(feature) for head, feature in zip(self.exit_heads, features[:-1])]
-        outputs[EXIT_LOGITS] = torch.stack([*shallow, outputs["logits"][-1]])
-        return outputs
+    def classifier_heads(self) -> list[Head]:
+        """The exit head of every layer below the last, then the model's own head."""
+        return [*self.exit_heads, self.backbone.head]
 
     def compute_loss(self, outputs: dict[str, Tensor]) -> Tensor:
-        exit_logits, targets = outputs[EXIT_LOGITS], outputs[TARGETS]
-        per_layer = self.cross_entropy(exit_logits, targets)
+        per_layer = self.layer_losses(outputs, range(self.num_layers))
         loss = (self.layer_weights.to(per_layer.dtype) * per_layer).sum()
         if self.distill_weight > 0:
-            loss = loss + self.distill_weight * self.distillation(exit_logits)
+            loss = loss + self.distill_weight * self.distillation(outputs)
         return loss
 
-    def distillation(self, exit_logits: Tensor) -> Tensor:
-        """``T² · mean_{l<L} KL(softmax(z_L/T) || softmax(z_l/T))`` with ``z_L`` detached."""
-        temperature = self.distill_temperature
-        teacher = F.log_softmax(exit_logits[-1].detach() / temperature, dim=-1)
-        students = F.log_softmax(exit_logits[:-1] / temperature, dim=-1)
-        kl = F.kl_div(students, teacher.expand_as(students), log_target=True, reduction="none").sum(-1)
-        return temperature**2 * kl.mean()
+    def distillation(self, outputs: dict[str, Tensor]) -> Tensor:
+        """``T² · mean_{l<L} KL(softmax(z_L/T) || softmax(z_l/T))`` with ``z_L`` detached, averaged over samples.
+
+        For a language model, positions that predict nothing (target -100) are excluded.
+        """
+        features, targets = outputs[FEATURES], outputs[TARGETS]
+        keep = targets != IGNORE_INDEX
+        if not bool(keep.all()):
+            features = features[:, keep]
+        heads, temperature = self.classifier_heads(), self.distill_temperature
+        kl = [
+            chunked_kl_divergence(head, heads[-1], h, features[-1], temperature, self.chunk_size)
+            for head, h in zip(heads[:-1], features[:-1])
+        ]
+        return temperature**2 * torch.stack(kl).mean()

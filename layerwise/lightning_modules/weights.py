@@ -28,3 +28,35 @@ def resolve_layer_weights(spec: Union[str, Sequence[float]], num_layers: int, op
     if any(value <= 0 for value in weights):
         raise ValueError(f"`{option}={weights}` must be positive at every layer.")
     return torch.tensor(weights)
+
+
+ExitSampling = Literal["uniform", "rotating"]
+
+
+def sample_exit_layers(num_layers: int, k: int, mode: str, step: int, seed: int = 0) -> list[int]:
+    """The ``k`` shallow layers (0-based, among ``0..L-2``) trained at ``step`` besides the last one.
+
+    ``"uniform"``: a uniformly random k-subset drawn from a generator seeded by ``(seed, step)`` alone, so every
+    rank, and a resumed run, draws the same layers without communicating. ``"rotating"``: the window of ``k``
+    consecutive layers starting at ``step·k mod (L-1)``, so every ``L-1`` steps each layer is trained ``k`` times.
+    Either way every shallow layer is picked with probability ``k/(L-1)``.
+    """
+    shallow = num_layers - 1
+    if mode == "uniform":
+        generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
+        return sorted(torch.randperm(shallow, generator=generator)[:k].tolist())
+    if mode == "rotating":
+        start = (step * k) % shallow
+        return sorted((start + offset) % shallow for offset in range(k))
+    raise ValueError(f"`--model.init_args.exit_sampling={mode!r}` must be 'uniform' or 'rotating'.")
+
+
+def sampled_exit_weights(weights: Tensor, layers: Sequence[int], k: int) -> Tensor:
+    """Weights of the last layer plus the sampled ones: ``λ_L`` and ``λ_l · (L-1)/k``, unbiased for the aligned loss.
+
+    With every shallow layer sampled with probability ``k/(L-1)``, ``E[Σ_sampled λ_l (L-1)/k · CE_l] + λ_L CE_L =
+    Σ_l λ_l CE_l``.
+    """
+    shallow = weights.numel() - 1
+    picked = weights[list(layers)] * (shallow / k)
+    return torch.cat([picked, weights[-1:]])

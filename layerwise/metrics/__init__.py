@@ -2,11 +2,13 @@
 
 from layerwise.metrics.count import SampleCount
 from layerwise.metrics.functional import (
+    Readout,
     effective_depth,
     layer_accuracy,
     layer_cosine_similarity,
     linear_cka,
     nc1,
+    readout_from_logits,
     saturation_cosine,
     saturation_layers,
 )
@@ -22,6 +24,7 @@ __all__ = [
     "LayerCosineSimilarity",
     "LayerNC1",
     "MinibatchCKA",
+    "Readout",
     "SaturationCosine",
     "SampleCount",
     "SaturationHistogram",
@@ -31,6 +34,7 @@ __all__ = [
     "layer_cosine_similarity",
     "linear_cka",
     "nc1",
+    "readout_from_logits",
     "saturation_cosine",
     "saturation_layers",
 ]

@@ -13,7 +13,7 @@ The public helpers (``layer_cosine_similarity``, ``linear_cka``, ...) apply the 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Optional, Union
+from typing import NamedTuple, Optional, Union
 
 import torch
 from torch import Tensor
@@ -237,16 +237,66 @@ def _minibatch_cka_compute(hsic_sum: Tensor) -> Tensor:
 
 
 # ---------------------------------------------------------------------------------------- accuracy and saturation
-def _layer_accuracy_update(logits: Tensor, targets: Tensor, num_layers: int) -> tuple[Tensor, Tensor, int]:
-    """Per-layer number of correct argmax predictions (L,), summed float64 cross-entropy (L,) and the batch size."""
-    _check_logits(logits, num_layers)
-    _check_index(targets, logits.shape[1], "targets")
-    x = logits.to(_F64)
-    targets = targets.to(device=x.device, dtype=torch.long)
-    correct = (x.argmax(dim=-1) == targets).sum(dim=1).to(_F64)
-    index = targets.view(1, -1, 1).expand(num_layers, -1, 1)
-    loss = -torch.log_softmax(x, dim=-1).gather(-1, index).squeeze(-1).sum(dim=1)
-    return correct, loss, logits.shape[1]
+class Readout(NamedTuple):
+    """What the classifier reads out of every layer, per sample: all a prediction metric needs, without logits.
+
+    ``predictions`` (L, B) long argmax (ties to the lowest index), ``max_prob`` (L, B) float64 top-1 softmax
+    probability, ``nll`` (L, B) float64 cross-entropy of the target (None without targets).
+    """
+
+    predictions: Tensor
+    max_prob: Tensor
+    nll: Optional[Tensor]
+
+
+def readout_rows(logits: Tensor, targets: Optional[Tensor]) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    """Argmax, top-1 probability and target cross-entropy of logits (..., C), normalised in float64.
+
+    The argmax is taken on the logits as given; the log-partition in float64. Memory: one float64 copy of ``logits``.
+    """
+    log_partition = torch.logsumexp(logits.to(_F64), dim=-1)
+    top, predictions = logits.max(dim=-1)
+    max_prob = torch.exp(top.to(_F64) - log_partition)
+    if targets is None:
+        return predictions, max_prob, None
+    target_logit = logits.gather(-1, targets.to(device=logits.device, dtype=torch.long).unsqueeze(-1)).squeeze(-1)
+    return predictions, max_prob, log_partition - target_logit.to(_F64)
+
+
+def readout_from_logits(logits: Tensor, targets: Optional[Tensor] = None) -> Readout:
+    """The :class:`Readout` of per-layer logits (L, B, C) with optional targets (B,)."""
+    _check_logits(logits, None)
+    if targets is not None:
+        _check_index(targets, logits.shape[1], "targets")
+        targets = targets.view(1, -1).expand(logits.shape[0], -1)
+    return Readout(*readout_rows(logits, targets))
+
+
+def _as_readout(scores: Union[Tensor, Readout], targets: Optional[Tensor], num_layers: int) -> Readout:
+    """Accept per-layer logits (L, B, C) or an already computed :class:`Readout`; check shapes."""
+    if isinstance(scores, Tensor):
+        _check_logits(scores, num_layers)
+        return readout_from_logits(scores, targets)
+    if scores.predictions.ndim != 2 or scores.predictions.shape[0] != num_layers:
+        shape = tuple(scores.predictions.shape)
+        raise ValueError(f"Expected readout predictions of shape ({num_layers}, B), got {shape}.")
+    if targets is not None:
+        _check_index(targets, scores.predictions.shape[1], "targets")
+    return scores
+
+
+def _layer_accuracy_update(
+    scores: Union[Tensor, Readout], targets: Tensor, num_layers: int
+) -> tuple[Tensor, Tensor, int]:
+    """Per-layer number of correct argmax predictions (L,), summed float64 cross-entropy (L,) and the batch size.
+
+    ``scores``: per-layer logits (L, B, C) or their :class:`Readout` (which must carry ``nll``).
+    """
+    readout = _as_readout(scores, targets, num_layers)
+    targets = targets.to(device=readout.predictions.device, dtype=torch.long)
+    correct = (readout.predictions == targets).sum(dim=1).to(_F64)
+    loss = readout.nll.to(_F64).sum(dim=1)
+    return correct, loss, readout.predictions.shape[1]
 
 
 def _layer_accuracy_compute(correct: Tensor, loss_sum: Tensor, count: Union[Tensor, int]) -> tuple[Tensor, Tensor]:
@@ -276,24 +326,25 @@ def saturation_layers(predictions: Tensor) -> Tensor:
     return predictions.shape[0] - trailing
 
 
-def _saturation_histogram_update(logits: Tensor, num_layers: int) -> Tensor:
-    """Number of samples (L,) float64 whose argmax prediction saturates at each layer."""
-    _check_logits(logits, num_layers)
-    return _count(saturation_layers(logits.argmax(dim=-1)), num_layers)
+def _saturation_histogram_update(scores: Union[Tensor, Readout], num_layers: int) -> Tensor:
+    """Number of samples (L,) float64 whose argmax prediction saturates at each layer (logits or a Readout)."""
+    if isinstance(scores, Tensor):
+        _check_logits(scores, num_layers)
+        return _count(saturation_layers(scores.argmax(dim=-1)), num_layers)
+    return _count(saturation_layers(_as_readout(scores, None, num_layers).predictions), num_layers)
 
 
 # ---------------------------------------------------------------------------------------------------- early exit
 def _early_exit_update(
-    logits: Tensor, targets: Tensor, thresholds: Tensor, num_layers: int
+    scores: Union[Tensor, Readout], targets: Tensor, thresholds: Tensor, num_layers: int
 ) -> tuple[Tensor, Tensor, int]:
     """Confidence-based early exit for T thresholds: correct exits (T,), exit counts (T, L), batch size.
 
     A sample exits at the first layer whose max float64 softmax probability is >= tau, else at the last layer,
     and is correct when that layer's argmax equals its target.
     """
-    _check_logits(logits, num_layers)
-    _check_index(targets, logits.shape[1], "targets")
-    confidence, prediction = torch.softmax(logits.to(_F64), dim=-1).max(dim=-1)  # (L, B)
+    readout = _as_readout(scores, targets, num_layers)
+    confidence, prediction = readout.max_prob.to(_F64), readout.predictions  # (L, B)
     thresholds = thresholds.to(device=confidence.device, dtype=_F64)
     exits = confidence.unsqueeze(0) >= thresholds.view(-1, 1, 1)  # (T, L, B)
     exits[:, -1] = True
@@ -302,7 +353,7 @@ def _early_exit_update(
     correct = (exit_prediction == targets.to(device=prediction.device).view(1, -1)).sum(dim=1).to(_F64)
     exit_counts = torch.zeros(thresholds.numel(), num_layers, dtype=_F64, device=confidence.device)
     exit_counts.scatter_add_(1, exit_layer, torch.ones_like(exit_layer, dtype=_F64))
-    return correct, exit_counts, logits.shape[1]
+    return correct, exit_counts, prediction.shape[1]
 
 
 def _early_exit_compute(

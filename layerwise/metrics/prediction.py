@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 from torch import Tensor
 
 from layerwise.metrics._base import _check_positive_int, _SumStateMetric
 from layerwise.metrics.functional import (
+    Readout,
     _early_exit_compute,
     _early_exit_update,
     _layer_accuracy_compute,
@@ -29,7 +30,8 @@ class LayerAccuracy(_SumStateMetric):
         kwargs: torchmetrics ``Metric`` options.
 
     Shapes:
-        ``update(logits, targets)``: logits (L, B, C) any float dtype, targets (B,) integer in [0, C).
+        ``update(scores, targets)``: logits (L, B, C) any float dtype (or their :class:`Readout`, e.g. computed in
+        token chunks for a vocabulary-sized classifier), targets (B,) integer in [0, C).
         ``compute()``: ``{"accuracy": (L,), "loss": (L,)}`` float64.
     """
 
@@ -40,9 +42,9 @@ class LayerAccuracy(_SumStateMetric):
         self._add_sum_state("loss_sum", (num_layers,))
         self._add_sum_state("count", ())
 
-    def update(self, logits: Tensor, targets: Tensor) -> None:
-        """Accumulate a batch of per-layer logits (L, B, C) with targets (B,)."""
-        correct, loss_sum, batch_size = _layer_accuracy_update(logits, targets, self.num_layers)
+    def update(self, scores: Union[Tensor, Readout], targets: Tensor) -> None:
+        """Accumulate a batch of per-layer logits (L, B, C), or their :class:`Readout`, with targets (B,)."""
+        correct, loss_sum, batch_size = _layer_accuracy_update(scores, targets, self.num_layers)
         self.correct += correct
         self.loss_sum += loss_sum
         self.count += batch_size
@@ -72,9 +74,9 @@ class SaturationHistogram(_SumStateMetric):
         self.num_layers = _check_positive_int("num_layers", num_layers)
         self._add_sum_state("counts", (num_layers,))
 
-    def update(self, logits: Tensor) -> None:
-        """Accumulate the saturation layers of a batch of per-layer logits (L, B, C)."""
-        self.counts += _saturation_histogram_update(logits, self.num_layers)
+    def update(self, scores: Union[Tensor, Readout]) -> None:
+        """Accumulate the saturation layers of a batch of per-layer logits (L, B, C) or their :class:`Readout`."""
+        self.counts += _saturation_histogram_update(scores, self.num_layers)
 
     def compute(self) -> Tensor:
         """Return the counts (L,) float64."""
@@ -137,13 +139,15 @@ class EarlyExit(_SumStateMetric):
         self._add_sum_state("exit_counts", (len(self.thresholds), num_layers))
         self._add_sum_state("count", ())
 
-    def update(self, logits: Tensor, targets: Tensor) -> None:
-        """Accumulate a batch of per-layer logits (L, B, C) with targets (B,)."""
-        thresholds = torch.tensor(self.thresholds, dtype=torch.float64, device=logits.device)
-        correct, exit_counts, batch_size = _early_exit_update(logits, targets, thresholds, self.num_layers)
+    def update(self, scores: Union[Tensor, Readout], targets: Tensor) -> None:
+        """Accumulate a batch of per-layer logits (L, B, C), or their :class:`Readout`, with targets (B,)."""
+        correct, exit_counts, batch_size = _early_exit_update(scores, targets, self._thresholds(), self.num_layers)
         self.correct += correct
         self.exit_counts += exit_counts
         self.count += batch_size
+
+    def _thresholds(self) -> Tensor:
+        return torch.tensor(self.thresholds, dtype=torch.float64, device=self.count.device)
 
     def compute(self) -> dict[str, Tensor]:
         """Return ``{"accuracy": (T,), "exit_counts": (T, L), "speedup": (T,)}``."""
