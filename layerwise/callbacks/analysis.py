@@ -23,6 +23,7 @@ class LayerwiseAnalysis(LayerwiseMonitor):
         similarity, logit_lens, neural_collapse, depth: switch a family on or off.
         center, cka, max_buffered_samples: see :class:`LayerSimilarityMonitor`.
         thresholds: early-exit confidences, see :class:`LogitLensMonitor`.
+        f1: per-layer F1 of class 1, see :class:`LogitLensMonitor` (default: when the datamodule asks for it).
         epsilons: see :class:`EffectiveDepthMonitor`.
         nc1_top_classes: restrict NC1 to the most frequent classes (see :class:`NeuralCollapseMonitor`). For a
             language model NC1 runs only when this is set: over a whole vocabulary it is off by default.
@@ -41,12 +42,13 @@ class LayerwiseAnalysis(LayerwiseMonitor):
         thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
         epsilons: Sequence[float] = DEFAULT_EPSILONS,
         nc1_top_classes: Optional[int] = None,
+        f1: Optional[bool] = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         if similarity:
             self.families.append(SimilarityFamily(center, cka, max_buffered_samples))
-        lens = LogitLensFamily(thresholds, center, max_buffered_samples) if logit_lens else None
+        lens = LogitLensFamily(thresholds, center, max_buffered_samples, f1) if logit_lens else None
         if lens is not None:
             self.families.append(lens)
         if neural_collapse:

@@ -1,14 +1,22 @@
 """What the model's own head reads from every layer: accuracy, loss, saturation, early exit."""
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
 
 import torch
+from lightning.pytorch import Trainer
 from torchmetrics import Metric
 
 from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor, _per_layer
 from layerwise.figures import exits_per_layer, saturation_histogram
-from layerwise.metrics import EarlyExit, LayerAccuracy, SaturationCosine, SaturationHistogram, saturation_layers
+from layerwise.metrics import (
+    EarlyExit,
+    LayerAccuracy,
+    LayerF1,
+    SaturationCosine,
+    SaturationHistogram,
+    saturation_layers,
+)
 
 DEFAULT_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
 
@@ -21,6 +29,7 @@ class LogitLensFamily(Family):
         thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
         center: bool = True,
         max_buffered_samples: int = 65536,
+        f1: Optional[bool] = None,
     ) -> None:
         thresholds = [float(value) for value in thresholds]
         if not thresholds or any(not 0.0 <= value <= 1.0 for value in thresholds):
@@ -28,6 +37,16 @@ class LogitLensFamily(Family):
         self.thresholds = thresholds
         self.center = center
         self.max_buffered_samples = max_buffered_samples
+        self.f1 = f1
+        self._report_f1 = bool(f1)
+
+    def configure(self, trainer: Trainer, spec: LayerSpec) -> None:
+        data_metrics = getattr(getattr(trainer, "datamodule", None), "metrics", ())
+        self._report_f1 = "f1" in data_metrics if self.f1 is None else self.f1
+        if self._report_f1 and spec.num_classes != 2:
+            raise ValueError(
+                f"`f1=True` reports the F1 of class 1 of a binary task; this model has {spec.num_classes} classes."
+            )
 
     def build(self, spec: LayerSpec) -> list[Metric]:
         layers = spec.num_layers
@@ -42,7 +61,11 @@ class LogitLensFamily(Family):
         # Counts over every sample; SaturationCosine averages over the (possibly subsampled) rows it sees.
         self.histogram = SaturationHistogram(layers, sync_on_compute=False)
         self._has_exit_heads = False
-        return [self.accuracy, self.exit_accuracy, self.saturation_cos, self.histogram, self.early_exit]
+        metrics = [self.accuracy, self.exit_accuracy, self.saturation_cos, self.histogram, self.early_exit]
+        if self._report_f1:
+            self.f1_metric = LayerF1(layers, sync_on_compute=False)
+            metrics.append(self.f1_metric)
+        return metrics
 
     def update(self, batch: LayerBatch) -> None:
         self.accuracy.update(batch.readout, batch.targets)
@@ -52,6 +75,8 @@ class LogitLensFamily(Family):
         self.saturation_cos.update(batch.sampled_features, saturation)
         self.histogram.update(batch.readout)
         self.early_exit.update(batch.readout, batch.targets)
+        if self._report_f1:
+            self.f1_metric.update(batch.readout, batch.targets)
         if batch.exit_readout is not None:
             self._has_exit_heads = True
             self.exit_accuracy.update(batch.exit_readout, batch.targets)
@@ -63,6 +88,7 @@ class LogitLensFamily(Family):
             "accuracy": accuracy["accuracy"],
             "loss": accuracy["loss"],
             **({"perplexity": accuracy["loss"].exp()} if spec.token_level else {}),
+            **({"f1": self.f1_metric.compute()} if self._report_f1 else {}),
             "saturation_counts": self.histogram.compute().round().long(),
             "saturation_cos": self.saturation_cos.compute(),
             "early_exit": [
@@ -85,6 +111,8 @@ class LogitLensFamily(Family):
     def scalars(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, float]:
         scalars = _per_layer(results["accuracy"], spec, "acc")
         scalars.update(_per_layer(results["loss"], spec, "loss"))
+        if "f1" in results:
+            scalars.update(_per_layer(results["f1"], spec, "f1"))
         if "perplexity" in results:
             scalars.update(_per_layer(results["perplexity"], spec, "perplexity"))
         total = max(1, int(results["saturation_counts"].sum()))
@@ -109,6 +137,7 @@ class LogitLensFamily(Family):
             "accuracy per layer": r"acc/layer_\d+",
             "loss per layer": r"loss/layer_\d+",
             "perplexity per layer": r"perplexity/layer_\d+",
+            "F1 per layer": r"f1/layer_\d+",
             "saturation per layer": r"saturation/layer_\d+",
             "exit-head accuracy per layer": r"exit_acc/layer_\d+",
             "early-exit accuracy": r"early_exit/accuracy/.*",
@@ -127,6 +156,9 @@ class LogitLensMonitor(LayerwiseMonitor):
       layer whose max softmax probability reaches ``τ`` (else the last) with that layer's prediction; reports the
       accuracy, exits per layer and ``speedup = Σ_l L·m_l / Σ_l l·m_l``.
     - Multi-exit models also get the separate heads' accuracy/loss per layer (``exit_accuracy``, ``exit_loss``).
+    - Language models (every predicted token a sample) also get ``perplexity`` = exp(loss) per layer.
+    - ``f1``: the F1 of class 1 per layer, as GLUE reports for MRPC and QQP. ``None`` (default) reports it when the
+      datamodule lists ``"f1"`` in its ``metrics`` (``GLUEDataModule`` does for those tasks).
 
     With ``layers`` selecting a subset, saturation and early exit run over the selected layers (the deepest selected
     layer playing the last), and ``l`` in the speedup is the real layer number.
@@ -134,7 +166,8 @@ class LogitLensMonitor(LayerwiseMonitor):
     Logged: ``val/acc/layer_XX``, ``val/loss/layer_XX``, ``val/saturation/layer_XX`` (fraction of samples),
     ``val/exit_acc/layer_XX``, ``val/early_exit/{accuracy,speedup}/tau_T``; images ``val/saturation``,
     ``val/early_exit``. JSON keys: ``accuracy``, ``loss``, ``saturation_counts``, ``saturation_cos``,
-    ``early_exit`` (list of ``threshold``, ``accuracy``, ``exit_counts``, ``speedup``).
+    ``early_exit`` (list of ``threshold``, ``accuracy``, ``exit_counts``, ``speedup``); ``perplexity`` and
+    ``val/perplexity/layer_XX`` for language models; ``f1`` and ``val/f1/layer_XX`` when F1 is reported.
     """
 
     def __init__(
@@ -142,7 +175,8 @@ class LogitLensMonitor(LayerwiseMonitor):
         thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
         center: bool = True,
         max_buffered_samples: int = 65536,
+        f1: Optional[bool] = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.families = [LogitLensFamily(thresholds, center, max_buffered_samples)]
+        self.families = [LogitLensFamily(thresholds, center, max_buffered_samples, f1)]

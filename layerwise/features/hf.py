@@ -129,7 +129,7 @@ class HeadSteps:
         """A fresh, trainable copy of the head as one module, e.g. for a separate exit classifier."""
         import copy
 
-        return _Steps([copy.deepcopy(step) if isinstance(step, nn.Module) else _Function(step) for step in self.steps])
+        return _Steps(*[copy.deepcopy(step) if isinstance(step, nn.Module) else _Function(step) for step in self.steps])
 
 
 class _Function(nn.Module):

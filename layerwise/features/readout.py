@@ -14,15 +14,23 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from layerwise.features.backbone import IGNORE_INDEX
 from layerwise.metrics.functional import Readout, readout_rows
 
 Head = Callable[[Tensor], Tensor]
 DEFAULT_CHUNK_SIZE = 1024
 
 
+def _at_least_float32(x: Tensor) -> Tensor:
+    """Half-precision logits are upcast for the softmax; float32 and float64 stay as they are."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
+
+
 def _cross_entropy_sum(head: Head, features: Tensor, targets: Tensor, label_smoothing: float) -> Tensor:
     logits = head(features)
-    return F.cross_entropy(logits.float(), targets, label_smoothing=label_smoothing, reduction="sum")
+    return F.cross_entropy(
+        _at_least_float32(logits), targets, label_smoothing=label_smoothing, reduction="sum", ignore_index=IGNORE_INDEX
+    )
 
 
 def chunked_cross_entropy(
@@ -42,25 +50,26 @@ def chunked_cross_entropy(
     Args:
         head: the classifier (e.g. final norm + LM head), applied to features ``(n, d)``.
         features: ``(N, d)`` one layer's features.
-        targets: ``(N,)`` class indices.
+        targets: ``(N,)`` class indices; rows with ``-100`` are ignored (the mean is over the other rows).
         chunk_size: rows per chunk.
         label_smoothing: as in ``torch.nn.functional.cross_entropy``.
     """
     rows = features.shape[0]
+    counted = (targets != IGNORE_INDEX).sum().clamp_min(1)  # a tensor: no host synchronisation
     if rows <= chunk_size:
-        return _cross_entropy_sum(head, features, targets, label_smoothing) / max(rows, 1)
-    total = features.new_zeros((), dtype=torch.float32)
+        return _cross_entropy_sum(head, features, targets, label_smoothing) / counted
+    total = features.new_zeros((), dtype=torch.promote_types(features.dtype, torch.float32))
     for start in range(0, rows, chunk_size):
         part = slice(start, start + chunk_size)
         total = total + checkpoint(
             _cross_entropy_sum, head, features[part], targets[part], label_smoothing, use_reentrant=False
         )
-    return total / rows
+    return total / counted
 
 
 def _kl_sum(student: Head, teacher: Head, low: Tensor, high: Tensor, temperature: float) -> Tensor:
-    target = F.log_softmax(teacher(high).detach().float() / temperature, dim=-1)
-    prediction = F.log_softmax(student(low).float() / temperature, dim=-1)
+    target = F.log_softmax(_at_least_float32(teacher(high).detach()) / temperature, dim=-1)
+    prediction = F.log_softmax(_at_least_float32(student(low)) / temperature, dim=-1)
     return F.kl_div(prediction, target, log_target=True, reduction="sum")
 
 
@@ -76,7 +85,7 @@ def chunked_kl_divergence(
     rows = student_features.shape[0]
     if rows <= chunk_size:
         return _kl_sum(student, teacher, student_features, teacher_features, temperature) / max(rows, 1)
-    total = student_features.new_zeros((), dtype=torch.float32)
+    total = student_features.new_zeros((), dtype=torch.promote_types(student_features.dtype, torch.float32))
     for start in range(0, rows, chunk_size):
         part = slice(start, start + chunk_size)
         total = total + checkpoint(

@@ -13,7 +13,7 @@ from layerwise.metrics.functional import (
     saturation_layers,
 )
 from layerwise.metrics.neural_collapse import LayerNC1
-from layerwise.metrics.prediction import EarlyExit, LayerAccuracy, SaturationHistogram
+from layerwise.metrics.prediction import EarlyExit, LayerAccuracy, LayerF1, SaturationHistogram
 from layerwise.metrics.similarity import LayerCKA, LayerCosineSimilarity, MinibatchCKA, SaturationCosine
 from layerwise.metrics.sync import all_reduce_sum_states
 
@@ -22,6 +22,7 @@ __all__ = [
     "LayerAccuracy",
     "LayerCKA",
     "LayerCosineSimilarity",
+    "LayerF1",
     "LayerNC1",
     "MinibatchCKA",
     "Readout",

@@ -310,6 +310,25 @@ def layer_accuracy(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     return _layer_accuracy_compute(*_layer_accuracy_update(logits, targets, logits.shape[0]))
 
 
+def _binary_f1_update(
+    scores: Union[Tensor, Readout], targets: Tensor, num_layers: int, positive: int = 1
+) -> tuple[Tensor, Tensor, Tensor]:
+    """True positives, false positives and false negatives (L,) float64 of the class ``positive`` at every layer."""
+    readout = _as_readout(scores, targets, num_layers)
+    predicted = readout.predictions == positive
+    actual = (targets.to(device=predicted.device) == positive).unsqueeze(0)
+    true_positives = (predicted & actual).sum(dim=1).to(_F64)
+    false_positives = (predicted & ~actual).sum(dim=1).to(_F64)
+    false_negatives = (~predicted & actual).sum(dim=1).to(_F64)
+    return true_positives, false_positives, false_negatives
+
+
+def _binary_f1_compute(true_positives: Tensor, false_positives: Tensor, false_negatives: Tensor) -> Tensor:
+    """F1 = 2TP / (2TP + FP + FN) per layer; 0 where the class is never predicted nor present (as scikit-learn)."""
+    denominator = 2 * true_positives + false_positives + false_negatives
+    return torch.where(denominator > 0, 2 * true_positives / denominator.clamp_min(1), torch.zeros_like(denominator))
+
+
 def saturation_layers(predictions: Tensor) -> Tensor:
     """0-based saturation layer of every sample: the smallest l with predictions[m] == predictions[L-1] for all m >= l.
 

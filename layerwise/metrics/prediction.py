@@ -11,6 +11,8 @@ from torch import Tensor
 from layerwise.metrics._base import _check_positive_int, _SumStateMetric
 from layerwise.metrics.functional import (
     Readout,
+    _binary_f1_compute,
+    _binary_f1_update,
     _early_exit_compute,
     _early_exit_update,
     _layer_accuracy_compute,
@@ -53,6 +55,42 @@ class LayerAccuracy(_SumStateMetric):
         """Return ``{"accuracy": (L,), "loss": (L,)}``."""
         accuracy, loss = _layer_accuracy_compute(self.correct, self.loss_sum, self.count)
         return {"accuracy": accuracy, "loss": loss}
+
+
+class LayerF1(_SumStateMetric):
+    """F1 of one class (the positive class of a binary task, as GLUE reports for MRPC and QQP) at every layer.
+
+    ``F1 = 2TP / (2TP + FP + FN)`` from the summed true positives, false positives and false negatives (float64),
+    so it is exact over the evaluated set and across processes; 0 where the class is neither predicted nor present.
+
+    Args:
+        num_layers: L.
+        positive: the class counted as positive (default 1).
+        kwargs: torchmetrics ``Metric`` options.
+
+    Shapes:
+        ``update(scores, targets)``: logits (L, B, C) or their :class:`Readout`, targets (B,).
+        ``compute()``: (L,) float64.
+    """
+
+    def __init__(self, num_layers: int, positive: int = 1, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.num_layers = _check_positive_int("num_layers", num_layers)
+        self.positive = positive
+        self._add_sum_state("true_positives", (num_layers,))
+        self._add_sum_state("false_positives", (num_layers,))
+        self._add_sum_state("false_negatives", (num_layers,))
+
+    def update(self, scores: Union[Tensor, Readout], targets: Tensor) -> None:
+        """Accumulate a batch of per-layer logits (L, B, C), or their :class:`Readout`, with targets (B,)."""
+        tp, fp, fn = _binary_f1_update(scores, targets, self.num_layers, self.positive)
+        self.true_positives += tp
+        self.false_positives += fp
+        self.false_negatives += fn
+
+    def compute(self) -> Tensor:
+        """Return F1 (L,) float64."""
+        return _binary_f1_compute(self.true_positives, self.false_positives, self.false_negatives)
 
 
 class SaturationHistogram(_SumStateMetric):
