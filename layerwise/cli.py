@@ -49,4 +49,9 @@ def main(args: Optional[list[str]] = None) -> None:
 
         plot_main(argv[1:])
         return
+    if argv and argv[0] in ("generate", "lens"):
+        from layerwise.generate_cli import main as generate_main
+
+        generate_main(argv)  # the subcommand stays in argv: one parser holds both
+        return
     LayerwiseCLI(args=args)  # None: LightningCLI reads sys.argv itself

@@ -20,7 +20,14 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ROOT / "configs"
 QUICKSTART = str(CONFIGS / "quickstart.yaml")
 TRAINER_CONFIGS = sorted((CONFIGS / "trainer").glob("*.yaml"))
-EXPERIMENT_CONFIGS = sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name != "trainer")
+EXPERIMENT_CONFIGS = sorted(p for p in CONFIGS.rglob("*.yaml") if "TimmViT" in p.read_text())
+LANGUAGE_CONFIGS = sorted(p for p in CONFIGS.rglob("*.yaml") if "layerwise.features.HF" in p.read_text())
+TINY_HF = {
+    "bert": '{"num_hidden_layers": 2, "hidden_size": 16, "num_attention_heads": 2, "intermediate_size": 32}',
+    "gpt2": '{"n_layer": 2, "n_embd": 16, "n_head": 2, "bos_token_id": 0, "eos_token_id": 0}',
+    "llama": '{"num_hidden_layers": 2, "hidden_size": 16, "num_attention_heads": 2, "num_key_value_heads": 1, '
+    '"intermediate_size": 32, "vocab_size": 300, "bos_token_id": 0, "eos_token_id": 0}',
+}
 TINY = [
     "--model.init_args.backbone.init_args.embed_dim=16",
     "--model.init_args.backbone.init_args.depth=2",
@@ -61,6 +68,40 @@ def test_every_experiment_config_parses_and_instantiates(config, tmp_path):
         assert cli.config.model.init_args.optimizer.init_args.lr == expected_lr
         milestones = cli.config.model.init_args.lr_scheduler.init_args.milestones
         assert list(milestones) == [100, 150] and cli.config.trainer.max_epochs == 200
+
+
+@pytest.mark.parametrize("config", LANGUAGE_CONFIGS, ids=lambda p: str(p.relative_to(CONFIGS)))
+def test_every_language_config_parses_and_instantiates(config, tmp_path):
+    # Hub weights are swapped for a tiny offline model of the same family; everything else is parsed as written.
+    text = config.read_text()
+    args = ["--config", str(config), "--trainer.accelerator=cpu", "--trainer.precision=32-true"]
+    family = "bert" if "bert-base" in text else "gpt2" if "model_name_or_path: gpt2" in text else "llama"
+    if "model_name_or_path" in text:
+        override = tmp_path / "tiny.yaml"
+        override.write_text(
+            "model:\n  init_args:\n    backbone:\n      init_args:\n        model_name_or_path: null\n"
+            f"        model_type: {family}\n        config_overrides: {TINY_HF[family]}\n"
+        )
+        args += ["--config", str(override)]
+    if "/path/to/" in text:  # the LLaMA analysis reads a local text file
+        corpus = tmp_path / "text.txt"
+        corpus.write_text("a few words of text\n" * 50)
+        args += [f"--data.init_args.train_files=[{corpus}]", f"--data.init_args.val_files=[{corpus}]"]
+        args += ["--data.init_args.tokenizer=byte"]
+    cli = LayerwiseCLI(args=args, run=False)
+    assert isinstance(cli.trainer, pl.Trainer)
+    assert any(type(c).__name__ == "LayerwiseAnalysis" for c in cli.trainer.callbacks)
+    model, data, trainer_config = cli.config.model.init_args, cli.config.data.init_args, cli.config.trainer
+    if config.parent.name == "glue":  # the paper's BERT runs
+        assert model.optimizer.init_args.lr == 2e-5 and trainer_config.max_epochs == 3
+        assert (data.max_length, data.batch_size, data.task) == (256, 32, config.stem.split("_")[2])
+        assert cli.model.backbone.num_classes == (3 if data.task == "mnli" else 2)
+    if config.parent.name == "wikitext":  # the paper's GPT-2 runs: 10 % warm-up, effective batch 128
+        schedule = model.lr_scheduler.init_args
+        assert model.optimizer.init_args.lr == 2e-5 and data.block_size == 256
+        assert data.batch_size * trainer_config.accumulate_grad_batches == 128
+        assert schedule.warmup_epochs * 10 == schedule.max_epochs == trainer_config.max_steps
+        assert (data.dataset, data.dataset_config) == ("Salesforce/wikitext", "wikitext-103-raw-v1")
 
 
 @pytest.mark.parametrize("config", TRAINER_CONFIGS, ids=lambda p: p.name)

@@ -1,0 +1,195 @@
+"""Lens view of a generation: which token the shared head predicts from every layer at every generated position.
+
+The full model generates greedily from a prompt; then, for each generated position ``p`` and each layer ``l``, the
+model's own final norm + LM head is applied to ``h_l`` (the residual stream after block ``l``) at the position that
+predicts ``p``, giving a token and its probability. The last layer's row is the generation itself. Rendered as a
+markdown table and as a heatmap of probabilities with the token text in each cell, like the paper's illustration of
+saturation events in LLaMA-3.
+"""
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from torch import Tensor, nn  # noqa: E402
+
+from layerwise.features.hf import CAUSAL_LM_PATHS, HeadSteps, block_output, resolve_paths  # noqa: E402
+from layerwise.features.layers import select_layers  # noqa: E402
+from layerwise.generation import eval_mode, generate_from_layer  # noqa: E402
+
+
+@dataclass
+class LensTable:
+    """Per-layer predictions of the shared head at every generated position.
+
+    Attributes:
+        prompt: the prompt text.
+        layers: 1-based layer numbers of the rows (``R`` of them, shallow to deep).
+        generated_ids: the ``P`` token ids the full model generated greedily.
+        generated_tokens: their decoded text, one string per token.
+        token_ids: ``(R, P)`` the argmax token of ``softmax(head(h_l))`` at each generated position.
+        probs: ``(R, P)`` its probability.
+        tokens: ``R`` lists of ``P`` decoded tokens, the text of ``token_ids``.
+    """
+
+    prompt: str
+    layers: list[int]
+    generated_ids: list[int]
+    generated_tokens: list[str]
+    token_ids: Tensor
+    probs: Tensor
+    tokens: list[list[str]]
+
+
+@torch.no_grad()
+def lens_table(
+    model: nn.Module,
+    tokenizer: Any,
+    prompt: str,
+    max_new_tokens: int,
+    layers: Union[int, Sequence[int], None] = None,
+) -> LensTable:
+    """Generate greedily with the full model and read every layer through the shared head at each new position.
+
+    The generated token ``p`` is predicted from the hidden state one position earlier, so row ``l`` column ``p`` is
+    ``argmax softmax(head(h_l))`` there. One forward over the prompt and the generation (its last token excluded)
+    captures the chosen layers at the generated positions only (``R x P x d``); the logits are then computed one
+    layer at a time, ``(P, V)`` each, never ``R x P x V`` at once.
+
+    Args:
+        model: a Hugging Face causal LM known to ``CAUSAL_LM_PATHS``.
+        tokenizer: its tokenizer (a ``PreTrainedTokenizerFast``); generation stops at ``tokenizer.eos_token_id``.
+        prompt: the prompt text.
+        max_new_tokens: the number of generated positions ``P`` (fewer if the model produces the EOS token).
+        layers: rows, as in :func:`~layerwise.features.select_layers`: None for every layer, an int ``n`` for the last
+            ``n``, or 0-based block indices (negatives from the end).
+
+    Returns:
+        A :class:`LensTable`.
+    """
+    paths = resolve_paths(model, CAUSAL_LM_PATHS, "--model")
+    blocks = model.get_submodule(paths.blocks)
+    head = HeadSteps(model, paths.head, "--model")
+    rows = select_layers(layers, len(blocks))
+    device = next(model.parameters()).device
+    prompt_ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(device)
+    if prompt_ids.size(1) == 0:
+        raise ValueError(f"`--prompt={prompt!r}` gives no tokens; give a non-empty prompt.")
+    generated = generate_from_layer(
+        model, prompt_ids, len(blocks), max_new_tokens, eos_token_id=tokenizer.eos_token_id
+    )[0]
+    sequence = torch.cat([prompt_ids[0], generated[:-1]])[None]
+    start = prompt_ids.size(1) - 1
+    captured: dict[int, Tensor] = {}
+
+    def capture(index: int) -> Any:
+        def hook(module: nn.Module, args: Any, output: Any) -> None:
+            captured[index] = block_output(output)[0, start:]
+
+        return hook
+
+    handles = [blocks[index].register_forward_hook(capture(index)) for index in rows]
+    try:
+        with eval_mode(model):
+            model(input_ids=sequence, use_cache=False, logits_to_keep=1)
+    finally:
+        for handle in handles:
+            handle.remove()
+    token_ids, probs = [], []
+    for index in rows:
+        best = head(captured.pop(index)).float().softmax(dim=-1).max(dim=-1)
+        token_ids.append(best.indices.cpu())
+        probs.append(best.values.cpu())
+    token_ids_tensor = torch.stack(token_ids)
+    return LensTable(
+        prompt=prompt,
+        layers=[index + 1 for index in rows],
+        generated_ids=generated.tolist(),
+        generated_tokens=[tokenizer.decode([token]) for token in generated.tolist()],
+        token_ids=token_ids_tensor,
+        probs=torch.stack(probs),
+        tokens=[[tokenizer.decode([token]) for token in row] for row in token_ids_tensor.tolist()],
+    )
+
+
+def _visible(token: str) -> str:
+    r"""A token as one printable line: control characters (newline, tab, ...) escaped as ``\n``, ``\x1d``."""
+    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode() for char in token)
+
+
+def _markdown_cell(token: str) -> str:
+    """A token as a markdown code span (``|`` escaped for the table); an empty token as ``(empty)``."""
+    if not token:
+        return "(empty)"
+    return "`" + _visible(token).replace("|", "\\|").replace("`", "'") + "`"
+
+
+def lens_markdown(table: LensTable) -> str:
+    """The table as markdown: one row per layer, one column per generated position, cells ``token (p)``."""
+    header = ["layer"] + [f"{p + 1}: {_markdown_cell(token)}" for p, token in enumerate(table.generated_tokens)]
+    lines = [
+        f"Prompt: {_markdown_cell(table.prompt)}",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for layer, tokens, probs in zip(table.layers, table.tokens, table.probs.tolist()):
+        cells = [f"{_markdown_cell(token)} ({prob:.2f})" for token, prob in zip(tokens, probs)]
+        lines.append("| " + " | ".join([str(layer), *cells]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _figure_text(token: str, limit: int = 8) -> str:
+    """A token for a figure cell: visible, short, and with ``$`` escaped (matplotlib reads ``$...$`` as math)."""
+    text = _visible(token)
+    text = text if len(text) <= limit else text[: limit - 1] + "…"
+    return text.replace("$", r"\$")
+
+
+def lens_figure(table: LensTable) -> Figure:
+    """Heatmap of the head's probability per layer (rows, layer 1 at the top) and generated position (columns).
+
+    Each cell holds the predicted token; the x tick labels are the generated tokens. Fixed margins, no constrained
+    layout, as in :mod:`layerwise.figures`.
+    """
+    probs = table.probs.numpy()
+    num_rows, num_positions = probs.shape
+    width, height = max(4.0, 0.75 * num_positions + 2.2), max(2.0, 0.32 * num_rows + 1.2)
+    fig, ax = plt.subplots(figsize=(width, height))
+    # margins in inches, so that long prompts or many layers do not squeeze the labels
+    fig.subplots_adjust(left=0.7 / width, right=1.0 - 0.3 / width, bottom=0.75 / height, top=1.0 - 0.4 / height)
+    image = ax.imshow(probs, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+    for row in range(num_rows):
+        for col in range(num_positions):
+            color = "black" if probs[row, col] > 0.6 else "white"
+            ax.text(col, row, _figure_text(table.tokens[row][col]), ha="center", va="center", fontsize=7, color=color)
+    step = max(1, num_rows // 16)
+    ax.set_yticks(np.arange(0, num_rows, step), [str(table.layers[i]) for i in range(0, num_rows, step)])
+    ax.set_xticks(np.arange(num_positions), [_figure_text(token) for token in table.generated_tokens], fontsize=7)
+    ax.set_xlabel("generated token")
+    ax.set_ylabel("layer")
+    ax.set_title(f"shared head per layer: {_figure_text(table.prompt, limit=40)}", fontsize=9)
+    fig.colorbar(image, ax=ax, shrink=0.85, label="probability")
+    return fig
+
+
+def write_lens(table: LensTable, out_dir: Optional[Path] = None) -> list[Path]:
+    """Write ``lens.md`` and ``lens.png`` to ``out_dir`` (default the current folder); returns their paths."""
+    target = Path(out_dir or ".")
+    target.mkdir(parents=True, exist_ok=True)
+    markdown_path, figure_path = target / "lens.md", target / "lens.png"
+    markdown_path.write_text(lens_markdown(table), encoding="utf-8")
+    figure = lens_figure(table)
+    try:
+        figure.savefig(figure_path, dpi=150)
+    finally:
+        plt.close(figure)
+    return [markdown_path, figure_path]
