@@ -21,10 +21,12 @@ from layerwise.metrics import (
     LayerAccuracy,
     LayerCKA,
     LayerCosineSimilarity,
+    LayerF1,
     LayerNC1,
     SaturationCosine,
     SaturationHistogram,
     all_reduce_sum_states,
+    readout_from_logits,
     saturation_layers,
 )
 
@@ -53,6 +55,8 @@ def build_metrics(**kwargs):
         "saturation_cos": SaturationCosine(L, center=False, **kwargs),
         "cka": LayerCKA(L, D, **kwargs),
         "accuracy": LayerAccuracy(L, **kwargs),
+        "accuracy_readout": LayerAccuracy(L, **kwargs),  # fed the chunked readout, as for language models
+        "f1": LayerF1(L, **kwargs),
         "histogram": SaturationHistogram(L, **kwargs),
         "early_exit": EarlyExit(L, thresholds=(0.3, 0.6, 0.9), layer_numbers=(2, 4, 6), depth=8, **kwargs),
         "nc1": LayerNC1(L, D, C + 1, **kwargs),
@@ -75,6 +79,8 @@ def run_metrics(start: int, splits, **kwargs):
                 metric.update(lg)
             elif name == "nc1":
                 metric.update(h, t)
+            elif name == "accuracy_readout":
+                metric.update(readout_from_logits(lg, t), t)
             else:
                 metric.update(lg, t)
     return metrics

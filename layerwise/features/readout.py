@@ -39,13 +39,16 @@ def chunked_cross_entropy(
     targets: Tensor,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     label_smoothing: float = 0.0,
+    recompute: bool = True,
 ) -> Tensor:
     """Mean cross-entropy of ``head(features)`` against ``targets``, one chunk of rows at a time.
 
-    With more rows than ``chunk_size``, every chunk runs under activation checkpointing: its logits are freed after
-    the forward pass and recomputed, one chunk at a time, in the backward pass. So the extra peak memory of the
-    loss, forward and backward, is about three ``(chunk_size, V)`` float32 tensors (logits, softmax, gradient).
-    With at most ``chunk_size`` rows (any classifier batch) it is the plain cross-entropy, no recomputation.
+    With ``recompute`` (default), every chunk runs under activation checkpointing: its logits are freed after the
+    forward pass and recomputed, one chunk at a time, in the backward pass — also when all rows fit in one chunk,
+    since a loss over several layers would otherwise keep every layer's logits until the backward pass. So the extra
+    peak memory of the loss, forward and backward, is about three ``(chunk_size, V)`` float32 tensors (logits,
+    softmax, gradient) whatever the number of layers. ``recompute=False`` with at most ``chunk_size`` rows is the
+    plain cross-entropy (for classifiers, whose logits are small: no recomputation cost).
 
     Args:
         head: the classifier (e.g. final norm + LM head), applied to features ``(n, d)``.
@@ -53,10 +56,11 @@ def chunked_cross_entropy(
         targets: ``(N,)`` class indices; rows with ``-100`` are ignored (the mean is over the other rows).
         chunk_size: rows per chunk.
         label_smoothing: as in ``torch.nn.functional.cross_entropy``.
+        recompute: checkpoint the head even when the rows fit in one chunk.
     """
     rows = features.shape[0]
     counted = (targets != IGNORE_INDEX).sum().clamp_min(1)  # a tensor: no host synchronisation
-    if rows <= chunk_size:
+    if rows <= chunk_size and not recompute:
         return _cross_entropy_sum(head, features, targets, label_smoothing) / counted
     total = features.new_zeros((), dtype=torch.promote_types(features.dtype, torch.float32))
     for start in range(0, rows, chunk_size):
@@ -80,10 +84,14 @@ def chunked_kl_divergence(
     teacher_features: Tensor,
     temperature: float = 1.0,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    recompute: bool = True,
 ) -> Tensor:
-    """Mean over rows of ``KL(softmax(teacher(h')/T) || softmax(student(h)/T))``, teacher detached, in chunks."""
+    """Mean over rows of ``KL(softmax(teacher(h')/T) || softmax(student(h)/T))``, teacher detached, in chunks.
+
+    ``recompute`` as in :func:`chunked_cross_entropy`.
+    """
     rows = student_features.shape[0]
-    if rows <= chunk_size:
+    if rows <= chunk_size and not recompute:
         return _kl_sum(student, teacher, student_features, teacher_features, temperature) / max(rows, 1)
     total = student_features.new_zeros((), dtype=torch.promote_types(student_features.dtype, torch.float32))
     for start in range(0, rows, chunk_size):

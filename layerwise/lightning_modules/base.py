@@ -123,8 +123,12 @@ class LayerwiseModule(LightningModule, abc.ABC):
         """Cross-entropy ``(k,)`` of :meth:`classifier_heads` at the given 0-based layers, one layer at a time."""
         heads = self.classifier_heads()
         features, targets = outputs[FEATURES], outputs[TARGETS]
+        # Vocabulary-sized logits are recomputed in backward, never kept per layer; a classifier's are kept (tiny).
+        recompute = self.backbone.token_level
         losses = [
-            chunked_cross_entropy(heads[layer], features[layer], targets, self.chunk_size, self.label_smoothing)
+            chunked_cross_entropy(
+                heads[layer], features[layer], targets, self.chunk_size, self.label_smoothing, recompute
+            )
             for layer in layers
         ]
         return torch.stack(losses)

@@ -82,7 +82,9 @@ class MultiExit(LayerwiseModule):
             features = features[:, keep]
         heads, temperature = self.classifier_heads(), self.distill_temperature
         kl = [
-            chunked_kl_divergence(head, heads[-1], h, features[-1], temperature, self.chunk_size)
+            chunked_kl_divergence(
+                head, heads[-1], h, features[-1], temperature, self.chunk_size, self.backbone.token_level
+            )
             for head, h in zip(heads[:-1], features[:-1])
         ]
         return temperature**2 * torch.stack(kl).mean()
