@@ -197,4 +197,7 @@ def main(argv: Optional[list[str]] = None) -> None:
     except ValueError as error:
         parser.error(str(error))
     run = _run_generate if args.command == "generate" else _run_lens
-    run(args, model, tokenizer, total)
+    try:
+        run(args, model, tokenizer, total)
+    except ValueError as error:  # options that only the loaded model can check, e.g. its number of positions
+        parser.error(str(error))

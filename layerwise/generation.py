@@ -184,6 +184,12 @@ def generate_from_layer(
     mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask.to(input_ids.dtype)
     if mask.shape != input_ids.shape:
         raise ValueError(f"`attention_mask` {tuple(mask.shape)} must have the shape of `input_ids` {input_ids.shape}.")
+    positions = getattr(model.config, "n_positions", None) or getattr(model.config, "max_position_embeddings", None)
+    if positions is not None and input_ids.shape[1] + max_new_tokens > positions:
+        raise ValueError(
+            f"`--max_new_tokens={max_new_tokens}`: the prompt ({input_ids.shape[1]} tokens) plus the new tokens exceed "
+            f"the model's {positions} positions; ask for at most {positions - input_ids.shape[1]}."
+        )
     sequence = input_ids
     finished = torch.zeros(input_ids.size(0), dtype=torch.bool, device=input_ids.device)
     generated: list[Tensor] = []

@@ -1,0 +1,83 @@
+"""Run an offline demonstration (both training modes) and print the per-layer table the README shows.
+
+    python benchmarks/demos.py shakespeare   # small GPT on Tiny Shakespeare: standard vs alternating aligned
+    python benchmarks/demos.py sst2          # small BERT on SST-2: standard vs aligned
+
+Each mode is one ``layerwise fit --config configs/demo/<name>.yaml`` (the documented command), run here one after
+the other with its wall time; the table is read from the last validation JSON of each run. For Shakespeare, text is
+then generated from the middle layer and the last layer of each model with ``layerwise generate``.
+"""
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMOS = {
+    "shakespeare": ("shakespeare_gpt_standard", "shakespeare_gpt_alternating"),
+    "sst2": ("sst2_bert_standard", "sst2_bert_aligned"),
+}
+PROMPT = "ROMEO:\n"
+
+
+def run(config: str, out: Path) -> tuple[float, Path]:
+    """Train one config into ``out`` and return its wall time and its run folder."""
+    command = [sys.executable, "-m", "layerwise", "fit", "--config", f"configs/demo/{config}.yaml"]
+    command += [f"--trainer.logger.init_args.save_dir={out}", "--trainer.enable_progress_bar=false"]
+    start = time.perf_counter()
+    subprocess.run(command, cwd=ROOT, check=True)
+    seconds = time.perf_counter() - start
+    versions = sorted((out / config).glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+    return seconds, versions[-1]
+
+
+def last_summary(run_dir: Path) -> dict:
+    files = sorted((run_dir / "layerwise").glob("val_epoch_*.json"))
+    return json.loads(files[-1].read_text())
+
+
+def table(summaries: dict[str, dict], keys: list[str]) -> str:
+    layers = next(iter(summaries.values()))["layers"]
+    header = "| layer | " + " | ".join(f"{name} {key}" for key in keys for name in summaries) + " |"
+    lines = [header, "|" + "---|" * (1 + len(keys) * len(summaries))]
+    for index, layer in enumerate(layers):
+        cells = [f"{summaries[name][key][index]:.4f}" for key in keys for name in summaries]
+        lines.append(f"| {layer} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def generate(run_dir: Path, layers: list[int]) -> list[str]:
+    command = [sys.executable, "-m", "layerwise", "generate", "--checkpoint", str(run_dir / "checkpoints/last.ckpt")]
+    command += ["--tokenizer", "byte", "--prompt", PROMPT, "--layers", *map(str, layers), "--max_new_tokens", "56"]
+    command += ["--strategy", "top_k", "--top_k", "10", "--seed", "0", "--out", str(run_dir / "generated.json")]
+    subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
+    return json.loads((run_dir / "generated.json").read_text())
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("demo", choices=sorted(DEMOS))
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "demos")
+    args = parser.parse_args()
+    summaries, runs, total = {}, {}, 0.0
+    for config in DEMOS[args.demo]:
+        seconds, run_dir = run(config, args.out)
+        total += seconds
+        name = config.split("_")[-1]
+        summaries[name], runs[name] = last_summary(run_dir), run_dir
+        print(f"{config}: {seconds:.0f} s, {run_dir}", flush=True)
+    print(f"\nboth runs: {total:.0f} s ({total / 60:.1f} min)\n")
+    keys = ["accuracy", "perplexity"] if args.demo == "shakespeare" else ["accuracy"]
+    print(table(summaries, keys))
+    if args.demo == "shakespeare":
+        depth = next(iter(summaries.values()))["depth"]
+        for name, run_dir in runs.items():
+            print(f"\n{name}: generated from layers {depth // 2} and {depth} (top-k 10, seed 0):")
+            print(json.dumps(generate(run_dir, [depth // 2, depth]), indent=1)[:3000])
+
+
+if __name__ == "__main__":
+    main()
