@@ -304,10 +304,10 @@ class StateProbe(LayerwiseAnalysis):
 
     def _finish(self, trainer, pl_module):
         self.states = {}
-        for index, metric in enumerate(self._metrics):
+        for metric in self._metrics:
             for name, value in metric.metric_state.items():
                 assert isinstance(value, Tensor), f"{type(metric).__name__}.{name} is a list state"
-                self.states[f"{index}.{type(metric).__name__}.{name}"] = tuple(value.shape)
+                self.states[f"{type(metric).__name__}.{name}"] = tuple(value.shape)
         self.buffered = {type(m).__name__: m._num_buffered for m in self._metrics if hasattr(m, "_num_buffered")}
         super()._finish(trainer, pl_module)
 
@@ -320,9 +320,9 @@ def test_metric_states_do_not_grow_with_samples(tmp_path):
             fitted_module(), val_loader(N), verbose=False
         )
     assert probes[1].states == probes[3].states
-    assert probes[1].states["2.LayerCKA.cross"] == (DEPTH * DIM, DEPTH * DIM)
-    assert probes[1].states["8.LayerNC1.second_moment"] == (DEPTH, DIM, DIM)
-    assert probes[1].states["8.LayerNC1.class_sums"] == (DEPTH, CLASSES, DIM)
+    assert probes[1].states["LayerCKA.cross"] == (DEPTH * DIM, DEPTH * DIM)
+    assert probes[1].states["LayerNC1.second_moment"] == (DEPTH, DIM, DIM)
+    assert probes[1].states["LayerNC1.class_sums"] == (DEPTH, CLASSES, DIM)
     # only the centred cosines keep samples, and only for the epoch (documented, bounded by max_buffered_samples)
     assert probes[1].buffered == {"LayerCosineSimilarity": 16, "SaturationCosine": 16}
     assert probes[3].buffered == {"LayerCosineSimilarity": 48, "SaturationCosine": 48}
