@@ -280,3 +280,27 @@ def test_num_classes_disagreeing_with_the_data_fails_before_training(tmp_path):
     with pytest.raises(ValueError, match=r"--model.init_args.backbone.init_args.num_classes=7.*10 classes"):
         quickstart_cli(tmp_path, "--model.init_args.backbone.init_args.num_classes=7")
     assert not any(tmp_path.iterdir())  # not even a log folder
+
+
+@pytest.mark.parametrize("name", ["shakespeare_gpt_alternating", "sst2_bert_aligned"])
+def test_demo_config_runs_a_few_steps(name, tmp_path):
+    # The documented demonstration commands, cut to two steps: the local data, the trained tokenizer, the analysis.
+    data = ROOT.parent / "shared" / "data"
+    if not data.is_dir():
+        pytest.skip(f"the real data folder {data} is absent (the demonstrations need ../shared/data)")
+    LayerwiseCLI(
+        args=[
+            "fit",
+            f"--config={CONFIGS / 'demo' / (name + '.yaml')}",
+            "--trainer.max_steps=2",
+            "--trainer.max_epochs=1",
+            "--trainer.val_check_interval=2",
+            "--trainer.limit_val_batches=2",
+            f"--trainer.logger.init_args.save_dir={tmp_path}",
+            f"--data.init_args.tokenizer_dir={tmp_path / 'tokenizers'}",
+            *QUIET,
+        ]
+    )
+    summary = json.loads(next((tmp_path / name).rglob("val_epoch_*.json")).read_text())
+    assert summary["depth"] == 4 and len(summary["accuracy"]) == 4
+    assert ("perplexity" in summary) == ("gpt" in name)
