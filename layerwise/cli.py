@@ -1,5 +1,6 @@
-"""The ``layerwise`` command: LightningCLI (fit, validate, test, predict) plus ``layerwise plot``."""
+"""The ``layerwise`` command: LightningCLI (fit, validate, test, predict) plus plot, generate, lens, export, sweep."""
 
+import importlib
 import sys
 from typing import Any, Optional
 
@@ -48,6 +49,10 @@ def main(args: Optional[list[str]] = None) -> None:
         from layerwise.plot import main as plot_main
 
         plot_main(argv[1:])
+        return
+    if argv and argv[0] in ("export", "sweep"):
+        module = importlib.import_module(f"layerwise.{argv[0]}")
+        module.main(argv[1:])
         return
     if argv and argv[0] in ("generate", "lens"):
         from layerwise.generate_cli import main as generate_main

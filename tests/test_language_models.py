@@ -465,3 +465,13 @@ def test_lm_analysis_on_two_processes_equals_one(tmp_path, single_thread):
     many = analyse(tmp_path / "many", devices=2, strategy="ddp_fork")
     assert one["num_samples"] == many["num_samples"] == 7 * 8  # 7 sequences: the sampler pads one, not counted
     assert_json_close(many, one, atol=1e-6, rtol=1e-6)
+
+
+def test_gpt_neox_head_is_the_models_own():
+    torch.manual_seed(0)
+    config = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64, vocab_size=VOCAB)
+    backbone = HFCausalLM(model_type="gpt_neox", config_overrides=config).double().eval()
+    batch = text_batch()
+    with torch.no_grad():
+        own = backbone.model(**batch).logits
+        torch.testing.assert_close(backbone.head(backbone(batch)[-1]), own, rtol=0, atol=1e-12)

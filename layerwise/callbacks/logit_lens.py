@@ -22,7 +22,12 @@ DEFAULT_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
 
 
 class LogitLensFamily(Family):
-    """Per-layer accuracy/loss of the shared head, saturation events and early exit; separate heads if present."""
+    """Per-layer accuracy/loss of the shared head, saturation events and early exit; separate heads if present.
+
+    With separate exit heads (``MultiExit``), their accuracy/loss per layer and their own early exit (same thresholds,
+    same exit rule) are reported next to the shared head's, as ``exit_accuracy``, ``exit_loss`` and
+    ``exit_early_exit``: the paper's comparison of one shared classifier with a classifier per layer.
+    """
 
     def __init__(
         self,
@@ -58,10 +63,20 @@ class LogitLensFamily(Family):
         self.early_exit = EarlyExit(
             layers, self.thresholds, layer_numbers=spec.layer_numbers, depth=spec.depth, sync_on_compute=False
         )
+        self.exit_early_exit = EarlyExit(
+            layers, self.thresholds, layer_numbers=spec.layer_numbers, depth=spec.depth, sync_on_compute=False
+        )
         # Counts over every sample; SaturationCosine averages over the (possibly subsampled) rows it sees.
         self.histogram = SaturationHistogram(layers, sync_on_compute=False)
         self._has_exit_heads = False
-        metrics = [self.accuracy, self.exit_accuracy, self.saturation_cos, self.histogram, self.early_exit]
+        metrics = [
+            self.accuracy,
+            self.exit_accuracy,
+            self.saturation_cos,
+            self.histogram,
+            self.early_exit,
+            self.exit_early_exit,
+        ]
         if self._report_f1:
             self.f1_metric = LayerF1(layers, sync_on_compute=False)
             metrics.append(self.f1_metric)
@@ -80,10 +95,10 @@ class LogitLensFamily(Family):
         if batch.exit_readout is not None:
             self._has_exit_heads = True
             self.exit_accuracy.update(batch.exit_readout, batch.targets)
+            self.exit_early_exit.update(batch.exit_readout, batch.targets)
 
     def compute(self, spec: LayerSpec) -> dict[str, Any]:
         accuracy = self.accuracy.compute()
-        early_exit = self.early_exit.compute()
         results = {
             "accuracy": accuracy["accuracy"],
             "loss": accuracy["loss"],
@@ -91,22 +106,28 @@ class LogitLensFamily(Family):
             **({"f1": self.f1_metric.compute()} if self._report_f1 else {}),
             "saturation_counts": self.histogram.compute().round().long(),
             "saturation_cos": self.saturation_cos.compute(),
-            "early_exit": [
-                {
-                    "threshold": threshold,
-                    "accuracy": float(early_exit["accuracy"][i]),
-                    "exit_counts": early_exit["exit_counts"][i].round().long().tolist(),
-                    "speedup": float(early_exit["speedup"][i]),
-                }
-                for i, threshold in enumerate(self.thresholds)
-            ],
+            "early_exit": self._early_exit_rows(self.early_exit),
         }
         # Whether any rank saw separate exit heads is itself global: the reduced count is non-zero.
         if float(self.exit_accuracy.count) > 0:
             exit_accuracy = self.exit_accuracy.compute()
             results["exit_accuracy"] = exit_accuracy["accuracy"]
             results["exit_loss"] = exit_accuracy["loss"]
+            results["exit_early_exit"] = self._early_exit_rows(self.exit_early_exit)
         return results
+
+    def _early_exit_rows(self, metric: EarlyExit) -> list[dict[str, Any]]:
+        """One JSON row per threshold: ``threshold``, ``accuracy``, ``exit_counts`` (per layer), ``speedup``."""
+        early_exit = metric.compute()
+        return [
+            {
+                "threshold": threshold,
+                "accuracy": float(early_exit["accuracy"][i]),
+                "exit_counts": early_exit["exit_counts"][i].round().long().tolist(),
+                "speedup": float(early_exit["speedup"][i]),
+            }
+            for i, threshold in enumerate(self.thresholds)
+        ]
 
     def scalars(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, float]:
         scalars = _per_layer(results["accuracy"], spec, "acc")
@@ -119,10 +140,11 @@ class LogitLensFamily(Family):
         scalars.update(_per_layer(results["saturation_counts"].double() / total, spec, "saturation"))
         if "exit_accuracy" in results:
             scalars.update(_per_layer(results["exit_accuracy"], spec, "exit_acc"))
-        for row in results["early_exit"]:
-            name = f"tau_{row['threshold']:g}"
-            scalars[f"early_exit/accuracy/{name}"] = row["accuracy"]
-            scalars[f"early_exit/speedup/{name}"] = row["speedup"]
+        for key in ("early_exit", "exit_early_exit"):
+            for row in results.get(key, ()):
+                name = f"tau_{row['threshold']:g}"
+                scalars[f"{key}/accuracy/{name}"] = row["accuracy"]
+                scalars[f"{key}/speedup/{name}"] = row["speedup"]
         return scalars
 
     def figures(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, Any]:
@@ -142,6 +164,8 @@ class LogitLensFamily(Family):
             "exit-head accuracy per layer": r"exit_acc/layer_\d+",
             "early-exit accuracy": r"early_exit/accuracy/.*",
             "early-exit speedup": r"early_exit/speedup/.*",
+            "exit-head early-exit accuracy": r"exit_early_exit/accuracy/.*",
+            "exit-head early-exit speedup": r"exit_early_exit/speedup/.*",
         }
 
 
@@ -155,7 +179,10 @@ class LogitLensMonitor(LayerwiseMonitor):
     - Early exit with the shared head: for each confidence ``τ`` in ``thresholds``, a sample exits at the first
       layer whose max softmax probability reaches ``τ`` (else the last) with that layer's prediction; reports the
       accuracy, exits per layer and ``speedup = Σ_l L·m_l / Σ_l l·m_l``.
-    - Multi-exit models also get the separate heads' accuracy/loss per layer (``exit_accuracy``, ``exit_loss``).
+    - Multi-exit models also get the separate heads' accuracy/loss per layer (``exit_accuracy``, ``exit_loss``) and
+      early exit with the separate heads (``exit_early_exit``: the head of layer ``l`` decides whether to exit at
+      ``l``; same thresholds, rule and speedup as the shared head's). ``layerwise sweep`` draws both accuracy-speedup
+      curves.
     - Language models (every predicted token a sample) also get ``perplexity`` = exp(loss) per layer.
     - ``f1``: the F1 of class 1 per layer, as GLUE reports for MRPC and QQP. ``None`` (default) reports it when the
       datamodule lists ``"f1"`` in its ``metrics`` (``GLUEDataModule`` does for those tasks).
@@ -164,9 +191,11 @@ class LogitLensMonitor(LayerwiseMonitor):
     layer playing the last), and ``l`` in the speedup is the real layer number.
 
     Logged: ``val/acc/layer_XX``, ``val/loss/layer_XX``, ``val/saturation/layer_XX`` (fraction of samples),
-    ``val/exit_acc/layer_XX``, ``val/early_exit/{accuracy,speedup}/tau_T``; images ``val/saturation``,
-    ``val/early_exit``. JSON keys: ``accuracy``, ``loss``, ``saturation_counts``, ``saturation_cos``,
-    ``early_exit`` (list of ``threshold``, ``accuracy``, ``exit_counts``, ``speedup``); ``perplexity`` and
+    ``val/exit_acc/layer_XX``, ``val/early_exit/{accuracy,speedup}/tau_T``,
+    ``val/exit_early_exit/{accuracy,speedup}/tau_T``; images ``val/saturation``, ``val/early_exit``. JSON keys:
+    ``accuracy``, ``loss``, ``saturation_counts``, ``saturation_cos``, ``early_exit`` (list of ``threshold``,
+    ``accuracy``, ``exit_counts``, ``speedup``); ``exit_accuracy``, ``exit_loss`` and ``exit_early_exit`` (same
+    format as ``early_exit``) for multi-exit models; ``perplexity`` and
     ``val/perplexity/layer_XX`` for language models; ``f1`` and ``val/f1/layer_XX`` when F1 is reported.
     """
 

@@ -53,7 +53,7 @@ CAUSAL_LM_PATHS: dict[str, HFPaths] = {
     "mistral": _DECODER,
     "qwen2": _DECODER,
     "qwen3": _DECODER,
-    "gpt_neox": HFPaths("gpt_neox.layers", ("gpt_neox.final_layer_norm", "embed_out")),
+    "gpt_neox": HFPaths("gpt_neox.layers", ("gpt_neox.final_layer_norm", "lm_head")),
 }
 
 

@@ -1,0 +1,384 @@
+"""``layerwise export``: train once, deploy at any depth.
+
+A model trained with the shared head (``Aligned``, ``AlternatingAligned``, …) predicts from any layer ``d`` with its
+own final norm + classifier. :func:`export_truncated` turns it into an ordinary model of depth ``d`` — the first
+``d`` blocks plus that head — which runs without layerwise and reproduces the shared head's layer-``d`` logits:
+
+- ``DIR/model_depth_<d>.pt``: the truncated model as a plain ``nn.Module`` (``torch.save``), for every backbone. For
+  :class:`~layerwise.features.TimmViT` it is a timm ``VisionTransformer`` created with ``depth=d`` and the same other
+  arguments (pooling included, as timm's ``global_pool``); for Hugging Face backbones the model class of the backbone
+  (e.g. ``BertForSequenceClassification``, ``GPT2LMHeadModel``) with ``d`` layers. Load it with
+  ``model = torch.load(path, weights_only=False).eval()`` (needs torch and timm / transformers, not layerwise; it
+  is a pickle, so load only files you trust) and call it as the original model: ``model(images)`` gives logits.
+- ``DIR/hf_depth_<d>/`` (Hugging Face backbones: :class:`~layerwise.features.HFEncoder`,
+  :class:`~layerwise.features.HFCausalLM`): a ``save_pretrained`` folder whose config has ``d`` layers
+  (``num_hidden_layers`` / ``n_layer`` / ``n_layers``, and ``layer_types`` cut to ``d`` where the config has it),
+  holding the first ``d`` blocks and the model's own head (pooler + classifier, or final norm + LM head; a tied LM
+  head stays tied and reloads to the same weights). Load it with ``AutoModelForSequenceClassification`` /
+  ``AutoModelForCausalLM.from_pretrained(folder)``; the tokenizer is not part of the export.
+
+Before anything is written the export is checked: on a random input the truncated model's logits must equal the
+shared head applied to layer ``d`` of the full model. Everything is written to a temporary folder inside ``DIR``
+first and renamed into place, so an interrupted export leaves no half-written file.
+
+Usage::
+
+    layerwise export --checkpoint runs/quickstart/version_0/checkpoints/last.ckpt --depth 4 --out deploy/
+    # or let the validation summary choose: the ε-effective depth (first layer with accuracy >= 1 - ε)
+    layerwise export --checkpoint .../last.ckpt --summary runs/quickstart/version_0 --epsilon 0.02 --out deploy/
+
+``--summary`` takes a ``val_epoch_EEE.json`` or a log directory (its latest one); ``--relative`` uses the depth
+relative to the last layer (accuracy >= Acc_L − ε) instead. The checkpoint is a layerwise Lightning checkpoint
+written by ``layerwise fit`` (its hyper-parameters hold the module's and backbone's class paths).
+"""
+
+import argparse
+import copy
+import importlib
+import json
+import math
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Union
+
+import torch
+from torch import Tensor, nn
+
+from layerwise.features.backbone import Backbone
+from layerwise.features.hf import HFBackbone
+from layerwise.features.timm_vit import TimmViT
+from layerwise.metrics import effective_depth
+
+_LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "n_layers")
+
+
+@dataclass(frozen=True)
+class Export:
+    """What :func:`export_truncated` wrote.
+
+    Attributes:
+        depth: ``d``, the number of blocks kept.
+        checkpoint: ``model_depth_<d>.pt``, the truncated model as a plain ``nn.Module``.
+        hf_folder: ``hf_depth_<d>/`` (``save_pretrained``) for Hugging Face backbones, else ``None``.
+        max_difference: largest ``|logit difference|`` to the shared head's layer-``d`` logits on the check input
+            (``None`` when the check was skipped).
+    """
+
+    depth: int
+    checkpoint: Path
+    hf_folder: Optional[Path]
+    max_difference: Optional[float]
+
+
+def export_truncated(
+    module_or_backbone: nn.Module, depth: int, out_dir: Union[str, Path], verify: bool = True
+) -> Export:
+    """Write the first ``depth`` blocks plus the shared head as a standalone model (see the module docstring).
+
+    Args:
+        module_or_backbone: a :class:`~layerwise.lightning_modules.LayerwiseModule` (its ``backbone`` is exported)
+            or a :class:`~layerwise.features.TimmViT` / :class:`~layerwise.features.HFEncoder` /
+            :class:`~layerwise.features.HFCausalLM`. Its weights are copied, never changed. For ``MultiExit`` the
+            export uses the shared head (the model's own), not the separate exit head of layer ``depth``.
+        depth: ``d`` in ``1..L``.
+        out_dir: output folder (created if needed).
+        verify: check on a random input that the export reproduces the shared head's layer-``d`` logits.
+
+    Returns:
+        the written paths, see :class:`Export`.
+
+    Raises:
+        ValueError: ``depth`` outside ``1..L`` (naming ``--depth``).
+        TypeError: a backbone this function cannot export.
+        RuntimeError: the truncated model does not reproduce the shared head's logits (nothing is written).
+    """
+    backbone = backbone_of(module_or_backbone)
+    check_depth(depth, backbone.num_layers)
+    truncated = truncated_model(backbone, depth)
+    difference = check_truncated(backbone, truncated, depth) if verify else None
+    names = {"checkpoint": f"model_depth_{depth}.pt"}
+    if isinstance(backbone, HFBackbone):
+        names["hf_folder"] = f"hf_depth_{depth}"
+    written = _write_atomically(Path(out_dir), truncated, names)
+    return Export(depth, written["checkpoint"], written.get("hf_folder"), difference)
+
+
+def backbone_of(module_or_backbone: nn.Module) -> Backbone:
+    """The backbone of a layerwise module, or the backbone itself; a TypeError for anything else."""
+    backbone = getattr(module_or_backbone, "backbone", module_or_backbone)
+    if not isinstance(backbone, (TimmViT, HFBackbone)):
+        raise TypeError(
+            f"layerwise export handles TimmViT, HFEncoder and HFCausalLM backbones (or a LayerwiseModule holding one), "
+            f"not {type(backbone).__name__}."
+        )
+    return backbone
+
+
+def check_depth(depth: Any, num_layers: int) -> None:
+    """A ValueError naming ``--depth`` unless ``depth`` is an int in ``1..num_layers``."""
+    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= num_layers:
+        raise ValueError(f"`--depth={depth!r}` must be a layer number in 1..{num_layers} (the model has {num_layers}).")
+
+
+def truncated_model(backbone: Backbone, depth: int) -> nn.Module:
+    """A fresh model of the backbone's family with ``depth`` blocks, holding copies of its first blocks and head."""
+    if isinstance(backbone, TimmViT):
+        truncated, blocks = _timm_truncated(backbone.model, depth), "blocks"
+    else:
+        truncated, blocks = _hf_truncated(backbone.model, depth), backbone.paths.blocks
+    source = backbone.model
+    parameter = next(source.parameters())
+    truncated.to(dtype=parameter.dtype)
+    truncated.load_state_dict(first_blocks_state(source.state_dict(), blocks, depth), strict=True)
+    return truncated.eval()
+
+
+def first_blocks_state(state: dict[str, Tensor], blocks: str, depth: int) -> dict[str, Tensor]:
+    """``state`` without the entries of blocks ``depth, depth+1, …`` of the block list at dotted path ``blocks``."""
+    pattern = re.compile(rf"{re.escape(blocks)}\.(\d+)\.")
+    return {key: value for key, value in state.items() if not _beyond(pattern.match(key), depth)}
+
+
+def _beyond(match: Optional[re.Match], depth: int) -> bool:
+    return match is not None and int(match.group(1)) >= depth
+
+
+def timm_create_kwargs(model: nn.Module, depth: int) -> dict[str, Any]:
+    """The ``timm.create_model`` arguments of ``model`` (a TimmViT's VisionTransformer) with ``depth`` blocks."""
+    architecture = (getattr(model, "pretrained_cfg", None) or {}).get("architecture")
+    if not architecture:
+        raise TypeError(f"{type(model).__name__} has no timm `pretrained_cfg['architecture']`: cannot re-create it.")
+    patch = model.patch_embed
+    return {
+        "model_name": architecture,
+        "num_classes": model.num_classes,
+        "global_pool": model.global_pool,
+        "img_size": tuple(patch.img_size),
+        "patch_size": tuple(patch.patch_size),
+        "in_chans": patch.proj.in_channels,
+        "embed_dim": model.embed_dim,
+        "num_heads": model.blocks[0].attn.num_heads,
+        "drop_rate": float(model.head_drop.p),
+        "depth": depth,
+    }
+
+
+def _timm_truncated(model: nn.Module, depth: int) -> nn.Module:
+    import timm
+
+    kwargs = timm_create_kwargs(model, depth)
+    return timm.create_model(kwargs.pop("model_name"), pretrained=False, **kwargs)
+
+
+def truncated_config(config: Any, depth: int) -> Any:
+    """A copy of a Hugging Face config with ``depth`` layers (and ``layer_types`` cut to its first ``depth``)."""
+    config = copy.deepcopy(config)
+    stored = config.to_dict()
+    keys = [key for key in _LAYER_COUNT_KEYS if key in stored]
+    if not keys:
+        raise TypeError(f"{type(config).__name__} has none of {_LAYER_COUNT_KEYS}: cannot set its number of layers.")
+    if isinstance(stored.get("layer_types"), list):
+        config.layer_types = list(stored["layer_types"][:depth])
+    setattr(config, keys[0], depth)
+    return config
+
+
+def _hf_truncated(model: nn.Module, depth: int) -> nn.Module:
+    return type(model)._from_config(truncated_config(model.config, depth))
+
+
+def probe_inputs(backbone: Backbone, batch_size: int = 2, length: int = 8) -> Any:
+    """A small random input of the backbone's kind (images, or token ids with an attention mask), on its device."""
+    device = next(backbone.parameters()).device
+    generator = torch.Generator().manual_seed(0)
+    if isinstance(backbone, TimmViT):
+        patch = backbone.model.patch_embed
+        x = torch.randn(batch_size, patch.proj.in_channels, *patch.img_size, generator=generator)
+        return x.to(device=device, dtype=patch.proj.weight.dtype)
+    config = backbone.model.config
+    positions = getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None) or length
+    length = min(length, int(positions) - 2)  # RoBERTa-style position ids start after the padding index
+    input_ids = torch.randint(0, int(config.vocab_size), (batch_size, length), generator=generator)
+    return {"input_ids": input_ids.to(device), "attention_mask": torch.ones_like(input_ids).to(device)}
+
+
+def exported_logits(truncated: nn.Module, inputs: Any) -> Tensor:
+    """The truncated model's own output logits on ``inputs`` (timm: a tensor; Hugging Face: ``.logits``)."""
+    if isinstance(inputs, dict):
+        return truncated(**inputs).logits
+    return truncated(inputs)
+
+
+@torch.no_grad()
+def check_truncated(backbone: Backbone, truncated: nn.Module, depth: int) -> float:
+    """Max ``|difference|`` between the truncated model and the shared head at layer ``depth`` on a random input.
+
+    Runs on the backbone's device (the truncated model returns to the CPU afterwards); a RuntimeError when the
+    difference exceeds ``max(1e-4, 16·eps) · max(1, max|logit|)`` for the logits' dtype.
+    """
+    inputs = probe_inputs(backbone)
+    device = next(backbone.parameters()).device
+    was_training = backbone.training
+    backbone.eval()
+    try:
+        reference = backbone.head(backbone(inputs)[depth - 1])
+        output = exported_logits(truncated.to(device), inputs)
+    finally:
+        backbone.train(was_training)
+        truncated.cpu()
+    if output.shape != reference.shape:
+        raise RuntimeError(
+            f"The exported depth-{depth} model returns logits of shape {tuple(output.shape)}, the shared head "
+            f"{tuple(reference.shape)}: layerwise export does not support {type(truncated).__name__}."
+        )
+    difference = float((output.double() - reference.double()).abs().max())
+    tolerance = max(1e-4, 16 * torch.finfo(reference.dtype).eps) * max(1.0, float(reference.abs().max()))
+    if not difference <= tolerance:
+        raise RuntimeError(
+            f"The exported depth-{depth} model does not reproduce the shared head's layer-{depth} logits (max "
+            f"|difference| {difference:.3g} > {tolerance:.3g}): layerwise export does not support "
+            f"{type(truncated).__name__}; nothing was written."
+        )
+    return difference
+
+
+def _write_atomically(out_dir: Path, truncated: nn.Module, names: dict[str, str]) -> dict[str, Path]:
+    """Write every artifact into a staging folder inside ``out_dir``, then rename each into place."""
+    created = not out_dir.exists()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out_dir))
+    try:
+        torch.save(truncated, staging / names["checkpoint"])
+        if "hf_folder" in names:
+            truncated.save_pretrained(staging / names["hf_folder"])
+        for name in names.values():
+            _move_into_place(staging / name, out_dir / name, staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created and not any(out_dir.iterdir()):
+            out_dir.rmdir()
+        raise
+    shutil.rmtree(staging, ignore_errors=True)
+    return {key: out_dir / name for key, name in names.items()}
+
+
+def _move_into_place(source: Path, target: Path, staging: Path) -> None:
+    """Atomic for a file; a folder replaces an existing one by moving the old one aside (into staging) first."""
+    if source.is_dir() and target.exists():
+        os.replace(target, staging / f"{target.name}.previous")
+    os.replace(source, target)
+
+
+# ------------------------------------------------------------------------------------------------------- the CLI
+def load_module(checkpoint: Path, option: str = "--checkpoint") -> nn.Module:
+    """The LayerwiseModule of a Lightning checkpoint written by ``layerwise fit`` (class from ``_class_path``)."""
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)  # mmap: tensors stay on disk
+    class_path = saved.get("hyper_parameters", {}).get("_class_path")
+    if not class_path:
+        raise ValueError(
+            f"{option} {checkpoint}: no hyper_parameters['_class_path'] (write checkpoints with `layerwise fit`)."
+        )
+    module_name, _, class_name = class_path.rpartition(".")
+    module_class = getattr(importlib.import_module(module_name), class_name)
+    return module_class.load_from_checkpoint(checkpoint, map_location="cpu")
+
+
+def choose_depth(summary: dict[str, Any], epsilon: float, relative: bool = False) -> tuple[int, str]:
+    """The ε-effective depth of a summary's shared-head accuracy, and a sentence saying why.
+
+    Absolute: the first layer with ``Acc^l >= 1 − ε``; relative: ``Acc^l >= Acc^L − ε`` (L the deepest evaluated
+    layer); the deepest evaluated layer when none qualifies.
+    """
+    accuracy = [math.nan if value is None else float(value) for value in summary["accuracy"]]
+    layers = [int(number) for number in summary.get("layers", range(1, len(accuracy) + 1))]
+    depth = effective_depth(accuracy, [epsilon], layers, relative=relative)[str(epsilon)]
+    target = accuracy[-1] - epsilon if relative else 1.0 - epsilon
+    rule = f"Acc_l >= Acc_{layers[-1]} - {epsilon:g} = {target:.4f}" if relative else f"Acc_l >= 1 - {epsilon:g}"
+    reached = accuracy[layers.index(depth)]
+    if not reached >= target:
+        return depth, f"no layer reaches {rule}; using the deepest evaluated layer {depth} (accuracy {reached:.4f})"
+    return depth, (
+        f"the {epsilon:g}-effective depth{' (relative)' if relative else ''}: layer {depth} is the first with "
+        f"{rule} (accuracy {reached:.4f}; layer {layers[-1]}: {accuracy[-1]:.4f})"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``layerwise export`` (``argv`` without the subcommand)."""
+    parser = argparse.ArgumentParser(
+        prog="layerwise export",
+        description="Export the first d blocks plus the shared head of a layerwise checkpoint as a standalone model: "
+        "DIR/model_depth_<d>.pt (torch.save of the nn.Module) and, for Hugging Face models, DIR/hf_depth_<d>/ "
+        "(save_pretrained).",
+    )
+    parser.add_argument("--checkpoint", type=Path, required=True, help="a layerwise Lightning checkpoint (.ckpt)")
+    parser.add_argument("--depth", type=int, help="layers to keep, 1..L (default: from --summary)")
+    parser.add_argument("--out", type=Path, required=True, help="output folder")
+    parser.add_argument(
+        "--summary", type=Path, help="a val_epoch_EEE.json or a log directory: choose --depth as its ε-effective depth"
+    )
+    parser.add_argument("--epsilon", type=float, default=0.01, help="ε of the effective depth (default 0.01)")
+    parser.add_argument("--relative", action="store_true", help="ε relative to the last layer's accuracy")
+    parser.add_argument("--no-verify", action="store_true", help="skip the check on a random input")
+    return parser
+
+
+def _summary_depth(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
+    from layerwise.sweep import latest_summary
+
+    try:
+        path = latest_summary(args.summary, "--summary")
+        summary = json.loads(path.read_text())
+        if not isinstance(summary, dict) or not summary.get("accuracy"):
+            raise ValueError(f"--summary {path}: no per-layer `accuracy` (validate with the analysis callbacks).")
+    except (FileNotFoundError, ValueError) as error:
+        parser.error(str(error))
+    return summary, path
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Command-line entry: ``layerwise export --checkpoint CKPT (--depth d | --summary JSON) --out DIR``."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.depth is None and args.summary is None:
+        parser.error("give --depth (layers to keep), or --summary to use the ε-effective depth of a validation run.")
+    if args.depth is not None and args.depth < 1:
+        parser.error(f"--depth={args.depth} must be a layer number >= 1.")
+    if not 0.0 <= args.epsilon <= 1.0:
+        parser.error(f"--epsilon={args.epsilon} must lie in [0, 1].")
+    if not args.checkpoint.is_file():
+        parser.error(f"--checkpoint {args.checkpoint}: no such file.")
+    suggestion = None
+    if args.summary is not None:
+        summary, summary_file = _summary_depth(parser, args)
+        suggestion = (*choose_depth(summary, args.epsilon, args.relative), summary_file, summary.get("depth"))
+    try:
+        module = load_module(args.checkpoint)
+        backbone = backbone_of(module)
+    except (ValueError, TypeError) as error:
+        parser.error(str(error))
+    total = backbone.num_layers
+    depth = args.depth
+    if suggestion is not None:
+        suggested, reason, summary_file, summary_layers = suggestion
+        if summary_layers is not None and summary_layers != total:
+            parser.error(f"--summary {summary_file} is of a {summary_layers}-layer model; the checkpoint has {total}.")
+        if depth is None:
+            depth = suggested
+            print(f"layerwise export: depth {depth} of {total} from {summary_file}: {reason}.")
+        else:
+            print(f"layerwise export: --summary suggests depth {suggested} ({reason}); exporting --depth {depth}.")
+    try:
+        check_depth(depth, total)
+        result = export_truncated(module, depth, args.out, verify=not args.no_verify)
+    except (ValueError, TypeError, RuntimeError) as error:
+        parser.error(str(error))
+    print(f"{result.checkpoint}  (model = torch.load(path, weights_only=False).eval(); {depth} of {total} blocks)")
+    if result.hf_folder is not None:
+        print(f"{result.hf_folder}  (from_pretrained(folder) with the model's Auto class)")
+    if result.max_difference is not None:
+        print(f"checked: max |logit difference| to the shared head at layer {depth}: {result.max_difference:.3g}")

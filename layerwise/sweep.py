@@ -1,0 +1,202 @@
+"""``layerwise sweep``: the accuracy–speedup curve of confidence-threshold early exit, for one or several runs.
+
+Every validation epoch, the analysis (``LogitLensMonitor`` / ``LayerwiseAnalysis``, option ``thresholds``) runs
+early exit at each confidence threshold τ with the shared head (JSON key ``early_exit``) and, for ``MultiExit``
+models, with the separate exit heads too (``exit_early_exit``). This command reads the latest validation summary of
+each run and draws the curves on one figure: the shared-head curve of every run and, for multi-exit runs, their
+separate-heads curve — the paper's comparison of one shared classifier with a classifier per layer.
+
+Usage::
+
+    layerwise sweep runs/cifar_aligned runs/cifar_multi_exit --labels aligned multi_exit --out sweep/
+
+Each ``RUN_OR_JSON`` is a log directory (its latest ``layerwise/val_epoch_EEE.json`` is read) or a summary JSON
+file. Writes ``sweep.md`` and ``sweep.csv`` (one row per curve and threshold: ``curve``, ``threshold``,
+``accuracy``, ``speedup``; the CSV holds the JSON's numbers at full precision) and ``sweep.png``/``sweep.pdf``
+(``--format`` picks the figure formats) in ``--out`` (default: the current folder). Curves are labelled
+"<label> (shared head)" and "<label> (separate heads)"; labels default to the run folder names. Speedup is
+``Σ_l L·m_l / Σ_l l·m_l`` with ``m_l`` the samples exiting at layer ``l`` (the heads' cost ignored).
+"""
+
+import argparse
+import csv
+import io
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional
+
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
+
+from layerwise.figures import _figure
+
+HEADS = {"early_exit": "shared head", "exit_early_exit": "separate heads"}
+_ARGUMENT = "RUN_OR_JSON"
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One accuracy–speedup curve: the early-exit rows of one head kind of one run, in threshold order."""
+
+    label: str
+    key: str
+    rows: list[dict[str, Any]]
+
+    @property
+    def name(self) -> str:
+        """The curve's legend and table label, e.g. ``"aligned (shared head)"``."""
+        return f"{self.label} ({HEADS[self.key]})"
+
+
+def latest_summary(path: Path, option: str = _ARGUMENT, stage: str = "val") -> Path:
+    """The summary JSON named by ``path``: the file itself, or the latest ``<stage>`` epoch of the latest log dir.
+
+    Errors (``FileNotFoundError``) name ``option``.
+    """
+    if path.is_file():
+        return path
+    if not path.is_dir():
+        raise FileNotFoundError(f"{option} {path}: no such file or directory.")
+    found = [p for p in path.rglob(f"{stage}_epoch_*.json") if p.parent.name == "layerwise"]
+    if not found:
+        raise FileNotFoundError(
+            f"{option} {path}: no layerwise/{stage}_epoch_*.json under it; run `layerwise fit` or `layerwise "
+            "validate` with the analysis callbacks first, or give the JSON file."
+        )
+    latest_dir = max({p.parent for p in found}, key=lambda folder: folder.stat().st_mtime)
+    return max(p for p in found if p.parent == latest_dir)
+
+
+def run_label(path: Path) -> str:
+    """A short name of the run a path belongs to: its log folder (``name/version_N`` for TensorBoard layouts)."""
+    path = path.resolve()
+    if path.is_file():
+        path = path.parent.parent if path.parent.name == "layerwise" else path.with_suffix("")
+    return f"{path.parent.name}/{path.name}" if path.name.startswith("version_") else path.name
+
+
+def load_curves(summary_file: Path, label: str, option: str = _ARGUMENT) -> list[Curve]:
+    """The shared-head curve of one summary, plus its separate-heads curve when it has one."""
+    try:
+        summary = json.loads(summary_file.read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"{option} {summary_file}: not a readable summary JSON ({error}).") from None
+    if not isinstance(summary, dict) or not summary.get("early_exit"):
+        raise ValueError(
+            f"{option} {summary_file}: the summary has no `early_exit`; validate with LogitLensMonitor or "
+            "LayerwiseAnalysis (option `thresholds`)."
+        )
+    return [Curve(label, key, list(summary[key])) for key in HEADS if summary.get(key)]
+
+
+def sweep_rows(curves: Sequence[Curve]) -> list[dict[str, Any]]:
+    """One flat row per curve and threshold: ``curve``, ``threshold``, ``accuracy``, ``speedup`` (JSON values)."""
+    return [
+        {"curve": curve.name, "threshold": row["threshold"], "accuracy": row["accuracy"], "speedup": row["speedup"]}
+        for curve in curves
+        for row in curve.rows
+    ]
+
+
+def sweep_markdown(curves: Sequence[Curve]) -> str:
+    """The rows of :func:`sweep_rows` as a markdown table (4 decimals)."""
+    lines = ["| curve | threshold | accuracy | speedup |", "|---|---|---|---|"]
+    for row in sweep_rows(curves):
+        lines.append(f"| {row['curve']} | {row['threshold']:g} | {row['accuracy']:.4f} | {row['speedup']:.4f} |")
+    return "\n".join(lines) + "\n"
+
+
+def sweep_csv(curves: Sequence[Curve]) -> str:
+    """The rows of :func:`sweep_rows` as CSV, floats at full precision (``repr``)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(["curve", "threshold", "accuracy", "speedup"])
+    for row in sweep_rows(curves):
+        writer.writerow([row["curve"], *(repr(float(row[key])) for key in ("threshold", "accuracy", "speedup"))])
+    return buffer.getvalue()
+
+
+def sweep_figure(curves: Sequence[Curve]) -> Figure:
+    """Accuracy against speedup, one line per curve: solid for the shared head, dashed for separate heads.
+
+    Curves of one run share a colour; every point is annotated with its threshold τ.
+    """
+    fig, ax = _figure(6.0, 4.0, right=0.97)
+    colours: dict[str, Any] = {}
+    for curve in curves:
+        colour = colours.setdefault(curve.label, f"C{len(colours) % 10}")
+        shared = curve.key == "early_exit"
+        speedup = [row["speedup"] for row in curve.rows]
+        accuracy = [row["accuracy"] for row in curve.rows]
+        ax.plot(
+            speedup,
+            accuracy,
+            color=colour,
+            linestyle="-" if shared else "--",
+            marker="o" if shared else "s",
+            markersize=4,
+            label=curve.name,
+        )
+        for row in curve.rows:
+            ax.annotate(
+                f"{row['threshold']:g}",
+                (row["speedup"], row["accuracy"]),
+                textcoords="offset points",
+                xytext=(3, 3),
+                fontsize=6,
+                color=colour,
+            )
+    ax.set_xlabel("speedup (L · samples / layers run)")
+    ax.set_ylabel("accuracy")
+    ax.set_title("early exit: accuracy vs speedup (τ at each point)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize="small", loc="best")
+    return fig
+
+
+def write_sweep(curves: Sequence[Curve], out_dir: Path, formats: Sequence[str] = ("png", "pdf")) -> list[Path]:
+    """Write ``sweep.md``, ``sweep.csv`` and ``sweep.<format>`` for every format; returns the written paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = [out_dir / "sweep.md", out_dir / "sweep.csv"]
+    written[0].write_text(sweep_markdown(curves), encoding="utf-8")
+    written[1].write_text(sweep_csv(curves), encoding="utf-8")
+    figure = sweep_figure(curves)
+    try:
+        for fmt in formats:
+            path = out_dir / f"sweep.{fmt}"
+            figure.savefig(path, dpi=150)
+            written.append(path)
+    finally:
+        plt.close(figure)
+    return written
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """Command-line entry: ``layerwise sweep RUN_OR_JSON [RUN_OR_JSON ...] [--labels ...] [--out DIR]``."""
+    parser = argparse.ArgumentParser(
+        prog="layerwise sweep",
+        description="Accuracy against speedup of confidence-threshold early exit: the shared head of every run and "
+        "the separate exit heads of multi-exit runs, from the latest validation summary of each run.",
+    )
+    parser.add_argument("runs", nargs="+", type=Path, metavar=_ARGUMENT, help="a log directory or a summary JSON")
+    parser.add_argument("--labels", nargs="+", help="one name per RUN_OR_JSON (default: the run folder names)")
+    parser.add_argument("--out", type=Path, default=Path("."), help="output folder (default: the current folder)")
+    parser.add_argument(
+        "--format", nargs="+", default=["png", "pdf"], choices=["png", "pdf", "svg"], help="figure formats"
+    )
+    args = parser.parse_args(argv)
+    if args.labels is not None and len(args.labels) != len(args.runs):
+        parser.error(f"--labels has {len(args.labels)} names for {len(args.runs)} {_ARGUMENT} paths; give one each.")
+    curves: list[Curve] = []
+    try:
+        files = [latest_summary(path) for path in args.runs]
+        labels = args.labels or [run_label(path) for path in args.runs]
+        for summary_file, label in zip(files, labels):
+            curves.extend(load_curves(summary_file, label))
+    except (FileNotFoundError, ValueError) as error:
+        parser.error(str(error))
+    print(sweep_markdown(curves), end="")
+    for path in write_sweep(curves, args.out, args.format):
+        print(path)
