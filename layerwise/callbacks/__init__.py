@@ -2,12 +2,14 @@
 
 from layerwise.callbacks.analysis import LayerwiseAnalysis
 from layerwise.callbacks.base import LayerwiseMonitor
+from layerwise.callbacks.early_exit_writer import EarlyExitPredictionWriter
 from layerwise.callbacks.effective_depth import EffectiveDepthMonitor
 from layerwise.callbacks.logit_lens import LogitLensMonitor
 from layerwise.callbacks.neural_collapse import NeuralCollapseMonitor
 from layerwise.callbacks.similarity import LayerSimilarityMonitor
 
 __all__ = [
+    "EarlyExitPredictionWriter",
     "EffectiveDepthMonitor",
     "LayerSimilarityMonitor",
     "LayerwiseAnalysis",

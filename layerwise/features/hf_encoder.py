@@ -1,12 +1,13 @@
 """Layer features of Hugging Face encoders for sequence classification (BERT, RoBERTa, DistilBERT, MiniLM, …)."""
 
+from dataclasses import dataclass, field
 from typing import Any, Optional
 
 import torch
 from torch import Tensor
 
 from layerwise.features.backbone import Backbone
-from layerwise.features.hf import ENCODER_PATHS, HFBackbone, build_model
+from layerwise.features.hf import ENCODER_PATHS, HFBackbone, block_output, build_model
 
 _OPTION = "--model.init_args.backbone.init_args"
 
@@ -63,3 +64,97 @@ class HFEncoder(HFBackbone, Backbone):
         """The [CLS] output of every block: ``(L, B, d)``; one pass of the model, gradients kept."""
         outputs = self.run_collecting(lambda: self.model(**inputs))
         return torch.stack([tokens[:, 0] for tokens in outputs])
+
+    def embed(self, inputs: dict[str, Tensor]) -> tuple[Tensor, "BlockArguments"]:
+        """The tokens entering block 1 and the arguments the model's own encoder calls its blocks with.
+
+        The model's own forward runs up to the entry of block 1 (embeddings, attention-mask construction) and is
+        stopped there by a forward pre-hook, which keeps exactly what the model hands its blocks: the embedded
+        tokens and the attention mask in the format of the configured attention implementation (an additive float
+        mask for ``eager``, a boolean one or ``None`` without padding for ``sdpa``, in transformers 5.x; the
+        extended mask of 4.x). Nothing of the mask logic is re-implemented, so block-by-block execution equals
+        :meth:`forward` for every attention implementation and transformers version whose encoder hands every
+        block the same extra arguments (true for BERT, RoBERTa and DistilBERT without head masks or caches).
+        """
+        captured: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+        def stop(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            captured.append((args, dict(kwargs)))
+            raise _ReachedFirstBlock
+
+        handle = self.blocks[0].register_forward_pre_hook(stop, with_kwargs=True, prepend=True)  # before any other hook
+        try:
+            self.model(**inputs)
+        except _ReachedFirstBlock:
+            pass
+        finally:
+            handle.remove()
+        if not captured:
+            raise RuntimeError(f"{type(self.model).__name__} never called its first block {self.paths.blocks}[0].")
+        args, kwargs = captured[0]
+        if args:
+            hidden, arguments = args[0], BlockArguments(args[1:], kwargs)
+        else:
+            hidden, arguments = kwargs.pop("hidden_states"), BlockArguments((), kwargs, hidden_keyword=True)
+        arguments.batch_size = hidden.shape[0]
+        arguments.check()
+        return hidden, arguments
+
+    def run_block(self, index: int, hidden: Tensor, context: "BlockArguments") -> Tensor:
+        """Block ``index`` (0-based), called as the model's own encoder calls it."""
+        block = self.blocks[index]
+        if context.hidden_keyword:
+            return block_output(block(*context.args, hidden_states=hidden, **context.kwargs))
+        return block_output(block(hidden, *context.args, **context.kwargs))
+
+    def pool(self, hidden: Tensor, context: "BlockArguments") -> Tensor:
+        """The first-token ([CLS]) feature of a block's output, as :meth:`forward` takes it."""
+        return hidden[:, 0]
+
+    def select(self, context: "BlockArguments", rows: Tensor) -> "BlockArguments":
+        """The block arguments of the samples ``rows``."""
+        return context.select(rows)
+
+
+class _ReachedFirstBlock(Exception):
+    """Raised by :meth:`HFEncoder.embed`'s pre-hook to stop the model's forward at the entry of block 1."""
+
+
+@dataclass
+class BlockArguments:
+    """What an encoder block is called with besides the hidden states, captured from the model's own forward.
+
+    Per-sample tensors (those whose first dimension is the batch size, e.g. the ``(B, 1, T, T)`` attention mask)
+    are cut to the remaining rows by :meth:`select`; broadcast tensors (first dimension 1), ``None`` and Python
+    scalars are kept as they are.
+    """
+
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+    hidden_keyword: bool = False
+    batch_size: int = field(default=0)
+
+    def check(self) -> None:
+        """Raise a TypeError for an argument that :meth:`select` could not cut (e.g. flex attention's BlockMask)."""
+        for name, value in self._named():
+            if value is not None and not isinstance(value, (Tensor, bool, int, float, str)):
+                raise TypeError(
+                    f"Block-by-block execution cannot select rows of the block argument {name} of type "
+                    f"{type(value).__name__}; use attn_implementation 'eager' or 'sdpa' "
+                    f"(`{_OPTION}.config_overrides`)."
+                )
+
+    def select(self, rows: Tensor) -> "BlockArguments":
+        """The arguments of the samples ``rows`` (a 1-D index tensor)."""
+
+        def take(value: Any) -> Any:
+            if isinstance(value, Tensor) and value.ndim > 0 and value.shape[0] == self.batch_size:
+                return value.index_select(0, rows.to(value.device))
+            return value
+
+        args = tuple(take(value) for value in self.args)
+        kwargs = {key: take(value) for key, value in self.kwargs.items()}
+        return BlockArguments(args, kwargs, self.hidden_keyword, int(rows.numel()))
+
+    def _named(self) -> list[tuple[str, Any]]:
+        return [(f"#{i + 1}", value) for i, value in enumerate(self.args)] + list(self.kwargs.items())

@@ -94,6 +94,28 @@ class TimmViT(Backbone):
             return prefix[:, 0]
         return pool_tokens(patches, "mean", num_prefix_tokens=0)
 
+    def embed(self, x: Tensor) -> tuple[Tensor, None]:
+        """Tokens entering block 1, ``(B, T, d)``, as timm's ``forward_intermediates`` computes them.
+
+        Patch embedding, position embedding (with the prefix tokens), patch dropout, pre-norm; a ViT's blocks need
+        no context (``None``).
+        """
+        model = self.model
+        return model.norm_pre(model.patch_drop(model._pos_embed(model.patch_embed(x)))), None
+
+    def run_block(self, index: int, hidden: Tensor, context: None) -> Tensor:
+        """Block ``index`` (0-based) of the ViT."""
+        return self.model.blocks[index](hidden)
+
+    def pool(self, hidden: Tensor, context: None) -> Tensor:
+        """The pooled feature of a block's output ``(B, T, d)``, exactly as :meth:`forward` pools it."""
+        prefix_tokens = self.model.num_prefix_tokens
+        return self._pool(hidden[:, prefix_tokens:], hidden[:, :prefix_tokens] if prefix_tokens else None)
+
+    def select(self, context: None, rows: Tensor) -> None:
+        """No context to select from."""
+        return None
+
     def head(self, h: Tensor) -> Tensor:
         """The model's own final norm + classifier, applied to features of any leading shape."""
         model = self.model

@@ -10,6 +10,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
+from layerwise.early_exit import EXIT_LAYERS, early_exit_predict
 from layerwise.features import (
     EXIT_LOGITS,
     EXIT_PREFIX,
@@ -83,6 +84,9 @@ class LayerwiseModule(LightningModule, abc.ABC):
         self.scheduler_interval = scheduler_interval
         self.label_smoothing = label_smoothing
         self.chunk_size = chunk_size
+        # Predict-time early exit ({"threshold": 0.9}, {"entropy": e} or {"patience": p}), set for the duration of
+        # `predict` by layerwise.callbacks.EarlyExitPredictionWriter; None runs the full model.
+        self.early_exit: Optional[dict[str, Any]] = None
 
     @property
     def num_layers(self) -> int:
@@ -190,7 +194,17 @@ class LayerwiseModule(LightningModule, abc.ABC):
         return self._evaluation_step(batch, "test")
 
     def predict_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
+        """Every layer's features and readout, or early-exit inference while ``early_exit`` is set.
+
+        With ``early_exit`` (set by :class:`~layerwise.callbacks.EarlyExitPredictionWriter`) the batch runs block by
+        block and returns ``predictions`` and ``exit_layers`` ``(B,)`` (1-based), plus ``targets`` when labelled;
+        samples that exit skip the remaining blocks, and the full model is not run.
+        """
         inputs, targets = self.backbone.split_batch(batch)
+        if self.early_exit is not None:  # block by block: exited samples skip the remaining blocks
+            result = early_exit_predict(self.backbone, inputs, **self.early_exit)
+            outputs = {PREDICTIONS: result.predictions, EXIT_LAYERS: result.exit_layers}
+            return outputs if targets is None else {**outputs, TARGETS: targets}
         if targets is None and not self.backbone.token_level:  # unlabelled images: read every layer without targets
             features = self.backbone(inputs)
             logits = self.backbone.head(features)
