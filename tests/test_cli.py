@@ -83,6 +83,16 @@ def test_every_language_config_parses_and_instantiates(config, tmp_path):
             f"        model_type: {family}\n        config_overrides: {TINY_HF[family]}\n"
         )
         args += ["--config", str(override)]
+    if "../shared/data" in text and not (ROOT.parent / "shared" / "data").is_dir():
+        # the demonstrations read the real local data; elsewhere, files in the same formats stand in for it
+        corpus = tmp_path / "input.txt"
+        corpus.write_text("First Citizen:\nBefore we proceed any further, hear me speak.\n" * 200)
+        (tmp_path / "sst2").mkdir()
+        for split in ("train", "validation"):
+            rows = "".join(f"a {'good' if i % 2 else 'bad'} film {i}\t{i % 2}\n" for i in range(40))
+            (tmp_path / "sst2" / f"{split}.tsv").write_text("sentence\tlabel\n" + rows)
+        data = ["--data.init_args.train_files=[" + str(corpus) + "]"] if "Shakespeare" in text else []
+        args += data or [f"--data.init_args.data_dir={tmp_path / 'sst2'}"]
     if "/path/to/" in text:  # the LLaMA analysis reads a local text file
         corpus = tmp_path / "text.txt"
         corpus.write_text("a few words of text\n" * 50)
