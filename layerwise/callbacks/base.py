@@ -404,8 +404,9 @@ class LayerwiseMonitor(Callback):
         # The values are already global (reduced above), so they go to the loggers directly, as LearningRateMonitor
         # does: no per-scalar collective. They also land in callback_metrics so checkpoints/early stopping can
         # monitor them on every rank.
+        callback_metrics = trainer.callback_metrics  # a property that gathers the logged metrics: read it once
         for key, value in scalars.items():
-            trainer.callback_metrics[key] = torch.tensor(value)
+            callback_metrics[key] = torch.tensor(value)
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.log_metrics(scalars, step=trainer.global_step)
