@@ -8,8 +8,6 @@ in every child (about 15 s each on a loaded 2-core box). The children run a sing
 workers do, so a forked OpenMP pool is never used.
 """
 
-import os
-
 import pytest
 import torch
 from helpers import assert_json_close, fitted_module, read_features, read_summary, trainer, val_loader
@@ -17,18 +15,6 @@ from helpers import assert_json_close, fitted_module, read_features, read_summar
 from layerwise.callbacks import LayerwiseAnalysis
 
 N = 101
-
-
-@pytest.fixture
-def single_thread():
-    """One intra-op thread in the parent (inherited by forked children); environment and threads restored after."""
-    environment, threads = dict(os.environ), torch.get_num_threads()
-    os.environ["OMP_NUM_THREADS"] = "1"  # keeps Lightning from raising the children's thread count again
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-    os.environ.clear()
-    os.environ.update(environment)
 
 
 def analyse(root, weights, **trainer_options):

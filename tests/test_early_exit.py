@@ -10,7 +10,6 @@ chosen half-way between two observed values.
 import csv
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
@@ -359,18 +358,6 @@ def test_writer_predicts_with_early_exit_and_writes_csv_and_json(tmp_path):
     assert json.loads((tmp_path / "exits.summary.json").read_text())["accuracy"] is None
     plain = trainer(tmp_path, []).predict(module, images)
     assert plain[0]["predictions"].shape == (module.num_layers, 4)
-
-
-@pytest.fixture
-def single_thread():
-    """One intra-op thread in the parent (inherited by forked children); environment and threads restored after."""
-    environment, threads = dict(os.environ), torch.get_num_threads()
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-    os.environ.clear()
-    os.environ.update(environment)
 
 
 def test_writer_under_ddp_writes_every_sample_once_in_index_order(tmp_path, single_thread):

@@ -6,7 +6,6 @@ References are computed independently, in float64, from Hugging Face's own outpu
 """
 
 import itertools
-import os
 
 import pytest
 import torch
@@ -411,15 +410,6 @@ def test_glue_style_per_layer_f1_and_accuracy_equal_independent_computation(tmp_
 
 
 # -------------------------------------------------------------------------------------------------------- DDP
-@pytest.fixture
-def single_thread():
-    environment, threads = dict(os.environ), torch.get_num_threads()
-    os.environ["OMP_NUM_THREADS"] = "1"
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-    os.environ.clear()
-    os.environ.update(environment)
 
 
 class RecordingSampled(Aligned):
