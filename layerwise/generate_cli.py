@@ -7,7 +7,6 @@ Hugging Face model) or a Hugging Face causal LM; layers are numbered 1..L as in 
 """
 
 import argparse
-import importlib
 import json
 from pathlib import Path
 from typing import Any, Optional
@@ -15,6 +14,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from layerwise.export import load_module
 from layerwise.generation import STRATEGIES, check_generation_options, generate_from_layer, num_blocks
 
 
@@ -122,18 +122,12 @@ def load_causal_lm(checkpoint: Optional[Path], model: Optional[str]) -> nn.Modul
         except OSError as error:
             raise ValueError(f"--model {model!r} could not be loaded ({error}); offline, give a folder.") from None
     assert checkpoint is not None
-    saved = torch.load(checkpoint, map_location="cpu", weights_only=False, mmap=True)  # mmap: tensors stay on disk
-    class_path = saved.get("hyper_parameters", {}).get("_class_path")
-    if not class_path:
-        raise ValueError(
-            f"--checkpoint {checkpoint}: no hyper_parameters['_class_path'] (write checkpoints with `layerwise fit`)."
-        )
-    module_name, _, class_name = class_path.rpartition(".")
-    module_class = getattr(importlib.import_module(module_name), class_name)
-    module = module_class.load_from_checkpoint(checkpoint, map_location="cpu")
+    module = load_module(checkpoint)
     backbone = getattr(module, "backbone", None)
     if not isinstance(getattr(backbone, "model", None), nn.Module):
-        raise ValueError(f"--checkpoint {checkpoint}: {class_path} has no `backbone.model` (a Hugging Face model).")
+        raise ValueError(
+            f"--checkpoint {checkpoint}: {type(module).__name__} has no `backbone.model` (a Hugging Face model)."
+        )
     return backbone.model
 
 
