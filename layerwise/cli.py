@@ -46,7 +46,7 @@ def main(args: Optional[list[str]] = None) -> None:
     """Entry point of ``layerwise`` and ``python -m layerwise``."""
     argv = sys.argv[1:] if args is None else list(args)
     if argv and argv[0] == "plot":
-        from layerwise.plot import main as plot_main
+        from layerwise.figures.plot import main as plot_main
 
         plot_main(argv[1:])
         return

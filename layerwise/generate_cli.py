@@ -11,11 +11,10 @@ import json
 from pathlib import Path
 from typing import Any, Optional
 
-import torch
 from torch import nn
 
-from layerwise.export import load_module
-from layerwise.generation import STRATEGIES, check_generation_options, generate_from_layer, num_blocks
+from layerwise.inference.generation import STRATEGIES, check_generation_options, generate_from_layer, num_blocks
+from layerwise.lightning_modules.checkpoint import load_module
 
 
 def _add_common_options(parser: argparse.ArgumentParser) -> None:
@@ -144,7 +143,6 @@ def _run_generate(args: argparse.Namespace, model: nn.Module, tokenizer: Any, to
     prompt_ids = tokenizer(args.prompt, return_tensors="pt")["input_ids"]
     results = []
     for layer in layers:
-        generator = torch.Generator().manual_seed(args.seed)
         ids = generate_from_layer(
             model,
             prompt_ids,
@@ -154,7 +152,7 @@ def _run_generate(args: argparse.Namespace, model: nn.Module, tokenizer: Any, to
             top_k=args.top_k,
             top_p=args.top_p,
             temperature=args.temperature,
-            generator=generator,
+            seed=args.seed,
             eos_token_id=tokenizer.eos_token_id,
         )[0].tolist()
         text = tokenizer.decode(ids, skip_special_tokens=True)
@@ -169,7 +167,7 @@ def _run_generate(args: argparse.Namespace, model: nn.Module, tokenizer: Any, to
 
 
 def _run_lens(args: argparse.Namespace, model: nn.Module, tokenizer: Any, total: int) -> None:
-    from layerwise.lens import lens_markdown, lens_table, write_lens
+    from layerwise.inference.lens import lens_markdown, lens_table, write_lens
 
     rows = None if args.layers is None else [layer - 1 for layer in args.layers]
     table = lens_table(model, tokenizer, args.prompt, args.max_new_tokens, rows)

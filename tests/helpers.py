@@ -17,10 +17,10 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from layerwise.callbacks.summary import summary_path
 from layerwise.datamodules.digits import DigitsDataModule
 from layerwise.features import TimmViT
 from layerwise.lightning_modules import AlternatingAligned, Standard
+from layerwise.results import summary_path
 
 DEPTH, DIM, CLASSES = 4, 16, 10
 HEAD_SCALE = 30.0

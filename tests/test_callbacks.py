@@ -38,7 +38,7 @@ from layerwise.callbacks import (
 )
 from layerwise.callbacks.effective_depth import DEFAULT_EPSILONS
 from layerwise.callbacks.logit_lens import DEFAULT_THRESHOLDS
-from layerwise.callbacks.summary import REQUIRED_KEYS, summary_path
+from layerwise.results import REQUIRED_KEYS, summary_path
 
 N = 101  # validation samples: 6 batches of 16 and a ragged one of 5
 THRESHOLDS = [0.3, 0.5, 0.7, 0.9]

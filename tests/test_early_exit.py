@@ -19,8 +19,8 @@ from torch import nn
 
 from layerwise.callbacks import EarlyExitPredictionWriter
 from layerwise.cli import LayerwiseCLI
-from layerwise.early_exit import check_criterion, early_exit_predict, measure_speedup
 from layerwise.features import Backbone, HFEncoder, TimmViT
+from layerwise.inference.early_exit import check_criterion, early_exit_predict, measure_speedup
 from layerwise.metrics.functional import _early_exit_compute, _early_exit_update
 
 QUICKSTART = str(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml")

@@ -23,7 +23,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from layerwise.callbacks import LayerwiseAnalysis
-from layerwise.features.hooks import HookTap, find_paths
+from layerwise.features.hooks import HookTap, hook_paths
 
 N = 101
 
@@ -225,7 +225,7 @@ def test_hf_path_table_and_tap_reproduce_the_model(family):
     batch = text_batch()
     with torch.no_grad():
         output = model(**batch, output_hidden_states=True)  # transformers keeps a capturing hook on every layer
-    paths = find_paths(model)
+    paths = hook_paths(model, pooling=None if family == "bert" else "last")
     blocks = model.get_submodule(paths.blocks)
     before = hook_counts(blocks)
     tap = HookTap(model, paths)

@@ -16,7 +16,6 @@ from torch import Tensor, nn
 from torchmetrics import Metric
 
 from layerwise.callbacks._sampling import rank_indices, real_samples_on_rank
-from layerwise.callbacks.summary import merge_summary, summary_path
 from layerwise.features import (
     EXIT_LOGITS,
     EXIT_PREFIX,
@@ -31,9 +30,10 @@ from layerwise.features import (
     check_layer_outputs,
     is_layer_outputs,
 )
-from layerwise.features.hooks import HookTap, resolve_paths
+from layerwise.features.hooks import HookTap, hook_paths
 from layerwise.features.layers import LayerSelection, select_layers
 from layerwise.metrics import Readout, SampleCount, all_reduce_sum_states, readout_from_logits
+from layerwise.results import merge_summary, summary_path, write_atomic
 
 Source = Literal["auto", "outputs", "hooks"]
 
@@ -283,7 +283,7 @@ class LayerwiseMonitor(Callback):
         self._indices = rank_indices(loader) if self.save_features and trainer.world_size > 1 else None
         self._saved = {}
         if self._uses_hooks(pl_module):
-            self._tap = HookTap(pl_module, resolve_paths(pl_module, **self.hook_paths))
+            self._tap = HookTap(pl_module, hook_paths(pl_module, **self.hook_paths))
             self._hooks.enter_context(self._tap.attached())
         self._build(pl_module)
 
@@ -467,9 +467,7 @@ class LayerwiseMonitor(Callback):
         if trainer.is_global_zero and local:
             path = summary_path(log_dir, stage, trainer.current_epoch)
             target = path.with_name(path.stem + "_features.pt")
-            temporary = target.with_suffix(".tmp")
-            torch.save(local, temporary)
-            temporary.replace(target)
+            write_atomic(target, lambda file: torch.save(local, file))
 
 
 def _merge_ranks(gathered: list[Any]) -> dict[str, Tensor]:

@@ -3,8 +3,6 @@
 import csv
 import io
 import json
-import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Optional
@@ -15,9 +13,9 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
-from layerwise.callbacks.summary import to_json
-from layerwise.early_exit import EXIT_LAYERS, check_criterion, layer_count_speedup
 from layerwise.features import IGNORE_INDEX, PREDICTIONS, TARGETS
+from layerwise.inference.early_exit import EXIT_LAYERS, check_criterion, layer_count_speedup
+from layerwise.results import to_json, write_text_atomic
 
 _OPTION = "--trainer.callbacks."
 _COLUMNS = ("index", "dataloader", "prediction", "exit_layer", "target")
@@ -28,9 +26,9 @@ class EarlyExitPredictionWriter(BasePredictionWriter):
 
     On predict start it sets the module's ``early_exit`` attribute, so that
     :meth:`~layerwise.lightning_modules.LayerwiseModule.predict_step` runs
-    :func:`layerwise.early_exit.early_exit_predict` (block by block; samples that meet the criterion leave the batch
-    and skip the remaining blocks) instead of the full model, and resets it when predict ends. Give exactly one
-    criterion (see :mod:`layerwise.early_exit` for the exact definitions).
+    :func:`layerwise.inference.early_exit.early_exit_predict` (block by block; samples that meet the criterion leave
+    the batch and skip the remaining blocks) instead of the full model, and resets it when predict ends. Give exactly
+    one criterion (see :mod:`layerwise.inference.early_exit` for the exact definitions).
 
     Rows are collected on every rank, gathered to global rank zero (under DDP each process predicts a part of the
     data) and written there, ordered by dataset index, each sample once. Both files are written atomically
@@ -130,8 +128,8 @@ class EarlyExitPredictionWriter(BasePredictionWriter):
         if trainer.is_global_zero:
             rows = _sorted_unique(rows)
             summary = self._summary(rows, pl_module.num_layers)
-            _write_atomically(self.output_path, self._render(rows))
-            _write_atomically(self.summary_path, json.dumps(to_json(summary), indent=1, allow_nan=False) + "\n")
+            write_text_atomic(self.output_path, self._render(rows))
+            write_text_atomic(self.summary_path, json.dumps(to_json(summary), indent=1, allow_nan=False) + "\n")
             accuracy = "n/a" if summary["accuracy"] is None else f"{summary['accuracy']:.4f}"
             rank_zero_info(
                 f"layerwise: early exit {self.criterion} on {summary['num_samples']} samples: layer-count speedup "
@@ -196,16 +194,3 @@ def _sorted_unique(rows: Tensor) -> Tensor:
     first = torch.ones(rows.shape[0], dtype=torch.bool)
     first[1:] = (key[1:] != key[:-1]).any(dim=1)
     return rows[first]
-
-
-def _write_atomically(path: Path, text: str) -> None:
-    """Write ``text`` to a temporary file in the same folder and rename it into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(handle, "w", newline="") as file:
-            file.write(text)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise

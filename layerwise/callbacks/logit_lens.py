@@ -8,7 +8,7 @@ from lightning.pytorch import Trainer
 from torchmetrics import Metric
 
 from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor, _per_layer
-from layerwise.figures import exits_per_layer, saturation_histogram
+from layerwise.figures.summary import exits_per_layer, saturation_histogram
 from layerwise.metrics import (
     EarlyExit,
     LayerAccuracy,

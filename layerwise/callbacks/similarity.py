@@ -5,7 +5,7 @@ from typing import Any, Literal
 from torchmetrics import Metric
 
 from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor, _per_layer
-from layerwise.figures import heatmap
+from layerwise.figures.summary import heatmap
 from layerwise.metrics import LayerCKA, LayerCosineSimilarity, MinibatchCKA
 
 CKAEstimator = Literal["exact", "minibatch", "none"]

@@ -1,8 +1,9 @@
-"""Where layer outputs come from: one tap per model family, plus a generic hook tap."""
+"""Layer access: where the layers of a model live (one table), hooks on them, truncation, and the backbones."""
 
 from layerwise.features.backbone import IGNORE_INDEX, Backbone
 from layerwise.features.hf_causal_lm import HFCausalLM
 from layerwise.features.hf_encoder import HFEncoder
+from layerwise.features.hooks import HookTap, collect_block_outputs, hooked_blocks
 from layerwise.features.layers import select_layers
 from layerwise.features.outputs import (
     EXIT_LOGITS,
@@ -18,11 +19,23 @@ from layerwise.features.outputs import (
     check_layer_outputs,
     is_layer_outputs,
 )
+from layerwise.features.paths import FAMILIES, LayerPaths, find_layer_paths, get_blocks, layer_paths
 from layerwise.features.pooling import POOLINGS, pool_tokens
 from layerwise.features.readout import chunked_cross_entropy, chunked_kl_divergence, chunked_readout
 from layerwise.features.timm_vit import TimmViT
+from layerwise.features.truncate import truncated, truncated_copy
 
 __all__ = [
+    "FAMILIES",
+    "HookTap",
+    "LayerPaths",
+    "collect_block_outputs",
+    "find_layer_paths",
+    "get_blocks",
+    "hooked_blocks",
+    "layer_paths",
+    "truncated",
+    "truncated_copy",
     "EXIT_LOGITS",
     "EXIT_PREFIX",
     "FEATURES",

@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from layerwise.features.backbone import IGNORE_INDEX, Backbone
-from layerwise.features.hf import CAUSAL_LM_PATHS, HFBackbone, build_model
+from layerwise.features.hf import HFBackbone, build_model
 
 _OPTION = "--model.init_args.backbone.init_args"
 
@@ -28,7 +28,7 @@ class HFCausalLM(HFBackbone, Backbone):
         model_type: e.g. ``"gpt2"`` or ``"llama"``, with ``config_overrides`` for a model built offline.
         pretrained: load the weights (else only the named config).
         config_overrides: config fields, e.g. ``{"n_layer": 4, "n_embd": 128, "vocab_size": 257}``.
-        torch_dtype: optional dtype to load pretrained weights in, e.g. ``"bfloat16"`` for analysing a large model.
+        dtype: optional dtype to load pretrained weights in, e.g. ``"bfloat16"`` for analysing a large model.
 
     Shapes:
         ``forward(inputs)``: dict of ``input_ids``/``attention_mask`` ``(B, T)`` -> ``(L, B, T, d)``.
@@ -43,15 +43,15 @@ class HFCausalLM(HFBackbone, Backbone):
         model_type: Optional[str] = None,
         pretrained: bool = True,
         config_overrides: Optional[dict[str, Any]] = None,
-        torch_dtype: Optional[str] = None,
+        dtype: Optional[str] = None,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
-        extra = {"dtype": getattr(torch, torch_dtype)} if torch_dtype and pretrained and model_name_or_path else {}
+        extra = {"dtype": getattr(torch, dtype)} if dtype and pretrained and model_name_or_path else {}
         model = build_model(
             AutoModelForCausalLM, model_name_or_path, model_type, pretrained, config_overrides, _OPTION, **extra
         )
-        super().__init__(model, CAUSAL_LM_PATHS, f"{_OPTION}.model_type")
+        super().__init__(model, f"{_OPTION}.model_type")
         self.num_classes = int(model.config.vocab_size)
 
     @property

@@ -7,7 +7,8 @@ import torch
 from torch import Tensor
 
 from layerwise.features.backbone import Backbone
-from layerwise.features.hf import ENCODER_PATHS, HFBackbone, block_output, build_model
+from layerwise.features.hf import HFBackbone, build_model
+from layerwise.features.hooks import block_output, capture_block_call
 
 _OPTION = "--model.init_args.backbone.init_args"
 
@@ -18,7 +19,8 @@ class HFEncoder(HFBackbone, Backbone):
     "The output of layer l" is the first-token ([CLS]) output of encoder block ``l``. The *shared head* is the
     model's own pooler (where it has one: BERT's dense + tanh) followed by its classifier (RoBERTa: its
     classification head; DistilBERT: pre-classifier + ReLU + classifier), applied to every layer; at the last layer
-    it reproduces the model's own logits. Known model types: see ``ENCODER_PATHS`` in :mod:`layerwise.features.hf`.
+    it reproduces the model's own logits. Known model types: the encoder families of
+    :data:`layerwise.features.paths.FAMILIES`.
 
     Args:
         model_name_or_path: hub name (``"bert-base-uncased"``) or local folder; ``None`` builds ``model_type`` from
@@ -52,7 +54,12 @@ class HFEncoder(HFBackbone, Backbone):
             _OPTION,
             num_labels=num_classes,
         )
-        super().__init__(model, ENCODER_PATHS, f"{_OPTION}.model_type")
+        super().__init__(model, f"{_OPTION}.model_type")
+        if self.paths.pooling != "cls":
+            raise ValueError(
+                f"`{_OPTION}.model_type`: HFEncoder reads the first ([CLS]) token, but {type(model).__name__} "
+                f"classifies from its {self.paths.pooling!r} token; use an encoder (bert, roberta, distilbert, ...)."
+            )
         self.num_classes = num_classes
 
     @property
@@ -76,22 +83,7 @@ class HFEncoder(HFBackbone, Backbone):
         :meth:`forward` for every attention implementation and transformers version whose encoder hands every
         block the same extra arguments (true for BERT, RoBERTa and DistilBERT without head masks or caches).
         """
-        captured: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
-
-        def stop(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            captured.append((args, dict(kwargs)))
-            raise _ReachedFirstBlock
-
-        handle = self.blocks[0].register_forward_pre_hook(stop, with_kwargs=True, prepend=True)  # before any other hook
-        try:
-            self.model(**inputs)
-        except _ReachedFirstBlock:
-            pass
-        finally:
-            handle.remove()
-        if not captured:
-            raise RuntimeError(f"{type(self.model).__name__} never called its first block {self.paths.blocks}[0].")
-        args, kwargs = captured[0]
+        args, kwargs = capture_block_call(self.blocks[0], lambda: self.model(**inputs))
         if args:
             hidden, arguments = args[0], BlockArguments(args[1:], kwargs)
         else:
@@ -114,10 +106,6 @@ class HFEncoder(HFBackbone, Backbone):
     def select(self, context: "BlockArguments", rows: Tensor) -> "BlockArguments":
         """The block arguments of the samples ``rows``."""
         return context.select(rows)
-
-
-class _ReachedFirstBlock(Exception):
-    """Raised by :meth:`HFEncoder.embed`'s pre-hook to stop the model's forward at the entry of block 1."""
 
 
 @dataclass

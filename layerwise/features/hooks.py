@@ -1,97 +1,151 @@
-"""Layer features of any model through forward hooks, for Lightning modules that know nothing of layerwise."""
+"""The one way layerwise hooks blocks: context managers that always remove their hooks.
 
-from collections.abc import Iterator, Sequence
+- :func:`hooked_blocks` calls ``on_input(index, hidden)`` / ``on_output(index, hidden)`` for every block call.
+- :func:`collect_block_outputs` runs a forward pass and returns every block's output in block order.
+- :func:`capture_block_call` runs a forward pass up to the entry of one block and returns what it was called with.
+- :class:`HookTap` pools every block's output of a model the callbacks know nothing about.
+"""
+
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import Any, Optional, Union
 
 import torch
 from torch import Tensor, nn
 
 from layerwise.features.outputs import FEATURES, LOGITS
+from layerwise.features.paths import HeadSteps, LayerPaths, find_layer_paths, get_blocks
 from layerwise.features.pooling import check_pooling, pool_tokens
 
+BlockCallback = Callable[[int, Tensor], None]
 
-@dataclass(frozen=True)
-class ModelPaths:
-    """Dotted paths, relative to one model, of its blocks, final norm and classifier.
 
-    ``final_norm`` and ``classifier`` are sequences of modules applied in order to the pooled feature; together they
-    are the model's *shared head*.
+def block_output(output: Any) -> Tensor:
+    """The hidden states a block returns (a tensor, or the first element of a tuple in older transformers)."""
+    return output[0] if isinstance(output, (tuple, list)) else output
+
+
+def _block_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
+    return args[0] if args else kwargs["hidden_states"]
+
+
+def _output_hook(on_output: BlockCallback, index: int) -> Callable[..., None]:
+    return lambda module, args, output: on_output(index, block_output(output))
+
+
+@contextmanager
+def hooked_blocks(
+    blocks: Sequence[nn.Module],
+    on_output: Optional[BlockCallback] = None,
+    on_input: Optional[BlockCallback] = None,
+    indices: Optional[Sequence[int]] = None,
+) -> Iterator[None]:
+    """Call ``on_input``/``on_output`` with ``(block index, hidden states (B, T, d))`` at every call of the blocks.
+
+    Args:
+        blocks: the block list (from :func:`~layerwise.features.paths.get_blocks`).
+        on_output: called with each block's output (the residual stream after the block).
+        on_input: called with each block's input (the residual stream before it).
+        indices: 0-based blocks to hook (default all).
+
+    The hooks are removed on exit, whatever happens in the body.
     """
-
-    blocks: str
-    final_norm: tuple[str, ...]
-    classifier: tuple[str, ...]
-    pooling: str
-    num_prefix_tokens: int = 1
-
-
-def _timm_vit_paths(model: nn.Module) -> ModelPaths:
-    pooling = "cls" if getattr(model, "global_pool", "token") == "token" else "mean"
-    return ModelPaths("blocks", ("norm", "fc_norm"), ("head_drop", "head"), pooling, model.num_prefix_tokens)
-
-
-# model class name -> paths. The one table of known families (tuned-lens style), instead of scattered checks.
-PATH_TABLE: dict[str, Any] = {
-    "VisionTransformer": _timm_vit_paths,
-    "BertForSequenceClassification": ModelPaths(
-        "bert.encoder.layer", (), ("bert.pooler.dense", "bert.pooler.activation", "dropout", "classifier"), "cls"
-    ),
-    "GPT2ForSequenceClassification": ModelPaths("transformer.h", ("transformer.ln_f",), ("score",), "last", 0),
-    "LlamaForSequenceClassification": ModelPaths("model.layers", ("model.norm",), ("score",), "last", 0),
-}
+    handles = []
+    try:
+        for index in range(len(blocks)) if indices is None else indices:
+            block = blocks[index]
+            if on_input is not None:
+                handles.append(
+                    block.register_forward_pre_hook(
+                        lambda module, args, kwargs, i=index: on_input(i, _block_input(args, kwargs)), with_kwargs=True
+                    )
+                )
+            if on_output is not None:
+                handles.append(
+                    block.register_forward_hook(
+                        lambda module, args, output, i=index: on_output(i, block_output(output))
+                    )
+                )
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
-def find_paths(root: nn.Module) -> ModelPaths:
-    """Find a known model family inside ``root`` and return its paths relative to ``root``."""
-    for prefix, module in root.named_modules():
-        entry = PATH_TABLE.get(type(module).__name__)
-        if entry is None:
-            continue
-        paths = entry(module) if callable(entry) else entry
-        dot = f"{prefix}." if prefix else ""
-        return ModelPaths(
-            blocks=dot + paths.blocks,
-            final_norm=tuple(dot + path for path in paths.final_norm),
-            classifier=tuple(dot + path for path in paths.classifier),
-            pooling=paths.pooling,
-            num_prefix_tokens=paths.num_prefix_tokens,
-        )
-    raise ValueError(
-        f"layerwise does not know where the blocks, final norm and classifier of {type(root).__name__} are (known: "
-        f"{sorted(PATH_TABLE)}). Give the callback their dotted paths relative to the LightningModule, e.g. "
-        "`blocks='model.encoder.layers', final_norm='model.norm', classifier='model.head', pooling='cls'`."
-    )
+def collect_block_outputs(blocks: Sequence[nn.Module], run: Callable[[], Any]) -> list[Tensor]:
+    """Call ``run()`` (one forward pass) and return every block's output, in block order, gradients kept."""
+    outputs: list[Tensor] = []
+    with hooked_blocks(blocks, on_output=lambda index, hidden: outputs.append(hidden)):
+        run()
+    if len(outputs) != len(blocks):
+        raise RuntimeError(f"Expected one output from each of the {len(blocks)} blocks, got {len(outputs)}.")
+    return outputs
 
 
-def _as_paths(value: Union[str, Sequence[str], None]) -> tuple[str, ...]:
+class _ReachedBlock(Exception):
+    """Raised by :func:`capture_block_call`'s pre-hook to stop the forward pass at the entry of a block."""
+
+
+def capture_block_call(block: nn.Module, run: Callable[[], Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """Run ``run()`` up to the entry of ``block`` and return the ``(args, kwargs)`` the model calls it with.
+
+    The model's own forward computes everything before the block (embeddings, position encodings, attention-mask
+    construction for the configured attention implementation) and is stopped there, so nothing of it is
+    re-implemented.
+    """
+    captured: list[tuple[tuple[Any, ...], dict[str, Any]]] = []
+
+    def stop(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        captured.append((args, dict(kwargs)))
+        raise _ReachedBlock
+
+    handle = block.register_forward_pre_hook(stop, with_kwargs=True, prepend=True)  # before any other hook
+    try:
+        run()
+    except _ReachedBlock:
+        pass
+    finally:
+        handle.remove()
+    if not captured:
+        raise RuntimeError(f"The forward pass never called the block {type(block).__name__}.")
+    return captured[0]
+
+
+def _as_steps(value: Union[str, Sequence[str], None]) -> tuple[str, ...]:
     if value is None:
         return ()
     return (value,) if isinstance(value, str) else tuple(value)
 
 
-def resolve_paths(
+def hook_paths(
     root: nn.Module,
     blocks: Optional[str] = None,
     final_norm: Union[str, Sequence[str], None] = None,
     classifier: Union[str, Sequence[str], None] = None,
     pooling: Optional[str] = None,
     num_prefix_tokens: Optional[int] = None,
-) -> ModelPaths:
-    """Explicit paths where given (``blocks`` and ``classifier`` together), else the path table's."""
+) -> LayerPaths:
+    """Paths relative to ``root``: the given ones (``blocks`` and ``classifier`` together), else the table's."""
     if blocks is None and classifier is None:
-        found = find_paths(root)
+        found = find_layer_paths(root)
     elif blocks is None or classifier is None:
         raise ValueError("Give both `blocks` and `classifier` (and `final_norm` if the model has one), or neither.")
     else:
-        found = ModelPaths(blocks, _as_paths(final_norm), _as_paths(classifier), "cls", 1)
-    return ModelPaths(
+        found = LayerPaths(blocks, head=_as_steps(classifier), final_norm=_as_steps(final_norm))
+    if found.pooling == "tokens" and pooling is None:
+        raise ValueError(
+            f"The {found.family} model in {type(root).__name__} predicts at every token: give `pooling` "
+            "('cls', 'mean' or 'last') for the callbacks' per-sample features."
+        )
+    return LayerPaths(
         blocks=found.blocks,
+        head=found.head,
         final_norm=found.final_norm,
-        classifier=found.classifier,
+        embeddings=found.embeddings,
         pooling=pooling or found.pooling,
         num_prefix_tokens=found.num_prefix_tokens if num_prefix_tokens is None else num_prefix_tokens,
+        family=found.family,
+        task=found.task,
     )
 
 
@@ -100,20 +154,18 @@ class HookTap:
 
     Args:
         root: the module the paths are relative to (usually the LightningModule).
-        paths: where the blocks, final norm and classifier are (see :func:`resolve_paths`).
+        paths: where the blocks, final norm and classifier are (see :func:`hook_paths`).
 
     Use ``with tap.attached(): ...`` around the forward passes; the hooks are always removed on exit. After each
     forward pass, :meth:`pop` returns ``features`` ``(L, B, d)`` and shared-head ``logits`` ``(L, B, C)``.
     """
 
-    def __init__(self, root: nn.Module, paths: ModelPaths) -> None:
+    def __init__(self, root: nn.Module, paths: LayerPaths) -> None:
         check_pooling(paths.pooling)
         self.paths = paths
-        self.blocks = _get(root, paths.blocks, "blocks")
-        if not isinstance(self.blocks, (nn.ModuleList, nn.Sequential)):
-            raise ValueError(f"`blocks={paths.blocks!r}` must name a ModuleList/Sequential of transformer blocks.")
-        self.head_modules = [_get(root, path, "final_norm") for path in paths.final_norm]
-        self.head_modules += [_get(root, path, "classifier") for path in paths.classifier]
+        self.blocks = get_blocks(root, paths)
+        self.head_steps = HeadSteps(root, paths.shared_head)
+        self.head_modules = self.head_steps.modules()
         self.attention_mask: Optional[Tensor] = None
         self._pooled: list[Tensor] = []
 
@@ -125,24 +177,19 @@ class HookTap:
     @contextmanager
     def attached(self) -> Iterator["HookTap"]:
         """Register one forward hook per block; removed on exit, whatever happens."""
-        handles = [block.register_forward_hook(self._hook) for block in self.blocks]
         try:
-            yield self
+            with hooked_blocks(self.blocks, on_output=self._hook):
+                yield self
         finally:
-            for handle in handles:
-                handle.remove()
             self._pooled.clear()
 
-    def _hook(self, module: nn.Module, args: Any, output: Any) -> None:
-        tokens = output[0] if isinstance(output, (tuple, list)) else output
+    def _hook(self, index: int, tokens: Tensor) -> None:
         pooled = pool_tokens(tokens, self.paths.pooling, self.paths.num_prefix_tokens, self.attention_mask)
         self._pooled.append(pooled.detach())
 
     def head(self, h: Tensor) -> Tensor:
         """The model's own final norm + classifier applied to features of any leading shape."""
-        for module in self.head_modules:
-            h = module(h)
-        return h
+        return self.head_steps(h)
 
     @torch.no_grad()
     def pop(self) -> dict[str, Tensor]:
@@ -153,12 +200,8 @@ class HookTap:
                 f"Expected one output from each of the {self.num_layers} blocks in one evaluation step, got "
                 f"{len(pooled)}: the step must run the model exactly once per batch."
             )
+        widths = {tuple(tensor.shape[1:]) for tensor in pooled}
+        if len(widths) > 1:
+            raise ValueError(f"The hooked blocks ({self.paths.blocks}) return features of different shapes {widths}.")
         features = torch.stack(pooled)
         return {FEATURES: features, LOGITS: self.head(features)}
-
-
-def _get(root: nn.Module, path: str, option: str) -> nn.Module:
-    try:
-        return root.get_submodule(path)
-    except AttributeError:
-        raise ValueError(f"`{option}={path!r}` names no submodule of {type(root).__name__}.") from None

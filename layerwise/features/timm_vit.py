@@ -1,6 +1,5 @@
 """Layer features of timm VisionTransformer / DeiT models, without hooks."""
 
-import copy
 import difflib
 from typing import Optional
 
@@ -9,6 +8,8 @@ import torch
 from torch import Tensor, nn
 
 from layerwise.features.backbone import Backbone
+from layerwise.features.hooks import capture_block_call
+from layerwise.features.paths import HeadSteps, layer_paths
 from layerwise.features.pooling import Pooling, check_pooling, pool_tokens
 
 _TIMM_POOL = {"cls": "token", "mean": "avg"}
@@ -76,6 +77,7 @@ class TimmViT(Backbone):
         if not hasattr(model, "forward_intermediates") or not hasattr(model, "blocks"):
             raise ValueError(f"`{option}.model_name={model_name!r}` is not a VisionTransformer-style timm model.")
         self.model = model
+        self.paths = layer_paths(model, f"{option}.model_name")
         self.pooling = pooling
         self.num_classes = num_classes
         self.num_layers = len(model.blocks)
@@ -95,13 +97,13 @@ class TimmViT(Backbone):
         return pool_tokens(patches, "mean", num_prefix_tokens=0)
 
     def embed(self, x: Tensor) -> tuple[Tensor, None]:
-        """Tokens entering block 1, ``(B, T, d)``, as timm's ``forward_intermediates`` computes them.
+        """Tokens entering block 1, ``(B, T, d)``, as the model's own forward computes them.
 
-        Patch embedding, position embedding (with the prefix tokens), patch dropout, pre-norm; a ViT's blocks need
-        no context (``None``).
+        Patch embedding, position embedding (with the prefix tokens), patch dropout, pre-norm: timm's
+        ``forward_features`` runs up to the entry of block 1 and is stopped there. A ViT's blocks need no context.
         """
-        model = self.model
-        return model.norm_pre(model.patch_drop(model._pos_embed(model.patch_embed(x)))), None
+        args, kwargs = capture_block_call(self.model.blocks[0], lambda: self.model.forward_features(x))
+        return (args[0] if args else kwargs["x"]), None
 
     def run_block(self, index: int, hidden: Tensor, context: None) -> Tensor:
         """Block ``index`` (0-based) of the ViT."""
@@ -118,10 +120,8 @@ class TimmViT(Backbone):
 
     def head(self, h: Tensor) -> Tensor:
         """The model's own final norm + classifier, applied to features of any leading shape."""
-        model = self.model
-        return model.head(model.head_drop(model.fc_norm(model.norm(h))))
+        return HeadSteps(self.model, self.paths.shared_head)(h)
 
     def head_modules(self) -> nn.Module:
         """A fresh copy of the head (final norm + classifier), e.g. for a separate exit classifier per layer."""
-        model = self.model
-        return copy.deepcopy(nn.Sequential(model.norm, model.fc_norm, model.head_drop, model.head))
+        return HeadSteps(self.model, self.paths.shared_head).copy()

@@ -10,7 +10,6 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
-from layerwise.early_exit import EXIT_LAYERS, early_exit_predict
 from layerwise.features import (
     EXIT_LOGITS,
     EXIT_PREFIX,
@@ -28,6 +27,7 @@ from layerwise.features import (
     chunked_readout,
 )
 from layerwise.features.readout import DEFAULT_CHUNK_SIZE, Head
+from layerwise.inference.early_exit import EXIT_LAYERS, early_exit_predict
 from layerwise.metrics import Readout, readout_from_logits
 
 

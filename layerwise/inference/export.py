@@ -33,12 +33,9 @@ written by ``layerwise fit`` (its hyper-parameters hold the module's and backbon
 """
 
 import argparse
-import copy
-import importlib
 import json
 import math
 import os
-import re
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -51,9 +48,9 @@ from torch import Tensor, nn
 from layerwise.features.backbone import Backbone
 from layerwise.features.hf import HFBackbone
 from layerwise.features.timm_vit import TimmViT
+from layerwise.features.truncate import check_depth, truncated_copy
+from layerwise.lightning_modules.checkpoint import load_module
 from layerwise.metrics import effective_depth
-
-_LAYER_COUNT_KEYS = ("num_hidden_layers", "n_layer", "n_layers")
 
 
 @dataclass(frozen=True)
@@ -118,77 +115,9 @@ def backbone_of(module_or_backbone: nn.Module) -> Backbone:
     return backbone
 
 
-def check_depth(depth: Any, num_layers: int) -> None:
-    """A ValueError naming ``--depth`` unless ``depth`` is an int in ``1..num_layers``."""
-    if isinstance(depth, bool) or not isinstance(depth, int) or not 1 <= depth <= num_layers:
-        raise ValueError(f"`--depth={depth!r}` must be a layer number in 1..{num_layers} (the model has {num_layers}).")
-
-
 def truncated_model(backbone: Backbone, depth: int) -> nn.Module:
     """A fresh model of the backbone's family with ``depth`` blocks, holding copies of its first blocks and head."""
-    if isinstance(backbone, TimmViT):
-        truncated, blocks = _timm_truncated(backbone.model, depth), "blocks"
-    else:
-        truncated, blocks = _hf_truncated(backbone.model, depth), backbone.paths.blocks
-    source = backbone.model
-    parameter = next(source.parameters())
-    truncated.to(dtype=parameter.dtype)
-    truncated.load_state_dict(first_blocks_state(source.state_dict(), blocks, depth), strict=True)
-    return truncated.eval()
-
-
-def first_blocks_state(state: dict[str, Tensor], blocks: str, depth: int) -> dict[str, Tensor]:
-    """``state`` without the entries of blocks ``depth, depth+1, …`` of the block list at dotted path ``blocks``."""
-    pattern = re.compile(rf"{re.escape(blocks)}\.(\d+)\.")
-    return {key: value for key, value in state.items() if not _beyond(pattern.match(key), depth)}
-
-
-def _beyond(match: Optional[re.Match], depth: int) -> bool:
-    return match is not None and int(match.group(1)) >= depth
-
-
-def timm_create_kwargs(model: nn.Module, depth: int) -> dict[str, Any]:
-    """The ``timm.create_model`` arguments of ``model`` (a TimmViT's VisionTransformer) with ``depth`` blocks."""
-    architecture = (getattr(model, "pretrained_cfg", None) or {}).get("architecture")
-    if not architecture:
-        raise TypeError(f"{type(model).__name__} has no timm `pretrained_cfg['architecture']`: cannot re-create it.")
-    patch = model.patch_embed
-    return {
-        "model_name": architecture,
-        "num_classes": model.num_classes,
-        "global_pool": model.global_pool,
-        "img_size": tuple(patch.img_size),
-        "patch_size": tuple(patch.patch_size),
-        "in_chans": patch.proj.in_channels,
-        "embed_dim": model.embed_dim,
-        "num_heads": model.blocks[0].attn.num_heads,
-        "drop_rate": float(model.head_drop.p),
-        "depth": depth,
-    }
-
-
-def _timm_truncated(model: nn.Module, depth: int) -> nn.Module:
-    import timm
-
-    kwargs = timm_create_kwargs(model, depth)
-    return timm.create_model(kwargs.pop("model_name"), pretrained=False, **kwargs)
-
-
-def truncated_config(config: Any, depth: int) -> Any:
-    """A copy of a Hugging Face config with ``depth`` layers (and ``layer_types`` cut to its first ``depth``)."""
-    config = copy.deepcopy(config)
-    stored = config.to_dict()
-    keys = [key for key in _LAYER_COUNT_KEYS if key in stored]
-    if not keys:
-        raise TypeError(f"{type(config).__name__} has none of {_LAYER_COUNT_KEYS}: cannot set its number of layers.")
-    if isinstance(stored.get("layer_types"), list):
-        config.layer_types = list(stored["layer_types"][:depth])
-    setattr(config, keys[0], depth)
-    return config
-
-
-def _hf_truncated(model: nn.Module, depth: int) -> nn.Module:
-    return type(model)._from_config(truncated_config(model.config, depth))
+    return truncated_copy(backbone.model, depth)
 
 
 def probe_inputs(backbone: Backbone, batch_size: int = 2, length: int = 8) -> Any:
@@ -274,19 +203,6 @@ def _move_into_place(source: Path, target: Path, staging: Path) -> None:
 
 
 # ------------------------------------------------------------------------------------------------------- the CLI
-def load_module(checkpoint: Path, option: str = "--checkpoint") -> nn.Module:
-    """The LayerwiseModule of a Lightning checkpoint written by ``layerwise fit`` (class from ``_class_path``)."""
-    saved = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)  # mmap: tensors stay on disk
-    class_path = saved.get("hyper_parameters", {}).get("_class_path")
-    if not class_path:
-        raise ValueError(
-            f"{option} {checkpoint}: no hyper_parameters['_class_path'] (write checkpoints with `layerwise fit`)."
-        )
-    module_name, _, class_name = class_path.rpartition(".")
-    module_class = getattr(importlib.import_module(module_name), class_name)
-    return module_class.load_from_checkpoint(checkpoint, map_location="cpu")
-
-
 def choose_depth(summary: dict[str, Any], epsilon: float, relative: bool = False) -> tuple[int, str]:
     """The ε-effective depth of a summary's shared-head accuracy, and a sentence saying why.
 
@@ -328,7 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _summary_depth(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
-    from layerwise.sweep import latest_summary
+    from layerwise.results import latest_summary
 
     try:
         path = latest_summary(args.summary, "--summary")

@@ -6,24 +6,8 @@ from typing import Optional
 
 import matplotlib.pyplot as plt
 
-from layerwise.callbacks.summary import load_summary
-from layerwise.figures import summary_figures
-
-
-def find_summaries(path: Path, all_epochs: bool = False) -> list[Path]:
-    """The summary JSON files named by ``path``: the file itself, or the latest (or every) one under a log dir."""
-    if path.is_file():
-        return [path]
-    if not path.is_dir():
-        raise FileNotFoundError(f"{path} is neither a summary JSON nor a log directory.")
-    found = sorted(p for p in path.rglob("*_epoch_*.json") if p.parent.name == "layerwise")
-    if not found:
-        raise FileNotFoundError(f"No layerwise/*_epoch_*.json under {path}: run fit/validate with the callbacks first.")
-    if all_epochs:
-        return found
-    latest_dir = max({p.parent for p in found}, key=lambda d: d.stat().st_mtime)
-    stages = {p.name.split("_epoch_")[0] for p in found if p.parent == latest_dir}
-    return [max(p for p in found if p.parent == latest_dir and p.name.startswith(f"{s}_epoch_")) for s in stages]
+from layerwise.figures.summary import summary_figures
+from layerwise.results import find_summaries, load_summary
 
 
 def plot_summary(

@@ -30,7 +30,8 @@ from typing import Any, Optional
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
-from layerwise.figures import _figure
+from layerwise.figures.summary import _figure
+from layerwise.results import latest_summary
 
 HEADS = {"early_exit": "shared head", "exit_early_exit": "separate heads"}
 _ARGUMENT = "RUN_OR_JSON"
@@ -48,25 +49,6 @@ class Curve:
     def name(self) -> str:
         """The curve's legend and table label, e.g. ``"aligned (shared head)"``."""
         return f"{self.label} ({HEADS[self.key]})"
-
-
-def latest_summary(path: Path, option: str = _ARGUMENT, stage: str = "val") -> Path:
-    """The summary JSON named by ``path``: the file itself, or the latest ``<stage>`` epoch of the latest log dir.
-
-    Errors (``FileNotFoundError``) name ``option``.
-    """
-    if path.is_file():
-        return path
-    if not path.is_dir():
-        raise FileNotFoundError(f"{option} {path}: no such file or directory.")
-    found = [p for p in path.rglob(f"{stage}_epoch_*.json") if p.parent.name == "layerwise"]
-    if not found:
-        raise FileNotFoundError(
-            f"{option} {path}: no layerwise/{stage}_epoch_*.json under it; run `layerwise fit` or `layerwise "
-            "validate` with the analysis callbacks first, or give the JSON file."
-        )
-    latest_dir = max({p.parent for p in found}, key=lambda folder: folder.stat().st_mtime)
-    return max(p for p in found if p.parent == latest_dir)
 
 
 def run_label(path: Path) -> str:

@@ -21,9 +21,10 @@ import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
-from layerwise.features.hf import CAUSAL_LM_PATHS, HeadSteps, block_output, resolve_paths  # noqa: E402
+from layerwise.features.hooks import hooked_blocks  # noqa: E402
 from layerwise.features.layers import select_layers  # noqa: E402
-from layerwise.generation import eval_mode, generate_from_layer  # noqa: E402
+from layerwise.features.paths import HeadSteps, get_blocks, layer_paths  # noqa: E402
+from layerwise.inference.generation import eval_mode, generate_from_layer  # noqa: E402
 
 
 @dataclass
@@ -65,7 +66,7 @@ def lens_table(
     layer at a time, ``(P, V)`` each, never ``R x P x V`` at once.
 
     Args:
-        model: a Hugging Face causal LM known to ``CAUSAL_LM_PATHS``.
+        model: a Hugging Face causal LM of a family in :data:`~layerwise.features.paths.FAMILIES`.
         tokenizer: its tokenizer (a ``PreTrainedTokenizerFast``); generation stops at ``tokenizer.eos_token_id``.
         prompt: the prompt text.
         max_new_tokens: the number of generated positions ``P`` (fewer if the model produces the EOS token).
@@ -75,9 +76,9 @@ def lens_table(
     Returns:
         A :class:`LensTable`.
     """
-    paths = resolve_paths(model, CAUSAL_LM_PATHS, "--model")
-    blocks = model.get_submodule(paths.blocks)
-    head = HeadSteps(model, paths.head, "--model")
+    paths = layer_paths(model, "--model")
+    blocks = get_blocks(model, paths, "--model")
+    head = HeadSteps(model, paths.shared_head, "--model")
     rows = select_layers(layers, len(blocks))
     device = next(model.parameters()).device
     prompt_ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(device)
@@ -90,19 +91,11 @@ def lens_table(
     start = prompt_ids.size(1) - 1
     captured: dict[int, Tensor] = {}
 
-    def capture(index: int) -> Any:
-        def hook(module: nn.Module, args: Any, output: Any) -> None:
-            captured[index] = block_output(output)[0, start:]
+    def capture(index: int, hidden: Tensor) -> None:
+        captured[index] = hidden[0, start:]
 
-        return hook
-
-    handles = [blocks[index].register_forward_hook(capture(index)) for index in rows]
-    try:
-        with eval_mode(model):
-            model(input_ids=sequence, use_cache=False, logits_to_keep=1)
-    finally:
-        for handle in handles:
-            handle.remove()
+    with eval_mode(model), hooked_blocks(blocks, on_output=capture, indices=rows):
+        model(input_ids=sequence, use_cache=False, logits_to_keep=1)
     token_ids, probs = [], []
     for index in rows:
         best = head(captured.pop(index)).float().softmax(dim=-1).max(dim=-1)
@@ -158,7 +151,7 @@ def lens_figure(table: LensTable) -> Figure:
     """Heatmap of the head's probability per layer (rows, layer 1 at the top) and generated position (columns).
 
     Each cell holds the predicted token; the x tick labels are the generated tokens. Fixed margins, no constrained
-    layout, as in :mod:`layerwise.figures`.
+    layout, as in :mod:`layerwise.figures.summary`.
     """
     probs = table.probs.numpy()
     num_rows, num_positions = probs.shape

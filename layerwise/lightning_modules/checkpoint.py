@@ -1,0 +1,44 @@
+"""The one way layerwise loads a module from a Lightning checkpoint written by ``layerwise fit``."""
+
+import importlib
+import sys
+from pathlib import Path
+from typing import Union
+
+import torch
+from lightning.pytorch import LightningModule
+
+TRUSTED_PACKAGES = ("layerwise.",)
+
+
+def load_module(
+    checkpoint: Union[str, Path], option: str = "--checkpoint", trusted: tuple[str, ...] = TRUSTED_PACKAGES
+) -> LightningModule:
+    """The LayerwiseModule of a checkpoint, its class taken from the checkpoint's ``hyper_parameters['_class_path']``.
+
+    The file is read with ``weights_only=True`` (no pickled code runs) and the class path is checked against
+    ``trusted`` package prefixes (or modules the program has already imported) *before* anything is imported, so a
+    checkpoint from elsewhere cannot make layerwise import a module from the current folder. Errors name ``option``.
+    """
+    path = Path(checkpoint)
+    if not path.is_file():
+        raise ValueError(f"`{option}={path}`: no such file.")
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # mmap: tensors stay on disk
+    except Exception as error:  # a truncated or foreign file: pickle, zip and torch errors alike
+        raise ValueError(f"`{option}={path}` is not a readable PyTorch checkpoint ({error}).") from None
+    class_path = saved.get("hyper_parameters", {}).get("_class_path") if isinstance(saved, dict) else None
+    if not class_path:
+        raise ValueError(
+            f"`{option}={path}`: no hyper_parameters['_class_path'] (write checkpoints with `layerwise fit`)."
+        )
+    module_name, _, class_name = class_path.rpartition(".")
+    if not class_path.startswith(trusted) and module_name not in sys.modules:
+        raise ValueError(
+            f"`{option}={path}` names the class {class_path!r}, outside the trusted packages {list(trusted)} and not "
+            "imported yet; import its module first, or load it with its class's load_from_checkpoint, if you trust it."
+        )
+    module_class = getattr(importlib.import_module(module_name), class_name, None)
+    if not (isinstance(module_class, type) and issubclass(module_class, LightningModule)):
+        raise ValueError(f"`{option}={path}`: {class_path!r} is not a LightningModule class.")
+    return module_class.load_from_checkpoint(path, map_location="cpu", weights_only=True)
