@@ -46,8 +46,8 @@ import torch
 from lightning.pytorch import Trainer, seed_everything
 
 from layerwise.cli import LayerwiseCLI
-from layerwise.inference.early_exit import EarlyExitResult, layer_count_speedup, measure_speedup
 from layerwise.features import Backbone, TimmViT
+from layerwise.inference.early_exit import EarlyExitResult, layer_count_speedup, measure_speedup
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "configs" / "quickstart.yaml"

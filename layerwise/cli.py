@@ -1,13 +1,30 @@
-"""The ``layerwise`` command: LightningCLI (fit, validate, test, predict) plus plot, generate, lens, export, sweep."""
+"""The one ``layerwise`` command line.
 
-import importlib
+``fit``, ``validate``, ``test`` and ``predict`` are :class:`LayerwiseCLI` (LightningCLI); ``plot``, ``export``,
+``sweep``, ``generate`` and ``lens`` are the typed functions below, each turned into a jsonargparse parser from its
+signature and docstring: ``--snake_case`` flags, ``--help``, ``--config FILE`` and ``--print_config`` for every
+command, and one error style (usage, then ``error: ...`` naming the flag, exit code 2).
+"""
+
+import inspect
+import json
 import sys
-from typing import Any, Optional
+import typing
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal, Optional
 
+from jsonargparse import ActionConfigFile, ArgumentParser
 from lightning.pytorch.cli import LightningCLI
 
+from layerwise.inference.generation import Strategy, check_generation_options, generate_from_layer, num_blocks
+from layerwise.inference.models import load_causal_lm, load_tokenizer_spec
 from layerwise.lightning_modules import LayerwiseModule
 from layerwise.lightning_modules.base import check_data_compatible
+from layerwise.lightning_modules.checkpoint import load_module
+from layerwise.results import find_summaries, latest_summary, write_text_atomic
+
+FigureFormat = Literal["png", "pdf", "svg"]
 
 
 class LayerwiseCLI(LightningCLI):
@@ -42,21 +59,346 @@ class LayerwiseCLI(LightningCLI):
         self._check_before_run()
 
 
+# --------------------------------------------------------------------------------------------- the other commands
+def plot(path: Path, out: Optional[Path] = None, all_epochs: bool = False, format: list[FigureFormat] = None) -> None:  # noqa: A002
+    """Render the paper-style figures of layerwise summaries to PNG/PDF/SVG.
+
+    COS/CKA heatmaps, similarity to the last layer with the accuracy per layer, the saturation histogram, exits per
+    layer and the ε-effective depth.
+
+    Args:
+        path: a val_epoch_EEE.json file, or a log directory to search (its latest run).
+        out: output folder (default: <json folder>/figures).
+        all_epochs: plot every epoch, not only the latest.
+        format: figure formats (default png pdf).
+    """
+    from layerwise.figures.plot import plot_summary
+
+    files = find_summaries(path, all_epochs, option="path")
+    for summary_file in files:
+        for written in plot_summary(summary_file, out, tuple(format or ("png", "pdf"))):
+            print(written)
+
+
+def export(
+    checkpoint: Path,
+    out: Path,
+    depth: Optional[int] = None,
+    summary: Optional[Path] = None,
+    epsilon: float = 0.01,
+    relative: bool = False,
+    verify: bool = True,
+) -> None:
+    """Export the first d blocks plus the shared head of a layerwise checkpoint as a standalone model.
+
+    Writes OUT/model_depth_<d>.pt (torch.save of the nn.Module) and, for Hugging Face models, OUT/hf_depth_<d>/
+    (save_pretrained).
+
+    Args:
+        checkpoint: a layerwise Lightning checkpoint (.ckpt).
+        out: output folder.
+        depth: layers to keep, 1..L (default: from --summary).
+        summary: a val_epoch_EEE.json or a log directory: choose --depth as its ε-effective depth.
+        epsilon: ε of the effective depth.
+        relative: ε relative to the last layer's accuracy.
+        verify: check on a random input that the export reproduces the shared head's layer-d logits.
+    """
+    from layerwise.inference.export import backbone_of, check_depth, choose_depth, export_truncated
+
+    if depth is None and summary is None:
+        raise ValueError(
+            "Give --depth (layers to keep), or --summary to use the ε-effective depth of a validation run."
+        )
+    if depth is not None and depth < 1:
+        raise ValueError(f"`--depth={depth}` must be a layer number >= 1.")
+    if not 0.0 <= epsilon <= 1.0:
+        raise ValueError(f"`--epsilon={epsilon}` must lie in [0, 1].")
+    suggestion = None
+    if summary is not None:
+        summary_file = latest_summary(summary, "--summary")
+        content = json.loads(summary_file.read_text())
+        if not isinstance(content, dict) or not content.get("accuracy"):
+            raise ValueError(
+                f"`--summary={summary_file}`: no per-layer `accuracy` (validate with the analysis callbacks)."
+            )
+        suggestion = (*choose_depth(content, epsilon, relative), summary_file, content.get("depth"))
+    module = load_module(checkpoint)
+    total = backbone_of(module).num_layers
+    if suggestion is not None:
+        suggested, reason, summary_file, summary_layers = suggestion
+        if summary_layers is not None and summary_layers != total:
+            raise ValueError(
+                f"`--summary={summary_file}` is of a {summary_layers}-layer model; the checkpoint has {total}."
+            )
+        if depth is None:
+            depth = suggested
+            print(f"layerwise export: depth {depth} of {total} from {summary_file}: {reason}.")
+        else:
+            print(f"layerwise export: --summary suggests depth {suggested} ({reason}); exporting --depth {depth}.")
+    check_depth(depth, total)
+    result = export_truncated(module, depth, out, verify=verify)
+    print(f"{result.checkpoint}  (model = torch.load(path, weights_only=False).eval(); {depth} of {total} blocks)")
+    if result.hf_folder is not None:
+        print(f"{result.hf_folder}  (from_pretrained(folder) with the model's Auto class)")
+    if result.max_difference is not None:
+        print(f"checked: max |logit difference| to the shared head at layer {depth}: {result.max_difference:.3g}")
+
+
+def sweep(
+    runs: list[Path],
+    labels: Optional[list[str]] = None,
+    out: Path = Path("."),
+    format: list[FigureFormat] = None,  # noqa: A002
+) -> None:
+    """Accuracy against speedup of confidence-threshold early exit, from the latest validation summary of each run.
+
+    The shared head of every run, and the separate exit heads of multi-exit runs; writes sweep.md, sweep.csv and
+    the figure.
+
+    Args:
+        runs: log directories or summary JSON files (RUN_OR_JSON).
+        labels: one name per run (default: the run folder names).
+        out: output folder.
+        format: figure formats (default png pdf).
+    """
+    from layerwise.inference.sweep import load_curves, run_label, sweep_markdown, write_sweep
+
+    if labels is not None and len(labels) != len(runs):
+        raise ValueError(f"`--labels` has {len(labels)} names for {len(runs)} RUN_OR_JSON paths; give one each.")
+    files = [latest_summary(path, "RUN_OR_JSON") for path in runs]
+    curves = [
+        curve
+        for summary_file, label in zip(files, labels or [run_label(path) for path in runs])
+        for curve in load_curves(summary_file, label)
+    ]
+    print(sweep_markdown(curves), end="")
+    for written in write_sweep(curves, out, format or ("png", "pdf")):
+        print(written)
+
+
+def _load_for_text(
+    checkpoint: Optional[Path], model: Optional[str], tokenizer: Optional[str], tokenizer_dir: Optional[Path]
+) -> tuple[Any, Any, int]:
+    if (checkpoint is None) == (model is None):
+        raise ValueError("Give exactly one of --checkpoint (a layerwise checkpoint) and --model (a Hugging Face LM).")
+    if checkpoint is not None and tokenizer is None:
+        raise ValueError("--tokenizer is required with --checkpoint (e.g. --tokenizer byte, as the model was trained).")
+    tokenizer_object = load_tokenizer_spec(tokenizer or model, tokenizer_dir)
+    lm = load_causal_lm(checkpoint, model)
+    return lm, tokenizer_object, num_blocks(lm, "--checkpoint" if checkpoint is not None else "--model")
+
+
+def _check_layer_numbers(flag: str, layers: list[int], total: Optional[int] = None) -> None:
+    for layer in layers:
+        if layer < 1 or (total is not None and layer > total):
+            bound = f"1..{total}" if total is not None else "1..L"
+            raise ValueError(f"`{flag}` holds {layer}: layers are numbered {bound}.")
+
+
+def generate(
+    prompt: str,
+    checkpoint: Optional[Path] = None,
+    model: Optional[str] = None,
+    tokenizer: Optional[str] = None,
+    tokenizer_dir: Optional[Path] = None,
+    layer: Optional[int] = None,
+    layers: Optional[list[int]] = None,
+    max_new_tokens: int = 32,
+    strategy: Strategy = "greedy",
+    top_k: int = 50,
+    top_p: float = 0.9,
+    temperature: float = 1.0,
+    num_beams: int = 4,
+    stop_strings: Optional[list[str]] = None,
+    seed: int = 0,
+    out: Optional[Path] = None,
+) -> None:
+    """Continue a prompt with blocks 1..l and the model's own final norm + LM head (Hugging Face's generate).
+
+    Args:
+        prompt: the text to continue.
+        checkpoint: a layerwise Lightning checkpoint (.ckpt) of a causal LM.
+        model: a Hugging Face causal LM: hub name or local folder.
+        tokenizer: 'byte', 'bpe:N', 'wordpiece:N' (trained ones are found in --tokenizer_dir), a hub name or a
+            folder; default: --model (required with --checkpoint).
+        tokenizer_dir: folder holding trained tokenizers (the data cache_dir).
+        layer: generate from this layer, 1..L (default: L, the full model).
+        layers: generate from each of these layers, 1..L.
+        max_new_tokens: tokens to generate.
+        strategy: greedy, top_k, nucleus or beam.
+        top_k: tokens kept by top_k.
+        top_p: probability mass kept by nucleus.
+        temperature: divides the logits when sampling.
+        num_beams: beams of beam.
+        stop_strings: stop a text once it ends with one of these.
+        seed: sampling seed; every layer starts from it.
+        out: also write the prompt, options and texts to this JSON file.
+    """
+    if layer is not None and layers:
+        raise ValueError("Give --layer or --layers, not both.")
+    if not prompt:
+        raise ValueError("`--prompt` is empty; give the text to continue.")
+    _check_layer_numbers("--layers", layers or [])
+    check_generation_options(max_new_tokens, strategy, top_k, top_p, temperature, layer, num_beams)
+    lm, tokenizer_object, total = _load_for_text(checkpoint, model, tokenizer, tokenizer_dir)
+    _check_layer_numbers("--layers" if layers else "--layer", layers or ([layer] if layer else []), total)
+    prompt_ids = tokenizer_object(prompt, return_tensors="pt")["input_ids"]
+    results = []
+    for number in layers or [layer or total]:
+        ids = generate_from_layer(
+            lm,
+            prompt_ids,
+            number,
+            max_new_tokens,
+            strategy=strategy,
+            top_k=top_k,
+            top_p=top_p,
+            temperature=temperature,
+            num_beams=num_beams,
+            seed=seed,
+            eos_token_id=tokenizer_object.eos_token_id,
+            stop_strings=stop_strings,
+            tokenizer=tokenizer_object,
+        )[0].tolist()
+        text = tokenizer_object.decode(ids, skip_special_tokens=True)
+        results.append({"layer": number, "token_ids": ids, "text": text})
+        print(f"--- layer {number}/{total} ---\n{prompt}{text}")
+    if out is not None:
+        options = dict(
+            strategy=strategy, top_k=top_k, top_p=top_p, temperature=temperature, num_beams=num_beams, seed=seed
+        )
+        record = {"prompt": prompt, "num_layers": total, "max_new_tokens": max_new_tokens, **options}
+        write_text_atomic(out, json.dumps({**record, "results": results}, indent=2) + "\n")
+        print(out)
+
+
+def lens(
+    prompt: str,
+    checkpoint: Optional[Path] = None,
+    model: Optional[str] = None,
+    tokenizer: Optional[str] = None,
+    tokenizer_dir: Optional[Path] = None,
+    layers: Optional[list[int]] = None,
+    max_new_tokens: int = 32,
+    out: Path = Path("."),
+) -> None:
+    """What the shared head predicts from every layer at every position the full model generates greedily.
+
+    Writes lens.md and lens.png with the token and probability of every layer at every generated position.
+
+    Args:
+        prompt: the text to continue.
+        checkpoint: a layerwise Lightning checkpoint (.ckpt) of a causal LM.
+        model: a Hugging Face causal LM: hub name or local folder.
+        tokenizer: as for generate; default: --model (required with --checkpoint).
+        tokenizer_dir: folder holding trained tokenizers (the data cache_dir).
+        layers: rows to show, layer numbers 1..L (default: all).
+        max_new_tokens: tokens to generate.
+        out: folder for lens.md and lens.png.
+    """
+    from layerwise.inference.lens import lens_markdown, lens_table, write_lens
+
+    if not prompt:
+        raise ValueError("`--prompt` is empty; give the text to continue.")
+    _check_layer_numbers("--layers", layers or [])
+    check_generation_options(max_new_tokens, "greedy", 1, 1.0, 1.0)
+    lm, tokenizer_object, total = _load_for_text(checkpoint, model, tokenizer, tokenizer_dir)
+    _check_layer_numbers("--layers", layers or [], total)
+    rows = None if layers is None else [number - 1 for number in layers]
+    table = lens_table(lm, tokenizer_object, prompt, max_new_tokens, rows)
+    print(lens_markdown(table))
+    for written in write_lens(table, out):
+        print(written)
+
+
+TRAINER_COMMANDS = {
+    "fit": "train a model, analysing every validation (LightningCLI)",
+    "validate": "analyse a model on the validation set (LightningCLI)",
+    "test": "analyse a model on the test set (LightningCLI)",
+    "predict": "predict, optionally with early exit (LightningCLI)",
+}
+COMMANDS: dict[str, Callable[..., None]] = {
+    "plot": plot,
+    "export": export,
+    "sweep": sweep,
+    "generate": generate,
+    "lens": lens,
+}
+_POSITIONAL = {"path", "runs"}
+
+
+def _list_item(annotation: Any) -> Optional[Any]:
+    """The item type of ``list[X]`` / ``Optional[list[X]]``, else None."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if typing.get_origin(candidate) is list:
+            return typing.get_args(candidate)[0]
+    return None
+
+
+def command_parser(name: str, function: Callable[..., None]) -> ArgumentParser:
+    """A jsonargparse parser from a command function's signature and Google docstring.
+
+    List parameters take several values after one flag (``--layers 1 4``); ``path``/``runs`` are positional.
+    """
+    from docstring_parser import parse
+
+    docs = parse(function.__doc__ or "")
+    help_of = {param.arg_name: param.description for param in docs.params}
+    parser = ArgumentParser(
+        prog=f"layerwise {name}",
+        description=" ".join(filter(None, [docs.short_description, docs.long_description])),
+    )
+    parser.add_argument("--config", action=ActionConfigFile, help="a YAML file with any of the options below")
+    hints = typing.get_type_hints(function)
+    manual = {key for key in hints if key != "return" and (key in _POSITIONAL or _list_item(hints[key]) is not None)}
+    parser.add_function_arguments(function, skip=manual, as_positional=False)
+    for key, parameter in inspect.signature(function).parameters.items():
+        if key not in manual:
+            continue
+        item = _list_item(hints[key])
+        choices = list(typing.get_args(item)) if typing.get_origin(item) is Literal else None
+        kind = str if choices else item
+        flag = key if key in _POSITIONAL else f"--{key}"
+        extra = {} if key in _POSITIONAL else {"default": parameter.default}
+        if choices:
+            extra["choices"] = choices
+        parser.add_argument(flag, nargs="+" if item else None, type=kind or hints[key], help=help_of.get(key), **extra)
+    return parser
+
+
+def build_parser() -> ArgumentParser:
+    """The top-level parser: every subcommand with its one-line help (``layerwise --help``)."""
+    parser = ArgumentParser(
+        prog="layerwise",
+        description="Trace how representations progress through the layers of a transformer. `layerwise COMMAND "
+        "--help` shows the options of a command.",
+    )
+    subcommands = parser.add_subcommands(dest="command", required=True)
+    for name, help_text in TRAINER_COMMANDS.items():
+        subcommands.add_subcommand(name, ArgumentParser(prog=f"layerwise {name}"), help=help_text)
+    for name, function in COMMANDS.items():
+        summary = (function.__doc__ or "").strip().splitlines()[0]
+        subcommands.add_subcommand(name, command_parser(name, function), help=summary)
+    return parser
+
+
+def run_command(name: str, argv: list[str]) -> None:
+    """Parse ``argv`` for command ``name`` and run it; a bad value ends in one ``error:`` line naming the flag."""
+    parser = command_parser(name, COMMANDS[name])
+    config = parser.parse_args(argv)
+    arguments = {key: value for key, value in vars(config).items() if key != "config"}
+    try:
+        COMMANDS[name](**arguments)
+    except (ValueError, TypeError, FileNotFoundError, RuntimeError) as error:
+        parser.error(str(error))
+
+
 def main(args: Optional[list[str]] = None) -> None:
     """Entry point of ``layerwise`` and ``python -m layerwise``."""
     argv = sys.argv[1:] if args is None else list(args)
-    if argv and argv[0] == "plot":
-        from layerwise.figures.plot import main as plot_main
-
-        plot_main(argv[1:])
-        return
-    if argv and argv[0] in ("export", "sweep"):
-        module = importlib.import_module(f"layerwise.{argv[0]}")
-        module.main(argv[1:])
-        return
-    if argv and argv[0] in ("generate", "lens"):
-        from layerwise.generate_cli import main as generate_main
-
-        generate_main(argv)  # the subcommand stays in argv: one parser holds both
-        return
-    LayerwiseCLI(args=args)  # None: LightningCLI reads sys.argv itself
+    if argv and argv[0] in COMMANDS:
+        run_command(argv[0], argv[1:])
+    elif argv and argv[0] in TRAINER_COMMANDS or argv[:1] and argv[0].startswith("--config"):
+        LayerwiseCLI(args=args)  # None: LightningCLI reads sys.argv itself
+    else:
+        build_parser().parse_args(argv)  # --help lists every command; anything else is an error naming the choices

@@ -1,6 +1,7 @@
 """The CLI, every shipped config, the quickstart, resuming, and bad input failing before any work."""
 
 import json
+import re
 import subprocess
 import sys
 from functools import partial
@@ -9,6 +10,7 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
+import yaml
 from helpers import RecordingAlternating
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -170,6 +172,57 @@ def test_quickstart_config_one_short_epoch(tmp_path):
         assert {f"val_epoch_000_{name}.png", f"val_epoch_000_{name}.pdf"} <= written
     with pytest.raises(SystemExit):
         main(["plot", str(tmp_path / "nowhere")])
+
+
+ALL_COMMANDS = ("fit", "validate", "test", "predict", "plot", "export", "sweep", "generate", "lens")
+
+
+def test_one_command_line_lists_every_command_and_each_has_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert exit_info.value.code == 0
+    listing = capsys.readouterr().out
+    for command in ALL_COMMANDS:
+        assert f"    {command} " in listing, command
+    for command in ALL_COMMANDS[4:]:
+        with pytest.raises(SystemExit) as exit_info:
+            main([command, "--help"])
+        assert exit_info.value.code == 0
+        text = capsys.readouterr().out
+        assert f"usage: layerwise {command}" in text and "--config" in text and "--print_config" in text
+        assert not re.search(r"--[a-z]+-[a-z]", text.split("options:")[1]), f"{command}: flags are --snake_case"
+
+
+def test_plot_print_config_and_config_file(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plot", "runs/x", "--out", "figs", "--format", "png", "svg", "--print_config"])
+    assert exit_info.value.code == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["out"] == "figs" and printed["format"] == ["png", "svg"] and printed["all_epochs"] is False
+    config = tmp_path / "plot.yaml"
+    config.write_text("out: elsewhere\nall_epochs: true\n")
+    with pytest.raises(SystemExit):
+        main(["plot", "runs/x", "--config", str(config), "--print_config"])
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["out"] == "elsewhere" and printed["all_epochs"] is True
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["export", "--checkpoint", "missing.ckpt", "--out", "o", "--depth", "1"], "--checkpoint"),
+        (["sweep", "a", "--labels", "x", "y"], "--labels"),
+        (["generate", "--model", "m", "--prompt", "p", "--top_k", "0"], "--top_k"),
+        (["plot", "x", "--format", "gif"], "--format"),
+        (["lens", "--model", "m", "--prompt", "p", "--max_new_tokens", "zero"], "max_new_tokens"),
+    ],
+)
+def test_one_error_style_names_the_flag(argv, flag, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and flag in err and "Traceback" not in err
 
 
 def test_python_dash_m_layerwise_works():

@@ -14,9 +14,15 @@ import torch
 from helpers import digits, tiny_backbone
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
+from layerwise.cli import main as cli_main
 from layerwise.features import HFCausalLM, HFEncoder, TimmViT
-from layerwise.inference.export import choose_depth, export_truncated, main
+from layerwise.inference.export import choose_depth, export_truncated
 from layerwise.lightning_modules import Standard
+
+
+def main(argv):
+    cli_main(["export", *argv])
+
 
 LAYERS, WIDTH, VOCAB = 3, 32, 97
 ENCODERS = {

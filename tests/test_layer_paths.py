@@ -81,7 +81,7 @@ def build(family: str, task: str) -> nn.Module:
         "sequence_classification": AutoModelForSequenceClassification,
     }[task]
     model = auto.from_config(config).eval()
-    assert getattr(config, "num_hidden_layers") == DEPTH
+    assert config.num_hidden_layers == DEPTH
     return model
 
 

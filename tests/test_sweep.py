@@ -14,8 +14,15 @@ import torch
 from helpers import DEPTH, fitted_backbone, head64, read_features, read_summary, trainer, val_loader
 
 from layerwise.callbacks import LayerwiseAnalysis
-from layerwise.inference.sweep import latest_summary, load_curves, main, sweep_figure
+from layerwise.cli import main as cli_main
+from layerwise.inference.sweep import load_curves, sweep_figure
 from layerwise.lightning_modules import MultiExit, Standard
+from layerwise.results import latest_summary
+
+
+def main(argv):
+    cli_main(["sweep", *argv])
+
 
 THRESHOLDS = [0.3, 0.5, 0.7, 0.9]
 N = 101  # validation samples: 6 batches of 16 and a ragged one of 5

@@ -32,8 +32,6 @@ relative to the last layer (accuracy >= Acc_L − ε) instead. The checkpoint is
 written by ``layerwise fit`` (its hyper-parameters hold the module's and backbone's class paths).
 """
 
-import argparse
-import json
 import math
 import os
 import shutil
@@ -49,7 +47,6 @@ from layerwise.features.backbone import Backbone
 from layerwise.features.hf import HFBackbone
 from layerwise.features.timm_vit import TimmViT
 from layerwise.features.truncate import check_depth, truncated_copy
-from layerwise.lightning_modules.checkpoint import load_module
 from layerwise.metrics import effective_depth
 
 
@@ -221,80 +218,3 @@ def choose_depth(summary: dict[str, Any], epsilon: float, relative: bool = False
         f"the {epsilon:g}-effective depth{' (relative)' if relative else ''}: layer {depth} is the first with "
         f"{rule} (accuracy {reached:.4f}; layer {layers[-1]}: {accuracy[-1]:.4f})"
     )
-
-
-def build_parser() -> argparse.ArgumentParser:
-    """The parser of ``layerwise export`` (``argv`` without the subcommand)."""
-    parser = argparse.ArgumentParser(
-        prog="layerwise export",
-        description="Export the first d blocks plus the shared head of a layerwise checkpoint as a standalone model: "
-        "DIR/model_depth_<d>.pt (torch.save of the nn.Module) and, for Hugging Face models, DIR/hf_depth_<d>/ "
-        "(save_pretrained).",
-    )
-    parser.add_argument("--checkpoint", type=Path, required=True, help="a layerwise Lightning checkpoint (.ckpt)")
-    parser.add_argument("--depth", type=int, help="layers to keep, 1..L (default: from --summary)")
-    parser.add_argument("--out", type=Path, required=True, help="output folder")
-    parser.add_argument(
-        "--summary", type=Path, help="a val_epoch_EEE.json or a log directory: choose --depth as its ε-effective depth"
-    )
-    parser.add_argument("--epsilon", type=float, default=0.01, help="ε of the effective depth (default 0.01)")
-    parser.add_argument("--relative", action="store_true", help="ε relative to the last layer's accuracy")
-    parser.add_argument("--no-verify", action="store_true", help="skip the check on a random input")
-    return parser
-
-
-def _summary_depth(parser: argparse.ArgumentParser, args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
-    from layerwise.results import latest_summary
-
-    try:
-        path = latest_summary(args.summary, "--summary")
-        summary = json.loads(path.read_text())
-        if not isinstance(summary, dict) or not summary.get("accuracy"):
-            raise ValueError(f"--summary {path}: no per-layer `accuracy` (validate with the analysis callbacks).")
-    except (FileNotFoundError, ValueError) as error:
-        parser.error(str(error))
-    return summary, path
-
-
-def main(argv: Optional[list[str]] = None) -> None:
-    """Command-line entry: ``layerwise export --checkpoint CKPT (--depth d | --summary JSON) --out DIR``."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if args.depth is None and args.summary is None:
-        parser.error("give --depth (layers to keep), or --summary to use the ε-effective depth of a validation run.")
-    if args.depth is not None and args.depth < 1:
-        parser.error(f"--depth={args.depth} must be a layer number >= 1.")
-    if not 0.0 <= args.epsilon <= 1.0:
-        parser.error(f"--epsilon={args.epsilon} must lie in [0, 1].")
-    if not args.checkpoint.is_file():
-        parser.error(f"--checkpoint {args.checkpoint}: no such file.")
-    suggestion = None
-    if args.summary is not None:
-        summary, summary_file = _summary_depth(parser, args)
-        suggestion = (*choose_depth(summary, args.epsilon, args.relative), summary_file, summary.get("depth"))
-    try:
-        module = load_module(args.checkpoint)
-        backbone = backbone_of(module)
-    except (ValueError, TypeError) as error:
-        parser.error(str(error))
-    total = backbone.num_layers
-    depth = args.depth
-    if suggestion is not None:
-        suggested, reason, summary_file, summary_layers = suggestion
-        if summary_layers is not None and summary_layers != total:
-            parser.error(f"--summary {summary_file} is of a {summary_layers}-layer model; the checkpoint has {total}.")
-        if depth is None:
-            depth = suggested
-            print(f"layerwise export: depth {depth} of {total} from {summary_file}: {reason}.")
-        else:
-            print(f"layerwise export: --summary suggests depth {suggested} ({reason}); exporting --depth {depth}.")
-    try:
-        check_depth(depth, total)
-        result = export_truncated(module, depth, args.out, verify=not args.no_verify)
-    except (ValueError, TypeError, RuntimeError) as error:
-        parser.error(str(error))
-    print(f"{result.checkpoint}  (model = torch.load(path, weights_only=False).eval(); {depth} of {total} blocks)")
-    if result.hf_folder is not None:
-        print(f"{result.hf_folder}  (from_pretrained(folder) with the model's Auto class)")
-    if result.max_difference is not None:
-        print(f"checked: max |logit difference| to the shared head at layer {depth}: {result.max_difference:.3g}")

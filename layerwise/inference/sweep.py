@@ -18,20 +18,18 @@ file. Writes ``sweep.md`` and ``sweep.csv`` (one row per curve and threshold: ``
 ``Σ_l L·m_l / Σ_l l·m_l`` with ``m_l`` the samples exiting at layer ``l`` (the heads' cost ignored).
 """
 
-import argparse
 import csv
 import io
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from layerwise.figures.summary import _figure
-from layerwise.results import latest_summary
 
 HEADS = {"early_exit": "shared head", "exit_early_exit": "separate heads"}
 _ARGUMENT = "RUN_OR_JSON"
@@ -153,32 +151,3 @@ def write_sweep(curves: Sequence[Curve], out_dir: Path, formats: Sequence[str] =
     finally:
         plt.close(figure)
     return written
-
-
-def main(argv: Optional[list[str]] = None) -> None:
-    """Command-line entry: ``layerwise sweep RUN_OR_JSON [RUN_OR_JSON ...] [--labels ...] [--out DIR]``."""
-    parser = argparse.ArgumentParser(
-        prog="layerwise sweep",
-        description="Accuracy against speedup of confidence-threshold early exit: the shared head of every run and "
-        "the separate exit heads of multi-exit runs, from the latest validation summary of each run.",
-    )
-    parser.add_argument("runs", nargs="+", type=Path, metavar=_ARGUMENT, help="a log directory or a summary JSON")
-    parser.add_argument("--labels", nargs="+", help="one name per RUN_OR_JSON (default: the run folder names)")
-    parser.add_argument("--out", type=Path, default=Path("."), help="output folder (default: the current folder)")
-    parser.add_argument(
-        "--format", nargs="+", default=["png", "pdf"], choices=["png", "pdf", "svg"], help="figure formats"
-    )
-    args = parser.parse_args(argv)
-    if args.labels is not None and len(args.labels) != len(args.runs):
-        parser.error(f"--labels has {len(args.labels)} names for {len(args.runs)} {_ARGUMENT} paths; give one each.")
-    curves: list[Curve] = []
-    try:
-        files = [latest_summary(path) for path in args.runs]
-        labels = args.labels or [run_label(path) for path in args.runs]
-        for summary_file, label in zip(files, labels):
-            curves.extend(load_curves(summary_file, label))
-    except (FileNotFoundError, ValueError) as error:
-        parser.error(str(error))
-    print(sweep_markdown(curves), end="")
-    for path in write_sweep(curves, args.out, args.format):
-        print(path)
