@@ -6,17 +6,31 @@ Image datamodules expose ``num_classes``, ``img_size`` and ``in_chans`` right af
 is loaded.
 """
 
-from layerwise.datamodules.cifar import CIFAR10DataModule, CIFAR100DataModule
-from layerwise.datamodules.digits import DigitsDataModule
-from layerwise.datamodules.glue import GLUEDataModule
-from layerwise.datamodules.imagenet import ImageNetDataModule
-from layerwise.datamodules.text import TextDataModule
+import importlib
+from typing import Any
 
-__all__ = [
-    "CIFAR10DataModule",
-    "CIFAR100DataModule",
-    "DigitsDataModule",
-    "GLUEDataModule",
-    "ImageNetDataModule",
-    "TextDataModule",
-]
+from layerwise.extras import EXTRAS
+
+# name -> module: imported on first use, so that the digits datamodule needs neither torchvision nor transformers.
+_MODULES = {
+    "CIFAR10DataModule": "cifar",
+    "CIFAR100DataModule": "cifar",
+    "DigitsDataModule": "digits",
+    "GLUEDataModule": "glue",
+    "ImageNetDataModule": "imagenet",
+    "TextDataModule": "text",
+}
+__all__ = sorted(_MODULES)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _MODULES:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    try:
+        module = importlib.import_module(f"{__name__}.{_MODULES[name]}")
+    except ModuleNotFoundError as error:
+        extra = EXTRAS.get(str(error.name).split(".")[0])
+        if extra is None:
+            raise
+        raise ImportError(f"{name} needs {error.name}: pip install 'layerwise[{extra}]'.") from None
+    return getattr(module, name)

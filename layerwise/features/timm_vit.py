@@ -3,10 +3,10 @@
 import difflib
 from typing import Optional
 
-import timm
 import torch
 from torch import Tensor, nn
 
+from layerwise.extras import require
 from layerwise.features.backbone import Backbone
 from layerwise.features.hooks import capture_block_call
 from layerwise.features.paths import HeadSteps, layer_paths
@@ -50,6 +50,7 @@ class TimmViT(Backbone):
         drop_path_rate: float = 0.0,
     ) -> None:
         super().__init__()
+        timm = require("timm")
         option = "--model.init_args.backbone.init_args"
         if not timm.is_model(model_name):
             close = difflib.get_close_matches(model_name, timm.list_models(), n=5, cutoff=0.5)
