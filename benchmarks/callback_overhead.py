@@ -298,8 +298,7 @@ def metric_costs(args: argparse.Namespace) -> None:
         return statistics.median(durations)
 
     def compute_afresh(metric: Any) -> None:
-        metric._computed = None  # torchmetrics caches the result of compute()
-        metric.compute()
+        metric.compute()  # layerwise metrics never cache compute() (compute_with_cache=False)
 
     print(
         f"\n(c) metric cost at the DeiT-S shapes (L={layers}, d={dim}, C={classes}), batch {batch}, {device}, "

@@ -100,7 +100,7 @@ def _timed_states(original: Callable) -> Callable:
 
     def wrapper(metrics: Any, process_group: Optional[Any] = None) -> None:
         metrics = list(metrics)
-        TIMINGS.state_bytes = sum(8 * getattr(m, attr).numel() for m in metrics for attr in m._reductions)
+        TIMINGS.state_bytes = sum(8 * getattr(m, attr).numel() for m in metrics for attr in m.sum_state_names)
         start = time.perf_counter()
         inner(metrics, process_group)
         TIMINGS.add("states", time.perf_counter() - start)

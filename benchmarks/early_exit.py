@@ -1,7 +1,8 @@
 """Early exit that saves time: the measured wall-clock speedup next to the paper's layer-count speedup.
 
-For batch sizes 1, 32 and 256 (``--batch-sizes``), :func:`layerwise.inference.early_exit.measure_speedup` times batched early
-exit (samples that meet the criterion leave the batch; the rest run on) against the full model on the same batches,
+For batch sizes 1, 32 and 256 (``--batch-sizes``), :func:`layerwise.inference.early_exit.measure_speedup` times batched
+early exit (samples that meet the criterion leave the batch; the rest run on) against the full model on the same
+batches,
 and the table shows the layer-count speedup ``Σ L·m_l / Σ l·m_l``, the measured speedup (full wall time / early-exit
 wall time, fastest of ``--repeats`` alternating passes after one warm-up pass) and their ratio. The target: at batch
 256 the measured speedup reaches at least 80 % of the layer-count speedup.

@@ -38,7 +38,13 @@ def batch(n: int = 6):
 def reference_layer_logits(backbone: TimmViT, x: torch.Tensor, head=None) -> list[torch.Tensor]:
     """Run timm's modules by hand, block by block, and apply a head (default: the model's own) to every CLS token."""
     model = backbone.model
-    tokens = model.norm_pre(model._pos_embed(model.patch_embed(x)))
+    entering = {}
+    handle = model.blocks[0].register_forward_pre_hook(lambda module, args: entering.setdefault("x", args[0]))
+    try:
+        model.forward_features(x)  # timm's own embedding, position embedding and pre-norm
+    finally:
+        handle.remove()
+    tokens = entering["x"]
     logits = []
     for block in model.blocks:
         tokens = block(tokens)

@@ -2,7 +2,6 @@
 
 from typing import Any, Optional
 
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from torch.utils.data import DistributedSampler
 
 
@@ -21,9 +20,9 @@ def real_samples_on_rank(dataloader: Any) -> Optional[int]:
     owns ``len(range(r, N, W))`` real samples. ``None`` means nothing needs trimming.
     """
     sampler = _sampler(dataloader)
-    if not isinstance(sampler, DistributedSampler) or isinstance(sampler, UnrepeatedDistributedSampler):
+    if not isinstance(sampler, DistributedSampler) or sampler.drop_last:
         return None
-    if sampler.drop_last:
+    if sampler.total_size <= len(sampler.dataset):  # no padding (e.g. Lightning's unrepeated sampler for predict)
         return None
     return len(range(sampler.rank, len(sampler.dataset), sampler.num_replicas))
 

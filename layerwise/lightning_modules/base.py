@@ -10,6 +10,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_info
 from torch import Tensor
 
+from layerwise._compat import built_by_lightning_cli
 from layerwise.features import (
     EXIT_LOGITS,
     EXIT_PREFIX,
@@ -77,7 +78,7 @@ class LayerwiseModule(LightningModule, abc.ABC):
             raise ValueError(f"`--model.init_args.chunk_size={chunk_size}` must be >= 1.")
         # Under LightningCLI the hyper-parameters are the parsed config (class paths included), which is what
         # `load_from_checkpoint` needs; built in Python, the backbone and factories are objects, not hyper-parameters.
-        self.save_hyperparameters(ignore=[] if _built_by_lightning_cli() else ["backbone", "optimizer", "lr_scheduler"])
+        self.save_hyperparameters(ignore=[] if built_by_lightning_cli() else ["backbone", "optimizer", "lr_scheduler"])
         self.backbone = backbone
         self.optimizer_factory = optimizer
         self.lr_scheduler_factory = lr_scheduler
@@ -238,15 +239,6 @@ class LayerwiseModule(LightningModule, abc.ABC):
 
 def _readout_dict(readout: Readout) -> dict[str, Optional[Tensor]]:
     return {PREDICTIONS: readout.predictions, MAX_PROB: readout.max_prob, NLL: readout.nll}
-
-
-def _built_by_lightning_cli() -> bool:
-    """Whether LightningCLI is instantiating this module (it hands its parsed config over as hyper-parameters)."""
-    try:
-        from lightning.pytorch.core.mixins.hparams_mixin import _given_hyperparameters
-    except ImportError:  # older or newer Lightning without the mechanism: fall back to ignoring objects
-        return False
-    return _given_hyperparameters.get() is not None
 
 
 def check_data_compatible(model: LayerwiseModule, datamodule: Any, after_setup: bool = False) -> None:

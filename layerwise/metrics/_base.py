@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import torch
 import torch.distributed as dist
@@ -29,6 +29,14 @@ def _check_positive_int(name: str, value: Any) -> int:
 class _SumStateMetric(Metric):
     """A Metric whose tensor states are all float64 sums, so they can be reduced by ``all_reduce_sum_states``.
 
+    Built only on torchmetrics' public interface: states are registered with ``add_state(dist_reduce_fx="sum")``
+    and listed in :attr:`sum_state_names`; ``compute`` is never cached (``compute_with_cache=False``), so states
+    changed by an external reduction are always read afresh.
+
+    Memory: torchmetrics keeps a copy of every state's default to restore on ``reset``. Here the registered default
+    is a 0-dim placeholder and the zeros of the real shape are allocated by :meth:`reset` (and at construction), so
+    a large state (``LayerCKA``'s (L*d)^2 sums) is held once, not twice.
+
     ``_sum_states_reduced`` records that ``all_reduce_sum_states`` already made the states global; it guards
     against summing twice and tells metrics with a collective ``compute`` which process group to use.
     """
@@ -38,13 +46,33 @@ class _SumStateMetric(Metric):
     full_state_update = False
 
     def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("compute_with_cache", False)
         super().__init__(**kwargs)
+        self._sum_state_shapes: dict[str, tuple[int, ...]] = {}
         self._sum_states_reduced = False
         self._sum_states_group: Optional[Any] = None
+        self._synced_by_torchmetrics = False
+        self._synced_group: Optional[Any] = None
+        self._casting_dtype = False
+
+    @property
+    def sum_state_names(self) -> list[str]:
+        """Names of the float64 sum states, in registration order."""
+        return list(self._sum_state_shapes)
 
     def _add_sum_state(self, name: str, shape: tuple[int, ...]) -> None:
-        """Register a float64 zero state of ``shape`` summed across processes."""
-        self.add_state(name, default=torch.zeros(shape, dtype=torch.float64), dist_reduce_fx="sum")
+        """Register a float64 zero state of ``shape`` summed across processes (its default is a placeholder)."""
+        self.add_state(name, default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
+        self._sum_state_shapes[name] = tuple(shape)
+        setattr(self, name, torch.zeros(shape, dtype=torch.float64, device=self.device))
+
+    def set_dtype(self, dst_type: Union[str, torch.dtype]) -> Metric:
+        """Cast the states to ``dst_type`` (the one cast that may leave float64, see :meth:`_apply`)."""
+        self._casting_dtype = True
+        try:
+            return super().set_dtype(dst_type)
+        finally:
+            self._casting_dtype = False
 
     def _apply(self, fn: Callable, exclude_state: Sequence[str] = "") -> Module:
         """Move the states like torchmetrics, but keep them float64 under a dtype cast such as ``.to(torch.bfloat16)``.
@@ -53,16 +81,41 @@ class _SumStateMetric(Metric):
         "bf16-true" precision) would otherwise turn the float64 sums into bf16. ``set_dtype`` still casts.
         """
         probe = fn(torch.zeros((), dtype=torch.float64, device=self.device))
-        if probe.dtype != torch.float64 and not self._dtype_convert:
+        if probe.dtype != torch.float64 and not self._casting_dtype:
             device = probe.device
             return super()._apply(lambda t: t.to(device), exclude_state)
         return super()._apply(fn, exclude_state)
 
     def reset(self) -> None:
-        """Reset the states and forget that they were reduced."""
+        """Reset the states to zeros of their shapes and forget that they were reduced."""
         super().reset()
+        dtype = torch.float64
+        for name, shape in self._sum_state_shapes.items():
+            placeholder = getattr(self, name)
+            setattr(
+                self,
+                name,
+                torch.zeros(
+                    shape,
+                    dtype=placeholder.dtype if placeholder.is_floating_point() else dtype,
+                    device=placeholder.device,
+                ),
+            )
         self._sum_states_reduced = False
         self._sum_states_group = None
+
+    def sync(self, *args: Any, **kwargs: Any) -> None:
+        """Torchmetrics' own sync (``sync_on_compute=True``); remembers its process group for collective computes."""
+        super().sync(*args, **kwargs)
+        should_sync = kwargs.get("should_sync", args[2] if len(args) > 2 else True)
+        group = kwargs.get("process_group", args[1] if len(args) > 1 else None) or self.process_group
+        self._synced_by_torchmetrics = bool(should_sync) and _world_size(group) > 1
+        self._synced_group = group
+
+    def unsync(self, should_unsync: bool = True) -> None:
+        """Undo :meth:`sync`."""
+        super().unsync(should_unsync)
+        self._synced_by_torchmetrics = False
 
     def _all_reduce_if_global(self, tensor: Tensor) -> None:
         """Sum a rank-local tensor in place over the processes whose states are currently merged into this metric.
@@ -70,8 +123,8 @@ class _SumStateMetric(Metric):
         Collective: every rank must call it. A no-op when the states are rank-local (no sync happened), so a
         ``compute`` on unsynced states stays local.
         """
-        if self._is_synced:  # torchmetrics' own sync_on_compute, which uses self.process_group
-            group = self.process_group
+        if self._synced_by_torchmetrics:  # torchmetrics' own sync_on_compute
+            group = self._synced_group
         elif self._sum_states_reduced:
             group = self._sum_states_group
         else:

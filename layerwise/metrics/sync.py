@@ -9,7 +9,6 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 from torchmetrics import Metric
-from torchmetrics.utilities.data import dim_zero_sum
 
 from layerwise.metrics._base import _SumStateMetric, _world_size
 
@@ -45,13 +44,12 @@ def all_reduce_sum_states(metrics: Sequence[Metric], process_group: Optional[Any
         name = type(metric).__name__
         if metric.sync_on_compute:
             raise ValueError(f"{name} has sync_on_compute=True: construct it with sync_on_compute=False.")
-        if isinstance(metric, _SumStateMetric) and metric._sum_states_reduced:
+        if not isinstance(metric, _SumStateMetric):
+            raise TypeError(f"{name} is not a layerwise sum-state metric (its states' reductions are not known).")
+        if metric._sum_states_reduced:
             raise RuntimeError(f"The states of {name} were already all-reduced; call reset() before reusing it.")
-        for attr, reduction in metric._reductions.items():
-            value = getattr(metric, attr)
-            if not isinstance(value, Tensor) or reduction is not dim_zero_sum:
-                raise TypeError(f"State `{attr}` of {name} is not a tensor summed across processes.")
-            states.append((metric, attr, value))
+        for attr in metric.sum_state_names:
+            states.append((metric, attr, getattr(metric, attr)))
     if states:
         device = states[0][2].device
         flat = torch.cat([value.reshape(-1).to(device=device, dtype=torch.float64) for _, _, value in states])
@@ -61,8 +59,6 @@ def all_reduce_sum_states(metrics: Sequence[Metric], process_group: Optional[Any
             reduced = flat[offset : offset + value.numel()].view(value.shape)
             setattr(metric, attr, reduced.to(device=value.device, dtype=value.dtype))
             offset += value.numel()
-    for metric in metrics:
-        metric._computed = None
-        if isinstance(metric, _SumStateMetric):
-            metric._sum_states_reduced = True
-            metric._sum_states_group = process_group
+    for metric in metrics:  # compute is never cached (compute_with_cache=False): it reads the reduced states
+        metric._sum_states_reduced = True
+        metric._sum_states_group = process_group
