@@ -10,7 +10,16 @@ workers do, so a forked OpenMP pool is never used.
 
 import pytest
 import torch
-from helpers import assert_json_close, fitted_module, read_features, read_summary, trainer, val_loader
+from helpers import (
+    assert_json_close,
+    fitted_module,
+    read_features,
+    read_summary,
+    train_loader,
+    trainer,
+    val_loader,
+)
+from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
 from layerwise.callbacks import LayerwiseAnalysis
 
@@ -44,3 +53,36 @@ def test_processes_match_one_process(tmp_path, single_thread, devices):
     for key in ("features", "max_prob"):
         assert many_features[key].shape == one_features[key].shape
         torch.testing.assert_close(many_features[key], one_features[key], rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("devices", [1, 2])
+def test_checkpoint_and_early_stopping_monitor_a_per_layer_accuracy(tmp_path, single_thread, devices):
+    """The callback logs through Lightning, so ModelCheckpoint and EarlyStopping can monitor what it computes."""
+    key = "val/acc/layer_02"
+    checkpoint = ModelCheckpoint(
+        dirpath=tmp_path / "checkpoints",
+        monitor=key,
+        mode="max",
+        save_top_k=1,
+        filename="epoch{epoch}-acc{val/acc/layer_02:.8f}",
+        auto_insert_metric_name=False,
+    )
+    # min_delta 1.0 can never be met: the first validation sets the best, the second stops the run
+    stopping = EarlyStopping(monitor=key, mode="max", patience=1, min_delta=1.0, strict=True)
+    options = dict(devices=devices, strategy="ddp_fork") if devices > 1 else {}
+    run = trainer(
+        tmp_path,
+        [LayerwiseAnalysis(log_figures=False), checkpoint, stopping],
+        max_epochs=5,
+        limit_train_batches=2,
+        enable_checkpointing=True,
+        **options,
+    )
+    run.fit(fitted_module(), train_loader(), val_loader(N, batch_size=16))
+
+    epochs = sorted(path.name for path in (tmp_path / "layerwise").glob("val_epoch_*.json"))
+    assert epochs == ["val_epoch_000.json", "val_epoch_001.json"], "EarlyStopping must stop after two validations"
+    accuracy = [read_summary(tmp_path, epoch=epoch)["accuracy"][1] for epoch in (0, 1)]
+    best = 0 if accuracy[0] >= accuracy[1] else 1
+    (saved,) = (tmp_path / "checkpoints").glob("*.ckpt")
+    assert saved.name == f"epoch{best}-acc{accuracy[best]:.8f}.ckpt"  # the global value, also on 2 processes

@@ -381,7 +381,7 @@ class LayerwiseMonitor(Callback):
         scalars = {
             f"{stage}/{key}": value for family in self.families for key, value in family.scalars(results, spec).items()
         }
-        self._log_scalars(trainer, scalars)
+        self._log_scalars(trainer, pl_module, scalars)
         log_dir = _log_dir(trainer)  # a collective (trainer.log_dir broadcasts from rank 0): every rank calls it
         if trainer.is_global_zero:
             header = {
@@ -400,16 +400,12 @@ class LayerwiseMonitor(Callback):
         for metric in self._metrics:
             metric.reset()
 
-    def _log_scalars(self, trainer: Trainer, scalars: dict[str, float]) -> None:
-        # The values are already global (reduced above), so they go to the loggers directly, as LearningRateMonitor
-        # does: no per-scalar collective. They also land in callback_metrics so checkpoints/early stopping can
-        # monitor them on every rank.
-        callback_metrics = trainer.callback_metrics  # a property that gathers the logged metrics: read it once
-        for key, value in scalars.items():
-            callback_metrics[key] = torch.tensor(value)
+    def _log_scalars(self, trainer: Trainer, pl_module: LightningModule, scalars: dict[str, float]) -> None:
+        # Through Lightning, so that ModelCheckpoint(monitor=...), EarlyStopping and every logger see the values by
+        # design. They are already global (the states were reduced above): no sync, no collective per scalar.
+        pl_module.log_dict(scalars, sync_dist=False, on_step=False, on_epoch=True, add_dataloader_idx=False)
         if trainer.is_global_zero:
             for logger in trainer.loggers:
-                logger.log_metrics(scalars, step=trainer.global_step)
                 self._write_charts(logger)
 
     def _tensorboard(self, trainer: Trainer) -> Optional[Any]:
