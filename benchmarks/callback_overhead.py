@@ -236,6 +236,56 @@ def quickstart_case(args: argparse.Namespace) -> None:
     print_table(title, configs)
 
 
+def _fit_quickstart(epochs: int, analysis: bool, root: str) -> float:
+    """Seconds of one quickstart fit (AlternatingAligned, TensorBoard logger) with or without LayerwiseAnalysis."""
+    from layerwise.lightning_modules import AlternatingAligned, WarmupCosineLR
+
+    seed_everything(0, verbose=False)
+    model = AlternatingAligned(
+        backbone=TimmViT(**QUICKSTART_BACKBONE, pooling="mean"),
+        label_smoothing=0.1,
+        optimizer=lambda params: torch.optim.AdamW(params, lr=0.002, weight_decay=0.05),
+        lr_scheduler=lambda optimizer: WarmupCosineLR(optimizer, warmup_epochs=min(2, epochs - 1), max_epochs=epochs),
+    )
+    trainer = Trainer(
+        accelerator="cpu",
+        devices=1,
+        max_epochs=epochs,
+        logger=TensorBoardLogger(root, name="fit"),
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        log_every_n_steps=10,
+        callbacks=[LayerwiseAnalysis()] if analysis else [],
+    )
+    start = time.perf_counter()
+    trainer.fit(model, datamodule=DigitsDataModule(batch_size=64))
+    return time.perf_counter() - start
+
+
+def quickstart_fit_case(args: argparse.Namespace) -> None:
+    """The user's view: a whole quickstart fit with the analysis (figures at their default cadence) against none."""
+    times: dict[bool, list[float]] = {False: [], True: []}
+    root = tempfile.mkdtemp(prefix="layerwise_bench_fit_")
+    try:
+        for _ in range(args.fit_repeats):
+            for analysis in (False, True):
+                times[analysis].append(_fit_quickstart(args.fit_epochs, analysis, root))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    off = statistics.median(times[False])
+    print(
+        f"\n(d) quickstart fit, {args.fit_epochs} epochs, TensorBoard logger both ways, LayerwiseAnalysis() with "
+        f"figures every 10 epochs and at the last, median of {args.fit_repeats} interleaved rounds"
+    )
+    print(f"{'configuration':<38}{'fit s':>9}{'(min-max)':>17}{'ratio':>8}")
+    for name, runs in (("off", times[False]), ("LayerwiseAnalysis(), TensorBoard", times[True])):
+        print(
+            f"{name:<38}{statistics.median(runs):>9.2f}{f'({min(runs):.1f}-{max(runs):.1f})':>17}"
+            f"{statistics.median(runs) / off:>7.3f}x"
+        )
+
+
 def deit_s_case(args: argparse.Namespace) -> None:
     seed_everything(0, verbose=False)
     images = torch.randn(args.num_samples, 3, 224, 224)
@@ -326,6 +376,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=64, help="batch size of the DeiT-S case")
     parser.add_argument("--repeats", type=int, default=3, help="rounds of the DeiT-S case (medians over these)")
     parser.add_argument("--quickstart-repeats", type=int, default=9, help="rounds of the quickstart case")
+    parser.add_argument("--fit-epochs", type=int, default=40, help="epochs of the quickstart-fit case")
+    parser.add_argument("--fit-repeats", type=int, default=2, help="rounds of the quickstart-fit case")
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda if available")
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES), help="which tables to print")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: 8 DeiT-S samples, batch 4, 2 rounds each")
@@ -334,6 +386,7 @@ def main() -> None:
         args.device = "cuda" if torch.cuda.is_available() else "cpu"
     if args.quick:
         args.num_samples, args.batch_size, args.repeats, args.quickstart_repeats = 8, 4, 2, 2
+        args.fit_epochs, args.fit_repeats = 2, 1
     logging.getLogger("lightning.pytorch").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", ".*does not have many workers.*")
     warnings.filterwarnings("ignore", ".*is deprecated.*")
@@ -348,6 +401,7 @@ def main() -> None:
 
 CASES: dict[str, Callable[[argparse.Namespace], None]] = {
     "quickstart": quickstart_case,
+    "quickstart_fit": quickstart_fit_case,
     "deit_s": deit_s_case,
     "metrics": metric_costs,
 }

@@ -208,6 +208,21 @@ def test_analysis_json_equals_float64_reference(analysis_run):
 
 
 # ----------------------------------------------------------------------------------------- loggers and JSON
+def test_figures_are_drawn_at_their_cadence_and_at_the_last_epoch(tmp_path):
+    logger = TensorBoardLogger(str(tmp_path), name="tb")
+    callback = LayerwiseAnalysis(figures_every_n_epochs=2)
+    fit = trainer(tmp_path, [callback], logger=logger, max_epochs=5, limit_train_batches=1, limit_val_batches=1)
+    fit.fit(fitted_module(), train_loader(), val_loader(N))
+    events = EventAccumulator(logger.log_dir, size_guidance={"images": 0, "scalars": 0})
+    events.Reload()
+    drawn_at = [event.step for event in events.Images("val/cos")]
+    assert drawn_at == [2, 4, 5]  # after epochs 2 and 4 (1-based, steps = global steps), and the last one
+    assert len(events.Scalars("val/acc/layer_01")) == 5  # the numbers are logged every epoch
+    assert len(sorted((tmp_path / "tb" / "version_0" / "layerwise").glob("val_epoch_*.json"))) == 5
+    with pytest.raises(ValueError, match="figures_every_n_epochs"):
+        LayerwiseAnalysis(figures_every_n_epochs=0)
+
+
 def test_fit_writes_tensorboard_images_scalars_layout_and_full_json(tmp_path):
     logger = TensorBoardLogger(str(tmp_path), name="tb")
     fit = trainer(

@@ -1,126 +1,22 @@
 """The orchestration every analysis callback shares: where features come from, when to update, compute, log."""
 
-import abc
-import uuid
-import weakref
-from collections.abc import Mapping, Sequence
-from contextlib import ExitStack
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
-from torch import Tensor, nn
 from torchmetrics import Metric
 
+from layerwise.callbacks._batch import layer_batch as make_layer_batch
+from layerwise.callbacks._output import FeatureSaver, _log_dir, log_figures, write_charts, write_summary
 from layerwise.callbacks._sampling import rank_indices, real_samples_on_rank
-from layerwise.features import (
-    EXIT_LOGITS,
-    EXIT_PREFIX,
-    FEATURES,
-    LOGITS,
-    MAX_PROB,
-    NLL,
-    POSITIONS,
-    PREDICTIONS,
-    SAMPLE_INDEX,
-    TARGETS,
-    check_layer_outputs,
-    is_layer_outputs,
-)
-from layerwise.features.hooks import HookTap, hook_paths
+from layerwise.callbacks._source import FeatureSource
+from layerwise.callbacks.family import Family, LayerBatch, LayerSpec, _per_layer, per_layer
 from layerwise.features.layers import LayerSelection, select_layers
-from layerwise.metrics import Readout, SampleCount, all_reduce_sum_states, readout_from_logits
-from layerwise.results import merge_summary, summary_path, write_atomic
+from layerwise.metrics import SampleCount, all_reduce_sum_states
 
 Source = Literal["auto", "outputs", "hooks"]
-
-# One id per Trainer: every layerwise callback of a run writes into the same per-epoch summary under it.
-_RUN_IDS: "weakref.WeakKeyDictionary[Trainer, str]" = weakref.WeakKeyDictionary()
-
-
-def _run_id(trainer: Trainer) -> str:
-    if trainer not in _RUN_IDS:
-        _RUN_IDS[trainer] = uuid.uuid4().hex
-    return _RUN_IDS[trainer]
-
-
-@dataclass(frozen=True)
-class LayerSpec:
-    """What the metrics are built for: the selected 1-based layer numbers of a ``depth``-layer model."""
-
-    layer_numbers: list[int]
-    depth: int
-    dim: int
-    num_classes: int
-    token_level: bool = False
-
-    @property
-    def num_layers(self) -> int:
-        """Number of selected layers."""
-        return len(self.layer_numbers)
-
-    def key(self, number: int) -> str:
-        """The logging suffix of a layer, e.g. ``layer_03``."""
-        return f"layer_{number:0{max(2, len(str(self.depth)))}d}"
-
-
-@dataclass
-class LayerBatch:
-    """One batch of the selected layers.
-
-    ``features`` ``(L, N, d)``; ``readout`` the shared head's per-layer predictions, top-1 probability and loss
-    ``(L, N)``; ``targets`` ``(N,)``; ``exit_readout`` that of separate exit heads, if any. ``sampled`` indexes the
-    rows kept for the feature-similarity statistics (every row unless tokens are subsampled).
-    """
-
-    features: Tensor
-    readout: Readout
-    targets: Optional[Tensor]
-    exit_readout: Optional[Readout] = None
-    sampled: Optional[Tensor] = None
-
-    @property
-    def sampled_features(self) -> Tensor:
-        """The features of the rows kept for COS/CKA/saturation-COS: ``(L, N', d)``."""
-        return self.features if self.sampled is None else self.features[:, self.sampled]
-
-
-class Family(abc.ABC):
-    """One metric family: builds its metrics, feeds them, turns them into results, scalars and figures."""
-
-    def configure(self, trainer: Trainer, spec: LayerSpec) -> None:  # noqa: B027 - an optional hook
-        """Read what the family needs from the run (e.g. class frequencies) before ``build``; default: nothing."""
-
-    @abc.abstractmethod
-    def build(self, spec: LayerSpec) -> list[Metric]:
-        """Create the metrics (constructed with ``sync_on_compute=False``) and return them."""
-
-    @abc.abstractmethod
-    def update(self, batch: LayerBatch) -> None:
-        """Feed one batch."""
-
-    @abc.abstractmethod
-    def compute(self, spec: LayerSpec) -> dict[str, Any]:
-        """Results keyed as in the JSON summary (states are already reduced across ranks)."""
-
-    def scalars(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, float]:
-        """Scalars to log, keyed without the stage prefix, e.g. ``acc/layer_03``."""
-        return {}
-
-    def figures(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, Any]:
-        """Matplotlib figures to log as images, keyed by tag suffix."""
-        return {}
-
-    def charts(self) -> dict[str, str]:
-        """TensorBoard multi-line charts: title -> regex of tag suffixes (all layers of one quantity)."""
-        return {}
-
-
-def _per_layer(values: Sequence[float], spec: LayerSpec, name: str) -> dict[str, float]:
-    return {f"{name}/{spec.key(number)}": float(value) for number, value in zip(spec.layer_numbers, values)}
+__all__ = ["Family", "LayerBatch", "LayerSpec", "LayerwiseMonitor", "_per_layer", "per_layer"]
 
 
 class LayerwiseMonitor(Callback):
@@ -143,6 +39,9 @@ class LayerwiseMonitor(Callback):
             (L x N x d float32), ``labels`` (N), ``predictions`` (L x N) and ``max_prob`` (L x N). Holds the
             evaluated features in CPU memory for the epoch.
         log_figures: draw heatmaps/histograms as TensorBoard images (global rank zero only).
+        figures_every_n_epochs: while fitting, draw them only every n-th analysed epoch and at the last epoch
+            (drawing costs far more than the analysis of a small model; the JSON of every epoch holds everything
+            ``layerwise plot`` draws). ``validate``/``test`` always draw.
         source: ``"outputs"`` reads the step's returned dict, ``"hooks"`` attaches forward hooks; ``"auto"`` uses hooks
             when paths are given or the module is not a layerwise module, else the outputs.
         blocks, final_norm, classifier: dotted paths, relative to the LightningModule, of the block list, the final
@@ -159,6 +58,7 @@ class LayerwiseMonitor(Callback):
         layers: LayerSelection = None,
         save_features: bool = False,
         log_figures: bool = True,
+        figures_every_n_epochs: int = 10,
         source: Source = "auto",
         blocks: Optional[str] = None,
         final_norm: Union[str, list[str], None] = None,
@@ -168,6 +68,8 @@ class LayerwiseMonitor(Callback):
     ) -> None:
         if token_stride < 1:
             raise ValueError(f"`token_stride={token_stride}` must be >= 1.")
+        if figures_every_n_epochs < 1:
+            raise ValueError(f"`figures_every_n_epochs={figures_every_n_epochs}` must be >= 1.")
         if every_n_epochs < 1:
             raise ValueError(f"`every_n_epochs={every_n_epochs}` must be >= 1.")
         if source not in ("auto", "outputs", "hooks"):
@@ -178,19 +80,18 @@ class LayerwiseMonitor(Callback):
         self.layers = layers
         self.save_features = save_features
         self.log_figures = log_figures
+        self.figures_every_n_epochs = figures_every_n_epochs
         self.source = source
         self.hook_paths = {"blocks": blocks, "final_norm": final_norm, "classifier": classifier, "pooling": pooling}
+        self._source = FeatureSource(source, self.hook_paths)
         self.token_stride = token_stride
         self.families: list[Family] = []
         self._stage: Optional[str] = None
-        self._hooks = ExitStack()
-        self._tap: Optional[HookTap] = None
         self._spec: Optional[LayerSpec] = None
         self._metrics: list[Metric] = []
         self._count: Optional[SampleCount] = None
         self._budget: Optional[int] = None
-        self._indices: Optional[list[int]] = None
-        self._saved: dict[str, list[Tensor]] = {}
+        self._saver = FeatureSaver()
         self._charts_written = False
 
     # -- when ---------------------------------------------------------------------------------------------------
@@ -201,6 +102,12 @@ class LayerwiseMonitor(Callback):
         if trainer.state.fn == TrainerFn.FITTING:
             return (trainer.current_epoch + 1) % self.every_n_epochs == 0
         return True
+
+    def _draws_figures(self, trainer: Trainer) -> bool:
+        if not self.log_figures or trainer.state.fn != TrainerFn.FITTING:
+            return self.log_figures
+        last = trainer.max_epochs is not None and trainer.current_epoch + 1 >= trainer.max_epochs
+        return last or trainer.should_stop or (trainer.current_epoch + 1) % self.figures_every_n_epochs == 0
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         for other in trainer.callbacks:
@@ -220,12 +127,12 @@ class LayerwiseMonitor(Callback):
     def on_validation_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        self._set_attention_mask(batch)
+        self._source.before_batch(batch)
 
     def on_test_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        self._set_attention_mask(batch)
+        self._source.before_batch(batch)
 
     def on_validation_batch_end(
         self,
@@ -256,56 +163,28 @@ class LayerwiseMonitor(Callback):
         self._finish(trainer, pl_module)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        self._detach()
+        self._source.detach()
         self._stage = None
         for metric in self._metrics:
             metric.reset()
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._detach()
-
-    # -- where features come from ---------------------------------------------------------------------------------
-
-    def _uses_hooks(self, pl_module: LightningModule) -> bool:
-        if self.source != "auto":
-            return self.source == "hooks"
-        explicit = self.hook_paths["blocks"] is not None or self.hook_paths["classifier"] is not None
-        return explicit or not hasattr(pl_module, "layer_outputs")
+        self._source.detach()
 
     def _begin(self, trainer: Trainer, pl_module: LightningModule, stage: str, dataloaders: Any) -> None:
-        self._detach()
-        if not self._should_run(trainer):
-            self._stage = None
+        self._source.detach()
+        self._stage = stage if self._should_run(trainer) else None
+        if self._stage is None:
             return
-        self._stage = stage
         loader = dataloaders[0] if isinstance(dataloaders, (list, tuple)) else dataloaders
         self._budget = real_samples_on_rank(loader)
-        self._indices = rank_indices(loader) if self.save_features and trainer.world_size > 1 else None
-        self._saved = {}
-        if self._uses_hooks(pl_module):
-            self._tap = HookTap(pl_module, hook_paths(pl_module, **self.hook_paths))
-            self._hooks.enter_context(self._tap.attached())
+        self._saver = FeatureSaver()
+        self._saver.indices = rank_indices(loader) if self.save_features and trainer.world_size > 1 else None
+        self._source.attach(pl_module)
         self._build(pl_module)
 
-    def _set_attention_mask(self, batch: Any) -> None:
-        if self._tap is not None:
-            self._tap.attention_mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
-
-    def _detach(self) -> None:
-        self._hooks.close()
-        self._tap = None
-
-    def _dims(self, pl_module: LightningModule) -> tuple[int, int, int, bool]:
-        if self._tap is not None:
-            linears = [m for head in self._tap.head_modules for m in head.modules() if isinstance(m, nn.Linear)]
-            if not linears:
-                raise ValueError("The classifier modules hold no nn.Linear; cannot tell the feature width.")
-            return self._tap.num_layers, linears[0].in_features, linears[-1].out_features, False
-        backbone = pl_module.backbone
-        return backbone.num_layers, backbone.embed_dim, backbone.num_classes, bool(backbone.token_level)
-
     def _build(self, pl_module: LightningModule) -> None:
-        depth, dim, num_classes, token_level = self._dims(pl_module)
+        depth, dim, num_classes, token_level = self._source.dims(pl_module)
         numbers = [index + 1 for index in select_layers(self.layers, depth)]
         spec = LayerSpec(numbers, depth, dim, num_classes, token_level)
         if spec != self._spec or not self._metrics:
@@ -318,43 +197,16 @@ class LayerwiseMonitor(Callback):
         for metric in self._metrics:  # already zero: fresh, or reset when the last epoch finished or failed
             metric.to(pl_module.device)
 
-    def _layer_batch(self, outputs: Any, batch: Any) -> LayerBatch:
-        if self._tap is not None:
-            outputs = dict(self._tap.pop())
-            outputs[TARGETS] = _targets(batch)
-        elif not is_layer_outputs(outputs):
-            raise TypeError(
-                "The validation/test step returned no per-layer outputs (a dict with 'features' and 'logits'). "
-                "Use a layerwise LightningModule, return that dict, or pass source='hooks' (with blocks=, "
-                "final_norm=, classifier= for models outside the built-in path table)."
-            )
-        check_layer_outputs(outputs)
-        rows = _real_rows(outputs, self._budget)
-        if self._budget is not None:
-            self._budget -= _samples_in(outputs, rows)
-        selection = self._selection.to(outputs[FEATURES].device)
-
-        def pick(value: Optional[Tensor]) -> Optional[Tensor]:
-            return None if value is None else value.index_select(0, selection)[:, rows]
-
-        targets = outputs.get(TARGETS)
-        targets = None if targets is None else targets[rows]
-        readout = _readout(outputs, "", targets, pick)
-        exit_readout = _readout(outputs, EXIT_PREFIX, targets, pick)
-        positions = outputs.get(POSITIONS)
-        sampled = None
-        if positions is not None and self.token_stride > 1:
-            sampled = torch.nonzero(positions[rows] % self.token_stride == 0).flatten()
-        return LayerBatch(pick(outputs[FEATURES]), readout, targets, exit_readout, sampled)
-
     def _collect(self, outputs: Any, batch: Any, dataloader_idx: int) -> None:
         if self._stage is None:
             return
         if dataloader_idx != 0:
-            if self._tap is not None:
-                self._tap.pop()
+            self._source.skip()
             return
-        layer_batch = self._layer_batch(outputs, batch)
+        outputs = self._source.outputs(outputs, batch)
+        layer_batch, used = make_layer_batch(outputs, self._selection, self._budget, self.token_stride)
+        if self._budget is not None:
+            self._budget -= used
         if layer_batch.features.shape[1] == 0:
             return
         if layer_batch.targets is None or layer_batch.readout.nll is None:
@@ -363,13 +215,13 @@ class LayerwiseMonitor(Callback):
         for family in self.families:
             family.update(layer_batch)
         if self.save_features:
-            self._keep_features(layer_batch)
+            self._saver.keep(layer_batch)
 
     # -- results --------------------------------------------------------------------------------------------------
 
     def _finish(self, trainer: Trainer, pl_module: LightningModule) -> None:
         stage, self._stage = self._stage, None
-        self._detach()
+        self._source.detach()
         if stage is None:
             return
         spec = self._spec
@@ -384,19 +236,11 @@ class LayerwiseMonitor(Callback):
         self._log_scalars(trainer, pl_module, scalars)
         log_dir = _log_dir(trainer)  # a collective (trainer.log_dir broadcasts from rank 0): every rank calls it
         if trainer.is_global_zero:
-            header = {
-                "stage": stage,
-                "epoch": trainer.current_epoch,
-                "global_step": trainer.global_step,
-                "num_samples": num_samples,
-                "depth": spec.depth,
-                "layers": spec.layer_numbers,
-            }
-            merge_summary(summary_path(log_dir, stage, trainer.current_epoch), {**header, **results}, _run_id(trainer))
-            if self.log_figures:
-                self._log_figures(trainer, stage, results, spec)
+            write_summary(trainer, log_dir, stage, spec, num_samples, results)
+            if self._draws_figures(trainer):
+                log_figures(trainer, stage, self.families, results, spec)
         if self.save_features:
-            self._write_features(trainer, stage, log_dir)
+            self._saver.write(trainer, stage, log_dir)
         for metric in self._metrics:
             metric.reset()
 
@@ -404,121 +248,6 @@ class LayerwiseMonitor(Callback):
         # Through Lightning, so that ModelCheckpoint(monitor=...), EarlyStopping and every logger see the values by
         # design. They are already global (the states were reduced above): no sync, no collective per scalar.
         pl_module.log_dict(scalars, sync_dist=False, on_step=False, on_epoch=True, add_dataloader_idx=False)
-        if trainer.is_global_zero:
-            for logger in trainer.loggers:
-                self._write_charts(logger)
-
-    def _tensorboard(self, trainer: Trainer) -> Optional[Any]:
-        for logger in trainer.loggers:
-            experiment = getattr(logger, "experiment", None)
-            if hasattr(experiment, "add_figure"):
-                return experiment
-        return None
-
-    def _write_charts(self, logger: Any) -> None:
-        experiment = getattr(logger, "experiment", None)
-        if self._charts_written or not hasattr(experiment, "add_custom_scalars"):
-            return
-        layout: dict[str, dict[str, list]] = {}
-        for stage in ("val", "test"):
-            charts = {}
-            for family in self.families:
-                for title, pattern in family.charts().items():
-                    charts[f"{stage} {title}"] = ["Multiline", [f"{stage}/{pattern}"]]
-            layout[f"layerwise {stage}"] = charts
-        experiment.add_custom_scalars(layout)
-        self._charts_written = True
-
-    def _log_figures(self, trainer: Trainer, stage: str, results: dict[str, Any], spec: LayerSpec) -> None:
-        import matplotlib.pyplot as plt
-
-        experiment = self._tensorboard(trainer)
-        if experiment is None:
-            return
-        for family in self.families:
-            for tag, figure in family.figures(results, spec).items():
-                experiment.add_figure(f"{stage}/{tag}", figure, global_step=trainer.global_step)
-                plt.close(figure)
-
-    # -- save_features --------------------------------------------------------------------------------------------
-
-    def _keep_features(self, batch: LayerBatch) -> None:
-        rows = slice(None) if batch.sampled is None else batch.sampled
-        parts = {
-            "features": batch.sampled_features.float(),
-            "labels": batch.targets[rows],
-            "predictions": batch.readout.predictions[:, rows],
-            "max_prob": batch.readout.max_prob[:, rows].float(),
-        }
-        for key, value in parts.items():
-            self._saved.setdefault(key, []).append(value.detach().cpu())
-
-    def _write_features(self, trainer: Trainer, stage: str, log_dir: str) -> None:
-        local = {key: torch.cat(values, dim=-1 if key != "features" else 1) for key, values in self._saved.items()}
-        self._saved = {}
-        if trainer.world_size > 1:
-            gathered: list[Any] = [None] * trainer.world_size
-            torch.distributed.all_gather_object(gathered, (self._indices, local))
-            local = _merge_ranks(gathered)
-        if trainer.is_global_zero and local:
-            path = summary_path(log_dir, stage, trainer.current_epoch)
-            target = path.with_name(path.stem + "_features.pt")
-            write_atomic(target, lambda file: torch.save(local, file))
-
-
-def _merge_ranks(gathered: list[Any]) -> dict[str, Tensor]:
-    """Concatenate every rank's saved features, in dataset order when every rank knows its indices."""
-    parts = [part for _, part in gathered if part]
-    if not parts:
-        return {}
-    merged = {key: torch.cat([p[key] for p in parts], dim=1 if key == "features" else -1) for key in parts[0]}
-    indices = [index for index_list, part in gathered if part for index in (index_list or [])]
-    if len(indices) == merged["labels"].shape[0]:
-        order = torch.tensor(indices).argsort()
-        merged = {
-            key: value.index_select(1 if key == "features" else value.ndim - 1, order) for key, value in merged.items()
-        }
-    return merged
-
-
-def _real_rows(outputs: Mapping, budget: Optional[int]) -> Union[slice, Tensor]:
-    """The rows of a step's outputs that belong to real samples (``DistributedSampler`` pads at the end)."""
-    if budget is None:
-        return slice(None)
-    sample_index = outputs.get(SAMPLE_INDEX)
-    if sample_index is None:
-        return slice(0, budget)
-    return torch.nonzero(sample_index < budget).flatten()
-
-
-def _samples_in(outputs: Mapping, rows: Union[slice, Tensor]) -> int:
-    """How many dataloader samples the kept rows cover (a language model's sequence has many rows)."""
-    sample_index = outputs.get(SAMPLE_INDEX)
-    if sample_index is None:
-        return len(range(*rows.indices(outputs[FEATURES].shape[1]))) if isinstance(rows, slice) else rows.numel()
-    kept = sample_index[rows]
-    return 0 if kept.numel() == 0 else int(kept.max()) + 1
-
-
-def _readout(outputs: Mapping, prefix: str, targets: Optional[Tensor], pick: Any) -> Optional[Readout]:
-    """The readout under ``prefix`` ("" for the shared head, "exit_" for separate heads), from logits if needed."""
-    if prefix + PREDICTIONS in outputs and (prefix + NLL in outputs or targets is None):
-        predictions, max_prob = pick(outputs[prefix + PREDICTIONS]), pick(outputs[prefix + MAX_PROB])
-        return Readout(predictions, max_prob, pick(outputs.get(prefix + NLL)))
-    logits = outputs.get(EXIT_LOGITS if prefix else LOGITS)
-    return None if logits is None else readout_from_logits(pick(logits), targets)
-
-
-def _targets(batch: Any) -> Optional[Tensor]:
-    if isinstance(batch, Mapping):
-        for key in ("labels", "label", "targets", "target"):
-            if key in batch:
-                return batch[key]
-        return None
-    if isinstance(batch, (tuple, list)) and len(batch) > 1:
-        return batch[1]
-    return None
-
-
-def _log_dir(trainer: Trainer) -> str:
-    return str(trainer.log_dir or Path(trainer.default_root_dir))
+        if trainer.is_global_zero and not self._charts_written:
+            write_charts(trainer, self.families)
+            self._charts_written = True

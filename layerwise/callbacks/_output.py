@@ -1,0 +1,126 @@
+"""Where the analysis goes besides the JSON: TensorBoard charts and figures, and the optional saved features."""
+
+import uuid
+import weakref
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from lightning.pytorch import Trainer
+from torch import Tensor
+
+from layerwise.callbacks.family import Family, LayerBatch, LayerSpec
+from layerwise.results import merge_summary, summary_path, write_atomic
+
+# One id per Trainer: every layerwise callback of a run writes into the same per-epoch summary under it.
+_RUN_IDS: "weakref.WeakKeyDictionary[Trainer, str]" = weakref.WeakKeyDictionary()
+
+
+def _run_id(trainer: Trainer) -> str:
+    if trainer not in _RUN_IDS:
+        _RUN_IDS[trainer] = uuid.uuid4().hex
+    return _RUN_IDS[trainer]
+
+
+def write_summary(
+    trainer: Trainer, log_dir: str, stage: str, spec: LayerSpec, num_samples: int, results: dict[str, Any]
+) -> None:
+    """Add this callback's results to the epoch's summary JSON (global rank zero only)."""
+    header = {
+        "stage": stage,
+        "epoch": trainer.current_epoch,
+        "global_step": trainer.global_step,
+        "num_samples": num_samples,
+        "depth": spec.depth,
+        "layers": spec.layer_numbers,
+    }
+    merge_summary(summary_path(log_dir, stage, trainer.current_epoch), {**header, **results}, _run_id(trainer))
+
+
+def tensorboard(trainer: Trainer) -> Optional[Any]:
+    """The first logger experiment that can take figures (TensorBoard's SummaryWriter), else None."""
+    for logger in trainer.loggers:
+        experiment = getattr(logger, "experiment", None)
+        if hasattr(experiment, "add_figure"):
+            return experiment
+    return None
+
+
+def write_charts(trainer: Trainer, families: list[Family]) -> None:
+    """TensorBoard Custom Scalars: all layers of one quantity on one chart."""
+    experiment = tensorboard(trainer)
+    if experiment is None or not hasattr(experiment, "add_custom_scalars"):
+        return
+    layout: dict[str, dict[str, list]] = {}
+    for stage in ("val", "test"):
+        charts = {}
+        for family in families:
+            for title, pattern in family.charts().items():
+                charts[f"{stage} {title}"] = ["Multiline", [f"{stage}/{pattern}"]]
+        layout[f"layerwise {stage}"] = charts
+    experiment.add_custom_scalars(layout)
+
+
+def log_figures(trainer: Trainer, stage: str, families: list[Family], results: dict[str, Any], spec: LayerSpec) -> None:
+    """Every family's figures as TensorBoard images at the trainer's global step."""
+    import matplotlib.pyplot as plt
+
+    experiment = tensorboard(trainer)
+    if experiment is None:
+        return
+    for family in families:
+        for tag, figure in family.figures(results, spec).items():
+            experiment.add_figure(f"{stage}/{tag}", figure, global_step=trainer.global_step)
+            plt.close(figure)
+
+
+class FeatureSaver:
+    """Keeps the evaluated features of an epoch in CPU memory and writes them once, merged over ranks in order."""
+
+    def __init__(self) -> None:
+        self.indices: Optional[list[int]] = None
+        self._saved: dict[str, list[Tensor]] = {}
+
+    def keep(self, batch: LayerBatch) -> None:
+        """Add one batch (the sampled rows)."""
+        rows = slice(None) if batch.sampled is None else batch.sampled
+        parts = {
+            "features": batch.sampled_features.float(),
+            "labels": batch.targets[rows],
+            "predictions": batch.readout.predictions[:, rows],
+            "max_prob": batch.readout.max_prob[:, rows].float(),
+        }
+        for key, value in parts.items():
+            self._saved.setdefault(key, []).append(value.detach().cpu())
+
+    def write(self, trainer: Trainer, stage: str, log_dir: str) -> None:
+        """Gather every rank's features (a collective under DDP) and write them on global rank zero."""
+        local = {key: torch.cat(values, dim=-1 if key != "features" else 1) for key, values in self._saved.items()}
+        self._saved = {}
+        if trainer.world_size > 1:
+            gathered: list[Any] = [None] * trainer.world_size
+            torch.distributed.all_gather_object(gathered, (self.indices, local))
+            local = _merge_ranks(gathered)
+        if trainer.is_global_zero and local:
+            path = summary_path(log_dir, stage, trainer.current_epoch)
+            target = path.with_name(path.stem + "_features.pt")
+            write_atomic(target, lambda file: torch.save(local, file))
+
+
+def _merge_ranks(gathered: list[Any]) -> dict[str, Tensor]:
+    """Concatenate every rank's saved features, in dataset order when every rank knows its indices."""
+    parts = [part for _, part in gathered if part]
+    if not parts:
+        return {}
+    merged = {key: torch.cat([p[key] for p in parts], dim=1 if key == "features" else -1) for key in parts[0]}
+    indices = [index for index_list, part in gathered if part for index in (index_list or [])]
+    if len(indices) == merged["labels"].shape[0]:
+        order = torch.tensor(indices).argsort()
+        merged = {
+            key: value.index_select(1 if key == "features" else value.ndim - 1, order) for key, value in merged.items()
+        }
+    return merged
+
+
+def _log_dir(trainer: Trainer) -> str:
+    return str(trainer.log_dir or Path(trainer.default_root_dir))

@@ -1,0 +1,73 @@
+"""Where the analysis callbacks' features come from: the step's outputs, or hooks on a foreign model's blocks."""
+
+from collections.abc import Mapping
+from contextlib import ExitStack
+from typing import Any, Optional
+
+from lightning.pytorch import LightningModule
+from torch import nn
+
+from layerwise.callbacks._batch import _targets
+from layerwise.features import TARGETS
+from layerwise.features.hooks import HookTap, hook_paths
+
+
+class FeatureSource:
+    """Hooks on the blocks for the duration of one evaluation epoch (always removed), or the step's own outputs.
+
+    Args:
+        source: ``"outputs"``, ``"hooks"`` or ``"auto"`` (hooks when paths are given or the module is not a
+            layerwise module).
+        paths: ``blocks``, ``final_norm``, ``classifier``, ``pooling`` for the hooks (None: the path table's).
+    """
+
+    def __init__(self, source: str, paths: dict[str, Any]) -> None:
+        self.source = source
+        self.paths = paths
+        self.tap: Optional[HookTap] = None
+        self._hooks = ExitStack()
+
+    def uses_hooks(self, pl_module: LightningModule) -> bool:
+        """Whether features come from hooks for this module."""
+        if self.source != "auto":
+            return self.source == "hooks"
+        explicit = self.paths["blocks"] is not None or self.paths["classifier"] is not None
+        return explicit or not hasattr(pl_module, "layer_outputs")
+
+    def attach(self, pl_module: LightningModule) -> None:
+        """Start an epoch: attach the hooks if this module needs them."""
+        self.detach()
+        if self.uses_hooks(pl_module):
+            self.tap = HookTap(pl_module, hook_paths(pl_module, **self.paths))
+            self._hooks.enter_context(self.tap.attached())
+
+    def detach(self) -> None:
+        """Remove the hooks (idempotent)."""
+        self._hooks.close()
+        self.tap = None
+
+    def before_batch(self, batch: Any) -> None:
+        """Give the hooks the batch's attention mask (for pooling over real tokens)."""
+        if self.tap is not None:
+            self.tap.attention_mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+
+    def outputs(self, outputs: Any, batch: Any) -> Any:
+        """The step's per-layer outputs: what hooks collected (with the batch's targets), else the step's own."""
+        if self.tap is None:
+            return outputs
+        return {**self.tap.pop(), TARGETS: _targets(batch)}
+
+    def skip(self) -> None:
+        """Drop what the hooks collected for a batch that is not analysed."""
+        if self.tap is not None:
+            self.tap.pop()
+
+    def dims(self, pl_module: LightningModule) -> tuple[int, int, int, bool]:
+        """Depth, width, classes and whether every token is a sample."""
+        if self.tap is not None:
+            linears = [m for head in self.tap.head_modules for m in head.modules() if isinstance(m, nn.Linear)]
+            if not linears:
+                raise ValueError("The classifier modules hold no nn.Linear; cannot tell the feature width.")
+            return self.tap.num_layers, linears[0].in_features, linears[-1].out_features, False
+        backbone = pl_module.backbone
+        return backbone.num_layers, backbone.embed_dim, backbone.num_classes, bool(backbone.token_level)

@@ -1,0 +1,92 @@
+"""What a metric family of the analysis callbacks implements, and what it is fed."""
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+from lightning.pytorch import Trainer
+from torch import Tensor
+from torchmetrics import Metric
+
+from layerwise.metrics import Readout
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """What the metrics are built for: the selected 1-based layer numbers of a ``depth``-layer model."""
+
+    layer_numbers: list[int]
+    depth: int
+    dim: int
+    num_classes: int
+    token_level: bool = False
+
+    @property
+    def num_layers(self) -> int:
+        """Number of selected layers."""
+        return len(self.layer_numbers)
+
+    def key(self, number: int) -> str:
+        """The logging suffix of a layer, e.g. ``layer_03``."""
+        return f"layer_{number:0{max(2, len(str(self.depth)))}d}"
+
+
+@dataclass
+class LayerBatch:
+    """One batch of the selected layers.
+
+    ``features`` ``(L, N, d)``; ``readout`` the shared head's per-layer predictions, top-1 probability and loss
+    ``(L, N)``; ``targets`` ``(N,)``; ``exit_readout`` that of separate exit heads, if any. ``sampled`` indexes the
+    rows kept for the feature-similarity statistics (every row unless tokens are subsampled).
+    """
+
+    features: Tensor
+    readout: Readout
+    targets: Optional[Tensor]
+    exit_readout: Optional[Readout] = None
+    sampled: Optional[Tensor] = None
+
+    @property
+    def sampled_features(self) -> Tensor:
+        """The features of the rows kept for COS/CKA/saturation-COS: ``(L, N', d)``."""
+        return self.features if self.sampled is None else self.features[:, self.sampled]
+
+
+class Family(abc.ABC):
+    """One metric family: builds its metrics, feeds them, turns them into results, scalars and figures."""
+
+    def configure(self, trainer: Trainer, spec: LayerSpec) -> None:  # noqa: B027 - an optional hook
+        """Read what the family needs from the run (e.g. class frequencies) before ``build``; default: nothing."""
+
+    @abc.abstractmethod
+    def build(self, spec: LayerSpec) -> list[Metric]:
+        """Create the metrics (constructed with ``sync_on_compute=False``) and return them."""
+
+    @abc.abstractmethod
+    def update(self, batch: LayerBatch) -> None:
+        """Feed one batch."""
+
+    @abc.abstractmethod
+    def compute(self, spec: LayerSpec) -> dict[str, Any]:
+        """Results keyed as in the JSON summary (states are already reduced across ranks)."""
+
+    def scalars(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, float]:
+        """Scalars to log, keyed without the stage prefix, e.g. ``acc/layer_03``."""
+        return {}
+
+    def figures(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, Any]:
+        """Matplotlib figures to log as images, keyed by tag suffix."""
+        return {}
+
+    def charts(self) -> dict[str, str]:
+        """TensorBoard multi-line charts: title -> regex of tag suffixes (all layers of one quantity)."""
+        return {}
+
+
+def per_layer(values: Sequence[float], spec: LayerSpec, name: str) -> dict[str, float]:
+    """Scalars ``name/layer_XX`` of one value per selected layer."""
+    return {f"{name}/{spec.key(number)}": float(value) for number, value in zip(spec.layer_numbers, values)}
+
+
+_per_layer = per_layer
