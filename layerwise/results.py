@@ -57,6 +57,11 @@ def write_text_atomic(path: Union[str, Path], text: str) -> Path:
     return write_atomic(path, lambda file: file.write(text.encode("utf-8")))
 
 
+def save_figure_atomic(path: Union[str, Path], figure: Any, dpi: int = 150) -> Path:
+    """:func:`write_atomic` for a matplotlib figure, in the format of the path's suffix."""
+    return write_atomic(path, lambda file: figure.savefig(file, format=Path(path).suffix[1:], dpi=dpi))
+
+
 def summary_path(log_dir: str, stage: str, epoch: int) -> Path:
     """Where the summary of ``stage`` (``val``/``test``) at ``epoch`` lives."""
     return Path(log_dir) / "layerwise" / f"{stage}_epoch_{epoch:03d}.json"

@@ -6,7 +6,7 @@ from typing import Optional
 import matplotlib.pyplot as plt
 
 from layerwise.figures.summary import summary_figures
-from layerwise.results import load_summary
+from layerwise.results import load_summary, save_figure_atomic
 
 
 def plot_summary(
@@ -20,7 +20,7 @@ def plot_summary(
     for name, figure in summary_figures(summary).items():
         for fmt in formats:
             path = target / f"{summary_file.stem}_{name}.{fmt}"
-            figure.savefig(path, dpi=150)
+            save_figure_atomic(path, figure)
             written.append(path)
         plt.close(figure)
     return written

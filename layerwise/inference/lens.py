@@ -25,6 +25,7 @@ from layerwise.features.hooks import hooked_blocks  # noqa: E402
 from layerwise.features.layers import select_layers  # noqa: E402
 from layerwise.features.paths import HeadSteps, get_blocks, layer_paths  # noqa: E402
 from layerwise.inference.generation import eval_mode, generate_from_layer  # noqa: E402
+from layerwise.results import save_figure_atomic, write_text_atomic  # noqa: E402
 
 
 @dataclass
@@ -179,10 +180,10 @@ def write_lens(table: LensTable, out_dir: Optional[Path] = None) -> list[Path]:
     target = Path(out_dir or ".")
     target.mkdir(parents=True, exist_ok=True)
     markdown_path, figure_path = target / "lens.md", target / "lens.png"
-    markdown_path.write_text(lens_markdown(table), encoding="utf-8")
+    write_text_atomic(markdown_path, lens_markdown(table))
     figure = lens_figure(table)
     try:
-        figure.savefig(figure_path, dpi=150)
+        save_figure_atomic(figure_path, figure)
     finally:
         plt.close(figure)
     return [markdown_path, figure_path]

@@ -30,6 +30,7 @@ import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from layerwise.figures.summary import _figure
+from layerwise.results import save_figure_atomic, write_text_atomic
 
 HEADS = {"early_exit": "shared head", "exit_early_exit": "separate heads"}
 _ARGUMENT = "RUN_OR_JSON"
@@ -140,13 +141,13 @@ def write_sweep(curves: Sequence[Curve], out_dir: Path, formats: Sequence[str] =
     """Write ``sweep.md``, ``sweep.csv`` and ``sweep.<format>`` for every format; returns the written paths."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [out_dir / "sweep.md", out_dir / "sweep.csv"]
-    written[0].write_text(sweep_markdown(curves), encoding="utf-8")
-    written[1].write_text(sweep_csv(curves), encoding="utf-8")
+    write_text_atomic(written[0], sweep_markdown(curves))
+    write_text_atomic(written[1], sweep_csv(curves))
     figure = sweep_figure(curves)
     try:
         for fmt in formats:
             path = out_dir / f"sweep.{fmt}"
-            figure.savefig(path, dpi=150)
+            save_figure_atomic(path, figure)
             written.append(path)
     finally:
         plt.close(figure)
