@@ -130,6 +130,40 @@ def test_every_trainer_config_parses_and_instantiates(config, tmp_path):
         assert cli.trainer.num_devices == 2
 
 
+def test_last_checkpoint_is_the_final_state_not_the_last_best(tmp_path):
+    """With lr = 0 val/acc never improves after epoch 0: a monitored save_last would leave last.ckpt at epoch 0."""
+    cli = LayerwiseCLI(
+        args=[
+            "fit",
+            "--config",
+            QUICKSTART,
+            *TINY,
+            "--trainer.max_epochs=3",
+            "--trainer.limit_train_batches=2",
+            "--trainer.limit_val_batches=1",
+            "--model.init_args.optimizer.init_args.lr=0.0",
+            f"--trainer.logger.init_args.save_dir={tmp_path}",
+            *QUIET,
+        ]
+    )
+    checkpoints = tmp_path / "quickstart" / "version_0" / "checkpoints"
+    last = torch.load(checkpoints / "last.ckpt", weights_only=True, map_location="cpu")
+    assert last["epoch"] == 2 and last["global_step"] == cli.trainer.global_step == 6
+    best = [path for path in checkpoints.glob("*.ckpt") if path.name != "last.ckpt"]
+    assert len(best) == 1 and "epoch=0" in best[0].name  # the monitored best stays where it was
+    assert cli.trainer.checkpoint_callback.monitor == "val/acc"  # `--ckpt_path best` still means the best
+
+
+def test_every_config_keeps_last_ckpt_as_the_final_state():
+    for config in sorted(CONFIGS.rglob("*.yaml")):
+        callbacks = (yaml.safe_load(config.read_text()).get("trainer") or {}).get("callbacks") or []
+        checkpoints = [c.get("init_args") or {} for c in callbacks if c["class_path"].endswith("ModelCheckpoint")]
+        if not checkpoints:
+            continue
+        assert not any(c.get("save_last") and c.get("monitor") for c in checkpoints), config
+        assert any(c.get("filename") == "last" and not c.get("monitor") for c in checkpoints), config
+
+
 def test_quickstart_config_one_short_epoch(tmp_path):
     LayerwiseCLI(
         args=[
