@@ -208,6 +208,14 @@ def test_analysis_json_equals_float64_reference(analysis_run):
 
 
 # ----------------------------------------------------------------------------------------- loggers and JSON
+@pytest.mark.parametrize("layers", [[DEPTH], [-DEPTH - 1], DEPTH + 1])
+def test_layers_out_of_range_fail_in_setup_before_training(tmp_path, layers):
+    fit = trainer(tmp_path, [LayerwiseAnalysis(layers=layers)], max_epochs=1, limit_train_batches=2)
+    with pytest.raises(ValueError, match=rf"LayerwiseAnalysis: `layers.*{DEPTH}"):
+        fit.fit(fitted_module(), train_loader(), val_loader(N))
+    assert fit.global_step == 0 and not (tmp_path / "layerwise").exists()
+
+
 def test_figures_are_drawn_at_their_cadence_and_at_the_last_epoch(tmp_path):
     logger = TensorBoardLogger(str(tmp_path), name="tb")
     callback = LayerwiseAnalysis(figures_every_n_epochs=2)

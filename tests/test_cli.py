@@ -340,7 +340,13 @@ def test_unknown_backbone_names_the_flag(tmp_path):
 
 @pytest.mark.parametrize(
     ("weights", "message"),
-    [("[1.0, 2.0]", "has 2 entries but the model has 6 layers"), ("[1, 1, 1, 0, 1, 1]", "must be positive")],
+    [
+        ("[1.0, 2.0]", "has 2 entries but the model has 6 layers"),
+        ("[1, 1, 1, 0, 1, 1]", "must be finite and positive"),
+        ("[1, -1, 1, 1, 1, 1]", "must be finite and positive"),
+        ("[1, 1, .nan, 1, 1, 1]", "must be finite and positive"),
+        ("[1, 1, .inf, 1, 1, 1]", "must be finite and positive"),
+    ],
 )
 def test_bad_layer_weights_name_the_flag(tmp_path, weights, message):
     with pytest.raises(ValueError, match=rf"--model.init_args.layer_weights.*{message}|{message}") as error:

@@ -10,6 +10,7 @@ from torch import nn
 from layerwise.callbacks._batch import _targets
 from layerwise.features import TARGETS
 from layerwise.features.hooks import HookTap, hook_paths
+from layerwise.features.paths import get_blocks
 
 
 class FeatureSource:
@@ -61,6 +62,12 @@ class FeatureSource:
         """Drop what the hooks collected for a batch that is not analysed."""
         if self.tap is not None:
             self.tap.pop()
+
+    def depth(self, pl_module: LightningModule) -> int:
+        """Number of blocks of the model, without attaching anything."""
+        if self.uses_hooks(pl_module):
+            return len(get_blocks(pl_module, hook_paths(pl_module, **self.paths)))
+        return int(pl_module.backbone.num_layers)
 
     def dims(self, pl_module: LightningModule) -> tuple[int, int, int, bool]:
         """Depth, width, classes and whether every token is a sample."""

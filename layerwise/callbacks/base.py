@@ -117,6 +117,11 @@ class LayerwiseMonitor(Callback):
                     f"{other.layers!r}) would write one summary with different layers: give every layerwise callback "
                     "the same `layers`, or use one LayerwiseAnalysis."
                 )
+        depth = self._source.depth(pl_module)  # before any work: a bad selection must not cost a training run
+        try:
+            select_layers(self.layers, depth)
+        except ValueError as error:
+            raise ValueError(f"{type(self).__name__}: {error}") from None
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._begin(trainer, pl_module, "val", trainer.val_dataloaders)

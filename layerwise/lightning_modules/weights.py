@@ -1,5 +1,6 @@
 """Per-layer loss weights λ_l of the aligned and multi-exit objectives."""
 
+import math
 from collections.abc import Sequence
 from typing import Literal, Union
 
@@ -25,8 +26,8 @@ def resolve_layer_weights(spec: Union[str, Sequence[float]], num_layers: int, op
     weights = [float(value) for value in spec]
     if len(weights) != num_layers:
         raise ValueError(f"`{option}` has {len(weights)} entries but the model has {num_layers} layers.")
-    if any(value <= 0 for value in weights):
-        raise ValueError(f"`{option}={weights}` must be positive at every layer.")
+    if not all(math.isfinite(value) and value > 0 for value in weights):  # NaN fails `value > 0`, inf isfinite
+        raise ValueError(f"`{option}={weights}` must be finite and positive at every layer.")
     return torch.tensor(weights)
 
 
