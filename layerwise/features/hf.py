@@ -53,7 +53,10 @@ class HFBackbone(nn.Module):
 
     def __init__(self, model: nn.Module, option: str) -> None:
         super().__init__()
-        self.model = model
+        # from_pretrained returns the model in eval mode, and Lightning (>= 2.2) keeps the modes it finds at the start
+        # of fit: without this, a pretrained backbone would be fine-tuned with dropout off. Validation still runs in
+        # eval mode (Lightning switches the whole module and restores these modes afterwards).
+        self.model = model.train()
         self.paths: LayerPaths = layer_paths(model, option)
         blocks = get_blocks(model, self.paths, option)
         self._option = option
