@@ -38,6 +38,8 @@ from layerwise.callbacks import (
 )
 from layerwise.callbacks.effective_depth import DEFAULT_EPSILONS
 from layerwise.callbacks.logit_lens import DEFAULT_THRESHOLDS
+from layerwise.features import TimmViT
+from layerwise.lightning_modules import Standard
 from layerwise.results import REQUIRED_KEYS, summary_path
 
 N = 101  # validation samples: 6 batches of 16 and a ragged one of 5
@@ -208,6 +210,33 @@ def test_analysis_json_equals_float64_reference(analysis_run):
 
 
 # ----------------------------------------------------------------------------------------- loggers and JSON
+@pytest.mark.parametrize("layers", [[-1], [0], [2]])
+def test_a_single_analysed_layer_works_for_every_metric(tmp_path, layers):
+    module = fitted_module()
+    everything, one = tmp_path / "all", tmp_path / "one"
+    trainer(everything, [LayerwiseAnalysis(log_figures=False)]).validate(module, val_loader(N), verbose=False)
+    logger = TensorBoardLogger(str(one), name="tb")
+    trainer(one, [LayerwiseAnalysis(layers=layers)], logger=logger).validate(module, val_loader(N), verbose=False)
+    full, single = read_summary(everything), read_summary(logger.log_dir)
+    index = layers[0] % DEPTH
+    assert single["layers"] == [index + 1] and single["num_samples"] == N
+    assert single["cos"] == [[pytest.approx(1.0)]] and single["cka"] == [[pytest.approx(1.0)]]
+    for key in ("accuracy", "loss", "nc1"):
+        assert single[key] == [pytest.approx(full[key][index], rel=1e-9)], key
+    assert sum(single["saturation_counts"]) == N and len(single["saturation_cos"]) == 1
+    assert all(len(row["exit_counts"]) == 1 and sum(row["exit_counts"]) == N for row in single["early_exit"])
+    assert set(single["effective_depth"].values()) == {index + 1}
+
+
+def test_a_depth_one_model_is_analysed(tmp_path):
+    torch.manual_seed(0)
+    backbone = TimmViT(num_classes=10, img_size=8, patch_size=2, in_chans=1, embed_dim=16, depth=1, num_heads=2)
+    assert backbone.num_layers == 1
+    trainer(tmp_path, [LayerwiseAnalysis(log_figures=False)]).validate(Standard(backbone), val_loader(N), verbose=False)
+    summary = read_summary(tmp_path)
+    assert summary["layers"] == [1] and len(summary["accuracy"]) == 1 and summary["cos"] == [[pytest.approx(1.0)]]
+
+
 @pytest.mark.parametrize("layers", [[DEPTH], [-DEPTH - 1], DEPTH + 1])
 def test_layers_out_of_range_fail_in_setup_before_training(tmp_path, layers):
     fit = trainer(tmp_path, [LayerwiseAnalysis(layers=layers)], max_epochs=1, limit_train_batches=2)

@@ -6,6 +6,7 @@ from typing import Any, Optional
 from torchmetrics import Metric
 
 from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor
+from layerwise.callbacks.family import shaped
 from layerwise.metrics import LayerAccuracy, effective_depth
 
 DEFAULT_EPSILONS = (0.01, 0.05, 0.1)
@@ -34,7 +35,7 @@ class EffectiveDepthFamily(Family):
 
     def compute(self, spec: LayerSpec) -> dict[str, Any]:
         source = self if self.accuracy_from is None else self.accuracy_from
-        accuracy = source.accuracy.compute()["accuracy"]
+        accuracy = shaped(source.accuracy.compute()["accuracy"], spec.num_layers)
         numbers = spec.layer_numbers
         return {
             "effective_depth": effective_depth(accuracy, self.epsilons, numbers),

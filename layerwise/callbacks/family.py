@@ -84,6 +84,11 @@ class Family(abc.ABC):
         return {}
 
 
+def shaped(value: Tensor, *shape: int) -> Tensor:
+    """``value`` as ``shape``: torchmetrics squeezes one-element results to 0-dim, as a single layer (L = 1) gives."""
+    return value.reshape(shape)
+
+
 def per_layer(values: Sequence[float], spec: LayerSpec, name: str) -> dict[str, float]:
     """Scalars ``name/layer_XX`` of one value per selected layer."""
     return {f"{name}/{spec.key(number)}": float(value) for number, value in zip(spec.layer_numbers, values)}

@@ -8,6 +8,7 @@ from lightning.pytorch import Trainer
 from torchmetrics import Metric
 
 from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor, _per_layer
+from layerwise.callbacks.family import shaped
 from layerwise.figures.summary import exits_per_layer, saturation_histogram
 from layerwise.metrics import (
     EarlyExit,
@@ -98,33 +99,38 @@ class LogitLensFamily(Family):
             self.exit_early_exit.update(batch.exit_readout, batch.targets)
 
     def compute(self, spec: LayerSpec) -> dict[str, Any]:
+        layers = spec.num_layers
         accuracy = self.accuracy.compute()
+        loss = shaped(accuracy["loss"], layers)
         results = {
-            "accuracy": accuracy["accuracy"],
-            "loss": accuracy["loss"],
-            **({"perplexity": accuracy["loss"].exp()} if spec.token_level else {}),
-            **({"f1": self.f1_metric.compute()} if self._report_f1 else {}),
-            "saturation_counts": self.histogram.compute().round().long(),
-            "saturation_cos": self.saturation_cos.compute(),
+            "accuracy": shaped(accuracy["accuracy"], layers),
+            "loss": loss,
+            **({"perplexity": loss.exp()} if spec.token_level else {}),
+            **({"f1": shaped(self.f1_metric.compute(), layers)} if self._report_f1 else {}),
+            "saturation_counts": shaped(self.histogram.compute(), layers).round().long(),
+            "saturation_cos": shaped(self.saturation_cos.compute(), layers),
             "early_exit": self._early_exit_rows(self.early_exit),
         }
         # Whether any rank saw separate exit heads is itself global: the reduced count is non-zero.
         if float(self.exit_accuracy.count) > 0:
             exit_accuracy = self.exit_accuracy.compute()
-            results["exit_accuracy"] = exit_accuracy["accuracy"]
-            results["exit_loss"] = exit_accuracy["loss"]
+            results["exit_accuracy"] = shaped(exit_accuracy["accuracy"], layers)
+            results["exit_loss"] = shaped(exit_accuracy["loss"], layers)
             results["exit_early_exit"] = self._early_exit_rows(self.exit_early_exit)
         return results
 
     def _early_exit_rows(self, metric: EarlyExit) -> list[dict[str, Any]]:
         """One JSON row per threshold: ``threshold``, ``accuracy``, ``exit_counts`` (per layer), ``speedup``."""
         early_exit = metric.compute()
+        count = len(self.thresholds)
+        accuracy, speedup = shaped(early_exit["accuracy"], count), shaped(early_exit["speedup"], count)
+        exit_counts = shaped(early_exit["exit_counts"], count, -1)
         return [
             {
                 "threshold": threshold,
-                "accuracy": float(early_exit["accuracy"][i]),
-                "exit_counts": early_exit["exit_counts"][i].round().long().tolist(),
-                "speedup": float(early_exit["speedup"][i]),
+                "accuracy": float(accuracy[i]),
+                "exit_counts": exit_counts[i].round().long().tolist(),
+                "speedup": float(speedup[i]),
             }
             for i, threshold in enumerate(self.thresholds)
         ]

@@ -8,6 +8,7 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor, _per_layer
+from layerwise.callbacks.family import shaped
 from layerwise.metrics import LayerNC1
 
 
@@ -69,7 +70,7 @@ class NeuralCollapseFamily(Family):
     def compute(self, spec: LayerSpec) -> dict[str, Any]:
         if not self.active:
             return {}
-        results = {"nc1": self.nc1.compute()}
+        results = {"nc1": shaped(self.nc1.compute(), spec.num_layers)}
         if self.class_ids is not None:
             results["nc1_classes"] = self.class_ids.tolist()
         return results

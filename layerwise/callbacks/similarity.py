@@ -5,6 +5,7 @@ from typing import Any, Literal
 from torchmetrics import Metric
 
 from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor, _per_layer
+from layerwise.callbacks.family import shaped
 from layerwise.figures.summary import heatmap
 from layerwise.metrics import LayerCKA, LayerCosineSimilarity, MinibatchCKA
 
@@ -39,7 +40,9 @@ class SimilarityFamily(Family):
             self.cka.update(batch.sampled_features)
 
     def compute(self, spec: LayerSpec) -> dict[str, Any]:
-        return {"cos": self.cos.compute(), "cka": None if self.cka is None else self.cka.compute()}
+        layers = spec.num_layers
+        cka = None if self.cka is None else shaped(self.cka.compute(), layers, layers)
+        return {"cos": shaped(self.cos.compute(), layers, layers), "cka": cka}
 
     def scalars(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, float]:
         scalars = _per_layer(results["cos"][:, -1], spec, "cos_to_last")
