@@ -22,7 +22,7 @@ from layerwise.inference.models import load_causal_lm, load_tokenizer_spec
 from layerwise.lightning_modules import LayerwiseModule
 from layerwise.lightning_modules.base import check_data_compatible
 from layerwise.lightning_modules.checkpoint import load_module
-from layerwise.results import find_summaries, latest_summary, write_text_atomic
+from layerwise.results import find_summaries, latest_summary, load_summary, write_text_atomic
 
 FigureFormat = Literal["png", "pdf", "svg"]
 
@@ -75,6 +75,8 @@ def plot(path: Path, out: Optional[Path] = None, all_epochs: bool = False, forma
     from layerwise.figures.plot import plot_summary
 
     files = find_summaries(path, all_epochs, option="path")
+    if path.is_dir():
+        print(f"layerwise plot: run {files[0].parent.parent}")
     for summary_file in files:
         for written in plot_summary(summary_file, out, tuple(format or ("png", "pdf"))):
             print(written)
@@ -116,7 +118,8 @@ def export(
     suggestion = None
     if summary is not None:
         summary_file = latest_summary(summary, "--summary")
-        content = json.loads(summary_file.read_text())
+        content = load_summary(summary_file)
+        print(f"layerwise export: summary {summary_file}")
         if not isinstance(content, dict) or not content.get("accuracy"):
             raise ValueError(
                 f"`--summary={summary_file}`: no per-layer `accuracy` (validate with the analysis callbacks)."
@@ -166,6 +169,8 @@ def sweep(
     if labels is not None and len(labels) != len(runs):
         raise ValueError(f"`--labels` has {len(labels)} names for {len(runs)} RUN_OR_JSON paths; give one each.")
     files = [latest_summary(path, "RUN_OR_JSON") for path in runs]
+    for path, summary_file in zip(runs, files):
+        print(f"layerwise sweep: {path} -> {summary_file}")
     curves = [
         curve
         for summary_file, label in zip(files, labels or [run_label(path) for path in runs])

@@ -8,6 +8,8 @@ import json
 import math
 import os
 import tempfile
+import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, Union
@@ -86,38 +88,75 @@ def merge_summary(path: Path, updates: dict[str, Any], run_id: str) -> None:
     Several callbacks of one run (same ``run_id``) each contribute their keys to the same epoch's summary; a file left
     by another run (e.g. an earlier run into the same folder) is replaced, not merged, so no stale key survives.
     """
-    summary = json.loads(path.read_text()) if path.exists() else {}
+    summary = _readable_summary(path) if path.exists() else {}
     if summary.get("run_id") != run_id:
         summary = {"run_id": run_id}
     summary.update(to_json(updates))
     write_text_atomic(path, json.dumps(summary, indent=1, allow_nan=False))
 
 
+def _readable_summary(path: Path) -> dict[str, Any]:
+    """The summary at ``path``, or ``{}`` after moving a corrupt or foreign file aside (with a warning)."""
+    try:
+        return load_summary(path)
+    except ValueError as error:
+        aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.replace(path, aside)
+        warnings.warn(f"{error} Moved it to {aside.name} and wrote a new summary.", UserWarning, stacklevel=3)
+        return {}
+
+
 def load_summary(path: Union[str, Path]) -> dict[str, Any]:
-    """Read one summary file."""
-    return json.loads(Path(path).read_text())
+    """Read one summary file; a ValueError naming the file when it is not a summary JSON object."""
+    path = Path(path)
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise ValueError(f"{path} is not a readable layerwise summary ({error}).") from None
+    if not isinstance(summary, dict):
+        raise ValueError(f"{path} is not a layerwise summary (a JSON {type(summary).__name__}, not an object).")
+    return summary
+
+
+def choose_run(found: list[Path]) -> Path:
+    """The log folder (``.../layerwise``) a user means among several: the fit run with the most validation epochs.
+
+    A ``layerwise validate`` run writes one ``val_epoch`` file, a fit run one per analysed epoch; ties go to the
+    newest folder. Modification times alone would pick the validation run made after a fit.
+    """
+    folders = sorted({p.parent for p in found})
+
+    def rank(folder: Path) -> tuple[int, float]:
+        epochs = sum(1 for p in found if p.parent == folder and p.name.startswith("val_epoch_"))
+        return epochs, folder.stat().st_mtime
+
+    return max(folders, key=rank)
 
 
 def find_summaries(path: Path, all_epochs: bool = False, stage: str = "*", option: str = "path") -> list[Path]:
     """The summary files named by ``path``: the file itself, or the latest (or every) one of each stage under it.
 
-    "Latest" is the newest log folder holding summaries; errors (``FileNotFoundError``) name ``option``.
+    Under a folder holding several runs, the run is :func:`choose_run`'s (say ``runs/x/version_N`` to pick one);
+    the command prints which. Errors (``FileNotFoundError``) name ``option``.
     """
     if path.is_file():
         return [path]
     if not path.is_dir():
         raise FileNotFoundError(f"{option} {path}: no such file or directory.")
-    found = sorted(p for p in path.rglob(f"{stage}_epoch_*.json") if p.parent.name == "layerwise")
+    found = sorted(
+        p for p in path.rglob(f"{stage}_epoch_*.json") if p.parent.name == "layerwise" and "corrupt" not in p.name
+    )
     if not found:
         raise FileNotFoundError(
             f"{option} {path}: no layerwise/{stage}_epoch_*.json under it; run `layerwise fit` or `layerwise "
             "validate` with the analysis callbacks first, or give the JSON file."
         )
+    run = choose_run(found)
+    found = [p for p in found if p.parent == run]
     if all_epochs:
         return found
-    latest_dir = max({p.parent for p in found}, key=lambda folder: folder.stat().st_mtime)
-    stages = sorted({p.name.split("_epoch_")[0] for p in found if p.parent == latest_dir})
-    return [max(p for p in found if p.parent == latest_dir and p.name.startswith(f"{s}_epoch_")) for s in stages]
+    stages = sorted({p.name.split("_epoch_")[0] for p in found})
+    return [max(p for p in found if p.name.startswith(f"{s}_epoch_")) for s in stages]
 
 
 def latest_summary(path: Path, option: str = "path", stage: str = "val") -> Path:

@@ -157,7 +157,8 @@ def test_last_checkpoint_is_the_final_state_not_the_last_best(tmp_path):
 def test_every_config_keeps_last_ckpt_as_the_final_state():
     for config in sorted(CONFIGS.rglob("*.yaml")):
         callbacks = (yaml.safe_load(config.read_text()).get("trainer") or {}).get("callbacks") or []
-        checkpoints = [c.get("init_args") or {} for c in callbacks if c["class_path"].endswith("ModelCheckpoint")]
+        checkpoints = [c.get("init_args") for c in callbacks if c["class_path"].endswith("ModelCheckpoint")]
+        assert all(isinstance(c, dict) for c in checkpoints), config
         if not checkpoints:
             continue
         assert not any(c.get("save_last") and c.get("monitor") for c in checkpoints), config
