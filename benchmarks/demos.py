@@ -15,6 +15,8 @@ import sys
 import time
 from pathlib import Path
 
+from layerwise.results import is_summary, summary_order
+
 ROOT = Path(__file__).resolve().parents[1]
 DEMOS = {
     "shakespeare": ("shakespeare_gpt_standard", "shakespeare_gpt_alternating"),
@@ -35,7 +37,7 @@ def run(config: str, out: Path) -> tuple[float, Path]:
 
 
 def last_summary(run_dir: Path) -> dict:
-    files = sorted((run_dir / "layerwise").glob("val_epoch_*.json"))
+    files = sorted((p for p in (run_dir / "layerwise").glob("val_epoch_*.json") if is_summary(p)), key=summary_order)
     return json.loads(files[-1].read_text())
 
 

@@ -17,7 +17,6 @@ Exit status: 0 when both bounds hold, 1 when one is missed, 2 when the fit fails
 import argparse
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -28,6 +27,8 @@ from typing import Optional
 
 import torch
 
+from layerwise.results import is_summary, summary_order
+
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "quickstart.yaml"
 MAX_SECONDS = 180.0
@@ -35,10 +36,9 @@ MIN_ACCURACY = 0.95
 
 
 def last_summary(run_dir: Path) -> Optional[Path]:
-    """The ``val_epoch_<EEE>.json`` of the highest epoch anywhere under ``run_dir``, or None."""
-    summaries = list(run_dir.rglob("layerwise/val_epoch_*.json"))
-    epoch = re.compile(r"val_epoch_(\d+)\.json$")
-    return max(summaries, key=lambda path: int(epoch.search(path.name).group(1)), default=None)
+    """The ``val_epoch_<EEE>_step_<SSSSSSS>.json`` of the latest validation anywhere under ``run_dir``, or None."""
+    summaries = [path for path in run_dir.rglob("layerwise/val_epoch_*.json") if is_summary(path)]
+    return max(summaries, key=summary_order, default=None)
 
 
 def run_fit(run_dir: Path, extra: list[str]) -> tuple[int, float, Path]:

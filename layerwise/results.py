@@ -7,6 +7,7 @@
 import json
 import math
 import os
+import re
 import tempfile
 import time
 import warnings
@@ -64,9 +65,28 @@ def save_figure_atomic(path: Union[str, Path], figure: Any, dpi: int = 150) -> P
     return write_atomic(path, lambda file: figure.savefig(file, format=Path(path).suffix[1:], dpi=dpi))
 
 
-def summary_path(log_dir: str, stage: str, epoch: int) -> Path:
-    """Where the summary of ``stage`` (``val``/``test``) at ``epoch`` lives."""
-    return Path(log_dir) / "layerwise" / f"{stage}_epoch_{epoch:03d}.json"
+def summary_path(log_dir: str, stage: str, epoch: int, step: int) -> Path:
+    """Where the summary of ``stage`` (``val``/``test``) at ``epoch`` and global ``step`` lives.
+
+    Keyed by the step too, so that several validations in one epoch (``val_check_interval``) each keep their file.
+    """
+    return Path(log_dir) / "layerwise" / f"{stage}_epoch_{epoch:03d}_step_{step:07d}.json"
+
+
+_SUMMARY_NAME = re.compile(r"^[a-z]+_epoch_(\d+)(?:_step_(\d+))?\.json$")
+
+
+def is_summary(path: Path) -> bool:
+    """Whether ``path`` is named like a summary (not saved features, not a file moved aside)."""
+    return path.parent.name == "layerwise" and _SUMMARY_NAME.match(path.name) is not None
+
+
+def summary_order(path: Path) -> tuple[int, int]:
+    """``(epoch, step)`` of a summary file name, for reading summaries in the order they were written."""
+    match = _SUMMARY_NAME.match(path.name)
+    if match is None:
+        return (-1, -1)
+    return int(match.group(1)), int(match.group(2) or -1)
 
 
 def to_json(value: Any) -> Any:
@@ -143,9 +163,7 @@ def find_summaries(path: Path, all_epochs: bool = False, stage: str = "*", optio
         return [path]
     if not path.is_dir():
         raise FileNotFoundError(f"{option} {path}: no such file or directory.")
-    found = sorted(
-        p for p in path.rglob(f"{stage}_epoch_*.json") if p.parent.name == "layerwise" and "corrupt" not in p.name
-    )
+    found = sorted((p for p in path.rglob(f"{stage}_epoch_*.json") if is_summary(p)), key=summary_order)
     if not found:
         raise FileNotFoundError(
             f"{option} {path}: no layerwise/{stage}_epoch_*.json under it; run `layerwise fit` or `layerwise "
@@ -156,7 +174,7 @@ def find_summaries(path: Path, all_epochs: bool = False, stage: str = "*", optio
     if all_epochs:
         return found
     stages = sorted({p.name.split("_epoch_")[0] for p in found})
-    return [max(p for p in found if p.name.startswith(f"{s}_epoch_")) for s in stages]
+    return [max((p for p in found if p.name.startswith(f"{s}_epoch_")), key=summary_order) for s in stages]
 
 
 def latest_summary(path: Path, option: str = "path", stage: str = "val") -> Path:

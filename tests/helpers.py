@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from layerwise.datamodules.digits import DigitsDataModule
 from layerwise.features import TimmViT
 from layerwise.lightning_modules import AlternatingAligned, Standard
-from layerwise.results import summary_path
+from layerwise.results import summary_order
 
 DEPTH, DIM, CLASSES = 4, 16, 10
 HEAD_SCALE = 30.0
@@ -119,14 +119,21 @@ def trainer(root: Path, callbacks: list[Any], **kwargs: Any) -> pl.Trainer:
     return pl.Trainer(callbacks=callbacks, **options)
 
 
+def summary_file(log_dir: Path, stage: str = "val", epoch: int = 0) -> Path:
+    """The (last, by step) summary file the callbacks wrote for ``stage``/``epoch``."""
+    files = sorted((Path(log_dir) / "layerwise").glob(f"{stage}_epoch_{epoch:03d}_step_*.json"), key=summary_order)
+    assert files, f"no {stage} summary of epoch {epoch} under {log_dir}"
+    return files[-1]
+
+
 def read_summary(log_dir: Path, stage: str = "val", epoch: int = 0) -> dict[str, Any]:
     """The JSON summary the callbacks wrote for ``stage``/``epoch``."""
-    return json.loads(summary_path(str(log_dir), stage, epoch).read_text())
+    return json.loads(summary_file(log_dir, stage, epoch).read_text())
 
 
 def read_features(log_dir: Path, stage: str = "val", epoch: int = 0) -> dict[str, torch.Tensor]:
     """The ``save_features`` file for ``stage``/``epoch``."""
-    path = summary_path(str(log_dir), stage, epoch)
+    path = summary_file(log_dir, stage, epoch)
     return torch.load(path.with_name(path.stem + "_features.pt"))
 
 

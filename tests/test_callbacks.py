@@ -3,6 +3,7 @@ reference computed from the saved features, the TensorBoard output, scheduling, 
 the standalone monitors.
 """
 
+import json
 import re
 from pathlib import Path
 
@@ -38,9 +39,10 @@ from layerwise.callbacks import (
 )
 from layerwise.callbacks.effective_depth import DEFAULT_EPSILONS
 from layerwise.callbacks.logit_lens import DEFAULT_THRESHOLDS
+from layerwise.cli import main
 from layerwise.features import TimmViT
 from layerwise.lightning_modules import Standard
-from layerwise.results import REQUIRED_KEYS, summary_path
+from layerwise.results import REQUIRED_KEYS, find_summaries
 
 N = 101  # validation samples: 6 batches of 16 and a ragged one of 5
 THRESHOLDS = [0.3, 0.5, 0.7, 0.9]
@@ -210,6 +212,25 @@ def test_analysis_json_equals_float64_reference(analysis_run):
 
 
 # ----------------------------------------------------------------------------------------- loggers and JSON
+def test_several_validations_per_epoch_each_keep_their_summary(tmp_path, capsys):
+    fit = trainer(
+        tmp_path,
+        [LayerwiseAnalysis(log_figures=False)],
+        max_epochs=2,
+        limit_train_batches=4,
+        val_check_interval=2,
+        limit_val_batches=1,
+    )
+    fit.fit(fitted_module(), train_loader(), val_loader(N))
+    files = find_summaries(tmp_path, all_epochs=True)
+    contents = [json.loads(path.read_text()) for path in files]
+    assert [(c["epoch"], c["global_step"]) for c in contents] == [(0, 2), (0, 4), (1, 6), (1, 8)]
+    assert len({json.dumps(c["loss"]) for c in contents}) == 4  # four different models, four results
+    main(["plot", str(tmp_path), "--all_epochs", "true", "--format", "png", "--out", str(tmp_path / "figures")])
+    printed = [line for line in capsys.readouterr().out.splitlines() if line.endswith("_cos.png")]
+    assert [Path(line).name.split("_cos")[0] for line in printed] == [path.stem for path in files]  # step order
+
+
 @pytest.mark.parametrize("layers", [[-1], [0], [2]])
 def test_a_single_analysed_layer_works_for_every_metric(tmp_path, layers):
     module = fitted_module()
@@ -310,7 +331,7 @@ def test_every_n_epochs_skips_epoch_0_and_runs_epoch_1(tmp_path):
     callback = LayerwiseAnalysis(every_n_epochs=2, log_figures=False)
     fit = trainer(tmp_path, [callback], max_epochs=2, limit_train_batches=1, limit_val_batches=1)
     fit.fit(fitted_module(), train_loader(), val_loader(N))
-    assert not summary_path(str(tmp_path), "val", 0).exists()
+    assert not list((tmp_path / "layerwise").glob("val_epoch_000_*.json"))
     assert read_summary(tmp_path, epoch=1)["epoch"] == 1
 
 

@@ -80,8 +80,8 @@ def test_checkpoint_and_early_stopping_monitor_a_per_layer_accuracy(tmp_path, si
     )
     run.fit(fitted_module(), train_loader(), val_loader(N, batch_size=16))
 
-    epochs = sorted(path.name for path in (tmp_path / "layerwise").glob("val_epoch_*.json"))
-    assert epochs == ["val_epoch_000.json", "val_epoch_001.json"], "EarlyStopping must stop after two validations"
+    epochs = sorted(path.name.split("_step_")[0] for path in (tmp_path / "layerwise").glob("val_epoch_*.json"))
+    assert epochs == ["val_epoch_000", "val_epoch_001"], "EarlyStopping must stop after two validations"
     accuracy = [read_summary(tmp_path, epoch=epoch)["accuracy"][1] for epoch in (0, 1)]
     best = 0 if accuracy[0] >= accuracy[1] else 1
     (saved,) = (tmp_path / "checkpoints").glob("*.ckpt")

@@ -11,7 +11,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
-from helpers import RecordingAlternating
+from helpers import RecordingAlternating, read_summary, summary_file
 from torch.utils.data import DataLoader, TensorDataset
 
 from layerwise.cli import LayerwiseCLI, main
@@ -178,7 +178,7 @@ def test_quickstart_config_one_short_epoch(tmp_path):
         ]
     )
     log_dir = tmp_path / "quickstart" / "version_0"
-    summary = json.loads((log_dir / "layerwise" / "val_epoch_000.json").read_text())
+    summary = read_summary(log_dir)
     assert summary["num_samples"] == 360 and summary["layers"] == [1, 2, 3, 4, 5, 6]
     assert (log_dir / "checkpoints" / "last.ckpt").exists()
     assert list(log_dir.glob("events.out.tfevents.*"))
@@ -196,15 +196,16 @@ def test_quickstart_config_one_short_epoch(tmp_path):
     LayerwiseCLI(args=["test", *common, checkpoint])
     predict = LayerwiseCLI(args=["predict", *common, checkpoint, "--trainer.limit_predict_batches=1"])
     assert predict.trainer.predict_loop.predictions[0]["predictions"].shape[0] == 6
-    validated = json.loads((tmp_path / "quickstart" / "version_1" / "layerwise" / "val_epoch_000.json").read_text())
+    validated = read_summary(tmp_path / "quickstart" / "version_1")
     assert validated["accuracy"] == pytest.approx(summary["accuracy"], abs=1e-12)  # same weights, same numbers
-    assert (tmp_path / "quickstart" / "version_2" / "layerwise" / "test_epoch_000.json").exists()
+    assert read_summary(tmp_path / "quickstart" / "version_2", stage="test")["stage"] == "test"
 
     # `layerwise plot` renders the figures of the latest epoch to PNG and PDF
     main(["plot", str(log_dir), "--out", str(tmp_path / "figures")])
     written = {p.name for p in (tmp_path / "figures").iterdir()}
     for name in ("cos", "cka", "similarity_accuracy", "saturation", "early_exit", "effective_depth"):
-        assert {f"val_epoch_000_{name}.png", f"val_epoch_000_{name}.pdf"} <= written
+        stem = summary_file(log_dir).stem
+        assert {f"{stem}_{name}.png", f"{stem}_{name}.pdf"} <= written
     with pytest.raises(SystemExit):
         main(["plot", str(tmp_path / "nowhere")])
 

@@ -171,9 +171,12 @@ def test_sweep_writes_table_and_figure_with_the_json_numbers(multi_exit_run, tmp
 
 
 def test_latest_summary_picks_the_last_val_epoch(tmp_path) -> None:
-    for name in ("val_epoch_000.json", "val_epoch_002.json", "test_epoch_005.json"):
+    names = ("val_epoch_000_step_0000010.json", "val_epoch_002_step_0000005.json", "val_epoch_002_step_0000030.json")
+    for name in (*names, "val_epoch_010.json", "test_epoch_005_step_0000099.json"):
         aligned_summary(tmp_path / "run" / "version_0" / "layerwise" / name)
-    assert latest_summary(tmp_path / "run").name == "val_epoch_002.json"
+    assert latest_summary(tmp_path / "run").name == "val_epoch_010.json"  # older names still read, by number
+    (tmp_path / "run" / "version_0" / "layerwise" / "val_epoch_010.json").unlink()
+    assert latest_summary(tmp_path / "run").name == "val_epoch_002_step_0000030.json"
 
 
 def test_sweep_bad_input_names_the_argument(tmp_path, capsys) -> None:

@@ -34,7 +34,8 @@ def write_summary(
         "depth": spec.depth,
         "layers": spec.layer_numbers,
     }
-    merge_summary(summary_path(log_dir, stage, trainer.current_epoch), {**header, **results}, _run_id(trainer))
+    path = summary_path(log_dir, stage, trainer.current_epoch, trainer.global_step)
+    merge_summary(path, {**header, **results}, _run_id(trainer))
 
 
 def tensorboard(trainer: Trainer) -> Optional[Any]:
@@ -102,7 +103,7 @@ class FeatureSaver:
             torch.distributed.all_gather_object(gathered, (self.indices, local))
             local = _merge_ranks(gathered)
         if trainer.is_global_zero and local:
-            path = summary_path(log_dir, stage, trainer.current_epoch)
+            path = summary_path(log_dir, stage, trainer.current_epoch, trainer.global_step)
             target = path.with_name(path.stem + "_features.pt")
             write_atomic(target, lambda file: torch.save(local, file))
 
