@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import yaml
 from helpers import (
     CLASSES,
     DEPTH,
@@ -44,6 +45,7 @@ from layerwise.features import TimmViT
 from layerwise.lightning_modules import Standard
 from layerwise.results import REQUIRED_KEYS, find_summaries
 
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 N = 101  # validation samples: 6 batches of 16 and a ragged one of 5
 THRESHOLDS = [0.3, 0.5, 0.7, 0.9]
 EPSILONS = [0.01, 0.05, 0.1]
@@ -212,6 +214,36 @@ def test_analysis_json_equals_float64_reference(analysis_run):
 
 
 # ----------------------------------------------------------------------------------------- loggers and JSON
+@pytest.mark.parametrize(("max_steps", "warns"), [(4, False), (3, True)])
+def test_a_fit_ending_at_max_steps_is_analysed_or_warned_about(tmp_path, max_steps, warns, recwarn):
+    fit = trainer(
+        tmp_path,
+        [LayerwiseAnalysis(log_figures=False)],
+        max_epochs=-1,
+        max_steps=max_steps,
+        val_check_interval=2,
+        check_val_every_n_epoch=None,
+        limit_val_batches=1,
+    )
+    fit.fit(fitted_module(), train_loader(), val_loader(16))
+    steps = [json.loads(path.read_text())["global_step"] for path in find_summaries(tmp_path, all_epochs=True)]
+    messages = [str(w.message) for w in recwarn if "final model is not analysed" in str(w.message)]
+    assert steps == [2, 4] if max_steps == 4 else steps == [2]
+    assert bool(messages) == warns
+    if warns:
+        assert "max_steps=3" in messages[0] and "last validation runs at step 2" in messages[0]
+
+
+def test_every_config_ending_at_max_steps_ends_on_a_validation():
+    for config in sorted(CONFIGS.rglob("*.yaml")):
+        options = yaml.safe_load(config.read_text()).get("trainer") or {}
+        if not options.get("max_steps"):
+            continue
+        assert options.get("check_val_every_n_epoch", 1) is None, config
+        batches = options["max_steps"] * options.get("accumulate_grad_batches", 1)
+        assert batches % options["val_check_interval"] == 0, config
+
+
 def test_several_validations_per_epoch_each_keep_their_summary(tmp_path, capsys):
     fit = trainer(
         tmp_path,

@@ -5,11 +5,13 @@ from typing import Any, Literal, Optional, Union
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import Metric
 
 from layerwise.callbacks._batch import layer_batch as make_layer_batch
 from layerwise.callbacks._output import FeatureSaver, _log_dir, log_figures, write_charts, write_summary
 from layerwise.callbacks._sampling import rank_indices, real_samples_on_rank
+from layerwise.callbacks._schedule import last_step_unvalidated
 from layerwise.callbacks._source import FeatureSource
 from layerwise.callbacks.family import Family, LayerBatch, LayerSpec, _per_layer, per_layer
 from layerwise.features.layers import LayerSelection, select_layers
@@ -122,6 +124,15 @@ class LayerwiseMonitor(Callback):
             select_layers(self.layers, depth)
         except ValueError as error:
             raise ValueError(f"{type(self).__name__}: {error}") from None
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        last = last_step_unvalidated(trainer)
+        if last is not None:
+            rank_zero_warn(
+                f"{type(self).__name__}: training stops at max_steps={trainer.max_steps} but the last validation runs "
+                f"at step {last}, so the final model is not analysed. Make max_steps x accumulate_grad_batches a "
+                "multiple of val_check_interval (with check_val_every_n_epoch: null)."
+            )
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._begin(trainer, pl_module, "val", trainer.val_dataloaders)

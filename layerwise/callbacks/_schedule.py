@@ -1,0 +1,29 @@
+"""Whether a fit that ends at ``max_steps`` ends on a validation, so that the final model is analysed."""
+
+import math
+from typing import Optional
+
+from lightning.pytorch import Trainer
+
+
+def last_step_unvalidated(trainer: Trainer) -> Optional[int]:
+    """The optimizer step of the last validation when ``max_steps`` stops training after it, else ``None``.
+
+    Lightning validates every ``val_check_batch`` training batches (per epoch unless ``check_val_every_n_epoch`` is
+    None) and stops at ``max_steps`` without a final validation. Only the schedules that can be decided at the start
+    of training are checked (step-based validation, or validation at every n-th epoch end).
+    """
+    max_steps = trainer.max_steps
+    period = getattr(trainer, "val_check_batch", None)
+    per_epoch = trainer.num_training_batches
+    if max_steps is None or max_steps < 0 or not period or not math.isfinite(period):
+        return None
+    accumulate = trainer.accumulate_grad_batches
+    if trainer.check_val_every_n_epoch is not None:
+        if period != per_epoch or not math.isfinite(per_epoch):
+            return None  # several validations inside each epoch: left unchecked
+        period = per_epoch * trainer.check_val_every_n_epoch
+    batches = max_steps * accumulate
+    if batches % int(period) == 0:
+        return None
+    return (batches // int(period)) * int(period) // accumulate
