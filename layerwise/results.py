@@ -29,6 +29,7 @@ REQUIRED_KEYS = (
     "nc1",
     "effective_depth",
     "early_exit",
+    "n_nonfinite",
 )
 
 

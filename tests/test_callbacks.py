@@ -30,6 +30,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.custom_scalar import layout_pb2
 from torch import Tensor
+from torch.utils.data import DataLoader, TensorDataset
 
 from layerwise.callbacks import (
     EffectiveDepthMonitor,
@@ -49,7 +50,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 N = 101  # validation samples: 6 batches of 16 and a ragged one of 5
 THRESHOLDS = [0.3, 0.5, 0.7, 0.9]
 EPSILONS = [0.01, 0.05, 0.1]
-HEADER = {"stage", "epoch", "global_step", "num_samples", "depth", "layers", "run_id"}
+HEADER = {"stage", "epoch", "global_step", "num_samples", "depth", "layers", "run_id", "n_nonfinite"}
 
 
 # ---------------------------------------------------------------------------------------- float64 references
@@ -202,6 +203,7 @@ def test_analysis_json_equals_float64_reference(analysis_run):
         "num_samples": N,
         "depth": DEPTH,
         "layers": [1, 2, 3, 4],
+        "n_nonfinite": 0,
     }
     assert set(summary) == HEADER | set(expected)
     for key in ("cos", "cka", "accuracy", "saturation_counts", "saturation_cos", "effective_depth"):
@@ -211,6 +213,35 @@ def test_analysis_json_equals_float64_reference(analysis_run):
     assert_json_close(summary["nc1"], expected["nc1"], rtol=1e-8, where="nc1")
     # float32 logits of the module versus float64 logits recomputed here
     assert_json_close(summary["loss"], expected["loss"], rtol=1e-5, where="loss")
+
+
+# ----------------------------------------------------------------------------------------- non-finite samples
+def test_non_finite_samples_are_skipped_counted_and_named_never_poisoning_the_rest(tmp_path):
+    x, y = val_loader(N).dataset.tensors
+    poisoned = x.clone()
+    bad = [5, 40, 77]
+    poisoned[bad[0], 0, 0, 0] = float("nan")
+    poisoned[bad[1]] = float("inf")
+    poisoned[bad[2], 0, 3] = float("nan")
+    keep = torch.ones(N, dtype=torch.bool)
+    keep[bad] = False
+    module = fitted_module()
+    dirty_dir, clean_dir = tmp_path / "dirty", tmp_path / "clean"
+    dirty = DataLoader(TensorDataset(poisoned, y), batch_size=16)
+    clean = DataLoader(TensorDataset(x[keep], y[keep]), batch_size=16)
+    with pytest.warns(UserWarning, match=r"skipped 3 val samples with non-finite values .*\{1: 3, 2: 3, 3: 3, 4: 3\}"):
+        trainer(dirty_dir, [LayerwiseAnalysis(log_figures=False)]).validate(module, dirty, verbose=False)
+    trainer(clean_dir, [LayerwiseAnalysis(log_figures=False)]).validate(module, clean, verbose=False)
+    with_nan, without = read_summary(dirty_dir), read_summary(clean_dir)
+    assert with_nan["n_nonfinite"] == 3 and without["n_nonfinite"] == 0 and with_nan["num_samples"] == N - 3
+    with_nan.pop("n_nonfinite"), without.pop("n_nonfinite")
+    assert_json_close(with_nan, without, atol=1e-9, rtol=1e-4)  # as if absent (float32 forward of other batches)
+
+    # and a fit with such a validation set runs to its end
+    fit = trainer(tmp_path / "fit", [LayerwiseAnalysis(log_figures=False)], max_epochs=2, limit_train_batches=2)
+    with pytest.warns(UserWarning, match="non-finite"):
+        fit.fit(fitted_module(), train_loader(), dirty)
+    assert fit.current_epoch == 2 and read_summary(tmp_path / "fit", epoch=1)["n_nonfinite"] == 3
 
 
 # ----------------------------------------------------------------------------------------- loggers and JSON

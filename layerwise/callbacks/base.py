@@ -13,9 +13,9 @@ from layerwise.callbacks._output import FeatureSaver, _log_dir, log_figures, wri
 from layerwise.callbacks._sampling import rank_indices, real_samples_on_rank
 from layerwise.callbacks._schedule import last_step_unvalidated
 from layerwise.callbacks._source import FeatureSource
-from layerwise.callbacks.family import Family, LayerBatch, LayerSpec, _per_layer, per_layer
+from layerwise.callbacks.family import Family, LayerBatch, LayerSpec, _per_layer, per_layer, shaped
 from layerwise.features.layers import LayerSelection, select_layers
-from layerwise.metrics import SampleCount, all_reduce_sum_states
+from layerwise.metrics import NonFiniteRows, SampleCount, all_reduce_sum_states
 
 Source = Literal["auto", "outputs", "hooks"]
 __all__ = ["Family", "LayerBatch", "LayerSpec", "LayerwiseMonitor", "_per_layer", "per_layer"]
@@ -208,7 +208,10 @@ class LayerwiseMonitor(Callback):
                 family.configure(pl_module.trainer, spec)
             self._spec = spec
             self._count = SampleCount(sync_on_compute=False)
-            self._metrics = [self._count] + [metric for family in self.families for metric in family.build(spec)]
+            self._nonfinite = NonFiniteRows(len(numbers), sync_on_compute=False)
+            self._metrics = [self._count, self._nonfinite] + [
+                metric for family in self.families for metric in family.build(spec)
+            ]
             self._selection = torch.tensor([number - 1 for number in numbers])
         for metric in self._metrics:  # already zero: fresh, or reset when the last epoch finished or failed
             metric.to(pl_module.device)
@@ -227,6 +230,12 @@ class LayerwiseMonitor(Callback):
             return
         if layer_batch.targets is None or layer_batch.readout.nll is None:
             raise ValueError("The batch holds no targets: the analysis needs labels ('labels' key or batch[1]).")
+        bad = layer_batch.nonfinite_rows()
+        if bool(bad.any()):  # skipped and counted: one NaN sample must not abort training or poison the others
+            self._nonfinite.update(bad)
+            layer_batch = layer_batch.keep(~bad.any(dim=0))
+            if layer_batch.features.shape[1] == 0:
+                return
         self._count.update(layer_batch.features.shape[1])
         for family in self.families:
             family.update(layer_batch)
@@ -243,6 +252,13 @@ class LayerwiseMonitor(Callback):
         spec = self._spec
         all_reduce_sum_states(self._metrics)
         num_samples = int(self._count.compute().item())
+        nonfinite = shaped(self._nonfinite.compute(), spec.num_layers)
+        if bool(nonfinite.any()):
+            layers = {number: int(count) for number, count in zip(spec.layer_numbers, nonfinite.tolist()) if count}
+            rank_zero_warn(
+                f"{type(self).__name__}: skipped {int(self._nonfinite.rows)} {stage} samples with non-finite values "
+                f"(NaN/inf rows per layer: {layers}); `n_nonfinite` in the summary counts them."
+            )
         results: dict[str, Any] = {}
         for family in self.families:
             results.update(family.compute(spec))
@@ -252,6 +268,7 @@ class LayerwiseMonitor(Callback):
         self._log_scalars(trainer, pl_module, scalars)
         log_dir = _log_dir(trainer)  # a collective (trainer.log_dir broadcasts from rank 0): every rank calls it
         if trainer.is_global_zero:
+            results["n_nonfinite"] = int(self._nonfinite.rows)
             write_summary(trainer, log_dir, stage, spec, num_samples, results)
             if self._draws_figures(trainer):
                 log_figures(trainer, stage, self.families, results, spec)

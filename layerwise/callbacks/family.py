@@ -5,6 +5,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
 
+import torch
 from lightning.pytorch import Trainer
 from torch import Tensor
 from torchmetrics import Metric
@@ -46,6 +47,29 @@ class LayerBatch:
     targets: Optional[Tensor]
     exit_readout: Optional[Readout] = None
     sampled: Optional[Tensor] = None
+
+    def nonfinite_rows(self) -> Tensor:
+        """(L, N) bool: the rows whose feature, top-1 probability or loss is NaN or infinite, per layer."""
+        bad = ~torch.isfinite(self.features).all(dim=-1)
+        for value in (self.readout.max_prob, self.readout.nll):
+            if value is not None:
+                bad |= ~torch.isfinite(value)
+        return bad
+
+    def keep(self, rows: Tensor) -> "LayerBatch":
+        """The batch restricted to the rows where ``rows`` (N,) bool is True (``sampled`` renumbered)."""
+
+        def take(readout: Optional[Readout]) -> Optional[Readout]:
+            if readout is None:
+                return None
+            return Readout(*(None if value is None else value[:, rows] for value in readout))
+
+        sampled = self.sampled
+        if sampled is not None:
+            position = torch.cumsum(rows.long(), 0) - 1
+            sampled = position[sampled[rows[sampled]]]
+        targets = None if self.targets is None else self.targets[rows]
+        return LayerBatch(self.features[:, rows], take(self.readout), targets, take(self.exit_readout), sampled)
 
     @property
     def sampled_features(self) -> Tensor:

@@ -1,6 +1,6 @@
 """Layer-wise metrics: pure functions in ``functional`` and torchmetrics ``Metric`` classes of sufficient statistics."""
 
-from layerwise.metrics.count import SampleCount
+from layerwise.metrics.count import NonFiniteRows, SampleCount
 from layerwise.metrics.functional import (
     Readout,
     effective_depth,
@@ -27,6 +27,7 @@ __all__ = [
     "MinibatchCKA",
     "Readout",
     "SaturationCosine",
+    "NonFiniteRows",
     "SampleCount",
     "SaturationHistogram",
     "all_reduce_sum_states",

@@ -22,3 +22,36 @@ class SampleCount(_SumStateMetric):
     def compute(self) -> Tensor:
         """Total count as a float64 scalar."""
         return self.count.to(torch.float64)
+
+
+class NonFiniteRows(_SumStateMetric):
+    """Counts the samples with a NaN or infinite value, per layer and in all (a sample bad at any layer).
+
+    States (float64, summed across processes): ``per_layer`` (L,) samples non-finite at each layer, ``any_layer``
+    samples non-finite at one layer or more. ``compute()`` gives ``per_layer``; :attr:`rows` the total.
+
+    Shapes:
+        ``update(bad)``: (L, N) bool, True where sample n is non-finite at layer l.
+    """
+
+    def __init__(self, num_layers: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.num_layers = num_layers
+        self._add_sum_state("per_layer", (num_layers,))
+        self._add_sum_state("any_layer", ())
+
+    def update(self, bad: Tensor) -> None:
+        """Add one batch's (L, N) mask."""
+        if bad.ndim != 2 or bad.shape[0] != self.num_layers:
+            raise ValueError(f"Expected a ({self.num_layers}, N) mask, got {tuple(bad.shape)}.")
+        self.per_layer += bad.sum(dim=1).to(self.per_layer)
+        self.any_layer += bad.any(dim=0).sum().to(self.any_layer)
+
+    @property
+    def rows(self) -> int:
+        """Samples non-finite at one layer or more."""
+        return int(self.any_layer.item())
+
+    def compute(self) -> Tensor:
+        """Samples non-finite at each layer: (L,) float64."""
+        return self.per_layer.clone()
