@@ -8,14 +8,16 @@ command, and one error style (usage, then ``error: ...`` naming the flag, exit c
 
 import inspect
 import json
+import os
+import re
 import sys
 import typing
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, NoReturn, Optional
 
 from jsonargparse import ActionConfigFile, ArgumentParser
-from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from layerwise.inference.generation import Strategy, check_generation_options, generate_from_layer, num_blocks
 from layerwise.inference.models import load_causal_lm, load_tokenizer_spec
@@ -25,6 +27,46 @@ from layerwise.lightning_modules.checkpoint import load_module
 from layerwise.results import find_summaries, latest_summary, load_summary, write_text_atomic
 
 FigureFormat = Literal["png", "pdf", "svg"]
+
+
+DEBUG_VARIABLE = "LAYERWISE_DEBUG"
+
+
+def concise_error(message: str) -> str:
+    """The one line of a jsonargparse error that a user needs: the option and what was wrong with its value."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    own = [line.lstrip("- ") for line in lines if "`--" in line]  # layerwise's own messages name the flag
+    if own:
+        return own[0]
+    keys = re.findall(r'Parser key "([^"]+)"', message)
+    reasons = [line for line in lines if not line.startswith(("Parser key", "Does not validate", "Subtypes", "Errors"))]
+    reasons = [line.lstrip("- ") for line in reasons if not line.startswith(("- Expected a <class 'NoneType'>",))]
+    reason = next(
+        (line for line in reasons if "Expected" in line or "Got value" in line), reasons[0] if reasons else ""
+    )
+    if not keys:
+        return reason or lines[0]
+    nested = len(keys) > 1 and "class_path" in message
+    option = f"--{keys[0]}.init_args.{'.'.join(keys[1:])}" if nested else f"--{'.'.join(keys)}"
+    return f"{option}: {reason}"
+
+
+class _ConciseArgumentParser(LightningArgumentParser):
+    """LightningCLI's parser, with errors cut to one line naming the option (the whole of it with LAYERWISE_DEBUG=1)."""
+
+    def error(self, message: str, ex: Optional[Exception] = None) -> NoReturn:
+        if os.environ.get(DEBUG_VARIABLE) or not getattr(self, "exit_on_error", True):
+            super().error(message, ex)
+        exit_concisely(self.prog.replace(" [options]", ""), message)
+
+
+def exit_concisely(prog: str, message: str) -> NoReturn:
+    """Print the one line of ``message`` that names the option, and where the rest is; exit with code 2."""
+    sys.stderr.write(
+        f"{prog}: error: {concise_error(message)}\n"
+        f"(options: {prog} --help; the whole message: {DEBUG_VARIABLE}=1 {prog} ...)\n"
+    )
+    sys.exit(2)
 
 
 class LayerwiseCLI(LightningCLI):
@@ -39,7 +81,17 @@ class LayerwiseCLI(LightningCLI):
         kwargs.setdefault("subclass_mode_model", True)
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+        kwargs.setdefault("parser_class", _ConciseArgumentParser)
         super().__init__(*args, **kwargs)
+
+    def instantiate_classes(self) -> None:
+        """Instantiate as LightningCLI does; a bad value found by a class itself ends in one line naming the flag."""
+        try:
+            super().instantiate_classes()
+        except (ValueError, TypeError) as error:
+            if os.environ.get(DEBUG_VARIABLE):
+                raise
+            exit_concisely(f"layerwise {self.subcommand or ''}".strip(), str(error))
 
     def _check_before_run(self) -> None:
         # Before the Trainer creates log folders or touches data: a bad combination leaves nothing behind.
