@@ -215,6 +215,24 @@ def test_analysis_json_equals_float64_reference(analysis_run):
     assert_json_close(summary["loss"], expected["loss"], rtol=1e-5, where="loss")
 
 
+# ----------------------------------------------------------------------------------------- what the user sees
+def test_each_validation_prints_the_per_layer_table_and_the_summary_path(tmp_path, capsys):
+    trainer(tmp_path, [LayerwiseAnalysis(log_figures=False)]).validate(fitted_module(), val_loader(N), verbose=False)
+    out = capsys.readouterr().out
+    summary, path = read_summary(tmp_path), find_summaries(tmp_path)[0]
+    lines = out.splitlines()
+    start = lines.index("layerwise val (epoch 0, step 0):")
+    assert lines[start + 1].split() == ["layer", "accuracy", "COS", "to", "last", "CKA", "to", "last", "NC1"]
+    for layer in range(DEPTH):
+        cells = lines[start + 2 + layer].split()
+        expected = [summary["accuracy"][layer], summary["cos"][layer][-1], summary["cka"][layer][-1]]
+        expected.append(summary["nc1"][layer])
+        assert cells == [str(layer + 1), *(f"{value:.4f}" for value in expected)]
+    assert lines[start + 2 + DEPTH] == f"-> {path}"
+    trainer(tmp_path / "quiet", [LayerwiseAnalysis(print_table=False)]).validate(fitted_module(), val_loader(N))
+    assert "layerwise val" not in capsys.readouterr().out
+
+
 # ----------------------------------------------------------------------------------------- non-finite samples
 def test_non_finite_samples_are_skipped_counted_and_named_never_poisoning_the_rest(tmp_path):
     x, y = val_loader(N).dataset.tensors

@@ -24,7 +24,7 @@ def _run_id(trainer: Trainer) -> str:
 
 def write_summary(
     trainer: Trainer, log_dir: str, stage: str, spec: LayerSpec, num_samples: int, results: dict[str, Any]
-) -> None:
+) -> Path:
     """Add this callback's results to the epoch's summary JSON (global rank zero only)."""
     header = {
         "stage": stage,
@@ -36,6 +36,45 @@ def write_summary(
     }
     path = summary_path(log_dir, stage, trainer.current_epoch, trainer.global_step)
     merge_summary(path, {**header, **results}, _run_id(trainer))
+    return path
+
+
+def show(trainer: Trainer, text: str) -> None:
+    """Print above the progress bar when there is one (Lightning's bars have ``print``), else to stdout."""
+    bar = trainer.progress_bar_callback
+    if bar is not None and hasattr(bar, "print"):
+        bar.print(text)
+    else:
+        print(text, flush=True)
+
+
+def layer_table(stage: str, epoch: int, step: int, results: dict[str, Any], spec: LayerSpec) -> str:
+    """The numbers a user came for, one row per layer: accuracy, COS and CKA to the last layer, NC1."""
+
+    def column(key: str, last: bool = False) -> Optional[list[Any]]:
+        value = results.get(key)
+        if value is None:
+            return None
+        rows = value.tolist() if hasattr(value, "tolist") else value
+        return [row[-1] for row in rows] if last else rows
+
+    columns = {
+        "accuracy": column("accuracy"),
+        "COS to last": column("cos", last=True),
+        "CKA to last": column("cka", last=True),
+        "NC1": column("nc1"),
+    }
+    columns = {name: values for name, values in columns.items() if values is not None}
+    header = "layer " + "".join(f"{name:>13}" for name in columns)
+    lines = [f"layerwise {stage} (epoch {epoch}, step {step}):", header]
+    for row, number in enumerate(spec.layer_numbers):
+        cells = "".join(f"{_cell(values[row]):>13}" for values in columns.values())
+        lines.append(f"{number:>5} {cells}")
+    return "\n".join(lines)
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None or value != value else f"{float(value):.4f}"
 
 
 def tensorboard(trainer: Trainer) -> Optional[Any]:

@@ -9,11 +9,19 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import Metric
 
 from layerwise.callbacks._batch import layer_batch as make_layer_batch
-from layerwise.callbacks._output import FeatureSaver, _log_dir, log_figures, write_charts, write_summary
+from layerwise.callbacks._output import (
+    FeatureSaver,
+    _log_dir,
+    layer_table,
+    log_figures,
+    show,
+    write_charts,
+    write_summary,
+)
 from layerwise.callbacks._sampling import rank_indices, real_samples_on_rank
 from layerwise.callbacks._schedule import last_step_unvalidated
 from layerwise.callbacks._source import FeatureSource
-from layerwise.callbacks.family import Family, LayerBatch, LayerSpec, _per_layer, per_layer, shaped
+from layerwise.callbacks.family import Family, LayerBatch, LayerSpec, _per_layer, per_layer
 from layerwise.features.layers import LayerSelection, select_layers
 from layerwise.metrics import NonFiniteRows, SampleCount, all_reduce_sum_states
 
@@ -40,6 +48,8 @@ class LayerwiseMonitor(Callback):
         save_features: also write ``<log_dir>/layerwise/<stage>_epoch_<EEE>_features.pt`` with ``features``
             (L x N x d float32), ``labels`` (N), ``predictions`` (L x N) and ``max_prob`` (L x N). Holds the
             evaluated features in CPU memory for the epoch.
+        print_table: print a per-layer table (accuracy, COS/CKA to the last layer, NC1) and the summary's path at
+            the end of every analysed validation (global rank zero only).
         log_figures: draw heatmaps/histograms as TensorBoard images (global rank zero only).
         figures_every_n_epochs: while fitting, draw them only every n-th analysed epoch and at the last epoch
             (drawing costs far more than the analysis of a small model; the JSON of every epoch holds everything
@@ -59,6 +69,7 @@ class LayerwiseMonitor(Callback):
         every_n_epochs: int = 1,
         layers: LayerSelection = None,
         save_features: bool = False,
+        print_table: bool = True,
         log_figures: bool = True,
         figures_every_n_epochs: int = 10,
         source: Source = "auto",
@@ -81,6 +92,7 @@ class LayerwiseMonitor(Callback):
         self.every_n_epochs = every_n_epochs
         self.layers = layers
         self.save_features = save_features
+        self.print_table = print_table
         self.log_figures = log_figures
         self.figures_every_n_epochs = figures_every_n_epochs
         self.source = source
@@ -252,7 +264,7 @@ class LayerwiseMonitor(Callback):
         spec = self._spec
         all_reduce_sum_states(self._metrics)
         num_samples = int(self._count.compute().item())
-        nonfinite = shaped(self._nonfinite.compute(), spec.num_layers)
+        nonfinite = self._nonfinite.per_layer  # the reduced state: compute() would warn when nothing was updated
         if bool(nonfinite.any()):
             layers = {number: int(count) for number, count in zip(spec.layer_numbers, nonfinite.tolist()) if count}
             rank_zero_warn(
@@ -269,7 +281,10 @@ class LayerwiseMonitor(Callback):
         log_dir = _log_dir(trainer)  # a collective (trainer.log_dir broadcasts from rank 0): every rank calls it
         if trainer.is_global_zero:
             results["n_nonfinite"] = int(self._nonfinite.rows)
-            write_summary(trainer, log_dir, stage, spec, num_samples, results)
+            written = write_summary(trainer, log_dir, stage, spec, num_samples, results)
+            if self.print_table:
+                table = layer_table(stage, trainer.current_epoch, trainer.global_step, results, spec)
+                show(trainer, f"{table}\n-> {written}")
             if self._draws_figures(trainer):
                 log_figures(trainer, stage, self.families, results, spec)
         if self.save_features:

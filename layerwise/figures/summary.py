@@ -9,6 +9,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 
 def _figure(width: float, height: float, right: float = 0.88) -> tuple[Figure, Any]:
@@ -41,24 +42,39 @@ def heatmap(matrix: Any, layers: Sequence[int], title: str) -> Figure:
 
 
 def similarity_and_accuracy(summary: dict[str, Any]) -> Figure:
-    """COS (and CKA) of every layer to the last layer, with the shared head's accuracy per layer on a twin axis."""
+    """COS (and CKA) of every layer to the last layer, with the shared head's accuracy per layer on a twin axis.
+
+    One legend for both axes, below them, so that it never covers a curve.
+    """
     layers = summary["layers"]
-    fig, ax = _figure(5.2, 3.4)
+    fig, ax = _figure(5.2, 3.8)
+    fig.subplots_adjust(bottom=0.3, top=0.84)
     if summary.get("cos") is not None:
         ax.plot(layers, [row[-1] for row in summary["cos"]], marker="o", label="COS to last")
     if summary.get("cka") is not None:
         ax.plot(layers, [row[-1] for row in summary["cka"]], marker="s", label="CKA to last")
     ax.set_xlabel("layer")
     ax.set_ylabel("similarity to last layer")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    handles, labels = ax.get_legend_handles_labels()
     if summary.get("accuracy") is not None:
         twin = ax.twinx()
-        twin.plot(layers, summary["accuracy"], color="tab:red", marker="^", label="accuracy (shared head)")
+        accuracy = [np.nan if value is None else value for value in summary["accuracy"]]
+        twin.plot(layers, accuracy, color="tab:red", marker="^", label="accuracy (shared head)")
         twin.set_ylabel("accuracy", color="tab:red")
         twin.set_ylim(0, 1.02)
-        twin.legend(loc="lower right")
-    ax.legend(loc="upper left")
-    ax.set_title(f"epoch {summary.get('epoch', '?')}")
+        more_handles, more_labels = twin.get_legend_handles_labels()
+        handles, labels = handles + more_handles, labels + more_labels
+    if handles:
+        fig.legend(handles, labels, loc="lower center", ncol=len(handles), fontsize="small", frameon=False)
+    ax.set_title(run_title(summary, "similarity to the last layer"))
     return fig
+
+
+def run_title(summary: dict[str, Any], what: str) -> str:
+    """A figure title that says which validation it shows: stage, epoch and global step."""
+    stage, epoch, step = summary.get("stage", "val"), summary.get("epoch", "?"), summary.get("global_step", "?")
+    return f"{what}\n{stage} epoch {epoch}, step {step}"
 
 
 def saturation_histogram(counts: Sequence[float], layers: Sequence[int], cos: Optional[Sequence] = None) -> Figure:
@@ -66,6 +82,7 @@ def saturation_histogram(counts: Sequence[float], layers: Sequence[int], cos: Op
     fig, ax = _figure(5.2, 3.4)
     ax.bar(layers, counts, color="tab:blue")
     ax.set_xlabel("saturation layer")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_ylabel("samples")
     if cos is not None:
         twin = ax.twinx()
@@ -78,7 +95,7 @@ def saturation_histogram(counts: Sequence[float], layers: Sequence[int], cos: Op
 
 def exits_per_layer(early_exit: Sequence[dict[str, Any]], layers: Sequence[int]) -> Figure:
     """Exit counts per layer for every confidence threshold, with accuracy and speedup in the legend."""
-    fig, ax = _figure(5.6, 3.4, right=0.97)
+    fig, ax = _figure(7.4, 3.4, right=0.97)
     width = 0.8 / max(1, len(early_exit))
     for i, row in enumerate(early_exit):
         offset = (i - (len(early_exit) - 1) / 2) * width
@@ -86,14 +103,17 @@ def exits_per_layer(early_exit: Sequence[dict[str, Any]], layers: Sequence[int])
         ax.bar(np.asarray(layers) + offset, row["exit_counts"], width=width, label=label)
     ax.set_xlabel("exit layer")
     ax.set_ylabel("samples")
-    ax.legend(fontsize="x-small")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    fig.subplots_adjust(right=0.62)
     ax.set_title("early exit with the shared head")
     return fig
 
 
 def effective_depth(summary: dict[str, Any]) -> Figure:
     """ε-effective depth (absolute and relative to the last layer) against ε."""
-    fig, ax = _figure(4.6, 3.4, right=0.97)
+    fig, ax = _figure(4.6, 3.6, right=0.97)
+    fig.subplots_adjust(top=0.84)
     for key, label in (("effective_depth", "Acc ≥ 1−ε"), ("effective_depth_relative", "Acc ≥ Acc_L − ε")):
         depths = summary.get(key)
         if depths:
@@ -101,8 +121,9 @@ def effective_depth(summary: dict[str, Any]) -> Figure:
             ax.plot([float(e) for e in epsilons], [depths[e] for e in epsilons], marker="o", label=label)
     ax.set_xlabel("ε")
     ax.set_ylabel("effective depth (layer)")
-    ax.legend()
-    ax.set_title("ε-effective depth")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(loc="best", fontsize="small")
+    ax.set_title(run_title(summary, "ε-effective depth"), fontsize="medium")
     return fig
 
 

@@ -1,0 +1,54 @@
+"""Every figure renders from a summary without a warning; legends off the curves, integer layer ticks, titles."""
+
+import warnings
+
+import matplotlib.pyplot as plt
+import pytest
+
+from layerwise.figures.summary import summary_figures
+
+SUMMARY = {
+    "stage": "val",
+    "epoch": 7,
+    "global_step": 160,
+    "layers": [1, 2, 3, 4, 5],
+    "cos": [[1.0 if i == j else 0.5 for j in range(5)] for i in range(5)],
+    "cka": [[1.0 if i == j else 0.4 for j in range(5)] for i in range(5)],
+    "accuracy": [0.5, 0.7, None, 0.9, 0.95],
+    "saturation_counts": [10, 5, 3, 1, 1],
+    "saturation_cos": [0.3, None, 0.6, 0.8, 1.0],
+    "early_exit": [
+        {"threshold": t, "accuracy": 0.9, "exit_counts": [4, 6, 5, 3, 2], "speedup": 1.5} for t in (0.5, 0.9)
+    ],
+    "effective_depth": {"0.01": 5, "0.05": 4, "0.1": 3},
+    "effective_depth_relative": {"0.01": 4, "0.05": 3, "0.1": 2},
+}
+
+
+def test_every_figure_renders_without_warnings_and_says_which_validation():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        figures = summary_figures(SUMMARY)
+        for figure in figures.values():
+            figure.canvas.draw()
+    assert set(figures) == {"cos", "cka", "similarity_accuracy", "saturation", "early_exit", "effective_depth"}
+    for name in ("similarity_accuracy", "effective_depth"):
+        assert "epoch 7, step 160" in figures[name].axes[0].get_title()
+    depth_ticks = figures["effective_depth"].axes[0].get_yticks()
+    assert all(float(tick).is_integer() for tick in depth_ticks), depth_ticks
+    layer_ticks = figures["similarity_accuracy"].axes[0].get_xticks()
+    assert all(float(tick).is_integer() for tick in layer_ticks), layer_ticks
+
+
+@pytest.mark.parametrize("name", ["similarity_accuracy", "early_exit"])
+def test_legends_do_not_cover_the_plotting_area(name):
+    figure = summary_figures(SUMMARY)[name]
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    legends = figure.legends + [ax.get_legend() for ax in figure.axes if ax.get_legend() is not None]
+    assert legends
+    area = figure.axes[0].get_window_extent(renderer)
+    for legend in legends:
+        box = legend.get_window_extent(renderer)
+        assert not box.overlaps(area), f"{name}: the legend covers the axes"
+    plt.close("all")
