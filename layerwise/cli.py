@@ -8,10 +8,12 @@ command, and one error style (usage, then ``error: ...`` naming the flag, exit c
 
 import inspect
 import json
+import logging
 import os
 import re
 import sys
 import typing
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, NoReturn, Optional
@@ -450,8 +452,30 @@ def run_command(name: str, argv: list[str]) -> None:
         parser.error(str(error))
 
 
+class _UpstreamNoise(logging.Filter):
+    """Drops Lightning's lines a layerwise user must otherwise learn to ignore (the commands only, not the library)."""
+
+    NOISE = ("💡 Tip:", "GPU available:", "TPU available:", "HPU available:")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(self.NOISE)
+
+
+def quiet_upstream() -> None:
+    """Silence upstream noise that says nothing about the run, each case named here.
+
+    - Lightning's advertisement for its cloud logger and its accelerator inventory (logging, INFO).
+    - ``isinstance(treespec, LeafSpec)`` is deprecated: Lightning 2.6's own use of torch's pytree, harmless, fixed
+      upstream in later releases.
+    """
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(_UpstreamNoise())
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
+
+
 def main(args: Optional[list[str]] = None) -> None:
     """Entry point of ``layerwise`` and ``python -m layerwise``."""
+    quiet_upstream()
     argv = sys.argv[1:] if args is None else list(args)
     if argv and argv[0] in COMMANDS:
         run_command(argv[0], argv[1:])

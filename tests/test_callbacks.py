@@ -233,6 +233,24 @@ def test_each_validation_prints_the_per_layer_table_and_the_summary_path(tmp_pat
     assert "layerwise val" not in capsys.readouterr().out
 
 
+def test_every_custom_scalars_chart_refers_to_logged_tags(tmp_path):
+    logger = TensorBoardLogger(str(tmp_path), name="tb")
+    fit = trainer(tmp_path, [LayerwiseAnalysis()], logger=logger, max_epochs=1, limit_train_batches=2)
+    fit.fit(fitted_module(), train_loader(), val_loader(N))
+    events = EventAccumulator(logger.log_dir, size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    (config,) = events.Tensors("custom_scalars__config__")
+    layout = layout_pb2.Layout.FromString(config.tensor_proto.string_val[0])
+    tags = events.Tags()["scalars"]
+    assert [category.title for category in layout.category] == ["layerwise val"]  # no test charts without a test
+    titles = [chart.title for category in layout.category for chart in category.chart]
+    assert not any("perplexity" in title or "F1" in title for title in titles)  # not logged for this model
+    for category in layout.category:
+        for chart in category.chart:
+            (pattern,) = chart.multiline.tag
+            assert [tag for tag in tags if re.fullmatch(pattern, tag)], f"{chart.title}: no logged tag"
+
+
 # ----------------------------------------------------------------------------------------- non-finite samples
 def test_non_finite_samples_are_skipped_counted_and_named_never_poisoning_the_rest(tmp_path):
     x, y = val_loader(N).dataset.tensors

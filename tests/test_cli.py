@@ -261,6 +261,32 @@ def test_one_error_style_names_the_flag(argv, flag, capsys):
     assert "error:" in err and flag in err and "Traceback" not in err
 
 
+def test_the_quickstart_prints_no_upstream_noise(tmp_path):
+    command = [
+        sys.executable,
+        "-m",
+        "layerwise",
+        "fit",
+        "--config",
+        QUICKSTART,
+        *TINY,
+        "--trainer.max_epochs=1",
+        "--trainer.limit_train_batches=2",
+        f"--trainer.logger.init_args.save_dir={tmp_path}",
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    output = result.stdout + result.stderr
+    for noise in ("💡 Tip", "GPU available", "LeafSpec", "Warning", "warn("):
+        assert noise not in output, noise
+    assert "layerwise val (epoch 0, step 2):" in output
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    events = EventAccumulator(str(tmp_path / "quickstart" / "version_0"))
+    events.Reload()
+    assert "hp_metric" not in events.Tags()["scalars"]
+
+
 def test_python_dash_m_layerwise_works():
     result = subprocess.run([sys.executable, "-m", "layerwise", "fit", "--help"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

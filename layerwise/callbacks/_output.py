@@ -1,5 +1,6 @@
 """Where the analysis goes besides the JSON: TensorBoard charts and figures, and the optional saved features."""
 
+import re
 import uuid
 import weakref
 from pathlib import Path
@@ -86,19 +87,30 @@ def tensorboard(trainer: Trainer) -> Optional[Any]:
     return None
 
 
-def write_charts(trainer: Trainer, families: list[Family]) -> None:
-    """TensorBoard Custom Scalars: all layers of one quantity on one chart."""
-    experiment = tensorboard(trainer)
-    if experiment is None or not hasattr(experiment, "add_custom_scalars"):
-        return
+def chart_layout(logged: dict[str, list[str]], families: list[Family]) -> dict[str, dict[str, list]]:
+    """TensorBoard Custom Scalars: per stage, one multi-line chart per quantity with all its layers.
+
+    ``logged`` maps a stage to the tags it logged; a chart is made only when some of its tags were logged, so no
+    chart is empty (no test charts without a test, no perplexity for a vision model).
+    """
     layout: dict[str, dict[str, list]] = {}
-    for stage in ("val", "test"):
+    for stage, tags in logged.items():
         charts = {}
         for family in families:
             for title, pattern in family.charts().items():
-                charts[f"{stage} {title}"] = ["Multiline", [f"{stage}/{pattern}"]]
-        layout[f"layerwise {stage}"] = charts
-    experiment.add_custom_scalars(layout)
+                regex = f"{stage}/{pattern}"
+                if any(re.fullmatch(regex, tag) for tag in tags):
+                    charts[f"{stage} {title}"] = ["Multiline", [regex]]
+        if charts:
+            layout[f"layerwise {stage}"] = charts
+    return layout
+
+
+def write_charts(trainer: Trainer, layout: dict[str, dict[str, list]]) -> None:
+    """Write the Custom Scalars layout to the TensorBoard logger, if there is one."""
+    experiment = tensorboard(trainer)
+    if experiment is not None and hasattr(experiment, "add_custom_scalars") and layout:
+        experiment.add_custom_scalars(layout)
 
 
 def log_figures(trainer: Trainer, stage: str, families: list[Family], results: dict[str, Any], spec: LayerSpec) -> None:

@@ -12,6 +12,7 @@ from layerwise.callbacks._batch import layer_batch as make_layer_batch
 from layerwise.callbacks._output import (
     FeatureSaver,
     _log_dir,
+    chart_layout,
     layer_table,
     log_figures,
     show,
@@ -106,7 +107,7 @@ class LayerwiseMonitor(Callback):
         self._count: Optional[SampleCount] = None
         self._budget: Optional[int] = None
         self._saver = FeatureSaver()
-        self._charts_written = False
+        self._charts_logged: dict[str, list[str]] = {}
 
     # -- when ---------------------------------------------------------------------------------------------------
 
@@ -296,6 +297,7 @@ class LayerwiseMonitor(Callback):
         # Through Lightning, so that ModelCheckpoint(monitor=...), EarlyStopping and every logger see the values by
         # design. They are already global (the states were reduced above): no sync, no collective per scalar.
         pl_module.log_dict(scalars, sync_dist=False, on_step=False, on_epoch=True, add_dataloader_idx=False)
-        if trainer.is_global_zero and not self._charts_written:
-            write_charts(trainer, self.families)
-            self._charts_written = True
+        stage = next(iter(scalars), "val").split("/")[0]
+        if trainer.is_global_zero and stage not in self._charts_logged:
+            self._charts_logged[stage] = list(scalars)
+            write_charts(trainer, chart_layout(self._charts_logged, self.families))
