@@ -59,7 +59,26 @@ class _ConciseArgumentParser(LightningArgumentParser):
     def error(self, message: str, ex: Optional[Exception] = None) -> NoReturn:
         if os.environ.get(DEBUG_VARIABLE) or not getattr(self, "exit_on_error", True):
             super().error(message, ex)
+        if "Problems parsing config" in message:
+            message = f"{_bad_config_file()}{message}"
         exit_concisely(self.prog.replace(" [options]", ""), message)
+
+
+def _bad_config_file() -> str:
+    """``--config FILE: `` for the first config file on the command line that is not valid YAML, else ``""``."""
+    import yaml
+
+    argv = sys.argv[1:]
+    for flag, value in zip(argv, argv[1:] + [""]):
+        path = value if flag in ("--config", "-c") else flag.partition("=")[2] if flag.startswith("--config=") else ""
+        if path and Path(path).is_file():
+            try:
+                yaml.safe_load(Path(path).read_text())
+            except yaml.YAMLError as error:
+                mark = getattr(error, "problem_mark", None)
+                where = f" (line {mark.line + 1})" if mark is not None else ""
+                return f"`--config {path}` is not valid YAML{where}: "
+    return ""
 
 
 def exit_concisely(prog: str, message: str) -> NoReturn:
@@ -98,7 +117,12 @@ class LayerwiseCLI(LightningCLI):
     def _check_before_run(self) -> None:
         # Before the Trainer creates log folders or touches data: a bad combination leaves nothing behind.
         if isinstance(self.model, LayerwiseModule):
-            check_data_compatible(self.model, self.datamodule)
+            try:
+                check_data_compatible(self.model, self.datamodule)
+            except ValueError as error:
+                if os.environ.get(DEBUG_VARIABLE):
+                    raise
+                exit_concisely(f"layerwise {self.subcommand or ''}".strip(), str(error))
 
     def before_fit(self) -> None:
         self._check_before_run()
@@ -167,8 +191,8 @@ def export(
         )
     if depth is not None and depth < 1:
         raise ValueError(f"`--depth={depth}` must be a layer number >= 1.")
-    if not 0.0 <= epsilon <= 1.0:
-        raise ValueError(f"`--epsilon={epsilon}` must lie in [0, 1].")
+    if not 0.0 < epsilon <= 1.0:
+        raise ValueError(f"`--epsilon={epsilon}` must lie in (0, 1].")
     suggestion = None
     if summary is not None:
         summary_file = latest_summary(summary, "--summary")

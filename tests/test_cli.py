@@ -437,10 +437,38 @@ def test_missing_local_data_path_names_the_flag(tmp_path, capsys):
     assert "does not exist. Pass --data.init_args.root=" in one_line_error(capsys, exit_info)
 
 
-def test_num_classes_disagreeing_with_the_data_fails_before_training(tmp_path):
-    with pytest.raises(ValueError, match=r"--model.init_args.backbone.init_args.num_classes=7.*10 classes"):
-        quickstart_cli(tmp_path, "--model.init_args.backbone.init_args.num_classes=7")
+@pytest.mark.parametrize(
+    ("argument", "expected"),
+    [
+        ("--model.init_args.backbone.init_args.num_classes=7", "num_classes=7` but the data has 10 classes"),
+        ("--model.init_args.backbone.init_args.img_size=16", "img_size=(16, 16)` but the data gives 8"),
+        ("--model.init_args.backbone.init_args.in_chans=3", "in_chans=3` but the data gives 1"),
+        ("--model.init_args.backbone.init_args.depth=0", "`--model.init_args.backbone.init_args.depth=0` must be"),
+    ],
+)
+def test_model_and_data_disagreeing_fail_before_training(tmp_path, capsys, argument, expected):
+    with pytest.raises(SystemExit) as exit_info:
+        quickstart_cli(tmp_path, argument)
+    assert expected in one_line_error(capsys, exit_info)
     assert not any(tmp_path.iterdir())  # not even a log folder
+
+
+def test_epsilon_zero_is_refused():
+    from layerwise.callbacks import LayerwiseAnalysis
+
+    with pytest.raises(ValueError, match=r"epsilons=\[0.0\]` must be .* in \(0, 1\]"):
+        LayerwiseAnalysis(epsilons=[0.0])
+    with pytest.raises(SystemExit):
+        main(["export", "--checkpoint", "x.ckpt", "--out", "o", "--depth", "1", "--epsilon", "0"])
+
+
+def test_a_malformed_config_file_is_named(tmp_path, capsys, monkeypatch):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model:\n  init_args: [\n")
+    monkeypatch.setattr(sys, "argv", ["layerwise", "fit", "--config", QUICKSTART, "--config", str(bad)])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    assert f"`--config {bad}` is not valid YAML (line 3)" in one_line_error(capsys, exit_info)
 
 
 @pytest.mark.parametrize("name", ["shakespeare_gpt_alternating", "sst2_bert_aligned"])

@@ -466,3 +466,12 @@ def test_max_length_beyond_the_tokenizer_limit(tmp_path, monkeypatch):
     monkeypatch.setattr(glue, "load_tokenizer", lambda *args, **kwargs: limited)
     with pytest.raises(ValueError, match=r"--data.init_args.max_length=32 exceeds the 16 tokens"):
         GLUEDataModule(data_dir=str(tmp_path), tokenizer="some/hub-tokenizer", max_length=32).setup()
+
+
+def test_a_header_only_file_is_named(tmp_path):
+    folder = tmp_path / glue.TASKS["sst2"].folder
+    write_tsv(folder / "train.tsv", "sst2", [])
+    write_tsv(folder / "dev.tsv", "sst2", EXAMPLES["sst2"])
+    dm = GLUEDataModule(task="sst2", data_dir=str(tmp_path), tokenizer="byte")
+    with pytest.raises(ValueError, match=r"train.tsv has a header but no rows.*--data.init_args.data_dir"):
+        dm.read_split("train")

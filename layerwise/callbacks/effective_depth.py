@@ -18,8 +18,10 @@ class EffectiveDepthFamily(Family):
     def __init__(self, epsilons: Sequence[float] = DEFAULT_EPSILONS, accuracy_from: Optional[Family] = None) -> None:
         """``accuracy_from``: a family whose ``accuracy`` metric already accumulates the shared-head accuracy."""
         epsilons = [float(value) for value in epsilons]
-        if not epsilons or any(not 0.0 <= value <= 1.0 for value in epsilons):
-            raise ValueError(f"`epsilons={epsilons}` must be a non-empty list of numbers in [0, 1].")
+        if not epsilons or any(not 0.0 < value <= 1.0 for value in epsilons):
+            raise ValueError(
+                f"`epsilons={epsilons}` must be a non-empty list of numbers in (0, 1] (ε = 0 asks for accuracy 1)."
+            )
         self.epsilons = epsilons
         self.accuracy_from = accuracy_from
 

@@ -297,6 +297,10 @@ class GLUEDataModule(LightningDataModule):
                 )
             texts.append(text)
             labels.append(label)
+        if not texts:
+            raise ValueError(
+                f"{source} has a header but no rows: give a file with examples (`--data.init_args.data_dir`)."
+            )
         return TextSplit(source, texts, labels)
 
     def _label_id(self, value: Any, source: str, row_number: int) -> int:

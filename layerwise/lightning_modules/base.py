@@ -253,6 +253,24 @@ def check_data_compatible(model: LayerwiseModule, datamodule: Any, after_setup: 
             f"The model has `--model.init_args.backbone.init_args.num_classes={backbone.num_classes}` but the data "
             f"has {data_classes} classes; set num_classes={data_classes}."
         )
+    patch_embed = getattr(getattr(backbone, "model", None), "patch_embed", None)
+    for name, data_value, model_value in (
+        ("img_size", getattr(datamodule, "img_size", None), getattr(patch_embed, "img_size", None)),
+        (
+            "in_chans",
+            getattr(datamodule, "in_chans", None),
+            getattr(getattr(patch_embed, "proj", None), "in_channels", None),
+        ),
+    ):
+        if data_value is None or model_value is None:
+            continue
+        expected = tuple(model_value) if isinstance(model_value, (tuple, list)) else (model_value,) * 2
+        given = tuple(data_value) if isinstance(data_value, (tuple, list)) else (data_value,) * 2
+        if expected[: len(given)] != given[: len(expected)]:
+            raise ValueError(
+                f"The model has `--model.init_args.backbone.init_args.{name}={model_value}` but the data gives "
+                f"{data_value}; set {name}={data_value}."
+            )
     model_vocab = getattr(backbone, "vocab_size", None)
     if not after_setup or model_vocab is None or getattr(datamodule, "tokenizer", None) is None:
         return
