@@ -5,6 +5,7 @@ from typing import Any, Optional
 
 from torch import nn
 
+from layerwise.features.hf import build_model
 from layerwise.lightning_modules.checkpoint import load_module
 
 
@@ -35,10 +36,7 @@ def load_causal_lm(checkpoint: Optional[Path], model: Optional[str]) -> nn.Modul
     if model is not None:
         from transformers import AutoModelForCausalLM
 
-        try:
-            return AutoModelForCausalLM.from_pretrained(model)
-        except (OSError, ValueError) as error:
-            raise ValueError(f"`--model={model}` could not be loaded ({error}); offline, give a folder.") from None
+        return build_model(AutoModelForCausalLM, model, None, True, None, "--model")
     if checkpoint is None:
         raise ValueError("Give --checkpoint (a layerwise checkpoint) or --model (a Hugging Face causal LM).")
     module = load_module(checkpoint)

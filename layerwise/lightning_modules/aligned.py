@@ -53,6 +53,11 @@ class Aligned(LayerwiseModule):
         super().__init__(backbone, optimizer, lr_scheduler, scheduler_interval, label_smoothing, chunk_size)
         weights = resolve_layer_weights(layer_weights, backbone.num_layers, "--model.init_args.layer_weights")
         self.register_buffer("layer_weights", weights, persistent=False)
+        if sampled_exits is not None and backbone.num_layers < 3:
+            raise ValueError(
+                f"`--model.init_args.sampled_exits={sampled_exits}`: sampling needs a model of 3 or more layers (this "
+                f"one has {backbone.num_layers}, every layer is trained already); leave it unset."
+            )
         if sampled_exits is not None and not 1 <= sampled_exits <= backbone.num_layers - 2:
             raise ValueError(
                 f"`--model.init_args.sampled_exits={sampled_exits}` must lie in 1..{backbone.num_layers - 2} (L-2) "
