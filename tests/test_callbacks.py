@@ -374,6 +374,21 @@ def test_figures_are_drawn_at_their_cadence_and_at_the_last_epoch(tmp_path):
     events.Reload()
     drawn_at = [event.step for event in events.Images("val/cos")]
     assert drawn_at == [2, 4, 5]  # after epochs 2 and 4 (1-based, steps = global steps), and the last one
+    steps_logger = TensorBoardLogger(str(tmp_path), name="steps")  # a max_steps run: max_epochs=-1, last = max_steps
+    run = trainer(
+        tmp_path / "steps",
+        [LayerwiseAnalysis(figures_every_n_epochs=100)],
+        logger=steps_logger,
+        max_epochs=-1,
+        max_steps=4,
+        val_check_interval=1,
+        check_val_every_n_epoch=None,
+        limit_val_batches=1,
+    )
+    run.fit(fitted_module(), train_loader(), val_loader(N))
+    step_events = EventAccumulator(steps_logger.log_dir, size_guidance={"images": 0})
+    step_events.Reload()
+    assert [event.step for event in step_events.Images("val/cos")] == [4]
     assert len(events.Scalars("val/acc/layer_01")) == 5  # the numbers are logged every epoch
     assert len(sorted((tmp_path / "tb" / "version_0" / "layerwise").glob("val_epoch_*.json"))) == 5
     with pytest.raises(ValueError, match="figures_every_n_epochs"):

@@ -121,7 +121,9 @@ class LayerwiseMonitor(Callback):
     def _draws_figures(self, trainer: Trainer) -> bool:
         if not self.log_figures or trainer.state.fn != TrainerFn.FITTING:
             return self.log_figures
-        last = trainer.max_epochs is not None and trainer.current_epoch + 1 >= trainer.max_epochs
+        max_epochs, max_steps = trainer.max_epochs, trainer.max_steps
+        last_epoch = max_epochs is not None and max_epochs > 0 and trainer.current_epoch + 1 >= max_epochs
+        last = last_epoch or (max_steps is not None and max_steps > 0 and trainer.global_step >= max_steps)
         return last or trainer.should_stop or (trainer.current_epoch + 1) % self.figures_every_n_epochs == 0
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
