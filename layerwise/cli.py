@@ -21,6 +21,7 @@ from typing import Any, Literal, NoReturn, Optional
 from jsonargparse import ActionConfigFile, ArgumentParser
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
+from layerwise.callbacks.progress import ProgressLines
 from layerwise.inference.generation import Strategy, check_generation_options, generate_from_layer, num_blocks
 from layerwise.inference.models import load_causal_lm, load_tokenizer_spec
 from layerwise.lightning_modules import LayerwiseModule
@@ -103,7 +104,18 @@ class LayerwiseCLI(LightningCLI):
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})
         kwargs.setdefault("parser_class", _ConciseArgumentParser)
+        if not sys.stdout.isatty():  # a log file shows a bar only at the end: plain lines instead (see after_...)
+            kwargs["trainer_defaults"] = {"enable_progress_bar": False, **(kwargs.get("trainer_defaults") or {})}
         super().__init__(*args, **kwargs)
+
+    def after_instantiate_classes(self) -> None:
+        """Without a terminal and without a progress bar, a fit prints progress as plain lines."""
+        super().after_instantiate_classes()
+        trainer = getattr(self, "trainer", None)
+        if trainer is None or sys.stdout.isatty() or trainer.progress_bar_callback is not None:
+            return
+        if self.subcommand == "fit" and not any(isinstance(c, ProgressLines) for c in trainer.callbacks):
+            trainer.callbacks.append(ProgressLines())
 
     def instantiate_classes(self) -> None:
         """Instantiate as LightningCLI does; a bad value found by a class itself ends in one line naming the flag."""

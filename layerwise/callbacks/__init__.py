@@ -6,6 +6,7 @@ from layerwise.callbacks.early_exit_writer import EarlyExitPredictionWriter
 from layerwise.callbacks.effective_depth import EffectiveDepthMonitor
 from layerwise.callbacks.logit_lens import LogitLensMonitor
 from layerwise.callbacks.neural_collapse import NeuralCollapseMonitor
+from layerwise.callbacks.progress import ProgressLines
 from layerwise.callbacks.similarity import LayerSimilarityMonitor
 
 __all__ = [
@@ -16,4 +17,5 @@ __all__ = [
     "LayerwiseMonitor",
     "LogitLensMonitor",
     "NeuralCollapseMonitor",
+    "ProgressLines",
 ]
