@@ -197,3 +197,18 @@ def test_sweep_bad_input_names_the_argument(tmp_path, capsys) -> None:
             main([*argv, "--out", str(tmp_path / "out")])
         assert exit_info.value.code == 2 and needle in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_threshold_labels_never_overlap():
+    from layerwise.inference.sweep import Curve
+
+    rows = [
+        {"threshold": round(0.5 + 0.01 * i, 2), "accuracy": 0.9 + 0.0001 * i, "speedup": 2.0 - 0.001 * i}
+        for i in range(30)
+    ]
+    wide = [{"threshold": t, "accuracy": 0.5 + 0.5 * t, "speedup": 4.0 - 3.0 * t} for t in (0.1, 0.5, 0.99)]
+    figure = sweep_figure([Curve("dense", "early_exit", rows), Curve("wide", "early_exit", wide)])
+    renderer = figure.canvas.get_renderer()
+    boxes = [text.get_window_extent(renderer) for text in figure.axes[0].texts]
+    assert 1 <= len(boxes) < len(rows) + len(wide)  # crowded points: some labels left to the table
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])

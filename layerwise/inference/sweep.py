@@ -120,21 +120,35 @@ def sweep_figure(curves: Sequence[Curve]) -> Figure:
             markersize=4,
             label=curve.name,
         )
-        for row in curve.rows:
-            ax.annotate(
-                f"{row['threshold']:g}",
-                (row["speedup"], row["accuracy"]),
-                textcoords="offset points",
-                xytext=(3, 3),
-                fontsize=6,
-                color=colour,
-            )
+    _label_thresholds(fig, ax, curves, colours)
     ax.set_xlabel("speedup (L · samples / layers run)")
     ax.set_ylabel("accuracy")
     ax.set_title("early exit: accuracy vs speedup (τ at each point)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize="small", loc="best")
     return fig
+
+
+def _label_thresholds(fig: Figure, ax: Any, curves: Sequence[Curve], colours: dict[str, Any]) -> None:
+    """Write τ beside each point unless the label would overlap one already written (the table has them all)."""
+    fig.canvas.draw()  # fixes the axis limits, so that label boxes are measured where they will be drawn
+    renderer = fig.canvas.get_renderer()
+    placed: list[Any] = []
+    for curve in curves:
+        for row in curve.rows:
+            text = ax.annotate(
+                f"{row['threshold']:g}",
+                (row["speedup"], row["accuracy"]),
+                textcoords="offset points",
+                xytext=(3, 3),
+                fontsize=6,
+                color=colours[curve.label],
+            )
+            box = text.get_window_extent(renderer)
+            if any(box.overlaps(other) for other in placed):
+                text.remove()
+            else:
+                placed.append(box)
 
 
 def write_sweep(curves: Sequence[Curve], out_dir: Path, formats: Sequence[str] = ("png", "pdf")) -> list[Path]:
