@@ -14,7 +14,8 @@ import re
 import sys
 import typing
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal, NoReturn, Optional
 
@@ -117,24 +118,26 @@ class LayerwiseCLI(LightningCLI):
         if self.subcommand == "fit" and not any(isinstance(c, ProgressLines) for c in trainer.callbacks):
             trainer.callbacks.append(ProgressLines())
 
-    def instantiate_classes(self) -> None:
-        """Instantiate as LightningCLI does; a bad value found by a class itself ends in one line naming the flag."""
+    @contextmanager
+    def _errors_in_one_line(self, kinds: tuple[type[Exception], ...]) -> Iterator[None]:
+        """A bad value found by a class itself (not by the parser) ends in one line naming the flag, too."""
         try:
-            super().instantiate_classes()
-        except (ValueError, TypeError) as error:
+            yield
+        except kinds as error:
             if os.environ.get(DEBUG_VARIABLE):
                 raise
             exit_concisely(f"layerwise {self.subcommand or ''}".strip(), str(error))
 
+    def instantiate_classes(self) -> None:
+        """Instantiate as LightningCLI does; a bad value found by a class itself ends in one line naming the flag."""
+        with self._errors_in_one_line((ValueError, TypeError)):
+            super().instantiate_classes()
+
     def _check_before_run(self) -> None:
         # Before the Trainer creates log folders or touches data: a bad combination leaves nothing behind.
         if isinstance(self.model, LayerwiseModule):
-            try:
+            with self._errors_in_one_line((ValueError,)):
                 check_data_compatible(self.model, self.datamodule)
-            except ValueError as error:
-                if os.environ.get(DEBUG_VARIABLE):
-                    raise
-                exit_concisely(f"layerwise {self.subcommand or ''}".strip(), str(error))
 
     def before_fit(self) -> None:
         self._check_before_run()

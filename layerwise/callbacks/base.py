@@ -22,12 +22,12 @@ from layerwise.callbacks._output import (
 from layerwise.callbacks._sampling import rank_indices, real_samples_on_rank
 from layerwise.callbacks._schedule import last_step_unvalidated
 from layerwise.callbacks._source import FeatureSource
-from layerwise.callbacks.family import Family, LayerBatch, LayerSpec, _per_layer, per_layer
+from layerwise.callbacks.family import Family, LayerBatch, LayerSpec, per_layer
 from layerwise.features.layers import LayerSelection, select_layers
 from layerwise.metrics import NonFiniteRows, SampleCount, all_reduce_sum_states
 
 Source = Literal["auto", "outputs", "hooks"]
-__all__ = ["Family", "LayerBatch", "LayerSpec", "LayerwiseMonitor", "_per_layer", "per_layer"]
+__all__ = ["Family", "LayerBatch", "LayerSpec", "LayerwiseMonitor", "per_layer"]
 
 
 class LayerwiseMonitor(Callback):

@@ -116,6 +116,3 @@ def shaped(value: Tensor, *shape: int) -> Tensor:
 def per_layer(values: Sequence[float], spec: LayerSpec, name: str) -> dict[str, float]:
     """Scalars ``name/layer_XX`` of one value per selected layer."""
     return {f"{name}/{spec.key(number)}": float(value) for number, value in zip(spec.layer_numbers, values)}
-
-
-_per_layer = per_layer

@@ -7,8 +7,8 @@ import torch
 from lightning.pytorch import Trainer
 from torchmetrics import Metric
 
-from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor, _per_layer
-from layerwise.callbacks.family import shaped
+from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor
+from layerwise.callbacks.family import per_layer, shaped
 from layerwise.figures.summary import exits_per_layer, saturation_histogram
 from layerwise.metrics import (
     EarlyExit,
@@ -136,16 +136,16 @@ class LogitLensFamily(Family):
         ]
 
     def scalars(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, float]:
-        scalars = _per_layer(results["accuracy"], spec, "acc")
-        scalars.update(_per_layer(results["loss"], spec, "loss"))
+        scalars = per_layer(results["accuracy"], spec, "acc")
+        scalars.update(per_layer(results["loss"], spec, "loss"))
         if "f1" in results:
-            scalars.update(_per_layer(results["f1"], spec, "f1"))
+            scalars.update(per_layer(results["f1"], spec, "f1"))
         if "perplexity" in results:
-            scalars.update(_per_layer(results["perplexity"], spec, "perplexity"))
+            scalars.update(per_layer(results["perplexity"], spec, "perplexity"))
         total = max(1, int(results["saturation_counts"].sum()))
-        scalars.update(_per_layer(results["saturation_counts"].double() / total, spec, "saturation"))
+        scalars.update(per_layer(results["saturation_counts"].double() / total, spec, "saturation"))
         if "exit_accuracy" in results:
-            scalars.update(_per_layer(results["exit_accuracy"], spec, "exit_acc"))
+            scalars.update(per_layer(results["exit_accuracy"], spec, "exit_acc"))
         for key in ("early_exit", "exit_early_exit"):
             for row in results.get(key, ()):
                 name = f"tau_{row['threshold']:g}"

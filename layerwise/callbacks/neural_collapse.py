@@ -7,8 +7,8 @@ from lightning.pytorch import Trainer
 from torch import Tensor
 from torchmetrics import Metric
 
-from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor, _per_layer
-from layerwise.callbacks.family import shaped
+from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor
+from layerwise.callbacks.family import per_layer, shaped
 from layerwise.metrics import LayerNC1
 
 
@@ -76,7 +76,7 @@ class NeuralCollapseFamily(Family):
         return results
 
     def scalars(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, float]:
-        return _per_layer(results["nc1"], spec, "nc1") if "nc1" in results else {}
+        return per_layer(results["nc1"], spec, "nc1") if "nc1" in results else {}
 
     def charts(self) -> dict[str, str]:
         return {"NC1 per layer": r"nc1/layer_\d+"}

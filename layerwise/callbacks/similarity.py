@@ -4,8 +4,8 @@ from typing import Any, Literal
 
 from torchmetrics import Metric
 
-from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor, _per_layer
-from layerwise.callbacks.family import shaped
+from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor
+from layerwise.callbacks.family import per_layer, shaped
 from layerwise.figures.summary import heatmap
 from layerwise.metrics import LayerCKA, LayerCosineSimilarity, MinibatchCKA
 
@@ -45,9 +45,9 @@ class SimilarityFamily(Family):
         return {"cos": shaped(self.cos.compute(), layers, layers), "cka": cka}
 
     def scalars(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, float]:
-        scalars = _per_layer(results["cos"][:, -1], spec, "cos_to_last")
+        scalars = per_layer(results["cos"][:, -1], spec, "cos_to_last")
         if results["cka"] is not None:
-            scalars.update(_per_layer(results["cka"][:, -1], spec, "cka_to_last"))
+            scalars.update(per_layer(results["cka"][:, -1], spec, "cka_to_last"))
         return scalars
 
     def figures(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, Any]:

@@ -8,6 +8,7 @@
 
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from typing import Any, Optional, Union
 
 import torch
@@ -137,16 +138,8 @@ def hook_paths(
             f"The {found.family} model in {type(root).__name__} predicts at every token: give `pooling` "
             "('cls', 'mean' or 'last') for the callbacks' per-sample features."
         )
-    return LayerPaths(
-        blocks=found.blocks,
-        head=found.head,
-        final_norm=found.final_norm,
-        embeddings=found.embeddings,
-        pooling=pooling or found.pooling,
-        num_prefix_tokens=found.num_prefix_tokens if num_prefix_tokens is None else num_prefix_tokens,
-        family=found.family,
-        task=found.task,
-    )
+    prefix_tokens = found.num_prefix_tokens if num_prefix_tokens is None else num_prefix_tokens
+    return replace(found, pooling=pooling or found.pooling, num_prefix_tokens=prefix_tokens)
 
 
 class HookTap:
