@@ -196,7 +196,7 @@ def test_centered_cosine_forward_returns_batch_value_and_accumulates():
             np.testing.assert_allclose(batch_value.numpy(), ref_cos(np64(x), True), atol=1e-10)
     np.testing.assert_allclose(metric.compute().numpy(), ref_cos(np64(h), True), atol=1e-10)
     metric.reset()
-    assert not metric._buffer and metric.count == 0
+    assert not metric._buffer and (metric.count == 0).all()
 
 
 # ----------------------------------------------------------------------------------------------- saturation COS
@@ -419,3 +419,84 @@ def test_constructors_validate():
     ):
         with pytest.raises(ValueError):
             bad()
+
+
+# ------------------------------------------------------------------------------------------------ large offsets
+OFFSET_DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+
+
+def offset_features(offset: float, dtype: torch.dtype) -> torch.Tensor:
+    """make_features + offset, rounded to ``dtype`` (the metrics must be exact on the values they are given)."""
+    return (make_features(40, n=60).to(torch.float64) * 3.0 + offset).to(dtype)
+
+
+@pytest.mark.parametrize("dtype", OFFSET_DTYPES, ids=str)
+@pytest.mark.parametrize("offset", [1e3, 1e6])
+def test_metrics_exact_at_large_offsets_for_any_input_dtype(offset, dtype):
+    """COS, saturation COS, CKA, minibatch CKA and NC1 equal float64 references on the same (rounded) values.
+
+    The references are computed by numpy on the values minus their float64 mean (every metric here is shift
+    invariant), so they carry no offset. Values that round to one constant (bf16 at 1e6: spacing 4096) have no
+    direction: COS is NaN (null), not 0.0; fp16 cannot hold 1e6 (inf): every result is NaN.
+    """
+    h = offset_features(offset, dtype)
+    h64 = np64(h)
+    with np.errstate(invalid="ignore"):  # inf - inf for fp16 at 1e6
+        centred = h64 - h64.mean(axis=1, keepdims=True)
+    targets = torch.arange(60) % C
+    saturation = torch.arange(60) % L
+    metrics = {
+        "cos": LayerCosineSimilarity(L),
+        "sat": SaturationCosine(L),
+        "cka": LayerCKA(L, D),
+        "minibatch": MinibatchCKA(L),
+        "nc1": LayerNC1(L, D, C),
+    }
+    for x, t, s in batches(h, targets, saturation, splits=(20, 17, 23)):
+        metrics["cos"].update(x)
+        metrics["sat"].update(x, s)
+        metrics["cka"].update(x)
+        metrics["minibatch"].update(x)
+        metrics["nc1"].update(x, t)
+    out = {name: metric.compute().numpy() for name, metric in metrics.items()}
+    if not np.isfinite(h64).all():  # fp16 at 1e6
+        assert all(np.isnan(value).all() for value in out.values())
+        return
+    with np.errstate(invalid="ignore", divide="ignore"):
+        np.testing.assert_allclose(out["cos"], ref_cos(centred, False), rtol=0, atol=1e-6)
+        np.testing.assert_allclose(out["cka"], ref_cka(centred), rtol=0, atol=1e-6)
+        sat = [
+            np.mean([ref_cos(centred[[int(s), -1], i : i + 1], False)[0, 1] for i in np.flatnonzero(saturation == s)])
+            for s in range(L)
+        ]
+        np.testing.assert_allclose(out["sat"], sat, rtol=0, atol=1e-6)
+        hsic = np.zeros((L, L))
+        for chunk in (slice(0, 20), slice(20, 37), slice(37, 60)):
+            hsic += [[ref_unbiased_hsic(centred[a, chunk], centred[b, chunk]) for b in range(L)] for a in range(L)]
+        np.testing.assert_allclose(
+            out["minibatch"], hsic / np.sqrt(np.outer(hsic.diagonal(), hsic.diagonal())), rtol=0, atol=1e-6
+        )
+    constant = (np.ptp(h64, axis=1) == 0).all(axis=-1)
+    if constant.any():  # bf16 at 1e6: no direction left, so null rather than a cosine of 0.0
+        assert np.isnan(out["cos"][constant]).all() and np.isnan(out["cka"][constant]).all()
+    else:
+        expected = [ref_nc1(centred[layer], targets.numpy()) for layer in range(L)]
+        np.testing.assert_allclose(out["nc1"], expected, rtol=1e-6)
+        assert np.isfinite(out["cos"]).all() and np.isfinite(out["cka"]).all()
+
+
+def test_shifted_moments_merge_and_recentre_exactly():
+    """merge_state of two LayerCKA/LayerNC1 with different shifts equals one metric that saw all the data."""
+    h = offset_features(1e6, torch.float64)
+    targets = torch.arange(60) % C
+    whole, first, second = LayerCKA(L, D), LayerCKA(L, D), LayerCKA(L, D)
+    nc_whole, nc_first, nc_second = LayerNC1(L, D, C), LayerNC1(L, D, C), LayerNC1(L, D, C)
+    whole.update(h), nc_whole.update(h, targets)
+    first.update(h[:, :25]), nc_first.update(h[:, :25], targets[:25])
+    second.update(h[:, 25:] + 0.0), nc_second.update(h[:, 25:], targets[25:])
+    assert not torch.equal(first.shift, second.shift)
+    first.merge_state(second)
+    nc_first.merge_state(nc_second)
+    torch.testing.assert_close(first.compute(), whole.compute(), rtol=0, atol=1e-9)
+    torch.testing.assert_close(nc_first.compute(), nc_whole.compute(), rtol=1e-9, atol=0)
+    torch.testing.assert_close(first.compute(), torch.from_numpy(ref_cka(np64(h) - 1e6)), rtol=0, atol=1e-9)

@@ -60,6 +60,10 @@ def build_metrics(**kwargs):
         "histogram": SaturationHistogram(L, **kwargs),
         "early_exit": EarlyExit(L, thresholds=(0.3, 0.6, 0.9), layer_numbers=(2, 4, 6), depth=8, **kwargs),
         "nc1": LayerNC1(L, D, C + 1, **kwargs),
+        # the same data with a common offset of 1e6 (float64): the ranks' shifts are aligned before the sum
+        "cka_offset": LayerCKA(L, D, **kwargs),
+        "nc1_offset": LayerNC1(L, D, C + 1, **kwargs),
+        "cos_offset": LayerCosineSimilarity(L, **kwargs),
     }
 
 
@@ -71,7 +75,10 @@ def run_metrics(start: int, splits, **kwargs):
         start += size
         saturation = saturation_layers(lg.argmax(-1))
         for name, metric in metrics.items():
-            if name.startswith("cos") or name == "cka":
+            if name.endswith("_offset"):
+                offset = h.to(torch.float64) + 1e6
+                metric.update(offset, t) if name.startswith("nc1") else metric.update(offset)
+            elif name.startswith("cos") or name == "cka":
                 metric.update(h)
             elif name.startswith("saturation_cos"):
                 metric.update(h, saturation)
@@ -132,6 +139,8 @@ def test_two_ranks_equal_one_rank(tmp_path):
 
     single = {name: metric.compute() for name, metric in run_metrics(0, SINGLE_SPLITS).items()}
     assert not single["saturation_cos_centered"][:-1].isnan().all()  # some samples saturate early
+    for name in ("cka", "nc1", "cos_centered"):  # the offset costs nothing, on one rank or two
+        torch.testing.assert_close(single[f"{name.split('_')[0]}_offset"], single[name].double(), rtol=0, atol=1e-9)
     for rank in range(2):
         results = torch.load(tmp_path / f"rank{rank}.pt")
         for mode, computed in results.items():

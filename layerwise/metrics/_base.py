@@ -131,3 +131,98 @@ class _SumStateMetric(Metric):
             return
         if _world_size(group) > 1:
             dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group)
+
+
+def _first(stacked: Tensor) -> Tensor:
+    """Reduction of a state that is equal on every rank when reduced (the aligned shift): keep one copy."""
+    return stacked[0]
+
+
+class _ShiftedSumStateMetric(_SumStateMetric):
+    """A sum-state metric whose second moments are taken around a per-layer shift, so large offsets lose nothing.
+
+    Raw float64 second moments of features with mean/std = r lose about 2 log10(r) of their 16 digits when they
+    are centred at the end (12 digits at an offset of 1e6). Here every statistic is a sum of ``h - shift``, with
+    ``shift`` (L, d) the mean of the first batch this rank sees, so the sums stay of the order of the spread.
+
+    Ranks (and merged instances) have different shifts, so before states are summed they are re-expressed around
+    one common shift, the count-weighted mean of the shifts, by :meth:`_recentred` (exact algebra:
+    ``sum(h - c') = sum(h - c) + n (c - c')``, and the same for the second moments). This happens in
+    ``all_reduce_sum_states`` (one small extra all-reduce), in torchmetrics' own ``sync`` and in ``merge_state``.
+    ``forward`` returns the batch value from the functional form and accumulates like ``update``.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._has_shift = False
+
+    def _add_shift_state(self, shape: tuple[int, ...]) -> None:
+        """Register the (L, d) float64 shift; equal on every rank once aligned, so a reduction keeps one copy."""
+        self.add_state("shift", default=torch.zeros(shape, dtype=torch.float64), dist_reduce_fx=_first)
+
+    def _shifted(self, features: Tensor) -> Tensor:
+        """Float64 ``features - shift`` (L, B, d); the first batch of a rank sets the shift to its own mean."""
+        x = features.to(torch.float64)
+        if not self._has_shift:
+            if x.shape[1] == 0:
+                return x
+            self.shift = x.mean(dim=1).to(self.shift.device)
+            self._has_shift = True
+        return x - self.shift.to(x.device).unsqueeze(1)
+
+    def reset(self) -> None:
+        """Reset the states; the next batch sets a new shift."""
+        super().reset()
+        self._has_shift = False
+
+    def _sample_count(self, states: dict[str, Tensor]) -> Tensor:
+        """Number of samples behind ``states`` (a 0-dim float64 tensor)."""
+        raise NotImplementedError
+
+    def _recentred(self, states: dict[str, Tensor], delta: Tensor) -> dict[str, Tensor]:
+        """The sum states around ``shift - delta`` instead of ``shift`` (``delta`` = old shift - new shift)."""
+        raise NotImplementedError
+
+    def _states(self) -> dict[str, Tensor]:
+        return {name: getattr(self, name) for name in self.sum_state_names}
+
+    def _move_shift(self, new_shift: Tensor) -> None:
+        """Re-express this instance's sums around ``new_shift`` (local, exact in real arithmetic)."""
+        new_shift = new_shift.to(device=self.shift.device, dtype=torch.float64)
+        for name, value in self._recentred(self._states(), self.shift - new_shift).items():
+            setattr(self, name, value)
+        self.shift = new_shift
+        self._has_shift = True
+
+    def _align_shift(self, process_group: Optional[Any] = None) -> None:
+        """Collective: move every rank's sums to the count-weighted mean of the ranks' shifts."""
+        if _world_size(process_group) == 1:
+            return
+        count = self._sample_count(self._states()).reshape(1)
+        packed = torch.cat([(count * self.shift).reshape(-1), count]).to(torch.float64)
+        dist.all_reduce(packed, op=dist.ReduceOp.SUM, group=process_group)
+        total = packed[-1]
+        common = packed[:-1].view_as(self.shift) / total if total > 0 else torch.zeros_like(self.shift)
+        self._move_shift(common)
+
+    def sync(self, *args: Any, **kwargs: Any) -> None:
+        """Torchmetrics' sync, after aligning the ranks' shifts (so its sum of the states is exact)."""
+        should_sync = kwargs.get("should_sync", args[2] if len(args) > 2 else True)
+        group = kwargs.get("process_group", args[1] if len(args) > 1 else None) or self.process_group
+        distributed = kwargs.get("distributed_available", args[3] if len(args) > 3 else None)
+        distributed = distributed or self.distributed_available_fn
+        if should_sync and callable(distributed) and distributed():
+            self._align_shift(group)
+        super().sync(*args, **kwargs)
+
+    def merge_state(self, incoming_state: Any) -> None:
+        """Add another instance's states (or a state dict), re-expressed around this instance's shift."""
+        incoming = incoming_state.metric_state if isinstance(incoming_state, Metric) else dict(incoming_state)
+        states = {name: incoming[name].to(torch.float64) for name in self.sum_state_names}
+        if float(self._sample_count(states)) == 0:
+            return
+        if not self._has_shift or float(self._sample_count(self._states())) == 0:
+            self._move_shift(incoming["shift"])
+        states = self._recentred(states, incoming["shift"].to(self.shift) - self.shift)
+        for name, value in states.items():
+            setattr(self, name, getattr(self, name) + value.to(getattr(self, name).device))

@@ -67,22 +67,25 @@ def _feature_sum_update(features: Tensor, num_layers: int, dim: Optional[int] = 
     return features.to(_F64).sum(dim=1), features.shape[1]
 
 
-def _cosine_update(features: Tensor, num_layers: int, center: Optional[Tensor] = None) -> tuple[Tensor, int]:
-    """Sum over the batch of cos(h_i^a - c^a, h_i^b - c^b) for all layer pairs (L, L), and the batch size.
+def _cosine_update(features: Tensor, num_layers: int, center: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """Sum over the batch of cos(h_i^a - c^a, h_i^b - c^b) for all layer pairs (L, L), and how many samples count.
 
-    ``center`` (L, d) is subtracted first when given (centered COS); ``None`` gives the uncentered variant.
+    ``center`` (L, d) is subtracted first when given (centered COS); ``None`` gives the uncentered variant. A
+    sample whose vector is exactly zero at a layer (it sits on the center) has no direction: it is left out of
+    every pair with that layer, so ``count[a, b]`` is the number of samples with a direction at both a and b.
     """
     _check_features(features, num_layers, None if center is None else center.shape[-1])
     x = features.to(_F64)
     if center is not None:
         x = x - center.to(device=x.device, dtype=_F64).unsqueeze(1)
     unit = _unit(x)
-    return torch.einsum("lbd,mbd->lm", unit, unit), features.shape[1]
+    has_direction = unit.abs().amax(dim=-1).gt(0).to(_F64)  # (L, B)
+    return torch.einsum("lbd,mbd->lm", unit, unit), has_direction @ has_direction.T
 
 
-def _cosine_compute(cos_sum: Tensor, count: Union[Tensor, int]) -> Tensor:
-    """Mean cosine (L, L) from the summed cosines; NaN when no sample was seen."""
-    return cos_sum / count
+def _cosine_compute(cos_sum: Tensor, count: Tensor) -> Tensor:
+    """Mean cosine (L, L) from the summed cosines; NaN where no sample has a direction at both layers."""
+    return torch.where(count > 0, cos_sum / count.clamp_min(1), torch.full_like(cos_sum, float("nan")))
 
 
 def layer_cosine_similarity(features: Tensor, center: bool = True) -> Tensor:
@@ -93,12 +96,11 @@ def layer_cosine_similarity(features: Tensor, center: bool = True) -> Tensor:
         center: subtract the per-layer mean mu^l over the N samples first; ``False`` gives the uncentered COS.
 
     Returns:
-        (L, L) float64 tensor.
+        (L, L) float64 tensor; NaN for a pair where no sample has a direction (a constant layer when centred).
     """
     _check_features(features, None)
     mean = features.to(_F64).mean(dim=1) if center else None
-    cos_sum, count = _cosine_update(features, features.shape[0], center=mean)
-    return _cosine_compute(cos_sum, count)
+    return _cosine_compute(*_cosine_update(features, features.shape[0], center=mean))
 
 
 def _saturation_pairs(features: Tensor, saturation: Tensor, num_layers: int) -> tuple[Tensor, Tensor]:
@@ -114,6 +116,8 @@ def _saturation_cosine_update(
 ) -> tuple[Tensor, Tensor]:
     """Per saturation layer l: sum of cos(h^l - mu^l, h^L - mu^L) over samples saturating at l (L,), and their count.
 
+    Samples with a zero vector at l or at L (no direction) are left out of both.
+
     Args:
         selected: (B, d) feature of every sample at its own saturation layer.
         last: (B, d) feature of every sample at the last layer.
@@ -126,14 +130,16 @@ def _saturation_cosine_update(
     if center is not None:
         center = center.to(device=x.device, dtype=_F64)
         x, y = x - center[saturation], y - center[-1]
-    cos = (_unit(x) * _unit(y)).sum(dim=-1)
+    ux, uy = _unit(x), _unit(y)
+    cos = (ux * uy).sum(dim=-1)
+    has_direction = (ux.abs().amax(dim=-1).gt(0) & uy.abs().amax(dim=-1).gt(0)).to(_F64)
     cos_sum = torch.zeros(num_layers, dtype=_F64, device=x.device).index_add_(0, saturation, cos)
-    count = _count(saturation, num_layers)
+    count = torch.zeros(num_layers, dtype=_F64, device=x.device).index_add_(0, saturation, has_direction)
     return cos_sum, count
 
 
 def _saturation_cosine_compute(cos_sum: Tensor, count: Tensor) -> Tensor:
-    """Mean cosine per saturation layer (L,); NaN where no sample saturates."""
+    """Mean cosine per saturation layer (L,); NaN where no sample saturates (with a direction at l and L)."""
     return torch.where(count > 0, cos_sum / count.clamp_min(1), torch.full_like(cos_sum, float("nan")))
 
 
@@ -172,6 +178,33 @@ def _linear_cka_update(
     return x.sum(dim=1), cross, features.shape[1]
 
 
+def _recentred_moments(
+    states: dict[str, Tensor], delta: Tensor, count: str, sums: str, cross: str
+) -> dict[str, Tensor]:
+    """First and second moments around ``c - delta`` instead of ``c``: exact re-expression of shifted sums.
+
+    With x = h - c and x' = h - c' = x + delta: sum x' = sum x + n delta and
+    sum x' x'^T = sum x x^T + m delta^T + delta m^T + n delta delta^T (m = sum x), per layer (``cross`` (L, d, d))
+    or over the stacked layers (``cross`` (L*d, L*d)). ``sums`` is (L, d), or (L, K, d) per class with ``count``
+    (K,) class counts. Returns new tensors for the three states.
+    """
+    n, m, s = states[count], states[sums], states[cross]
+    delta = delta.to(device=m.device, dtype=_F64)
+    if m.dim() == 3:  # per class (NC1): class sums move by n_k delta, the second moment by the total
+        new_sums = m + n.view(1, -1, 1) * delta.unsqueeze(1)
+        m, n = m.sum(dim=1), n.sum()
+    else:
+        new_sums = m + n * delta
+    if s.dim() == 3:
+        outer = torch.einsum("ld,le->lde", m, delta)
+        new_cross = s + outer + outer.transpose(1, 2) + n * torch.einsum("ld,le->lde", delta, delta)
+    else:
+        flat_m, flat_delta = m.reshape(-1), delta.reshape(-1)
+        outer = torch.outer(flat_m, flat_delta)
+        new_cross = s + outer + outer.T + n * torch.outer(flat_delta, flat_delta)
+    return {count: states[count], sums: new_sums, cross: new_cross}
+
+
 def _linear_cka_compute(feature_sum: Tensor, cross: Tensor, count: Union[Tensor, int]) -> Tensor:
     """Linear CKA (L, L) from the summed statistics.
 
@@ -202,7 +235,8 @@ def linear_cka(features: Tensor) -> Tensor:
     """
     _check_features(features, None)
     num_layers, _, dim = features.shape
-    feature_sum, cross, count = _linear_cka_update(features, num_layers, dim)
+    x = features.to(_F64)
+    feature_sum, cross, count = _linear_cka_update(x - x.mean(dim=1, keepdim=True), num_layers, dim)
     return _linear_cka_compute(feature_sum, cross, count)
 
 
@@ -418,11 +452,13 @@ def _nc1_compute(class_counts: Tensor, class_sums: Tensor, second_moment: Tensor
     within = (second_moment - torch.einsum("lkd,lke->lde", sums, means)) / counts.sum()
     centred = means - means.mean(dim=1, keepdim=True)
     centred = centred - centred.mean(dim=1, keepdim=True)
+    finite = centred.isfinite().all(dim=(1, 2)) & within.isfinite().all(dim=(1, 2))  # inf features: NaN, no SVD error
+    centred, within = centred.nan_to_num(0.0, 0.0, 0.0), within.nan_to_num(0.0, 0.0, 0.0)
     u, s, _ = torch.linalg.svd(centred.transpose(1, 2), full_matrices=False)  # u (L, d, r), s (L, r)
     keep = s > max(dim, num_present) * torch.finfo(_F64).eps * s[:, :1]
     projected = torch.einsum("ldj,lde,lej->lj", u, within, u)
     nc1 = torch.where(keep, projected / s.square().clamp_min(torch.finfo(_F64).tiny), 0.0).sum(dim=1)
-    return torch.where(s[:, 0] > 0, nc1, float("nan"))
+    return torch.where((s[:, 0] > 0) & finite, nc1, float("nan"))
 
 
 def nc1(features: Tensor, targets: Tensor, num_classes: int) -> Tensor:
@@ -438,7 +474,8 @@ def nc1(features: Tensor, targets: Tensor, num_classes: int) -> Tensor:
     """
     _check_features(features, None)
     num_layers, _, dim = features.shape
-    return _nc1_compute(*_nc1_update(features, targets, num_layers, dim, num_classes))
+    x = features.to(_F64)
+    return _nc1_compute(*_nc1_update(x - x.mean(dim=1, keepdim=True), targets, num_layers, dim, num_classes))
 
 
 # ------------------------------------------------------------------------------------------------ effective depth

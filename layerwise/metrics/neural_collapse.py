@@ -6,11 +6,11 @@ from typing import Any
 
 from torch import Tensor
 
-from layerwise.metrics._base import _check_positive_int, _SumStateMetric
-from layerwise.metrics.functional import _nc1_compute, _nc1_update
+from layerwise.metrics._base import _check_positive_int, _ShiftedSumStateMetric
+from layerwise.metrics.functional import _check_features, _nc1_compute, _nc1_update, _recentred_moments, nc1
 
 
-class LayerNC1(_SumStateMetric):
+class LayerNC1(_ShiftedSumStateMetric):
     r"""NC1 within-class variability collapse (Papyan, Han & Donoho, 2020) at every layer, in one pass.
 
     .. math:: \mathrm{NC1} = \frac{1}{K} \mathrm{tr}(\Sigma_W \Sigma_B^\dagger), \quad
@@ -24,7 +24,9 @@ class LayerNC1(_SumStateMetric):
     0 for fully collapsed features; NaN with fewer than 2 classes present or identical class means.
 
     States (float64, summed): ``class_counts`` (K,), ``class_sums`` (L, K, d), ``second_moment`` (L, d, d) =
-    sum_i h_i h_i^T; 8 L d^2 bytes (57 MB for 12 x 768).
+    sum_i x_i x_i^T; 8 L d^2 bytes (57 MB for 12 x 768). Every sum is of x = h - shift, ``shift`` (L, d) the mean
+    of the first batch of each rank, re-aligned across ranks before a reduction, so a common offset of 1e6 costs
+    no digits (raw moments would lose 12 of 16).
 
     Args:
         num_layers: L.
@@ -45,14 +47,29 @@ class LayerNC1(_SumStateMetric):
         self._add_sum_state("class_counts", (num_classes,))
         self._add_sum_state("class_sums", (num_layers, num_classes, dim))
         self._add_sum_state("second_moment", (num_layers, dim, dim))
+        self._add_shift_state((num_layers, dim))
 
     def update(self, features: Tensor, targets: Tensor) -> None:
         """Accumulate a batch of features (L, B, d) with targets (B,)."""
-        counts, class_sums, second_moment = _nc1_update(features, targets, self.num_layers, self.dim, self.num_classes)
+        _check_features(features, self.num_layers, self.dim)
+        shifted = self._shifted(features)
+        counts, class_sums, second_moment = _nc1_update(shifted, targets, self.num_layers, self.dim, self.num_classes)
         self.class_counts += counts
         self.class_sums += class_sums
         self.second_moment += second_moment
 
+    def forward(self, features: Tensor, targets: Tensor) -> Tensor:
+        """Accumulate the batch like ``update`` and return NC1 (L,) of this batch alone."""
+        self.update(features, targets)
+        self._forward_cache = nc1(features, targets, self.num_classes)
+        return self._forward_cache
+
     def compute(self) -> Tensor:
         """Return NC1 (L,) float64."""
         return _nc1_compute(self.class_counts, self.class_sums, self.second_moment)
+
+    def _sample_count(self, states: dict[str, Tensor]) -> Tensor:
+        return states["class_counts"].sum()
+
+    def _recentred(self, states: dict[str, Tensor], delta: Tensor) -> dict[str, Tensor]:
+        return _recentred_moments(states, delta, count="class_counts", sums="class_sums", cross="second_moment")

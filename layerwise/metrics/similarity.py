@@ -9,21 +9,22 @@ import torch
 from torch import Tensor
 from torchmetrics.utilities import rank_zero_warn
 
-from layerwise.metrics._base import _check_positive_int, _SumStateMetric
+from layerwise.metrics._base import _check_positive_int, _ShiftedSumStateMetric, _SumStateMetric
 from layerwise.metrics.functional import (
     _check_features,
     _cosine_compute,
     _cosine_update,
-    _count,
     _feature_sum_update,
     _linear_cka_compute,
     _linear_cka_update,
     _minibatch_cka_compute,
     _minibatch_hsic_update,
+    _recentred_moments,
     _saturation_cosine_compute,
     _saturation_cosine_update,
     _saturation_pairs,
     layer_cosine_similarity,
+    linear_cka,
     saturation_cosine,
 )
 
@@ -32,8 +33,9 @@ class _CenteredBufferMetric(_SumStateMetric):
     """Shared machinery of the centered cosine metrics.
 
     A per-sample cosine of *centred* vectors is not a function of additive statistics: the center (the mean over
-    all N samples, on all ranks) is only known at the end. So each rank keeps a float32 buffer of what it needs
-    (a plain list, not a torchmetrics state: it is never gathered) plus a float64 ``feature_sum`` (L, d) state for
+    all N samples, on all ranks) is only known at the end. So each rank keeps a copy of what it needs, in the
+    inputs' own dtype so that nothing is rounded before the float64 centering (a plain list, not a torchmetrics
+    state: it is never gathered) plus a float64 ``feature_sum`` (L, d) state for
     the mean. ``compute`` centres the buffer on the global mean and sums the local cosines over ranks with one
     extra ``all_reduce`` — hence ``compute`` is a collective under DDP. If a rank's buffer would exceed
     ``max_buffered_samples``, the rank freezes the center at the mean of the samples it has seen so far, folds the
@@ -93,26 +95,31 @@ class _CenteredBufferMetric(_SumStateMetric):
                 self._overflow_warned = True
             self._frozen_center = self.feature_sum / self.num_samples  # rank-local: update never sees synced states
             for buffered in self._buffer:
-                self.cos_sum += self._centered_cos_sum(*buffered, center=self._frozen_center)
+                self._stream(buffered, self._frozen_center)
             self._buffer, self._num_buffered = [], 0
         if self._frozen_center is not None:
-            self.cos_sum += self._centered_cos_sum(*entry, center=self._frozen_center)
+            self._stream(entry, self._frozen_center)
         else:
             self._buffer.append(entry)
             self._num_buffered += batch_size
 
-    def _buffered_cos_sum(self) -> Tensor:
-        """Cosine sum of the buffered samples centred on the global mean, summed over ranks when states are global."""
+    def _buffered_cos_sum(self) -> tuple[Tensor, Tensor]:
+        """Cosine sum and count of the buffered samples centred on the global mean, summed over ranks if global."""
         center = self.feature_sum / self.num_samples
-        local = torch.zeros_like(self.cos_sum)
+        local = torch.zeros((2, *self.cos_sum.shape), dtype=torch.float64, device=self.cos_sum.device)
         for buffered in self._buffer:
-            local += self._centered_cos_sum(*buffered, center=center)
+            local += torch.stack(self._centered_cos_sum(*buffered, center=center))
         self._all_reduce_if_global(local)
-        return local
+        return self.cos_sum + local[0], self.count + local[1]
+
+    def _stream(self, entry: tuple[Tensor, ...], center: Tensor) -> None:
+        cos_sum, count = self._centered_cos_sum(*entry, center=center)
+        self.cos_sum += cos_sum
+        self.count += count
 
     @abc.abstractmethod
-    def _centered_cos_sum(self, *entry: Tensor, center: Tensor) -> Tensor:
-        """Cosine sum of one buffered entry with a given center."""
+    def _centered_cos_sum(self, *entry: Tensor, center: Tensor) -> tuple[Tensor, Tensor]:
+        """Cosine sum and count of one buffered entry with a given center."""
 
 
 class LayerCosineSimilarity(_CenteredBufferMetric):
@@ -121,12 +128,15 @@ class LayerCosineSimilarity(_CenteredBufferMetric):
     .. math:: C[a, b] = \frac{1}{N} \sum_i \cos(h_i^a - \mu^a, h_i^b - \mu^b)
 
     with :math:`\mu^l` the mean of layer l over all N samples of the epoch (all ranks); ``center=False`` drops
-    :math:`\mu`. Zero vectors have cosine 0 with everything.
+    :math:`\mu`. A sample whose vector is zero at a layer (on the center) has no direction and is left out of
+    that layer's pairs; a pair where no sample is left (a constant layer) is NaN, written as null.
 
     The uncentered variant streams exactly: per sample, normalise, and sum :math:`U_i U_i^T` (states ``cos_sum``
     (L, L), ``count``). The centered variant cannot be streamed (the per-sample norm is taken *after*
-    centering on the final mean): every rank keeps its features in a float32 buffer, ``L * d * 4`` bytes per sample
-    (37 kB for 12 x 768, so 2.4 GB at the default ``max_buffered_samples=65536``), on the device of the inputs.
+    centering on the final mean): every rank keeps its features in a buffer of the inputs' dtype, ``L * d * b``
+    bytes per sample for b-byte floats (37 kB for 12 x 768 in float32, so 2.4 GB at the default
+    ``max_buffered_samples=65536``; half that for bf16/fp16 features, twice for float64), on the device of the
+    inputs. Centering and cosines are float64, so a common offset of 1e6 loses nothing.
     Beyond ``max_buffered_samples`` samples on a rank, a warning is raised once and the rank freezes the center at
     the mean of the samples it has seen, folds its buffer into ``cos_sum`` and streams the rest: the result is then
     an approximation, close when the early mean is a good estimate of the final one, and it depends on how the data
@@ -160,18 +170,17 @@ class LayerCosineSimilarity(_CenteredBufferMetric):
     ) -> None:
         super().__init__(num_layers, center, max_buffered_samples, dim, **kwargs)
         self._add_sum_state("cos_sum", (num_layers, num_layers))
-        self._add_sum_state("count", ())
+        self._add_sum_state("count", (num_layers, num_layers))
 
     def update(self, features: Tensor) -> None:
         """Accumulate a batch of features (L, B, d)."""
         if not self.center:
-            cos_sum, batch_size = _cosine_update(features, self.num_layers)
+            cos_sum, count = _cosine_update(features, self.num_layers)
             self.cos_sum += cos_sum
-            self.count += batch_size
+            self.count += count
             return
         self._accumulate_mean(features)
-        self.count += features.shape[1]
-        self._buffer_or_stream(features.shape[1], (features.detach().to(torch.float32, copy=True),))
+        self._buffer_or_stream(features.shape[1], (features.detach().clone(),))
 
     def forward(self, features: Tensor) -> Tensor:
         """Accumulate the batch like ``update`` and return the COS matrix (L, L) of this batch alone."""
@@ -185,11 +194,11 @@ class LayerCosineSimilarity(_CenteredBufferMetric):
         """Return the COS matrix (L, L) float64. A collective for the centered variant with global states."""
         if not self.center:
             return _cosine_compute(self.cos_sum, self.count)
-        return _cosine_compute(self.cos_sum + self._buffered_cos_sum(), self.count)
+        return _cosine_compute(*self._buffered_cos_sum())
 
-    def _centered_cos_sum(self, features: Tensor, center: Tensor) -> Tensor:
-        """Cosine sum (L, L) of one buffered batch with a given center."""
-        return _cosine_update(features, self.num_layers, center=center)[0]
+    def _centered_cos_sum(self, features: Tensor, center: Tensor) -> tuple[Tensor, Tensor]:
+        """Cosine sum and count (L, L) of one buffered batch with a given center."""
+        return _cosine_update(features, self.num_layers, center=center)
 
 
 class SaturationCosine(_CenteredBufferMetric):
@@ -200,9 +209,9 @@ class SaturationCosine(_CenteredBufferMetric):
     sample saturates at l; the entry of the last layer is 1 by construction.
 
     ``center=False`` streams exactly (states ``cos_sum`` (L,), ``count`` (L,)). ``center=True`` buffers per sample
-    only :math:`(h_i^{s_i}, h_i^L, s_i)` (float32, ``2 * d * 4 + 8`` bytes) plus the (L, d) float64 sum state for
-    the means, with the same ``max_buffered_samples`` fallback, collective ``compute`` and ``dim``/``forward``
-    notes as ``LayerCosineSimilarity``.
+    only :math:`(h_i^{s_i}, h_i^L, s_i)` (in the inputs' dtype, ``2 * d * b + 8`` bytes) plus the (L, d) float64
+    sum state for the means, with the same ``max_buffered_samples`` fallback, collective ``compute`` and
+    ``dim``/``forward`` notes as ``LayerCosineSimilarity``.
 
     Args:
         num_layers: L.
@@ -238,8 +247,7 @@ class SaturationCosine(_CenteredBufferMetric):
             return
         self._accumulate_mean(features)
         saturation = saturation.detach().to(device=features.device, dtype=torch.long, copy=True)
-        self.count += _count(saturation, self.num_layers)
-        entry = (selected.detach().to(torch.float32, copy=True), last.detach().to(torch.float32, copy=True), saturation)
+        entry = (selected.detach().clone(), last.detach().clone(), saturation)
         self._buffer_or_stream(features.shape[1], entry)
 
     def forward(self, features: Tensor, saturation: Tensor) -> Tensor:
@@ -254,14 +262,16 @@ class SaturationCosine(_CenteredBufferMetric):
         """Return the mean cosine per saturation layer (L,) float64. A collective when centered with global states."""
         if not self.center:
             return _saturation_cosine_compute(self.cos_sum, self.count)
-        return _saturation_cosine_compute(self.cos_sum + self._buffered_cos_sum(), self.count)
+        return _saturation_cosine_compute(*self._buffered_cos_sum())
 
-    def _centered_cos_sum(self, selected: Tensor, last: Tensor, saturation: Tensor, center: Tensor) -> Tensor:
-        """Cosine sum per saturation layer (L,) of one buffered batch with a given center."""
-        return _saturation_cosine_update(selected, last, saturation, self.num_layers, center=center)[0]
+    def _centered_cos_sum(
+        self, selected: Tensor, last: Tensor, saturation: Tensor, center: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Cosine sum and count per saturation layer (L,) of one buffered batch with a given center."""
+        return _saturation_cosine_update(selected, last, saturation, self.num_layers, center=center)
 
 
-class LayerCKA(_SumStateMetric):
+class LayerCKA(_ShiftedSumStateMetric):
     r"""Exact linear CKA (Kornblith et al., 2019) between every pair of layers, streamed over the epoch.
 
     .. math:: \mathrm{CKA}(a, b) = \frac{\|X_a^T X_b\|_F^2}{\|X_a^T X_a\|_F \, \|X_b^T X_b\|_F}
@@ -269,9 +279,10 @@ class LayerCKA(_SumStateMetric):
     with :math:`X_l` the column-centred (N, d) features of layer l over all N samples. States (float64, summed):
     ``feature_sum`` (L, d), ``cross`` = :math:`Z^T Z` (L*d, L*d) for the stacked features
     :math:`Z = [h^1 \dots h^L]` (one float64 matmul per batch, added in place), ``count``. ``compute`` centres
-    (K = S - n mu mu^T) and takes blockwise squared Frobenius norms. Raw float64 moments lose about
-    log10((|mean| / std)^2) of their 16 digits to the centering, which is harmless for activations (mean/std of
-    1e3 still leaves ~1e-10). All layers must share the width d.
+    (K = S - n mu mu^T) and takes blockwise squared Frobenius norms. The sums are of ``h - shift``, ``shift``
+    (L, d) the mean of the first batch of each rank, re-aligned across ranks before any reduction (see
+    ``_ShiftedSumStateMetric``): a common offset of 1e6 costs no digits (raw moments would lose 12 of 16). All
+    layers must share the width d.
 
     When to use which CKA: this one is exact, independent of batching and identical under DDP (sum states), but
     its state is (L*d)^2 * 8 bytes: 680 MB for 12 x 768 (ViT-B/16, BERT-base; 797 MB with the embedding
@@ -297,15 +308,31 @@ class LayerCKA(_SumStateMetric):
         self._add_sum_state("cross", (num_layers * dim, num_layers * dim))
         self._add_sum_state("count", ())
 
+        self._add_shift_state((num_layers, dim))
+
     def update(self, features: Tensor) -> None:
         """Accumulate a batch of features (L, B, d)."""
-        feature_sum, self.cross, batch_size = _linear_cka_update(features, self.num_layers, self.dim, self.cross)
+        _check_features(features, self.num_layers, self.dim)
+        shifted = self._shifted(features)
+        feature_sum, self.cross, batch_size = _linear_cka_update(shifted, self.num_layers, self.dim, self.cross)
         self.feature_sum += feature_sum
         self.count += batch_size
+
+    def forward(self, features: Tensor) -> Tensor:
+        """Accumulate the batch like ``update`` and return the CKA matrix (L, L) of this batch alone."""
+        self.update(features)
+        self._forward_cache = linear_cka(features)
+        return self._forward_cache
 
     def compute(self) -> Tensor:
         """Return the CKA matrix (L, L) float64."""
         return _linear_cka_compute(self.feature_sum, self.cross, self.count)
+
+    def _sample_count(self, states: dict[str, Tensor]) -> Tensor:
+        return states["count"]
+
+    def _recentred(self, states: dict[str, Tensor], delta: Tensor) -> dict[str, Tensor]:
+        return _recentred_moments(states, delta, count="count", sums="feature_sum", cross="cross")
 
 
 class MinibatchCKA(_SumStateMetric):

@@ -10,7 +10,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torchmetrics import Metric
 
-from layerwise.metrics._base import _SumStateMetric, _world_size
+from layerwise.metrics._base import _ShiftedSumStateMetric, _SumStateMetric, _world_size
 
 
 def all_reduce_sum_states(metrics: Sequence[Metric], process_group: Optional[Any] = None) -> None:
@@ -22,6 +22,9 @@ def all_reduce_sum_states(metrics: Sequence[Metric], process_group: Optional[Any
     collective. Construct the metrics with ``sync_on_compute=False``, call this on every rank after the last
     ``update`` and before ``compute``, and ``reset`` before the next accumulation; updating in between would mix
     global and local statistics. A no-op outside torch.distributed or with a world size of 1.
+
+    Metrics whose moments are taken around a shift (``LayerCKA``, ``LayerNC1``) first align their shifts with one
+    small all-reduce each (L x d floats), so that the summed moments are exact whatever the offset of the features.
 
     The centered ``LayerCosineSimilarity``/``SaturationCosine`` then run one more, tiny (L x L or L) all-reduce in
     ``compute``: their per-sample cosines need the *global* mean, which exists only after this reduction, so the
@@ -48,6 +51,9 @@ def all_reduce_sum_states(metrics: Sequence[Metric], process_group: Optional[Any
             raise TypeError(f"{name} is not a layerwise sum-state metric (its states' reductions are not known).")
         if metric._sum_states_reduced:
             raise RuntimeError(f"The states of {name} were already all-reduced; call reset() before reusing it.")
+    for metric in metrics:
+        if isinstance(metric, _ShiftedSumStateMetric):
+            metric._align_shift(process_group)  # one small all-reduce: every rank's sums around one shift
         for attr in metric.sum_state_names:
             states.append((metric, attr, getattr(metric, attr)))
     if states:
