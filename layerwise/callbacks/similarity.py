@@ -65,7 +65,7 @@ class LayerSimilarityMonitor(LayerwiseMonitor):
 
     COS: ``C[a,b] = (1/N) Σ_i cos(h_i^a − μ^a, h_i^b − μ^b)`` with ``μ^l`` the mean of layer ``l`` over the N
     evaluated samples (``center=False``: no centring). Because each sample's norm depends on the global mean, the
-    centred COS keeps the evaluated features of this rank (float32) until the epoch ends, at most
+    centred COS keeps the evaluated features of this rank (in their own dtype) until the epoch ends, at most
     ``max_buffered_samples`` of them; beyond that it warns and freezes the centre at the mean of the buffered samples
     (approximate). The uncentred COS streams exactly.
 
