@@ -1,0 +1,193 @@
+"""Exact Jacobians of one transformer block's residual update, per token, for any model the path table knows.
+
+Definitions (Aristide et al., 2024, "Transformer Block Coupling"): the residual stream ``x^l_t`` is the input of
+block l+1 at token t (``x^0`` the embeddings) and ``X^l = X^{l-1} + f^l(X^{l-1})``. The block Jacobian is
+
+    J^l_{t1->t2} = d f^l(X^{l-1})_{t2} / d x^{l-1}_{t1}  (d x d)
+
+the block *without* its skip connection: the identity is subtracted at t1 = t2, and there is no skip term at
+t1 != t2. It is 0 for t1 > t2 in a causal model.
+
+How: :func:`trace_blocks` runs the model once on one prompt and records every block's call (its input and the
+arguments the model passes: masks, RoPE position embeddings, ...). :func:`block_jacobian` then re-runs only that
+block as a function of one token's input, the other tokens fixed, with ``torch.func.jacfwd`` (d vmapped JVPs, all
+output tokens at once). Attention runs on PyTorch's math SDPA kernel (``sdpa_kernel(SDPBackend.MATH)``, public):
+the fused kernels have no forward-mode AD. Dropout must be off: the block runs in eval mode, and ``jacfwd``'s
+``randomness="error"`` refuses any random op. Half/bf16 blocks are copied to float32 for the Jacobian; float64
+models stay float64. Each block is re-run on its own device, so models sharded with ``device_map`` work.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from layerwise.features.hooks import _block_input, block_output
+
+_NO_CACHE = {"past_key_values": None, "past_key_value": None, "layer_past": None, "use_cache": False}
+
+
+@dataclass
+class BlockCall:
+    """One block's call in a traced forward pass: its input ``(T, d)``, output ``(T, d)`` and other arguments."""
+
+    inputs: Tensor
+    outputs: Tensor
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any]
+
+
+@dataclass
+class BlockTrace:
+    """Every block's call for one prompt; ``trajectory`` is the residual stream ``x^0 .. x^L``, (L+1, T, d)."""
+
+    calls: list[BlockCall]
+
+    @property
+    def trajectory(self) -> Tensor:
+        first = self.calls[0].inputs
+        return torch.stack([first] + [call.outputs.to(first.device) for call in self.calls])
+
+
+def _is_cache(value: Any) -> bool:
+    """A Hugging Face KV cache (``transformers.Cache``), which a re-run of the block would append to."""
+    try:
+        from transformers import Cache
+    except ImportError:  # timm-only install
+        return False
+    return isinstance(value, Cache)
+
+
+def _no_cache(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The call's keyword arguments with any KV cache removed (a re-run must not append to it)."""
+    return {
+        key: (_NO_CACHE[key] if key in _NO_CACHE else None if _is_cache(value) else value)
+        for key, value in kwargs.items()
+    }
+
+
+@torch.no_grad()
+def trace_blocks(blocks: Sequence[nn.Module], run: Callable[[], Any]) -> BlockTrace:
+    """Run ``run()`` (one forward pass on ONE prompt, batch size 1) and record every block's call.
+
+    Raises:
+        ValueError: the batch has more than one prompt.
+    """
+    calls: dict[int, BlockCall] = {}
+    handles = []
+
+    def before(index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        hidden = _block_input(args, kwargs)
+        if hidden.shape[0] != 1:
+            raise ValueError(f"Block Jacobians are taken one prompt at a time; got a batch of {hidden.shape[0]}.")
+        rest = tuple(None if _is_cache(value) else value for value in args[1:])
+        kwargs = {key: value for key, value in kwargs.items() if key != "hidden_states" or args}
+        calls[index] = BlockCall(hidden[0].detach().clone(), hidden[0], rest, _no_cache(kwargs))
+
+    def after(index: int, output: Any) -> None:
+        calls[index].outputs = block_output(output)[0].detach().clone()
+
+    try:
+        for index, block in enumerate(blocks):
+            handles.append(block.register_forward_pre_hook(lambda m, a, k, i=index: before(i, a, k), with_kwargs=True))
+            handles.append(block.register_forward_hook(lambda m, a, o, i=index: after(i, o)))
+        run()
+    finally:
+        for handle in handles:
+            handle.remove()
+    if len(calls) != len(blocks):
+        raise RuntimeError(f"Expected one call of each of the {len(blocks)} blocks, got {len(calls)}.")
+    return BlockTrace([calls[index] for index in range(len(blocks))])
+
+
+def jacobian_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 stays float64; every other float dtype is computed in float32."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+@contextmanager
+def exact_block(block: nn.Module, dtype: torch.dtype) -> Iterator[nn.Module]:
+    """The block in eval mode and ``dtype`` (a float32 copy of a half/bf16 block; the block itself otherwise)."""
+    parameter = next(block.parameters(), None)
+    work = block if parameter is None or parameter.dtype == dtype else copy.deepcopy(block).to(dtype)
+    training = work.training
+    work.eval()
+    try:
+        yield work
+    finally:
+        work.train(training)
+
+
+def _cast(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, Tensor) and value.is_floating_point():
+        return value.to(dtype)
+    if isinstance(value, (tuple, list)):
+        return type(value)(_cast(item, dtype) for item in value)
+    return value
+
+
+def block_jacobian(
+    block: nn.Module,
+    call: BlockCall,
+    token: int,
+    out_tokens: Optional[Sequence[int]] = None,
+    dtype: Optional[torch.dtype] = None,
+) -> Tensor:
+    """Jacobians ``J_{token -> t2}`` of the block's residual update for every output token t2 (or ``out_tokens``).
+
+    Args:
+        block: the block (from :func:`~layerwise.features.paths.get_blocks`).
+        call: its call, from :func:`trace_blocks`.
+        token: the input token t1 (negative counts from the end).
+        out_tokens: the output tokens t2 (default all T).
+        dtype: computation dtype (default: :func:`jacobian_dtype` of the block input).
+
+    Returns:
+        ``(len(out_tokens), d, d)``: ``[k, i, j] = d f(X)_{t2_k, i} / d x_{t1, j}``.
+    """
+    x0 = call.inputs
+    dtype = dtype or jacobian_dtype(x0.dtype)
+    num_tokens = x0.shape[0]
+    token = range(num_tokens)[token]
+    rows = torch.arange(num_tokens, device=x0.device) if out_tokens is None else torch.as_tensor(out_tokens)
+    rows = rows.to(x0.device)
+    with exact_block(block, dtype) as work:
+        device = next(work.parameters(), x0).device
+        base = x0.to(device=device, dtype=dtype)
+        rows = rows.to(device)
+        args, kwargs = _cast(call.args, dtype), {key: _cast(value, dtype) for key, value in call.kwargs.items()}
+        one_hot = torch.zeros(num_tokens, 1, dtype=dtype, device=device)
+        one_hot[token] = 1.0
+
+        def update(x: Tensor) -> Tensor:
+            hidden = base + one_hot * (x - base[token])
+            return (block_output(work(hidden.unsqueeze(0), *args, **kwargs))[0] - hidden)[rows]
+
+        try:
+            with sdpa_kernel(SDPBackend.MATH):
+                return torch.func.jacfwd(update, randomness="error")(base[token])
+        except RuntimeError as error:
+            if "forward AD" in str(error) or "forward-mode" in str(error):
+                raise RuntimeError(
+                    f"{type(block).__name__} uses an attention kernel without forward-mode AD ({error}). Load the "
+                    "model with attn_implementation='eager' or 'sdpa'."
+                ) from None
+            raise
+
+
+def diagonal_jacobians(
+    blocks: Sequence[nn.Module], trace: BlockTrace, token: int = -1, dtype: Optional[torch.dtype] = None
+) -> Tensor:
+    """``J^l_{tt}`` of every block at one token: ``(L, d, d)`` on the device of the first block's input."""
+    out = [
+        block_jacobian(block, call, token, out_tokens=[range(call.inputs.shape[0])[token]], dtype=dtype)[0]
+        for block, call in zip(blocks, trace.calls)
+    ]
+    return torch.stack([jacobian.to(trace.calls[0].inputs.device) for jacobian in out])

@@ -1,0 +1,148 @@
+"""Exact block Jacobians: against autograd through the whole model's forward, and on blocks with known Jacobians."""
+
+import pytest
+import torch
+from test_layer_paths import build, inputs
+from torch import nn
+
+from layerwise.features.jacobian import block_jacobian, diagonal_jacobians, trace_blocks
+from layerwise.features.paths import TIMM_VIT, get_blocks, layer_paths
+
+FAMILIES = [
+    (TIMM_VIT, "cls"),
+    ("bert", "base"),
+    ("gpt2", "causal_lm"),
+    ("gpt_neox", "causal_lm"),
+    ("llama", "causal_lm"),
+]
+FAMILIES += [("mistral", "base"), ("qwen2", "causal_lm")]
+
+
+def one_prompt(family: str) -> dict:
+    return {key: value[:1] for key, value in inputs(family).items()}
+
+
+def run(model: nn.Module, batch: dict) -> None:
+    if "x" in batch:
+        model(batch["x"].to(next(model.parameters()).dtype))
+    else:
+        model(**batch)
+
+
+def reference_jacobian(model: nn.Module, blocks, layer: int, batch: dict, t1: int, t2: int) -> torch.Tensor:
+    """d (block output - block input)[t2] / d input[t1] by torch.autograd.functional.jacobian of the model's forward.
+
+    A pre-hook puts the variable into block ``layer``'s input at token t1; the model's own forward computes the
+    masks and position embeddings; an output hook takes the block output (and stops the pass there).
+    """
+
+    class Stop(Exception):
+        pass
+
+    def function(x: torch.Tensor) -> torch.Tensor:
+        seen = {}
+
+        def put(module, args, kwargs):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            one_hot = torch.zeros(hidden.shape[1], 1, dtype=hidden.dtype)
+            one_hot[t1] = 1.0
+            hidden = hidden + one_hot * (x - hidden[0, t1])
+            seen["input"] = hidden
+            return ((hidden, *args[1:]), kwargs) if args else (args, {**kwargs, "hidden_states": hidden})
+
+        def take(module, args, output):
+            seen["output"] = output[0] if isinstance(output, tuple) else output
+            raise Stop
+
+        handles = [
+            blocks[layer].register_forward_pre_hook(put, with_kwargs=True),
+            blocks[layer].register_forward_hook(take),
+        ]
+        try:
+            run(model, batch)
+        except Stop:
+            pass
+        finally:
+            for handle in handles:
+                handle.remove()
+        return seen["output"][0, t2] - seen["input"][0, t2]
+
+    with torch.no_grad():
+        start = {}
+
+        def keep(module, args, kwargs):
+            start.setdefault("x", (args[0] if args else kwargs["hidden_states"])[0, t1].clone())
+
+        handle = blocks[layer].register_forward_pre_hook(keep, with_kwargs=True)
+        run(model, batch)
+        handle.remove()
+    return torch.autograd.functional.jacobian(function, start["x"])
+
+
+@pytest.mark.parametrize(("family", "task"), FAMILIES, ids=[f for f, _ in FAMILIES])
+def test_fast_jacobian_equals_autograd_of_the_whole_forward(family, task):
+    model = build(family, task).double().eval()
+    blocks = get_blocks(model, layer_paths(model))
+    batch = one_prompt(family)
+    trace = trace_blocks(blocks, lambda: run(model, batch))
+    num_tokens = trace.calls[0].inputs.shape[0]
+    for layer, t1, t2 in ((0, num_tokens - 1, num_tokens - 1), (1, 1, num_tokens - 1), (2, 2, 2)):
+        fast = block_jacobian(blocks[layer], trace.calls[layer], t1)  # (T, d, d), all output tokens
+        expected = reference_jacobian(model, blocks, layer, batch, t1, t2)
+        # The attention kernels themselves differ by ~1e-8 in float64 (HF's eager softmax runs in float32).
+        torch.testing.assert_close(fast[t2], expected, rtol=0, atol=1e-6)
+        assert fast[t2].abs().max() > 1e-5
+    causal = family not in (TIMM_VIT, "bert")
+    upper = block_jacobian(blocks[1], trace.calls[1], 3)
+    assert (upper[:3].abs().max() == 0) == causal  # J_{3 -> t2} = 0 for t2 < 3 in a causal model only
+
+
+def test_float32_model_and_bf16_copy():
+    model = build("llama", "causal_lm").eval()
+    blocks = get_blocks(model, layer_paths(model))
+    batch = one_prompt("llama")
+    exact = diagonal_jacobians(blocks, trace_blocks(blocks, lambda: run(model, batch)))
+    assert exact.dtype == torch.float32 and exact.shape == (3, 32, 32)
+    model64 = build("llama", "causal_lm").double().eval()
+    blocks64 = get_blocks(model64, layer_paths(model64))
+    exact64 = diagonal_jacobians(blocks64, trace_blocks(blocks64, lambda: run(model64, batch)))
+    torch.testing.assert_close(exact.double(), exact64, rtol=0, atol=1e-5)
+    half = build("llama", "causal_lm").to(torch.bfloat16).eval()
+    blocks16 = get_blocks(half, layer_paths(half))
+    jacobians = diagonal_jacobians(blocks16, trace_blocks(blocks16, lambda: run(half, batch)))
+    assert jacobians.dtype == torch.float32 and half.model.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
+    assert (jacobians - exact).abs().max() < 0.1 * exact.abs().max()  # bf16 inputs, float32 Jacobian
+
+
+class TokenLinear(nn.Module):
+    def __init__(self, weight: torch.Tensor) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + x @ self.weight.T  # f(X) = X W^T, plus the skip
+
+
+def test_token_wise_linear_blocks():
+    g = torch.Generator().manual_seed(0)
+    weights = [torch.randn(6, 6, generator=g, dtype=torch.float64) for _ in range(3)]
+    blocks = nn.Sequential(*[TokenLinear(w) for w in weights])
+    x = torch.randn(1, 5, 6, generator=g, dtype=torch.float64)
+    trace = trace_blocks(blocks, lambda: blocks(x))
+    for layer, weight in enumerate(weights):
+        jacobians = block_jacobian(blocks[layer], trace.calls[layer], 2)
+        torch.testing.assert_close(jacobians[2], weight, rtol=0, atol=1e-12)  # J_tt = W
+        assert jacobians[[0, 1, 3, 4]].abs().max() == 0  # J_{t1 != t2} = 0
+    torch.testing.assert_close(diagonal_jacobians(blocks, trace), torch.stack(weights), rtol=0, atol=1e-12)
+    torch.testing.assert_close(trace.trajectory[-1], blocks(x)[0])
+
+
+def test_dropout_must_be_off_and_batches_are_refused():
+    block = nn.Sequential(nn.Linear(4, 4), nn.Dropout(0.5))
+    blocks = nn.ModuleList([block])
+    trace = trace_blocks(blocks, lambda: block(torch.randn(1, 3, 4)))
+    block.train()
+    block_jacobian(block, trace.calls[0], 0)  # run in eval mode: dropout is off
+    assert block.training  # and the mode is restored
+    with pytest.raises(ValueError, match="one prompt at a time"):
+        trace_blocks(blocks, lambda: block(torch.randn(2, 3, 4)))
