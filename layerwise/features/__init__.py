@@ -4,6 +4,7 @@ from layerwise.features.backbone import IGNORE_INDEX, Backbone
 from layerwise.features.hf_causal_lm import HFCausalLM
 from layerwise.features.hf_encoder import HFEncoder
 from layerwise.features.hooks import HookTap, collect_block_outputs, hooked_blocks
+from layerwise.features.jacobian import BlockTrace, block_jacobian, diagonal_jacobians, trace_blocks
 from layerwise.features.layers import select_layers
 from layerwise.features.outputs import (
     EXIT_LOGITS,
@@ -26,6 +27,10 @@ from layerwise.features.timm_vit import TimmViT
 from layerwise.features.truncate import truncated, truncated_copy
 
 __all__ = [
+    "BlockTrace",
+    "block_jacobian",
+    "diagonal_jacobians",
+    "trace_blocks",
     "FAMILIES",
     "HookTap",
     "LayerPaths",

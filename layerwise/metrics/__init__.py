@@ -1,6 +1,7 @@
 """Layer-wise metrics: pure functions in ``functional`` and torchmetrics ``Metric`` classes of sufficient statistics."""
 
 from layerwise.metrics.count import NonFiniteRows, SampleCount
+from layerwise.metrics.dynamics import DepthCoupling, JacobianSpectrum, LinearisationCosine, TrajectoryShape
 from layerwise.metrics.functional import (
     Readout,
     effective_depth,
@@ -12,12 +13,34 @@ from layerwise.metrics.functional import (
     saturation_cosine,
     saturation_layers,
 )
+from layerwise.metrics.functional_dynamics import (
+    coupling_score,
+    depth_coupling,
+    expodistance,
+    line_shape_score,
+    linearisation_cosine,
+    mis_coupling,
+    pairwise_mis_coupling,
+    top_singular,
+)
 from layerwise.metrics.neural_collapse import LayerNC1
 from layerwise.metrics.prediction import EarlyExit, LayerAccuracy, LayerF1, SaturationHistogram
 from layerwise.metrics.similarity import LayerCKA, LayerCosineSimilarity, MinibatchCKA, SaturationCosine
 from layerwise.metrics.sync import all_reduce_sum_states
 
 __all__ = [
+    "DepthCoupling",
+    "JacobianSpectrum",
+    "LinearisationCosine",
+    "TrajectoryShape",
+    "coupling_score",
+    "depth_coupling",
+    "expodistance",
+    "line_shape_score",
+    "linearisation_cosine",
+    "mis_coupling",
+    "pairwise_mis_coupling",
+    "top_singular",
     "EarlyExit",
     "LayerAccuracy",
     "LayerCKA",
