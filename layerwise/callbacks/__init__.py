@@ -2,6 +2,7 @@
 
 from layerwise.callbacks.analysis import LayerwiseAnalysis
 from layerwise.callbacks.base import LayerwiseMonitor
+from layerwise.callbacks.coupling import BlockCoupling
 from layerwise.callbacks.early_exit_writer import EarlyExitPredictionWriter
 from layerwise.callbacks.effective_depth import EffectiveDepthMonitor
 from layerwise.callbacks.logit_lens import LogitLensMonitor
@@ -10,6 +11,7 @@ from layerwise.callbacks.progress import ProgressLines
 from layerwise.callbacks.similarity import LayerSimilarityMonitor
 
 __all__ = [
+    "BlockCoupling",
     "EarlyExitPredictionWriter",
     "EffectiveDepthMonitor",
     "LayerSimilarityMonitor",

@@ -129,7 +129,7 @@ def effective_depth(summary: dict[str, Any]) -> Figure:
 
 def summary_figures(summary: dict[str, Any]) -> dict[str, Figure]:
     """Every figure the summary has data for, keyed by a file-name stem."""
-    layers = summary["layers"]
+    layers = summary.get("layers")  # absent when only BlockCoupling wrote the summary
     figures: dict[str, Figure] = {}
     for key in ("cos", "cka"):
         if summary.get(key) is not None:
@@ -144,4 +144,8 @@ def summary_figures(summary: dict[str, Any]) -> dict[str, Figure]:
         figures["early_exit"] = exits_per_layer(summary["early_exit"], layers)
     if summary.get("effective_depth"):
         figures["effective_depth"] = effective_depth(summary)
+    if summary.get("coupling"):
+        from layerwise.figures.coupling import coupling_figures  # it draws with this module's helpers
+
+        figures.update(coupling_figures(summary["coupling"]))
     return figures

@@ -1,0 +1,129 @@
+"""Watch block coupling emerge during training: depth-wise coupling of a fixed set of validation prompts."""
+
+from collections.abc import Sequence
+from typing import Any, Literal, Optional, Union
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import move_data_to_device
+
+from layerwise.callbacks._output import _log_dir, _run_id, show, tensorboard
+from layerwise.inference.coupling import CouplingAnalysis, Token
+from layerwise.results import merge_summary, summary_path
+
+
+class BlockCoupling(Callback):
+    """Depth-wise coupling of the block Jacobians on the first ``n_samples`` validation samples, every n epochs.
+
+    At the end of an analysed validation epoch, each of the first ``n_samples`` samples of the first validation
+    dataloader's dataset is run alone through the model (eval mode, padding removed); the exact Jacobians
+    ``J^l_{tt}`` of every block at the chosen token give the L x L mis-coupling matrix for every K (see
+    :mod:`layerwise.metrics.functional_dynamics`), averaged over the samples, with the singular spectra, the
+    linearisation cosine and the trajectory shape (LSS, expodistance; mean over all tokens of the samples).
+
+    Under DDP the samples are split over the ranks (sample i on rank i % world size) and the float64 sums are
+    all-reduced, so the result is the same on 1 or n processes. The model must fit on one device per process
+    (each rank runs its own samples).
+
+    Outputs: the ``coupling`` key of the epoch's summary JSON (``<log_dir>/layerwise/val_epoch_..._step_....json``),
+    the scalars ``val/coupling/score_k<K>``, ``val/coupling/lss``, ``val/coupling/expodistance`` and
+    ``val/coupling/linearisation_cosine``, and the heatmap/spectra figures in TensorBoard (``log_figures``).
+
+    Args:
+        every_n_epochs: analyse every n-th validation epoch while fitting (``validate`` always analyses).
+        n_samples: how many validation samples (the same ones every time).
+        tokens: the token whose Jacobians are taken: ``"last"`` (the last real token), ``"first"`` or an index.
+        ks: numbers K of top singular vectors (each at most the width d).
+        form: mis-coupling form, ``"code"`` (the authors') or ``"offdiag"``.
+        method: ``"full"`` SVD or ``"randomized"`` (checked against a residual bound; falls back with a warning).
+        log_figures: draw the heatmap and spectra as TensorBoard images (global rank zero).
+    """
+
+    def __init__(
+        self,
+        every_n_epochs: int = 1,
+        n_samples: int = 8,
+        tokens: Token = "last",
+        ks: Sequence[int] = (10, 30, 50),
+        form: Literal["code", "offdiag"] = "code",
+        method: Literal["full", "randomized"] = "full",
+        log_figures: bool = True,
+    ) -> None:
+        for name, value in (("every_n_epochs", every_n_epochs), ("n_samples", n_samples)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"`{name}={value!r}` must be a positive int.")
+        if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
+            raise ValueError(f"`ks={ks!r}` must be a non-empty list of positive ints.")
+        if form not in ("code", "offdiag"):
+            raise ValueError(f"`form={form!r}` must be 'code' or 'offdiag'.")
+        if method not in ("full", "randomized"):
+            raise ValueError(f"`method={method!r}` must be 'full' or 'randomized'.")
+        self.every_n_epochs = every_n_epochs
+        self.n_samples = n_samples
+        self.tokens: Union[str, int] = tokens
+        self.ks = tuple(ks)
+        self.form, self.method = form, method
+        self.log_figures = log_figures
+        self._analysis: Optional[CouplingAnalysis] = None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._analysis = CouplingAnalysis(pl_module, self.ks, self.tokens, self.form, self.method)
+
+    def _should_run(self, trainer: Trainer) -> bool:
+        if trainer.sanity_checking:
+            return False
+        if trainer.state.fn == TrainerFn.FITTING:
+            return (trainer.current_epoch + 1) % self.every_n_epochs == 0
+        return True
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self._should_run(trainer) or self._analysis is None:
+            return
+        with torch.inference_mode(False):  # Lightning evaluates in inference mode; states must be normal tensors
+            results = self._analyse(trainer, pl_module)
+        scalars = {f"val/coupling/score_k{k}": float(score) for k, score in zip(self.ks, results["coupling_score"])}
+        scalars["val/coupling/lss"] = float(results["trajectory_lss"])
+        scalars["val/coupling/expodistance"] = float(results["trajectory_expodistance"])
+        scalars["val/coupling/linearisation_cosine"] = float(results["linearisation_cosine"])
+        pl_module.log_dict(scalars, sync_dist=False)
+        log_dir = _log_dir(trainer)  # a broadcast under DDP: every rank asks
+        if trainer.is_global_zero:
+            self._write(trainer, log_dir, results)
+
+    def _analyse(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
+        analysis = self._analysis
+        analysis.reset()
+        analysis.to(pl_module.device)  # NCCL reduces device tensors only
+        loader = trainer.val_dataloaders
+        loader = loader[0] if isinstance(loader, (list, tuple)) else loader
+        dataset = loader.dataset
+        count = min(self.n_samples, len(dataset))
+        for index in range(trainer.global_rank, count, trainer.world_size):
+            batch = loader.collate_fn([dataset[index]])
+            analysis.add(move_data_to_device(batch, pl_module.device))
+        analysis.reduce()
+        return analysis.results()
+
+    def _write(self, trainer: Trainer, log_dir: str, results: dict[str, Any]) -> None:
+        from layerwise.figures.coupling import coupling_figures
+        from layerwise.results import to_json
+
+        stage = "val"
+        # No "layers"/"depth": they are the analysis callbacks' layer selection, which this must not overwrite.
+        header = {"stage": stage, "epoch": trainer.current_epoch, "global_step": trainer.global_step}
+        path = summary_path(log_dir, stage, trainer.current_epoch, trainer.global_step)
+        merge_summary(path, {**header, "coupling": to_json(results)}, _run_id(trainer))
+        score = ", ".join(f"K={k}: {float(s):.3f}" for k, s in zip(self.ks, results["coupling_score"]))
+        show(
+            trainer,
+            f"block coupling ({results['num_prompts']} prompts): {score}; LSS "
+            f"{float(results['trajectory_lss']):.3f} → {path}",
+        )
+        experiment = tensorboard(trainer) if self.log_figures else None
+        if experiment is not None:
+            import matplotlib.pyplot as plt
+
+            for tag, figure in coupling_figures(to_json(results)).items():
+                experiment.add_figure(f"{stage}/{tag}", figure, global_step=trainer.global_step)
+                plt.close(figure)

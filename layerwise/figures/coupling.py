@@ -1,0 +1,127 @@
+"""Figures of block coupling results (the ``coupling`` part of a summary, or the command's JSON)."""
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from layerwise.figures.summary import _figure, _ticks, plt
+
+
+def depth_coupling(coupling: dict[str, Any]) -> Figure:
+    """One L x L mis-coupling heatmap per K (row i: J^i in the basis of column j), with the coupling score."""
+    matrices = np.asarray(coupling["depth_coupling"], dtype=float)
+    ks, scores = coupling["ks"], coupling["coupling_score"]
+    layers = list(range(1, matrices.shape[-1] + 1))
+    fig, axes = plt.subplots(1, len(ks), figsize=(3.6 * len(ks) + 0.8, 3.6), squeeze=False)
+    fig.subplots_adjust(left=0.08, right=0.9, bottom=0.16, top=0.82, wspace=0.35)
+    vmax = max(1.0, float(np.nanmax(matrices))) if np.isfinite(matrices).any() else 1.0
+    for ax, matrix, k, score in zip(axes[0], matrices, ks, scores):
+        image = ax.imshow(matrix, cmap="magma_r", vmin=0.0, vmax=vmax)
+        _ticks(ax, layers)
+        ax.set_xlabel("block j (basis)")
+        ax.set_ylabel("block i")
+        ax.set_title(f"K = {k}: coupling {score:.3f}" if score is not None else f"K = {k}", fontsize="medium")
+    fig.colorbar(image, ax=axes[0].tolist(), shrink=0.85, label="mis-coupling")
+    fig.suptitle(f"Depth-wise mis-coupling ({coupling['num_prompts']} prompts, token {coupling['token']})")
+    return fig
+
+
+def spectra(coupling: dict[str, Any]) -> Figure:
+    """Top singular values of J^l_{tt} against depth (one line per rank k), and 1/sigma_1 on a twin axis."""
+    sigma = np.asarray(coupling["sigma"], dtype=float)
+    layers = np.arange(1, sigma.shape[0] + 1)
+    fig, ax = _figure(5.6, 3.8, right=0.84)
+    colors = plt.cm.viridis(np.linspace(0, 1, sigma.shape[1]))
+    for k in range(sigma.shape[1]):
+        ax.plot(
+            layers, sigma[:, k], color=colors[k], lw=1.2, label=f"σ{k + 1}" if k in (0, sigma.shape[1] - 1) else None
+        )
+    ax.set_yscale("log")
+    ax.set_xlabel("block")
+    ax.set_ylabel("singular value of J (top 15)")
+    twin = ax.twinx()
+    twin.plot(layers, coupling["inverse_sigma_1"], "k--", lw=1.5, label="1/σ1")
+    twin.set_ylabel("1/σ1")
+    lines = ax.get_legend_handles_labels()
+    twin_lines = twin.get_legend_handles_labels()
+    ax.legend(lines[0] + twin_lines[0], lines[1] + twin_lines[1], loc="best", fontsize="small")
+    ax.set_title("Singular spectra of the block Jacobians", fontsize="medium")
+    return fig
+
+
+def trajectory(coupling: dict[str, Any]) -> Figure:
+    """Mean step norm ||x^l - x^{l-1}|| per block, with LSS, expodistance and linearisation cosine in the title."""
+    norms = np.asarray(coupling["trajectory_step_norm"], dtype=float)
+    fig, ax = _figure(5.2, 3.6)
+    ax.plot(np.arange(1, len(norms) + 1), norms, "o-", lw=1.5)
+    ax.set_xlabel("block")
+    ax.set_ylabel("mean step norm")
+    ax.set_title(
+        f"LSS {coupling['trajectory_lss']:.3f} · ED {_number(coupling['trajectory_expodistance'])} · "
+        f"linearisation cos {_number(coupling['linearisation_cosine'])}",
+        fontsize="medium",
+    )
+    return fig
+
+
+def token_coupling(matrix: Any, blocks: Sequence[int], k: int) -> Figure:
+    """T x T self token-wise mis-coupling of two blocks."""
+    values = np.asarray(matrix, dtype=float)
+    fig, ax = _figure(4.6, 4.0, right=0.95)
+    image = ax.imshow(values, cmap="magma_r", vmin=0.0)
+    ax.set_xlabel(f"token t' (block {blocks[1] + 1}, basis)")
+    ax.set_ylabel(f"token t (block {blocks[0] + 1})")
+    ax.set_title(f"Token-wise mis-coupling, K = {k}", fontsize="medium")
+    fig.colorbar(image, ax=ax, shrink=0.85)
+    return fig
+
+
+def trajectory_pca(trajectory: Any) -> Figure:
+    """Every token's residual trajectory x^0..x^L projected on the top two principal axes of all its points."""
+    points = np.asarray(trajectory, dtype=float)  # (L+1, T, d)
+    flat = points.reshape(-1, points.shape[-1])
+    centred = flat - flat.mean(axis=0)
+    _, _, vt = np.linalg.svd(centred, full_matrices=False)
+    projected = (centred @ vt[:2].T).reshape(points.shape[0], points.shape[1], 2)
+    fig, ax = _figure(4.8, 4.2)
+    colors = plt.cm.plasma(np.linspace(0, 1, points.shape[1]))
+    for t in range(points.shape[1]):
+        ax.plot(projected[:, t, 0], projected[:, t, 1], "-", color=colors[t], lw=0.8, alpha=0.8)
+    ax.scatter(projected[0, :, 0], projected[0, :, 1], s=10, c="k", marker="o", label="x⁰ (embeddings)")
+    ax.scatter(projected[-1, :, 0], projected[-1, :, 1], s=14, c="r", marker="s", label="x^L")
+    ax.set_xlabel("PC 1")
+    ax.set_ylabel("PC 2")
+    ax.legend(loc="best", fontsize="small")
+    ax.set_title("Token trajectories (PCA)", fontsize="medium")
+    return fig
+
+
+def correlation(
+    x: Sequence[float], y: Sequence[float], names: Sequence[str], fit: dict[str, float], xlabel: str, ylabel: str
+) -> Figure:
+    """Scatter of coupling score against a benchmark score, with the least-squares line, R² and p-value."""
+    fig, ax = _figure(5.2, 4.0)
+    ax.scatter(x, y, s=24)
+    for xi, yi, name in zip(x, y, names):
+        ax.annotate(name, (xi, yi), fontsize="x-small", xytext=(3, 3), textcoords="offset points")
+    grid = np.linspace(min(x), max(x), 50)
+    ax.plot(grid, fit["intercept"] + fit["slope"] * grid, "k--", lw=1)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"slope {fit['slope']:.3g} · R² {fit['r2']:.3f} · p {fit['p_value']:.2g}", fontsize="medium")
+    return fig
+
+
+def coupling_figures(coupling: dict[str, Any]) -> dict[str, Figure]:
+    """The figures of one coupling result, keyed by a file-name stem."""
+    return {
+        "coupling_depth": depth_coupling(coupling),
+        "coupling_spectra": spectra(coupling),
+        "coupling_trajectory": trajectory(coupling),
+    }
+
+
+def _number(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.3f}"

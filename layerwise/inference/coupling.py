@@ -1,0 +1,197 @@
+"""Block coupling of a model over prompts: depth-wise coupling, spectra, linearisation, trajectory shape.
+
+:class:`CouplingAnalysis` is what the ``BlockCoupling`` callback and the ``layerwise coupling`` command share: for
+each prompt it traces the blocks once, takes the exact Jacobians ``J^l_{tt}`` at the chosen token
+(:mod:`layerwise.features.jacobian`) and feeds float64 sum-state metrics (:mod:`layerwise.metrics.dynamics`), so
+the result is a mean over prompts that is identical on 1 or n DDP processes.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, Literal, Optional, Union
+
+import torch
+from torch import Tensor, nn
+
+from layerwise.features.jacobian import BlockTrace, diagonal_jacobians, trace_blocks
+from layerwise.features.paths import family_of, get_blocks, layer_paths, task_of
+from layerwise.metrics import DepthCoupling, JacobianSpectrum, LinearisationCosine, TrajectoryShape
+from layerwise.metrics.functional_dynamics import CouplingForm, SvdMethod, pairwise_mis_coupling
+from layerwise.metrics.sync import all_reduce_sum_states
+
+Token = Union[Literal["last", "first"], int]
+_TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def find_model(root: nn.Module) -> nn.Module:
+    """The first model of a known family inside ``root`` (a LightningModule, or the model itself)."""
+    for _, module in root.named_modules():
+        if family_of(module) is not None and task_of(module) is not None:
+            return module
+    raise ValueError(f"Block coupling found no model of a known family inside {type(root).__name__}.")
+
+
+def one_prompt(batch: Any) -> tuple[dict[str, Tensor], tuple[Tensor, ...]]:
+    """The model's keyword/positional inputs for the first sample of ``batch``, padding removed.
+
+    Text batches are dicts (``input_ids``, ``attention_mask``, ``token_type_ids``); image batches are ``(x, y)``
+    or a tensor.
+    """
+    if isinstance(batch, Mapping):
+        inputs = {key: batch[key][:1] for key in _TEXT_KEYS if key in batch}
+        if "input_ids" not in inputs:
+            raise ValueError(f"A text batch needs `input_ids`; got keys {sorted(batch)}.")
+        mask = inputs.get("attention_mask")
+        if mask is not None:
+            keep = mask[0].bool()
+            inputs = {key: value[:, keep] for key, value in inputs.items()}
+        return inputs, ()
+    x = batch[0] if isinstance(batch, (tuple, list)) else batch
+    return {}, (x[:1],)
+
+
+def resolve_token(token: Token, num_tokens: int) -> int:
+    """0-based index of ``token`` ("last", "first" or an int, negatives from the end) among ``num_tokens``."""
+    if token == "last":
+        return num_tokens - 1
+    if token == "first":
+        return 0
+    if isinstance(token, bool) or not isinstance(token, int) or not -num_tokens <= token < num_tokens:
+        raise ValueError(f"`tokens={token!r}` must be 'last', 'first' or an index in [-{num_tokens}, {num_tokens}).")
+    return range(num_tokens)[token]
+
+
+class CouplingAnalysis:
+    """Per-prompt block analysis of one model, accumulated over prompts.
+
+    Args:
+        model: a model of a known family (timm ViT, Hugging Face BERT/GPT-2/NeoX/LLaMA/...), or a module holding one.
+        ks: numbers K of top singular vectors for the depth-wise coupling.
+        tokens: the token whose Jacobians are taken: ``"last"`` (default; the last real token), ``"first"`` or an
+            index.
+        form: mis-coupling form, ``"code"`` or ``"offdiag"``.
+        method: ``"full"`` SVD or ``"randomized"`` (checked; falls back with a warning).
+        token_pair_blocks: also keep, for the first prompt, the token-wise (self) coupling T x T of these two
+            0-based blocks (the command's figure), or None.
+    """
+
+    def __init__(
+        self,
+        model: nn.Module,
+        ks: Sequence[int] = (10, 30, 50),
+        tokens: Token = "last",
+        form: CouplingForm = "code",
+        method: SvdMethod = "full",
+        token_pair_blocks: Optional[tuple[int, int]] = None,
+    ) -> None:
+        self.model = find_model(model)
+        self.paths = layer_paths(self.model)
+        self.blocks = get_blocks(self.model, self.paths)
+        self.num_layers = len(self.blocks)
+        self.ks, self.tokens, self.form, self.method = tuple(ks), tokens, form, method
+        self.token_pair_blocks = token_pair_blocks
+        self.depth = DepthCoupling(self.num_layers, self.ks, form, method, sync_on_compute=False)
+        self.spectrum = JacobianSpectrum(self.num_layers, sync_on_compute=False)
+        self.linearisation = LinearisationCosine(sync_on_compute=False)
+        self.trajectory = TrajectoryShape(self.num_layers, sync_on_compute=False)
+        self.token_coupling: Optional[Tensor] = None
+        self.example_trajectory: Optional[Tensor] = None
+
+    @property
+    def metrics(self) -> list:
+        return [self.depth, self.spectrum, self.linearisation, self.trajectory]
+
+    def check_width(self, width: int) -> None:
+        """Refuse K larger than the model width before any work."""
+        if max(self.ks) > width:
+            raise ValueError(f"`ks={list(self.ks)}`: every K must be at most the model width d={width}.")
+
+    def trace(self, batch: Any) -> BlockTrace:
+        """Run the model on the first prompt of ``batch`` and record every block's call."""
+        kwargs, args = one_prompt(batch)
+        device = next(self.model.parameters()).device
+        kwargs = {key: value.to(device) for key, value in kwargs.items()}
+        args = tuple(value.to(device=device, dtype=next(self.model.parameters()).dtype) for value in args)
+        extra = {"use_cache": False} if kwargs and "use_cache" in _forward_parameters(self.model) else {}
+        return trace_blocks(self.blocks, lambda: self.model(*args, **kwargs, **extra))
+
+    def add(self, batch: Any) -> None:
+        """Analyse the first prompt of ``batch`` (gradients on, eval mode, outside any inference mode)."""
+        with torch.inference_mode(False), torch.enable_grad(), _eval(self.model):
+            trace = self.trace(batch)
+            num_tokens = trace.calls[0].inputs.shape[0]
+            self.check_width(trace.calls[0].inputs.shape[-1])
+            token = resolve_token(self.tokens, num_tokens)
+            jacobians = diagonal_jacobians(self.blocks, trace, token)
+            trajectory = trace.trajectory
+            self.depth.update(jacobians)
+            self.spectrum.update(jacobians)
+            self.linearisation.update(jacobians, trajectory[0, token], trajectory[-1, token])
+            self.trajectory.update(trajectory)
+            if self.example_trajectory is None:
+                self.example_trajectory = trajectory.detach().cpu()
+                if self.token_pair_blocks is not None:
+                    self.token_coupling = self._token_coupling(trace)
+
+    def _token_coupling(self, trace: BlockTrace) -> Tensor:
+        """Self token-wise coupling of two blocks: M[t, t'] = m_K(J^l_{tt}, J^l'_{t't'}) for the smallest K."""
+        first, second = self.token_pair_blocks
+        stacks = []
+        for index in (first, second):
+            block, call = self.blocks[index], trace.calls[index]
+            stacks.append(
+                torch.stack(
+                    [diagonal_jacobians([block], BlockTrace([call]), t)[0] for t in range(call.inputs.shape[0])]
+                )
+            )
+        return pairwise_mis_coupling(stacks[0], stacks[1], ks=(min(self.ks),), form=self.form)[0].cpu()
+
+    def to(self, device: Any) -> CouplingAnalysis:
+        """Move the metrics' states (e.g. to the GPU before an NCCL reduction)."""
+        for metric in self.metrics:
+            metric.to(device)
+        return self
+
+    def reduce(self, process_group: Optional[Any] = None) -> None:
+        """Sum the states over DDP processes (collective; a no-op on one process)."""
+        all_reduce_sum_states(self.metrics, process_group)
+
+    def results(self) -> dict[str, Any]:
+        """Everything, as float64 tensors/lists (JSON-ready through ``layerwise.results.to_json``)."""
+        spectrum = self.spectrum.compute()
+        return {
+            "num_prompts": int(self.depth.count),
+            "token": self.tokens,
+            "ks": list(self.ks),
+            "form": self.form,
+            "depth_coupling": self.depth.compute(),
+            "coupling_score": self.depth.score(),
+            "sigma": spectrum["sigma"],
+            "inverse_sigma_1": spectrum["inverse_sigma_1"],
+            "linearisation_cosine": self.linearisation.compute(),
+            **{f"trajectory_{key}": value for key, value in self.trajectory.compute().items()},
+        }
+
+    def reset(self) -> None:
+        for metric in self.metrics:
+            metric.reset()
+        self.token_coupling = None
+        self.example_trajectory = None
+
+
+def _forward_parameters(model: nn.Module) -> set[str]:
+    return set(inspect.signature(model.forward).parameters)
+
+
+@contextmanager
+def _eval(model: nn.Module) -> Iterator[None]:
+    """Eval mode (no dropout) for the body; the previous mode is restored after."""
+    training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(training)
