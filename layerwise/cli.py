@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal, NoReturn, Optional
+from typing import Any, Literal, NoReturn, Optional, Union
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -28,7 +28,7 @@ from layerwise.inference.models import load_causal_lm, load_tokenizer_spec
 from layerwise.lightning_modules import LayerwiseModule
 from layerwise.lightning_modules.base import check_data_compatible
 from layerwise.lightning_modules.checkpoint import load_module
-from layerwise.results import find_summaries, latest_summary, load_summary, write_text_atomic
+from layerwise.results import find_summaries, latest_summary, load_summary, save_figure_atomic, write_text_atomic
 
 FigureFormat = Literal["png", "pdf", "svg"]
 
@@ -409,6 +409,158 @@ def lens(
         print(written)
 
 
+def coupling(
+    prompts: Optional[Path] = None,
+    model: Optional[str] = None,
+    checkpoint: Optional[Path] = None,
+    tokenizer: Optional[str] = None,
+    tokenizer_dir: Optional[Path] = None,
+    max_prompts: int = 64,
+    max_tokens: int = 64,
+    tokens: Union[Literal["last", "first"], int] = "last",
+    ks: list[int] = [10, 30, 50],  # noqa: B006 (jsonargparse reads the default from the signature)
+    form: Literal["code", "offdiag"] = "code",
+    method: Literal["full", "randomized"] = "full",
+    token_blocks: Optional[list[int]] = None,
+    dtype: Literal["auto", "float32", "bfloat16", "float16", "float64"] = "auto",
+    device: Optional[str] = None,
+    device_map: Optional[str] = None,
+    correlate: Optional[Path] = None,
+    score_column: Optional[str] = None,
+    k: Optional[int] = None,
+    out: Path = Path("coupling"),
+) -> None:
+    """Block coupling of a causal LM over prompts (Aristide et al., 2024), or the regression of scores on it.
+
+    Writes coupling.json and figures (depth-wise mis-coupling per K, spectra, step norms, token-wise coupling of
+    two blocks, trajectory PCA) into --out. With --correlate, reads several models' coupling.json files and a
+    table of benchmark scores and fits score = a + b * coupling (slope, R², p-value, scatter plot).
+
+    Args:
+        prompts: a text file (one prompt per line) or a .jsonl file with a 'text' field per line.
+        model: a Hugging Face causal LM: hub name or local folder.
+        checkpoint: a layerwise Lightning checkpoint (.ckpt) of a causal LM.
+        tokenizer: as for generate; default: --model (required with --checkpoint).
+        tokenizer_dir: folder holding trained tokenizers (the data cache_dir).
+        max_prompts: use at most this many prompts.
+        max_tokens: truncate each prompt to this many tokens.
+        tokens: the token whose Jacobians are taken: last, first or an index.
+        ks: numbers K of top singular vectors.
+        form: mis-coupling form: code (the authors') or offdiag.
+        method: full SVD, or randomized (checked; falls back to full with a warning).
+        token_blocks: two block numbers (1..L) for the token-wise heatmap of the first prompt (default: 1 and L).
+        dtype: load the model in this dtype (auto: as saved); Jacobians are float32 (float64 for float64).
+        device: cpu, cuda, cuda:1, ... (default: cuda when available); ignored with --device_map.
+        device_map: shard the model over GPUs, e.g. auto (Hugging Face/accelerate).
+        correlate: a CSV with coupling_json (paths) and score columns: fit the regression instead.
+        score_column: the score column of --correlate (default: the first).
+        k: the K whose coupling score --correlate uses (default: the first K of each file).
+        out: output folder.
+    """
+    if correlate is not None:
+        _correlate(correlate, score_column, k, out)
+        return
+    from tqdm.auto import tqdm
+
+    from layerwise.inference.coupling import CouplingAnalysis, coupling_files, load_prompts
+
+    if prompts is None:
+        raise ValueError("Give --prompts (a text file, one prompt per line), or --correlate scores.csv.")
+    if max_prompts < 1 or max_tokens < 2:
+        raise ValueError("`--max_prompts` must be >= 1 and `--max_tokens` >= 2.")
+    if not ks or min(ks) < 1:
+        raise ValueError(f"`--ks={ks}` must be positive ints.")
+    if token_blocks is not None and len(token_blocks) != 2:
+        raise ValueError(f"`--token_blocks={token_blocks}` must be two block numbers.")
+    texts = load_prompts(prompts, max_prompts)
+    lm, tokenizer_object, total = _load_for_coupling(
+        checkpoint, model, tokenizer, tokenizer_dir, dtype, device, device_map
+    )
+    if max(ks) > lm.config.hidden_size:
+        raise ValueError(f"`--ks={ks}`: every K must be at most the model width d={lm.config.hidden_size}.")
+    pair = [1, total] if token_blocks is None else token_blocks
+    _check_layer_numbers("--token_blocks", pair, total)
+    analysis = CouplingAnalysis(lm, ks, tokens, form, method, token_pair_blocks=(pair[0] - 1, pair[1] - 1))
+    for text in tqdm(texts, desc="prompts", unit="prompt"):
+        batch = tokenizer_object(text, return_tensors="pt", truncation=True, max_length=max_tokens)
+        if batch["input_ids"].shape[1] < 2:
+            raise ValueError(f"The prompt {text!r} has fewer than 2 tokens; remove it from --prompts.")
+        analysis.add(dict(batch))
+    results = analysis.results()
+    record = {"model": model or str(checkpoint), "prompts": str(prompts), "max_tokens": max_tokens, **results}
+    scores = ", ".join(f"K={kk}: {float(v):.4f}" for kk, v in zip(ks, results["coupling_score"]))
+    print(f"coupling score over {results['num_prompts']} prompts: {scores}")
+    print(
+        f"LSS {float(results['trajectory_lss']):.4f}, expodistance {float(results['trajectory_expodistance']):.4f},"
+        f" linearisation cosine {float(results['linearisation_cosine']):.4f}"
+    )
+    for written in coupling_files(analysis, record, out):
+        print(written)
+
+
+def _load_for_coupling(
+    checkpoint: Optional[Path],
+    model: Optional[str],
+    tokenizer: Optional[str],
+    tokenizer_dir: Optional[Path],
+    dtype: str,
+    device: Optional[str],
+    device_map: Optional[str],
+) -> tuple[Any, Any, int]:
+    import torch
+
+    from layerwise.features.hf import build_model
+
+    if (checkpoint is None) == (model is None):
+        raise ValueError("Give exactly one of --checkpoint (a layerwise checkpoint) and --model (a Hugging Face LM).")
+    if checkpoint is not None and tokenizer is None:
+        raise ValueError("--tokenizer is required with --checkpoint (e.g. --tokenizer byte, as the model was trained).")
+    torch_dtype = None if dtype == "auto" else getattr(torch, dtype)
+    tokenizer_object = load_tokenizer_spec(tokenizer or model, tokenizer_dir)
+    if model is not None:
+        from transformers import AutoModelForCausalLM
+
+        options = {key: value for key, value in (("dtype", torch_dtype), ("device_map", device_map)) if value}
+        lm = build_model(AutoModelForCausalLM, model, None, True, options, "--model")
+    else:
+        lm = load_causal_lm(checkpoint, None)
+        if torch_dtype is not None:
+            lm = lm.to(torch_dtype)
+    if device_map is None:
+        lm = lm.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    return lm, tokenizer_object, num_blocks(lm, "--checkpoint" if checkpoint is not None else "--model")
+
+
+def _correlate(table: Path, score_column: Optional[str], k: Optional[int], out: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    from layerwise.figures.coupling import correlation
+    from layerwise.inference.coupling import correlate_scores
+
+    fit = correlate_scores(table, score_column, k)
+    out.mkdir(parents=True, exist_ok=True)
+    print(
+        f"{fit['score_column']} = {fit['intercept']:.4g} + {fit['slope']:.4g} * coupling  "
+        f"(R² {fit['r2']:.3f}, p {fit['p_value']:.3g}, n {fit['n']})"
+    )
+    paths = [write_text_atomic(out / "correlation.json", json.dumps(fit, indent=1) + "\n")]
+    points = fit["points"]
+    figure = correlation(
+        [p["coupling"] for p in points],
+        [p["score"] for p in points],
+        [p["name"] for p in points],
+        fit,
+        f"coupling score (K={k or 'first'})",
+        fit["score_column"],
+    )
+    try:
+        paths.append(save_figure_atomic(out / "correlation.png", figure))
+    finally:
+        plt.close(figure)
+    for path in paths:
+        print(path)
+
+
 TRAINER_COMMANDS = {
     "fit": "train a model, analysing every validation (LightningCLI)",
     "validate": "analyse a model on the validation set (LightningCLI)",
@@ -421,6 +573,7 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "sweep": sweep,
     "generate": generate,
     "lens": lens,
+    "coupling": coupling,
 }
 _POSITIONAL = {"path", "runs"}
 
@@ -488,7 +641,9 @@ def run_command(name: str, argv: list[str]) -> None:
     try:
         COMMANDS[name](**arguments)
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as error:
-        parser.error(str(error))
+        if os.environ.get(DEBUG_VARIABLE):
+            raise
+        exit_concisely(f"layerwise {name}", str(error))
 
 
 class _UpstreamNoise(logging.Filter):

@@ -172,7 +172,7 @@ def block_jacobian(
 
         try:
             with sdpa_kernel(SDPBackend.MATH):
-                return torch.func.jacfwd(update, randomness="error")(base[token])
+                return torch.func.jacfwd(update, randomness="error")(base[token]).detach()
         except RuntimeError as error:
             if "forward AD" in str(error) or "forward-mode" in str(error):
                 raise RuntimeError(

@@ -5,6 +5,7 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from layerwise.figures.summary import _figure, _ticks, plt
 
@@ -32,13 +33,15 @@ def spectra(coupling: dict[str, Any]) -> Figure:
     """Top singular values of J^l_{tt} against depth (one line per rank k), and 1/sigma_1 on a twin axis."""
     sigma = np.asarray(coupling["sigma"], dtype=float)
     layers = np.arange(1, sigma.shape[0] + 1)
-    fig, ax = _figure(5.6, 3.8, right=0.84)
+    fig, ax = _figure(5.8, 3.8, right=0.84)
+    fig.subplots_adjust(left=0.17)
     colors = plt.cm.viridis(np.linspace(0, 1, sigma.shape[1]))
     for k in range(sigma.shape[1]):
         ax.plot(
             layers, sigma[:, k], color=colors[k], lw=1.2, label=f"σ{k + 1}" if k in (0, sigma.shape[1] - 1) else None
         )
     ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("block")
     ax.set_ylabel("singular value of J (top 15)")
     twin = ax.twinx()
@@ -56,6 +59,7 @@ def trajectory(coupling: dict[str, Any]) -> Figure:
     norms = np.asarray(coupling["trajectory_step_norm"], dtype=float)
     fig, ax = _figure(5.2, 3.6)
     ax.plot(np.arange(1, len(norms) + 1), norms, "o-", lw=1.5)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("block")
     ax.set_ylabel("mean step norm")
     ax.set_title(
@@ -90,7 +94,7 @@ def trajectory_pca(trajectory: Any) -> Figure:
     for t in range(points.shape[1]):
         ax.plot(projected[:, t, 0], projected[:, t, 1], "-", color=colors[t], lw=0.8, alpha=0.8)
     ax.scatter(projected[0, :, 0], projected[0, :, 1], s=10, c="k", marker="o", label="x⁰ (embeddings)")
-    ax.scatter(projected[-1, :, 0], projected[-1, :, 1], s=14, c="r", marker="s", label="x^L")
+    ax.scatter(projected[-1, :, 0], projected[-1, :, 1], s=14, c="r", marker="s", label="x^L (after the last block)")
     ax.set_xlabel("PC 1")
     ax.set_ylabel("PC 2")
     ax.legend(loc="best", fontsize="small")

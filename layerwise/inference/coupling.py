@@ -195,3 +195,118 @@ def _eval(model: nn.Module) -> Iterator[None]:
         yield
     finally:
         model.train(training)
+
+
+# ---------------------------------------------------------------------------------------------------- the command
+def load_prompts(path: Any, max_prompts: int) -> list[str]:
+    """Prompts from a text file (one per non-empty line) or a JSON Lines file (a ``text`` field per line).
+
+    Raises:
+        ValueError: naming ``--prompts``, when the file is missing, empty, or a JSON line has no ``text``.
+    """
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"`--prompts={path}` is not a file (give a text file, one prompt per line, or .jsonl).")
+    lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if path.suffix == ".jsonl":
+        prompts = []
+        for number, line in enumerate(lines, 1):
+            record = json.loads(line)
+            if not isinstance(record, dict) or not isinstance(record.get("text"), str):
+                raise ValueError(f"`--prompts={path}` line {number}: expected a JSON object with a 'text' string.")
+            prompts.append(record["text"])
+    else:
+        prompts = lines
+    if not prompts:
+        raise ValueError(f"`--prompts={path}` holds no prompt.")
+    return prompts[:max_prompts]
+
+
+def coupling_files(analysis: CouplingAnalysis, results: dict[str, Any], out: Any) -> list[Any]:
+    """Write ``coupling.json`` and the figures into ``out``; returns the written paths."""
+    import json
+    from pathlib import Path
+
+    import matplotlib.pyplot as plt
+
+    from layerwise.figures import coupling as figures
+    from layerwise.results import save_figure_atomic, to_json, write_text_atomic
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    record = to_json(results)
+    drawn = figures.coupling_figures(record)
+    if analysis.token_coupling is not None:
+        record["token_coupling"] = {
+            "blocks": [block + 1 for block in analysis.token_pair_blocks],
+            "k": min(analysis.ks),
+            "prompt": 0,
+            "matrix": to_json(analysis.token_coupling),
+        }
+        drawn["coupling_tokens"] = figures.token_coupling(
+            analysis.token_coupling, analysis.token_pair_blocks, min(analysis.ks)
+        )
+    if analysis.example_trajectory is not None:
+        drawn["coupling_pca"] = figures.trajectory_pca(analysis.example_trajectory)
+    written = [write_text_atomic(out / "coupling.json", json.dumps(record, indent=1) + "\n")]
+    for stem, figure in drawn.items():
+        try:
+            written.append(save_figure_atomic(out / f"{stem}.png", figure))
+        finally:
+            plt.close(figure)
+    return written
+
+
+def correlate_scores(table: Any, score_column: Optional[str], k: Optional[int]) -> dict[str, Any]:
+    """Linear regression of a benchmark score on the models' coupling scores (the paper's headline analysis).
+
+    ``table`` is a CSV file with a ``coupling_json`` column (paths to ``coupling.json`` files, relative to the
+    CSV), an optional ``name`` column and one or more score columns (``score_column``, default the first other
+    column). ``k`` picks the coupling score of that K (default: the first K of each file).
+
+    Returns ``slope``, ``intercept``, ``r2``, ``p_value`` (two-sided, of the slope), ``n`` and the points.
+    """
+    import csv
+    import json
+    from pathlib import Path
+
+    from scipy.stats import linregress
+
+    table = Path(table)
+    if not table.is_file():
+        raise ValueError(f"`--correlate={table}` is not a file (a CSV with coupling_json and score columns).")
+    with table.open(newline="", encoding="utf-8") as file:
+        rows = list(csv.DictReader(file))
+    columns = list(rows[0]) if rows else []
+    if "coupling_json" not in columns:
+        raise ValueError(f"`--correlate={table}` needs a 'coupling_json' column; it has {columns}.")
+    candidates = [column for column in columns if column not in ("coupling_json", "name")]
+    column = score_column or (candidates[0] if candidates else None)
+    if column not in candidates:
+        raise ValueError(f"`--score_column={column}` is not a score column of {table} (columns: {candidates}).")
+    if len(rows) < 3:
+        raise ValueError(f"`--correlate={table}` has {len(rows)} models; a regression with a p-value needs 3 or more.")
+    names, x, y = [], [], []
+    for row in rows:
+        path = (table.parent / row["coupling_json"]).resolve()
+        coupling = json.loads(path.read_text(encoding="utf-8"))
+        ks = coupling["ks"]
+        if k is not None and k not in ks:
+            raise ValueError(f"`--k={k}`: {path} has coupling scores for K in {ks}.")
+        x.append(float(coupling["coupling_score"][ks.index(k) if k is not None else 0]))
+        y.append(float(row[column]))
+        names.append(row.get("name") or Path(row["coupling_json"]).parent.name)
+    fit = linregress(x, y)
+    return {
+        "score_column": column,
+        "k": k,
+        "n": len(x),
+        "slope": float(fit.slope),
+        "intercept": float(fit.intercept),
+        "r2": float(fit.rvalue**2),
+        "p_value": float(fit.pvalue),
+        "points": [{"name": n, "coupling": xi, "score": yi} for n, xi, yi in zip(names, x, y)],
+    }

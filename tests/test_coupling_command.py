@@ -1,0 +1,87 @@
+"""`layerwise coupling`: prompts in, JSON and figures out; `--correlate` fits the regression of scores on coupling."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from layerwise.cli import main as cli_main
+from layerwise.datamodules.tokenizers import load_tokenizer
+from layerwise.features.jacobian import diagonal_jacobians, trace_blocks
+from layerwise.metrics.functional_dynamics import coupling_score, depth_coupling
+
+PROMPTS = ["Before we proceed any further, hear me speak.", "You are all resolved rather to die than to famish?"]
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory) -> str:
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("gpt2", n_layer=3, n_embd=32, n_head=4, vocab_size=260, n_positions=64)
+    folder = str(tmp_path_factory.mktemp("gpt2"))
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    return folder
+
+
+def test_coupling_command_writes_json_and_figures(model_folder, tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"text": text}) + "\n" for text in PROMPTS))
+    out = tmp_path / "out"
+    argv = ["coupling", "--model", model_folder, "--tokenizer", "byte", "--prompts", str(prompts), "--ks", "2", "4"]
+    cli_main([*argv, "--max_tokens", "12", "--device", "cpu", "--out", str(out)])
+    record = json.loads((out / "coupling.json").read_text())
+    assert record["num_prompts"] == 2 and record["ks"] == [2, 4] and record["model"] == model_folder
+    model = AutoModelForCausalLM.from_pretrained(model_folder).eval()
+    tokenizer = load_tokenizer("byte")
+    matrices = []
+    for text in PROMPTS:
+        ids = tokenizer(text, return_tensors="pt", truncation=True, max_length=12)["input_ids"]
+        trace = trace_blocks(model.transformer.h, lambda ids=ids: model(input_ids=ids, use_cache=False))
+        matrices.append(depth_coupling(diagonal_jacobians(model.transformer.h, trace), (2, 4)))
+    expected = torch.stack(matrices).mean(0)
+    np.testing.assert_allclose(record["depth_coupling"], expected.numpy(), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(record["coupling_score"], coupling_score(expected).numpy(), rtol=1e-6)
+    assert record["token_coupling"]["blocks"] == [1, 3] and len(record["token_coupling"]["matrix"]) == 12
+    for stem in ("coupling_depth", "coupling_spectra", "coupling_trajectory", "coupling_tokens", "coupling_pca"):
+        assert (out / f"{stem}.png").stat().st_size > 1000
+    printed = capsys.readouterr().out
+    assert "coupling score over 2 prompts" in printed and str(out / "coupling.json") in printed
+
+
+def test_coupling_command_errors_name_the_flag(model_folder, tmp_path, capsys):
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(PROMPTS) + "\n")
+    base = ["coupling", "--model", model_folder, "--tokenizer", "byte", "--device", "cpu"]
+    for extra, flag in (
+        (["--prompts", str(tmp_path / "missing.txt")], "--prompts"),
+        (["--prompts", str(prompts), "--ks", "64"], "--ks"),
+        (["--prompts", str(prompts), "--ks", "4", "--token_blocks", "1", "9"], "--token_blocks"),
+    ):
+        with pytest.raises(SystemExit):
+            cli_main([*base, *extra, "--out", str(tmp_path / "never")])
+        lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("layerwise coupling: error:")]
+        assert len(lines) == 1 and flag in lines[0]
+    assert not (tmp_path / "never").exists()  # refused before any Jacobian or file
+
+
+def test_correlate_fits_the_regression(tmp_path, capsys):
+    rows = ["name,coupling_json,accuracy"]
+    scores = {"a": (-0.9, 0.51), "b": (-0.7, 0.60), "c": (-0.5, 0.72), "d": (-0.3, 0.79)}
+    for name, (coupling, accuracy) in scores.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "coupling.json").write_text(json.dumps({"ks": [10, 30], "coupling_score": [coupling, 0.0]}))
+        rows.append(f"{name},{name}/coupling.json,{accuracy}")
+    table = tmp_path / "scores.csv"
+    table.write_text("\n".join(rows) + "\n")
+    cli_main(["coupling", "--correlate", str(table), "--k", "10", "--out", str(tmp_path / "fit")])
+    fit = json.loads((tmp_path / "fit" / "correlation.json").read_text())
+    x = np.array([value[0] for value in scores.values()])
+    y = np.array([value[1] for value in scores.values()])
+    slope, intercept = np.polyfit(x, y, 1)
+    residual = y - (intercept + slope * x)
+    assert fit["slope"] == pytest.approx(slope) and fit["intercept"] == pytest.approx(intercept)
+    assert fit["r2"] == pytest.approx(1 - residual @ residual / ((y - y.mean()) @ (y - y.mean())))
+    assert 0 < fit["p_value"] < 0.05 and fit["n"] == 4
+    assert (tmp_path / "fit" / "correlation.png").stat().st_size > 1000
+    assert "R²" in capsys.readouterr().out
