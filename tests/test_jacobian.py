@@ -88,6 +88,8 @@ def test_fast_jacobian_equals_autograd_of_the_whole_forward(family, task):
     num_tokens = trace.calls[0].inputs.shape[0]
     for layer, t1, t2 in ((0, num_tokens - 1, num_tokens - 1), (1, 1, num_tokens - 1), (2, 2, 2)):
         fast = block_jacobian(blocks[layer], trace.calls[layer], t1)  # (T, d, d), all output tokens
+        chunked = block_jacobian(blocks[layer], trace.calls[layer], t1, chunk_size=5)  # 5 JVPs at a time
+        torch.testing.assert_close(chunked, fast, rtol=0, atol=1e-12)
         expected = reference_jacobian(model, blocks, layer, batch, t1, t2)
         # The attention kernels themselves differ by ~1e-8 in float64 (HF's eager softmax runs in float32).
         torch.testing.assert_close(fast[t2], expected, rtol=0, atol=1e-6)

@@ -10,9 +10,9 @@ t1 != t2. It is 0 for t1 > t2 in a causal model.
 
 How: :func:`trace_blocks` runs the model once on one prompt and records every block's call (its input and the
 arguments the model passes: masks, RoPE position embeddings, ...). :func:`block_jacobian` then re-runs only that
-block as a function of one token's input, the other tokens fixed, with ``torch.func.jacfwd`` (d vmapped JVPs, all
-output tokens at once). Attention runs on PyTorch's math SDPA kernel (``sdpa_kernel(SDPBackend.MATH)``, public):
-the fused kernels have no forward-mode AD. Dropout must be off: the block runs in eval mode, and ``jacfwd``'s
+block as a function of one token's input, the other tokens fixed, with d forward-mode JVPs (``torch.func.jvp``
+vmapped over the basis, in chunks if asked; all output tokens at once). Attention runs on PyTorch's math SDPA kernel (``sdpa_kernel(SDPBackend.MATH)``, public):
+the fused kernels have no forward-mode AD. Dropout must be off: the block runs in eval mode, and ``vmap``'s
 ``randomness="error"`` refuses any random op. Half/bf16 blocks are copied to float32 for the Jacobian; float64
 models stay float64. Each block is re-run on its own device, so models sharded with ``device_map`` work.
 """
@@ -139,6 +139,7 @@ def block_jacobian(
     token: int,
     out_tokens: Optional[Sequence[int]] = None,
     dtype: Optional[torch.dtype] = None,
+    chunk_size: Optional[int] = None,
 ) -> Tensor:
     """Jacobians ``J_{token -> t2}`` of the block's residual update for every output token t2 (or ``out_tokens``).
 
@@ -148,6 +149,8 @@ def block_jacobian(
         token: the input token t1 (negative counts from the end).
         out_tokens: the output tokens t2 (default all T).
         dtype: computation dtype (default: :func:`jacobian_dtype` of the block input).
+        chunk_size: JVPs run at once (default all d): memory grows with it, d times one block's activations at
+            most.
 
     Returns:
         ``(len(out_tokens), d, d)``: ``[k, i, j] = d f(X)_{t2_k, i} / d x_{t1, j}``.
@@ -172,7 +175,13 @@ def block_jacobian(
 
         try:
             with sdpa_kernel(SDPBackend.MATH):
-                return torch.func.jacfwd(update, randomness="error")(base[token]).detach()
+                basis = torch.eye(base.shape[1], dtype=dtype, device=device)
+
+                def column(tangent: Tensor) -> Tensor:
+                    return torch.func.jvp(update, (base[token],), (tangent,))[1]
+
+                columns = torch.func.vmap(column, chunk_size=chunk_size, randomness="error")(basis)  # (d_in, T, d)
+                return columns.permute(1, 2, 0).detach()
         except RuntimeError as error:
             if "forward AD" in str(error) or "forward-mode" in str(error):
                 raise RuntimeError(
@@ -183,11 +192,15 @@ def block_jacobian(
 
 
 def diagonal_jacobians(
-    blocks: Sequence[nn.Module], trace: BlockTrace, token: int = -1, dtype: Optional[torch.dtype] = None
+    blocks: Sequence[nn.Module],
+    trace: BlockTrace,
+    token: int = -1,
+    dtype: Optional[torch.dtype] = None,
+    chunk_size: Optional[int] = None,
 ) -> Tensor:
     """``J^l_{tt}`` of every block at one token: ``(L, d, d)`` on the device of the first block's input."""
     out = [
-        block_jacobian(block, call, token, out_tokens=[range(call.inputs.shape[0])[token]], dtype=dtype)[0]
+        block_jacobian(block, call, token, [range(call.inputs.shape[0])[token]], dtype, chunk_size)[0]
         for block, call in zip(blocks, trace.calls)
     ]
     return torch.stack([jacobian.to(trace.calls[0].inputs.device) for jacobian in out])

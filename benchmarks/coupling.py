@@ -1,0 +1,140 @@
+"""Seconds per prompt for the depth-wise coupling matrix: layerwise's block Jacobians against the authors' method.
+
+layerwise (``layerwise.features.jacobian``): trace the blocks once, then re-run each block alone with
+``torch.func.jacfwd`` (d vmapped JVPs, math SDPA). The authors' method, re-implemented here: one forward pass that
+keeps the whole graph, then d ``torch.autograd.grad`` calls per block (one per output coordinate of the last token,
+``retain_graph=True``), each giving one row of J. Both then compute the same mis-coupling matrices
+(``depth_coupling``, K = 10, 30, 50), so the ratio is that of the Jacobians plus a shared SVD part.
+
+The two are run alternately (A, B, A, B, ...) in one process; the table gives medians, the largest difference of
+the Jacobians, and the peak memory of each (CUDA: ``max_memory_allocated``; CPU: the exact allocator tracker).
+
+    python benchmarks/coupling.py                                   # GPT-2-small shape, 64 tokens, GPU if any
+    python benchmarks/coupling.py --device cpu --layers 4 --dim 256 --heads 4   # a shape that runs fast on a CPU
+"""
+
+import argparse
+import statistics
+import time
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.utils import logging as hf_logging
+
+import layerwise
+from layerwise.features.jacobian import diagonal_jacobians, trace_blocks
+from layerwise.metrics.functional_dynamics import depth_coupling
+
+hf_logging.set_verbosity_error()
+KS = (10, 30, 50)
+
+
+def build(layers: int, dim: int, heads: int, device: str) -> torch.nn.Module:
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(
+        "gpt2", n_layer=layers, n_embd=dim, n_head=heads, vocab_size=50257, n_positions=1024, attn_pdrop=0.0
+    )
+    return AutoModelForCausalLM.from_config(config).to(device).eval()
+
+
+CHUNK = {"size": None}
+
+
+def layerwise_jacobians(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    blocks = model.transformer.h
+    trace = trace_blocks(blocks, lambda: model(input_ids=ids, use_cache=False))
+    return diagonal_jacobians(blocks, trace, -1, chunk_size=CHUNK["size"])
+
+
+def authors_jacobians(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """d VJPs per block through the retained graph of one forward pass (the authors' method)."""
+    blocks = model.transformer.h
+    inputs, outputs = [], []
+    handles = [
+        block.register_forward_pre_hook(lambda m, a, k: inputs.append(a[0]), with_kwargs=True) for block in blocks
+    ]
+    handles += [
+        block.register_forward_hook(lambda m, a, o: outputs.append(o[0] if isinstance(o, tuple) else o))
+        for block in blocks
+    ]
+    try:
+        model(input_ids=ids, use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    dim = inputs[0].shape[-1]
+    eye = torch.eye(dim, device=ids.device)
+    jacobians = []
+    for block_input, block_output in zip(inputs, outputs):
+        rows = []
+        for i in range(dim):
+            (grad,) = torch.autograd.grad(block_output[0, -1, i], block_input, retain_graph=True)
+            rows.append(grad[0, -1])
+        jacobians.append(torch.stack(rows) - eye)
+    return torch.stack(jacobians).detach()
+
+
+def measure(function, model, ids, device: str) -> tuple[float, torch.Tensor, int]:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        start = time.perf_counter()
+        jacobians = function(model, ids)
+        depth_coupling(jacobians, KS)
+        torch.cuda.synchronize()
+        return time.perf_counter() - start, jacobians, torch.cuda.max_memory_allocated() - base
+    from _memory import MemoryTracker
+
+    with MemoryTracker() as tracker:
+        start = time.perf_counter()
+        jacobians = function(model, ids)
+        depth_coupling(jacobians, KS)
+        seconds = time.perf_counter() - start
+    return seconds, jacobians, tracker.peak_bytes
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--dim", type=int, default=768)
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--chunk-size", type=int, default=None, help="JVPs at once (default: all d)")
+    args = parser.parse_args()
+    CHUNK["size"] = args.chunk_size
+    print(
+        f"layerwise from {layerwise.__file__}; torch {torch.__version__}; device {args.device}"
+        + (
+            f" ({torch.cuda.get_device_name()})"
+            if args.device.startswith("cuda")
+            else f", {torch.get_num_threads()} threads"
+        )
+    )
+    model = build(args.layers, args.dim, args.heads, args.device)
+    ids = torch.randint(0, 50257, (1, args.tokens), generator=torch.Generator().manual_seed(1)).to(args.device)
+    measure(layerwise_jacobians, model, ids, args.device)  # warm-up (kernels, allocator)
+    times = {"layerwise": [], "authors": []}
+    peaks = {}
+    results = {}
+    for _ in range(args.repeats):
+        for name, function in (("layerwise", layerwise_jacobians), ("authors", authors_jacobians)):
+            seconds, jacobians, peak = measure(function, model, ids, args.device)
+            times[name].append(seconds)
+            peaks[name] = max(peaks.get(name, 0), peak)
+            results[name] = jacobians
+    difference = (results["layerwise"] - results["authors"]).abs().max().item()
+    scale = results["authors"].abs().max().item()
+    shape = f"{args.layers} x {args.dim}, {args.heads} heads, {args.tokens} tokens, chunk {args.chunk_size or 'all'}"
+    print(f"\n{shape}; medians of {args.repeats}; Jacobians max |diff| {difference:.2e} (max |J| {scale:.2f})")
+    print(f"{'method':<12}{'s / prompt':>12}{'speedup':>10}{'peak MiB':>12}")
+    base = statistics.median(times["authors"])
+    for name in ("authors", "layerwise"):
+        median = statistics.median(times[name])
+        print(f"{name:<12}{median:>12.3f}{base / median:>9.1f}x{peaks[name] / 2**20:>12.1f}")
+
+
+if __name__ == "__main__":
+    main()
