@@ -11,10 +11,11 @@ t1 != t2. It is 0 for t1 > t2 in a causal model.
 How: :func:`trace_blocks` runs the model once on one prompt and records every block's call (its input and the
 arguments the model passes: masks, RoPE position embeddings, ...). :func:`block_jacobian` then re-runs only that
 block as a function of one token's input, the other tokens fixed, with d forward-mode JVPs (``torch.func.jvp``
-vmapped over the basis, in chunks if asked; all output tokens at once). Attention runs on PyTorch's math SDPA kernel (``sdpa_kernel(SDPBackend.MATH)``, public):
-the fused kernels have no forward-mode AD. Dropout must be off: the block runs in eval mode, and ``vmap``'s
-``randomness="error"`` refuses any random op. Half/bf16 blocks are copied to float32 for the Jacobian; float64
-models stay float64. Each block is re-run on its own device, so models sharded with ``device_map`` work.
+vmapped over the basis, in chunks if asked; all output tokens at once). Attention runs on PyTorch's math SDPA
+kernel (``sdpa_kernel(SDPBackend.MATH)``, public): the fused kernels have no forward-mode AD. Dropout must be off:
+the block runs in eval mode, and ``vmap``'s ``randomness="error"`` refuses any random op. Half/bf16 blocks are
+copied to float32 for the Jacobian; float64 models stay float64. Each block is re-run on its own device, so models
+sharded with ``device_map`` work.
 """
 
 from __future__ import annotations
