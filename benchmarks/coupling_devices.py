@@ -2,12 +2,14 @@
 
 1. bf16: the same random GPT-2-shaped model in float32 and in bf16 on the GPU; the bf16 blocks are copied to
    float32 for the Jacobian, so the Jacobians differ only by the bf16 rounding of weights and block inputs.
-2. device_map: the model dispatched with accelerate over ``cuda:0`` (embeddings, first half of the blocks) and
-   the CPU (the rest); every block is re-run where it lives, and the Jacobians equal those of the model on one
-   device.
+2. device_map: the model loaded with ``device_map="auto"`` (accelerate's hooks on every block) gives the same
+   Jacobians as the model moved with ``.cuda()``; blocks offloaded to the CPU (meta weights loaded at each call)
+   are refused with a clear error.
 
     python benchmarks/coupling_devices.py            # needs a GPU and accelerate
 """
+
+import tempfile
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -26,8 +28,6 @@ def jacobians(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
 
 
 def main() -> None:
-    from accelerate import dispatch_model
-
     torch.manual_seed(0)
     config = AutoConfig.for_model("gpt2", n_layer=6, n_embd=256, n_head=4, vocab_size=1000, n_positions=128)
     reference = AutoModelForCausalLM.from_config(config).eval()
@@ -47,20 +47,30 @@ def main() -> None:
         f"{relative:.2e}; coupling score K=10,30 float32 {scores[0].tolist()} vs bf16 {scores[1].tolist()}"
     )
 
-    split = AutoModelForCausalLM.from_config(config).eval()
-    split.load_state_dict(state)
-    device_map = {
-        "transformer.wte": 0,
-        "transformer.wpe": 0,
-        "transformer.drop": 0,
-        "lm_head": "cpu",
-        "transformer.ln_f": "cpu",
-    }
-    device_map.update({f"transformer.h.{i}": 0 if i < 3 else "cpu" for i in range(6)})
-    split = dispatch_model(split, device_map=device_map)
-    devices = [str(next(block.parameters()).device) for block in split.transformer.h]
-    sharded = jacobians(split, ids.cuda())
-    print(f"device_map blocks on {devices}: max |J - J(one device)| {(sharded - exact).abs().max():.2e}")
+    with tempfile.TemporaryDirectory() as folder:
+        reference.cpu().save_pretrained(folder)
+        placed = AutoModelForCausalLM.from_pretrained(folder, device_map="auto").eval()
+        hooked = sum(hasattr(module, "_hf_hook") for module in placed.modules())
+        dispatched = jacobians(placed, ids.cuda())
+        print(
+            f"device_map='auto' ({hooked} modules with accelerate hooks): max |J - J(.cuda())| "
+            f"{(dispatched - exact).abs().max():.2e}"
+        )
+        offloaded = AutoModelForCausalLM.from_pretrained(
+            folder,
+            device_map={
+                "transformer.wte": 0,
+                "transformer.wpe": 0,
+                "transformer.h": "cpu",
+                "transformer.ln_f": 0,
+                "lm_head": 0,
+            },
+        ).eval()
+        try:
+            jacobians(offloaded, ids.cuda())
+            print("offloaded blocks: Jacobians computed")
+        except ValueError as error:
+            print(f"offloaded blocks: refused: {error}")
 
 
 if __name__ == "__main__":

@@ -162,6 +162,12 @@ def block_jacobian(
     token = range(num_tokens)[token]
     rows = torch.arange(num_tokens, device=x0.device) if out_tokens is None else torch.as_tensor(out_tokens)
     rows = rows.to(x0.device)
+    if any(parameter.is_meta for parameter in block.parameters()):
+        raise ValueError(
+            f"{type(block).__name__} has offloaded weights (on the meta device, loaded at each call): its Jacobian "
+            "needs them on a device. Load the model with a device_map that places every block on a GPU or the CPU "
+            "without offloading."
+        )
     with exact_block(block, dtype) as work:
         device = next(work.parameters(), x0).device
         base = x0.to(device=device, dtype=dtype)
