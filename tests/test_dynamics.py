@@ -161,3 +161,14 @@ def test_trajectory_shape_metric_is_the_mean_over_tokens():
     assert out["lss"].item() == pytest.approx(line_shape_score(trajectories).mean().item(), rel=1e-12)
     assert out["expodistance"].item() == pytest.approx(expodistance(trajectories).mean().item(), rel=1e-12)
     assert out["step_norm"].shape == (4,) and out["step_ratio"].shape == (3,)
+
+
+def test_exact_top_singular_equals_the_svd_also_when_ill_conditioned():
+    u, v = orthogonal(D, 15), orthogonal(D, 16)
+    for sigma in (torch.linspace(3.0, 0.5, D, dtype=torch.float64), torch.logspace(0, -9, D, dtype=torch.float64)):
+        j = with_spectrum(u, sigma, v)  # the second has sigma_k / sigma_1 down to 1e-9: the SVD path
+        top = top_singular(j, 12)
+        torch.testing.assert_close(top.s, sigma[:12], rtol=1e-10, atol=0)
+        torch.testing.assert_close(
+            top.u @ torch.diag(top.s) @ top.v.T, with_spectrum(u[:, :12], sigma[:12], v[:, :12]), rtol=0, atol=1e-10
+        )

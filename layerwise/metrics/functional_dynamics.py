@@ -54,6 +54,8 @@ def top_singular(
 ) -> TopSingular:
     """The top-k singular triplets of ``matrices`` (..., d, d), sigma descending, in float64.
 
+    ``method="full"`` is exact (an eigendecomposition of J^T J when the top k are well conditioned, else the SVD).
+
     ``method="randomized"`` uses ``torch.svd_lowrank`` (Halko et al.) with ``k + oversample`` columns and ``niter``
     power iterations, then checks every triplet: ``max(||J v - s u||, ||J^T u - s v||) <= tol * s_1``. If any fails,
     it warns once with the residual found and returns the full SVD instead (``method`` says which was used).
@@ -80,8 +82,23 @@ def top_singular(
         raise ValueError(f"`method` must be 'full' or 'randomized', got {method!r}.")
     else:
         method = "full"
+    return TopSingular(*_top_singular_exact(x, k), method)
+
+
+def _top_singular_exact(x: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:
+    """Top-k triplets from the float64 eigendecomposition of the Gram matrix J^T J, else from the SVD.
+
+    ``eigh`` of J^T J is ~7x faster than ``svd`` of J on a GPU (12 x 768 x 768: 0.10 s against 0.68 s on an H100)
+    and gives sigma_k with a relative error of about eps * (sigma_1 / sigma_k)^2; u_k = J v_k / sigma_k. So it is
+    used only when every sigma_k >= 1e-4 sigma_1 (error <= ~1e-8); otherwise the SVD of J.
+    """
+    values, vectors = torch.linalg.eigh(x.transpose(-1, -2) @ x)
+    s = values.flip(-1)[..., :k].clamp_min(0).sqrt()
+    if bool((s[..., -1] >= 1e-4 * s[..., 0]).all()) and bool((s[..., 0] > 0).all()):
+        v = vectors.flip(-1)[..., :k]
+        return (x @ v) / s.unsqueeze(-2), s, v
     u, s, vh = torch.linalg.svd(x)
-    return TopSingular(u[..., :k], s[..., :k], vh[..., :k, :].transpose(-1, -2), method)
+    return u[..., :k], s[..., :k], vh[..., :k, :].transpose(-1, -2)
 
 
 def _mis_coupling_from(a: Tensor, s1: Tensor, form: CouplingForm) -> Tensor:
@@ -131,7 +148,8 @@ def pairwise_mis_coupling(
         )
     k_max = max(ks)
     basis = top_singular(jacobians_b, k_max, method=method)
-    s_a = torch.linalg.svdvals(jacobians_a.to(_F64))
+    same = jacobians_a is jacobians_b and basis.method == "full"
+    s_a = basis.s if same else torch.linalg.svdvals(jacobians_a.to(_F64))  # depth-wise: one SVD per Jacobian
     a = jacobians_a.to(_F64)
     out = []
     for k in ks:
