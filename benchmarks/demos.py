@@ -5,7 +5,9 @@
 
 Each mode is one ``layerwise fit --config configs/demo/<name>.yaml`` (the documented command), run here one after
 the other with its wall time; the table is read from the last validation JSON of each run. For Shakespeare, text is
-then generated from the middle layer and the last layer of each model with ``layerwise generate``.
+then generated from the middle layer and the last layer of each model with ``layerwise generate``, and the block
+coupling that ``BlockCoupling`` measured at every validation is tabulated against the untrained model's
+(``layerwise validate`` of the same config and seed).
 """
 
 import argparse
@@ -34,6 +36,35 @@ def run(config: str, out: Path) -> tuple[float, Path]:
     seconds = time.perf_counter() - start
     versions = sorted((out / config).glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
     return seconds, versions[-1]
+
+
+def validate_at_init(config: str, out: Path) -> dict:
+    """``layerwise validate`` of the config's untrained model (the same seed, so the fit's initial weights)."""
+    command = [sys.executable, "-m", "layerwise", "validate", "--config", f"configs/demo/{config}.yaml"]
+    command += [f"--trainer.logger.init_args.save_dir={out}", "--trainer.enable_progress_bar=false"]
+    subprocess.run(command, cwd=ROOT, check=True)
+    versions = sorted((out / config).glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+    return last_summary(versions[-1])
+
+
+def all_summaries(run_dir: Path) -> list[dict]:
+    files = sorted((p for p in (run_dir / "layerwise").glob("val_epoch_*.json") if is_summary(p)), key=summary_order)
+    return [json.loads(path.read_text()) for path in files]
+
+
+def coupling_table(rows: list[tuple[str, int, dict]]) -> str:
+    """One row per (model, step): coupling score per K, LSS, expodistance, linearisation cosine."""
+    ks = rows[0][2]["coupling"]["ks"]
+    header = "| model | step | " + " | ".join(f"coupling K={k}" for k in ks) + " | LSS | ED | lin. cos |"
+    lines = [header, "|" + "---|" * (5 + len(ks))]
+    for name, step, summary in rows:
+        c = summary["coupling"]
+        scores = " | ".join(f"{value:.4f}" for value in c["coupling_score"])
+        lines.append(
+            f"| {name} | {step} | {scores} | {c['trajectory_lss']:.3f} | {c['trajectory_expodistance']:.3f} "
+            f"| {c['linearisation_cosine']:.3f} |"
+        )
+    return "\n".join(lines)
 
 
 def last_summary(run_dir: Path) -> dict:
@@ -75,6 +106,13 @@ def main() -> None:
     keys = ["accuracy", "perplexity"] if args.demo == "shakespeare" else ["accuracy"]
     print(table(summaries, keys))
     if args.demo == "shakespeare":
+        start = time.perf_counter()
+        init = validate_at_init(DEMOS[args.demo][0], args.out / "init")
+        rows = [("(initialisation)", 0, init)]
+        for name, run_dir in runs.items():
+            rows += [(name, summary["global_step"], summary) for summary in all_summaries(run_dir)]
+        print(f"\nblock coupling (16 validation blocks, last token; init: {time.perf_counter() - start:.0f} s):\n")
+        print(coupling_table(rows))
         depth = next(iter(summaries.values()))["depth"]
         for name, run_dir in runs.items():
             print(f"\n{name}: generated from layers {depth // 2} and {depth} (top-k 10, seed 0):")

@@ -425,6 +425,7 @@ def coupling(
     dtype: Literal["auto", "float32", "bfloat16", "float16", "float64"] = "auto",
     device: Optional[str] = None,
     device_map: Optional[str] = None,
+    chunk_size: Optional[int] = None,
     correlate: Optional[Path] = None,
     score_column: Optional[str] = None,
     k: Optional[int] = None,
@@ -452,6 +453,7 @@ def coupling(
         dtype: load the model in this dtype (auto: as saved); Jacobians are float32 (float64 for float64).
         device: cpu, cuda, cuda:1, ... (default: cuda when available); ignored with --device_map.
         device_map: shard the model over GPUs, e.g. auto (Hugging Face/accelerate).
+        chunk_size: JVPs run at once per block (default all d); lower it to bound the memory of wide models.
         correlate: a CSV with coupling_json (paths) and score columns: fit the regression instead.
         score_column: the score column of --correlate (default: the first).
         k: the K whose coupling score --correlate uses (default: the first K of each file).
@@ -470,6 +472,8 @@ def coupling(
         raise ValueError("`--max_prompts` must be >= 1 and `--max_tokens` >= 2.")
     if not ks or min(ks) < 1:
         raise ValueError(f"`--ks={ks}` must be positive ints.")
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"`--chunk_size={chunk_size}` must be >= 1.")
     if token_blocks is not None and len(token_blocks) != 2:
         raise ValueError(f"`--token_blocks={token_blocks}` must be two block numbers.")
     texts = load_prompts(prompts, max_prompts)
@@ -480,7 +484,8 @@ def coupling(
         raise ValueError(f"`--ks={ks}`: every K must be at most the model width d={lm.config.hidden_size}.")
     pair = [1, total] if token_blocks is None else token_blocks
     _check_layer_numbers("--token_blocks", pair, total)
-    analysis = CouplingAnalysis(lm, ks, tokens, form, method, token_pair_blocks=(pair[0] - 1, pair[1] - 1))
+    pair_blocks = (pair[0] - 1, pair[1] - 1)
+    analysis = CouplingAnalysis(lm, ks, tokens, form, method, token_pair_blocks=pair_blocks, chunk_size=chunk_size)
     for text in tqdm(texts, desc="prompts", unit="prompt"):
         batch = tokenizer_object(text, return_tensors="pt", truncation=True, max_length=max_tokens)
         if batch["input_ids"].shape[1] < 2:

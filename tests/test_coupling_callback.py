@@ -75,3 +75,14 @@ def test_block_coupling_on_two_processes_equals_one(tmp_path, single_thread):
     many = analyse(tmp_path / "many", devices=2, strategy="ddp_fork")
     assert one["coupling"]["num_prompts"] == many["coupling"]["num_prompts"] == 5
     assert_json_close(many, one, atol=1e-12, rtol=1e-9)
+
+
+def test_block_coupling_on_a_vit_at_the_cls_token(tmp_path):
+    from helpers import fitted_module, val_loader
+
+    callback = BlockCoupling(n_samples=4, ks=(2, 4), tokens="first", log_figures=False)
+    trainer(tmp_path, [callback]).validate(fitted_module(), val_loader(16), verbose=False)
+    coupling = read_summary(tmp_path)["coupling"]
+    assert coupling["num_prompts"] == 4 and coupling["token"] == "first"
+    assert all(-1.5 < score < 0 for score in coupling["coupling_score"])
+    assert coupling["trajectory_lss"] >= 1.0

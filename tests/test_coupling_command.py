@@ -85,3 +85,14 @@ def test_correlate_fits_the_regression(tmp_path, capsys):
     assert 0 < fit["p_value"] < 0.05 and fit["n"] == 4
     assert (tmp_path / "fit" / "correlation.png").stat().st_size > 1000
     assert "R²" in capsys.readouterr().out
+
+
+def test_coupling_configs_parse_with_the_command_parser():
+    from pathlib import Path
+
+    from layerwise.cli import command_parser, coupling
+
+    root = Path(__file__).resolve().parents[1]
+    for config in sorted((root / "configs" / "coupling").glob("*.yaml")):
+        parsed = command_parser("coupling", coupling).parse_args(["--config", str(config)])
+        assert parsed.model and (root / parsed.prompts).is_file() and max(parsed.ks) <= 512, config

@@ -38,6 +38,7 @@ class BlockCoupling(Callback):
         form: mis-coupling form, ``"code"`` (the authors') or ``"offdiag"``.
         method: ``"full"`` SVD or ``"randomized"`` (checked against a residual bound; falls back with a warning).
         log_figures: draw the heatmap and spectra as TensorBoard images (global rank zero).
+        chunk_size: JVPs run at once per block (default all d); lower it to bound the memory of wide models.
     """
 
     def __init__(
@@ -49,6 +50,7 @@ class BlockCoupling(Callback):
         form: Literal["code", "offdiag"] = "code",
         method: Literal["full", "randomized"] = "full",
         log_figures: bool = True,
+        chunk_size: Optional[int] = None,
     ) -> None:
         for name, value in (("every_n_epochs", every_n_epochs), ("n_samples", n_samples)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -65,10 +67,17 @@ class BlockCoupling(Callback):
         self.ks = tuple(ks)
         self.form, self.method = form, method
         self.log_figures = log_figures
+        if chunk_size is not None and (
+            isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
+        ):
+            raise ValueError(f"`chunk_size={chunk_size!r}` must be a positive int or null.")
+        self.chunk_size = chunk_size
         self._analysis: Optional[CouplingAnalysis] = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        self._analysis = CouplingAnalysis(pl_module, self.ks, self.tokens, self.form, self.method)
+        self._analysis = CouplingAnalysis(
+            pl_module, self.ks, self.tokens, self.form, self.method, chunk_size=self.chunk_size
+        )
 
     def _should_run(self, trainer: Trainer) -> bool:
         if trainer.sanity_checking:

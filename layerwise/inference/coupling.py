@@ -76,6 +76,7 @@ class CouplingAnalysis:
         method: ``"full"`` SVD or ``"randomized"`` (checked; falls back with a warning).
         token_pair_blocks: also keep, for the first prompt, the token-wise (self) coupling T x T of these two
             0-based blocks (the command's figure), or None.
+        chunk_size: JVPs run at once per block (default all d; lower it to bound the memory of wide models).
     """
 
     def __init__(
@@ -86,8 +87,10 @@ class CouplingAnalysis:
         form: CouplingForm = "code",
         method: SvdMethod = "full",
         token_pair_blocks: Optional[tuple[int, int]] = None,
+        chunk_size: Optional[int] = None,
     ) -> None:
         self.model = find_model(model)
+        self.chunk_size = chunk_size
         self.paths = layer_paths(self.model)
         self.blocks = get_blocks(self.model, self.paths)
         self.num_layers = len(self.blocks)
@@ -125,7 +128,7 @@ class CouplingAnalysis:
             num_tokens = trace.calls[0].inputs.shape[0]
             self.check_width(trace.calls[0].inputs.shape[-1])
             token = resolve_token(self.tokens, num_tokens)
-            jacobians = diagonal_jacobians(self.blocks, trace, token)
+            jacobians = diagonal_jacobians(self.blocks, trace, token, chunk_size=self.chunk_size)
             trajectory = trace.trajectory
             self.depth.update(jacobians)
             self.spectrum.update(jacobians)
@@ -144,7 +147,10 @@ class CouplingAnalysis:
             block, call = self.blocks[index], trace.calls[index]
             stacks.append(
                 torch.stack(
-                    [diagonal_jacobians([block], BlockTrace([call]), t)[0] for t in range(call.inputs.shape[0])]
+                    [
+                        diagonal_jacobians([block], BlockTrace([call]), t, chunk_size=self.chunk_size)[0]
+                        for t in range(call.inputs.shape[0])
+                    ]
                 )
             )
         return pairwise_mis_coupling(stacks[0], stacks[1], ks=(min(self.ks),), form=self.form)[0].cpu()
