@@ -422,6 +422,7 @@ def coupling(
     form: Literal["code", "offdiag"] = "code",
     method: Literal["full", "randomized"] = "full",
     token_blocks: Optional[list[int]] = None,
+    token_mode: Literal["self", "fixed_input", "fixed_output"] = "self",
     dtype: Literal["auto", "float32", "bfloat16", "float16", "float64"] = "auto",
     device: Optional[str] = None,
     device_map: Optional[str] = None,
@@ -450,6 +451,8 @@ def coupling(
         form: mis-coupling form: code (the authors') or offdiag.
         method: full SVD, or randomized (checked; falls back to full with a warning).
         token_blocks: two block numbers (1..L) for the token-wise heatmap of the first prompt (default: 1 and L).
+        token_mode: token-wise coupling: self (J_tt against J_t't'), fixed_input (from token 0 to every output) or
+            fixed_output (from every input to the last token).
         dtype: load the model in this dtype (auto: as saved); Jacobians are float32 (float64 for float64).
         device: cpu, cuda, cuda:1, ... (default: cuda when available); ignored with --device_map.
         device_map: shard the model over GPUs, e.g. auto (Hugging Face/accelerate).
@@ -485,7 +488,9 @@ def coupling(
     pair = [1, total] if token_blocks is None else token_blocks
     _check_layer_numbers("--token_blocks", pair, total)
     pair_blocks = (pair[0] - 1, pair[1] - 1)
-    analysis = CouplingAnalysis(lm, ks, tokens, form, method, token_pair_blocks=pair_blocks, chunk_size=chunk_size)
+    analysis = CouplingAnalysis(
+        lm, ks, tokens, form, method, token_pair_blocks=pair_blocks, chunk_size=chunk_size, token_mode=token_mode
+    )
     for text in tqdm(texts, desc="prompts", unit="prompt"):
         batch = tokenizer_object(text, return_tensors="pt", truncation=True, max_length=max_tokens)
         if batch["input_ids"].shape[1] < 2:

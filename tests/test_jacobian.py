@@ -148,3 +148,35 @@ def test_dropout_must_be_off_and_batches_are_refused():
     assert block.training  # and the mode is restored
     with pytest.raises(ValueError, match="one prompt at a time"):
         trace_blocks(blocks, lambda: block(torch.randn(2, 3, 4)))
+
+
+@pytest.mark.parametrize("mode", ["self", "fixed_input", "fixed_output"])
+def test_token_wise_coupling_modes_equal_a_direct_computation(mode):
+    from layerwise.inference.coupling import token_coupling
+    from layerwise.metrics.functional_dynamics import mis_coupling
+
+    model = build("gpt2", "causal_lm").double().eval()
+    blocks = get_blocks(model, layer_paths(model))
+    batch = one_prompt("gpt2")
+    trace = trace_blocks(blocks, lambda: run(model, batch))
+    num_tokens = trace.calls[0].inputs.shape[0]
+    matrix = token_coupling(blocks, trace, 0, 2, mode, k=4)
+    assert matrix.shape == (num_tokens, num_tokens)
+
+    def jacobian(layer: int, t: int) -> torch.Tensor:  # the Jacobian the mode pairs at index t
+        t1, t2 = {"self": (t, t), "fixed_input": (0, t), "fixed_output": (t, num_tokens - 1)}[mode]
+        return block_jacobian(blocks[layer], trace.calls[layer], t1, out_tokens=[t2])[0]
+
+    for t, t_prime in ((0, 0), (1, 4), (num_tokens - 1, 2)):
+        expected = mis_coupling(jacobian(0, t), jacobian(2, t_prime), 4)
+        torch.testing.assert_close(matrix[t, t_prime], expected, rtol=1e-9, atol=1e-12)
+
+
+def test_token_wise_self_coupling_of_token_linear_blocks_is_zero():
+    from layerwise.inference.coupling import token_coupling
+
+    weight = torch.randn(6, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    blocks = nn.Sequential(TokenLinear(weight), TokenLinear(2.0 * weight))  # same bases, scaled singular values
+    x = torch.randn(1, 5, 6, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    trace = trace_blocks(blocks, lambda: blocks(x))
+    assert token_coupling(blocks, trace, 0, 1, "self", k=3).abs().max() < 1e-12

@@ -70,14 +70,15 @@ def trajectory(coupling: dict[str, Any]) -> Figure:
     return fig
 
 
-def token_coupling(matrix: Any, blocks: Sequence[int], k: int) -> Figure:
-    """T x T self token-wise mis-coupling of two blocks."""
+def token_coupling(matrix: Any, blocks: Sequence[int], k: int, mode: str = "self") -> Figure:
+    """T x T token-wise mis-coupling of two blocks (``self``, ``fixed_input`` or ``fixed_output``)."""
     values = np.asarray(matrix, dtype=float)
     fig, ax = _figure(4.6, 4.0, right=0.95)
     image = ax.imshow(values, cmap="magma_r", vmin=0.0)
-    ax.set_xlabel(f"token t' (block {blocks[1] + 1}, basis)")
-    ax.set_ylabel(f"token t (block {blocks[0] + 1})")
-    ax.set_title(f"Token-wise mis-coupling, K = {k}", fontsize="medium")
+    axis = {"self": "token", "fixed_input": "output token (input 0)", "fixed_output": "input token (output T)"}[mode]
+    ax.set_xlabel(f"{axis} (block {blocks[1] + 1}, basis)")
+    ax.set_ylabel(f"{axis} (block {blocks[0] + 1})")
+    ax.set_title(f"Token-wise mis-coupling ({mode}), K = {k}", fontsize="medium")
     fig.colorbar(image, ax=ax, shrink=0.85)
     return fig
 

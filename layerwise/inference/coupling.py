@@ -16,14 +16,56 @@ from typing import Any, Literal, Optional, Union
 import torch
 from torch import Tensor, nn
 
-from layerwise.features.jacobian import BlockTrace, diagonal_jacobians, trace_blocks
+from layerwise.features.jacobian import BlockTrace, block_jacobian, diagonal_jacobians, trace_blocks
 from layerwise.features.paths import family_of, get_blocks, layer_paths, task_of
 from layerwise.metrics import DepthCoupling, JacobianSpectrum, LinearisationCosine, TrajectoryShape
 from layerwise.metrics.functional_dynamics import CouplingForm, SvdMethod, pairwise_mis_coupling
 from layerwise.metrics.sync import all_reduce_sum_states
 
 Token = Union[Literal["last", "first"], int]
+TokenMode = Literal["self", "fixed_input", "fixed_output"]
 _TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+def token_coupling(
+    blocks: Sequence[nn.Module],
+    trace: BlockTrace,
+    first: int,
+    second: int,
+    mode: TokenMode = "self",
+    k: int = 10,
+    form: CouplingForm = "code",
+    chunk_size: Optional[int] = None,
+) -> Tensor:
+    """Token-wise mis-coupling T x T of blocks ``first`` (l) and ``second`` (l') on one traced prompt.
+
+    - ``self``: ``M[t, t'] = m_K(J^l_{tt}, J^{l'}_{t't'})``, every token's own Jacobian;
+    - ``fixed_input``: the input token is t1 = 0, ``M[t2, t2'] = m_K(J^l_{0->t2}, J^{l'}_{0->t2'})`` (token 0
+      reaches every output, also in a causal model);
+    - ``fixed_output``: the output token is t2 = T-1, ``M[t1, t1'] = m_K(J^l_{t1->T-1}, J^{l'}_{t1'->T-1})``
+      (the last token sees every input).
+
+    The basis is always that of the column's Jacobian (block l'). An entry whose Jacobian is zero (no path from
+    input to output) is NaN.
+    """
+    num_tokens = trace.calls[first].inputs.shape[0]
+
+    def stack(index: int) -> Tensor:
+        block, call = blocks[index], trace.calls[index]
+        if mode == "fixed_input":
+            return block_jacobian(block, call, 0, chunk_size=chunk_size)
+        last = [num_tokens - 1] if mode == "fixed_output" else None
+        return torch.stack(
+            [
+                block_jacobian(block, call, t, out_tokens=last or [t], chunk_size=chunk_size)[0]
+                for t in range(num_tokens)
+            ]
+        )
+
+    if mode not in ("self", "fixed_input", "fixed_output"):
+        raise ValueError(f"`mode={mode!r}` must be 'self', 'fixed_input' or 'fixed_output'.")
+    a, b = stack(first), stack(second).to(trace.calls[first].inputs.device)
+    return pairwise_mis_coupling(a.to(b.device), b, ks=(k,), form=form)[0]
 
 
 def find_model(root: nn.Module) -> nn.Module:
@@ -77,6 +119,7 @@ class CouplingAnalysis:
         token_pair_blocks: also keep, for the first prompt, the token-wise (self) coupling T x T of these two
             0-based blocks (the command's figure), or None.
         chunk_size: JVPs run at once per block (default all d; lower it to bound the memory of wide models).
+        token_mode: the token-wise coupling kept for the first prompt (see :func:`token_coupling`).
     """
 
     def __init__(
@@ -88,9 +131,13 @@ class CouplingAnalysis:
         method: SvdMethod = "full",
         token_pair_blocks: Optional[tuple[int, int]] = None,
         chunk_size: Optional[int] = None,
+        token_mode: TokenMode = "self",
     ) -> None:
         self.model = find_model(model)
         self.chunk_size = chunk_size
+        if token_mode not in ("self", "fixed_input", "fixed_output"):
+            raise ValueError(f"`token_mode={token_mode!r}` must be 'self', 'fixed_input' or 'fixed_output'.")
+        self.token_mode = token_mode
         self.paths = layer_paths(self.model)
         self.blocks = get_blocks(self.model, self.paths)
         self.num_layers = len(self.blocks)
@@ -140,20 +187,11 @@ class CouplingAnalysis:
                     self.token_coupling = self._token_coupling(trace)
 
     def _token_coupling(self, trace: BlockTrace) -> Tensor:
-        """Self token-wise coupling of two blocks: M[t, t'] = m_K(J^l_{tt}, J^l'_{t't'}) for the smallest K."""
+        """Token-wise coupling of the two chosen blocks on this prompt, for the smallest K."""
         first, second = self.token_pair_blocks
-        stacks = []
-        for index in (first, second):
-            block, call = self.blocks[index], trace.calls[index]
-            stacks.append(
-                torch.stack(
-                    [
-                        diagonal_jacobians([block], BlockTrace([call]), t, chunk_size=self.chunk_size)[0]
-                        for t in range(call.inputs.shape[0])
-                    ]
-                )
-            )
-        return pairwise_mis_coupling(stacks[0], stacks[1], ks=(min(self.ks),), form=self.form)[0].cpu()
+        return token_coupling(
+            self.blocks, trace, first, second, self.token_mode, min(self.ks), self.form, self.chunk_size
+        ).cpu()
 
     def to(self, device: Any) -> CouplingAnalysis:
         """Move the metrics' states (e.g. to the GPU before an NCCL reduction)."""
@@ -247,13 +285,14 @@ def coupling_files(analysis: CouplingAnalysis, results: dict[str, Any], out: Any
     drawn = figures.coupling_figures(record)
     if analysis.token_coupling is not None:
         record["token_coupling"] = {
+            "mode": analysis.token_mode,
             "blocks": [block + 1 for block in analysis.token_pair_blocks],
             "k": min(analysis.ks),
             "prompt": 0,
             "matrix": to_json(analysis.token_coupling),
         }
         drawn["coupling_tokens"] = figures.token_coupling(
-            analysis.token_coupling, analysis.token_pair_blocks, min(analysis.ks)
+            analysis.token_coupling, analysis.token_pair_blocks, min(analysis.ks), analysis.token_mode
         )
     if analysis.example_trajectory is not None:
         drawn["coupling_pca"] = figures.trajectory_pca(analysis.example_trajectory)
