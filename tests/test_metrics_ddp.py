@@ -29,6 +29,7 @@ from layerwise.metrics import (
     readout_from_logits,
     saturation_layers,
 )
+from layerwise.metrics.compare import CrossModelCKA
 
 N, L, D, C = 37, 3, 5, 4
 RANK_SPLITS = ((11, 8), (5, 13))  # rank 0 gets samples 0..18, rank 1 gets 19..36
@@ -64,6 +65,8 @@ def build_metrics(**kwargs):
         "cka_offset": LayerCKA(L, D, **kwargs),
         "nc1_offset": LayerNC1(L, D, C + 1, **kwargs),
         "cos_offset": LayerCosineSimilarity(L, **kwargs),
+        # two "models" of different depth and width on the same tokens, far from the origin
+        "cross_cka": CrossModelCKA(L, D, L - 1, 3, **kwargs),
     }
 
 
@@ -75,7 +78,10 @@ def run_metrics(start: int, splits, **kwargs):
         start += size
         saturation = saturation_layers(lg.argmax(-1))
         for name, metric in metrics.items():
-            if name.endswith("_offset"):
+            if name == "cross_cka":
+                other = h[1:, :, :3].double() ** 2 + 0.5 * h[:-1, :, 2:].double() - 1e6
+                metric.update(h.double() + 1e6, other)
+            elif name.endswith("_offset"):
                 offset = h.to(torch.float64) + 1e6
                 metric.update(offset, t) if name.startswith("nc1") else metric.update(offset)
             elif name.startswith("cos") or name == "cka":
@@ -139,6 +145,7 @@ def test_two_ranks_equal_one_rank(tmp_path):
 
     single = {name: metric.compute() for name, metric in run_metrics(0, SINGLE_SPLITS).items()}
     assert not single["saturation_cos_centered"][:-1].isnan().all()  # some samples saturate early
+    assert single["cross_cka"].shape == (L, L - 1) and single["cross_cka"].isfinite().all()
     for name in ("cka", "nc1", "cos_centered"):  # the offset costs nothing, on one rank or two
         torch.testing.assert_close(single[f"{name.split('_')[0]}_offset"], single[name].double(), rtol=0, atol=1e-9)
     for rank in range(2):

@@ -1,5 +1,6 @@
 """Layer-wise metrics: pure functions in ``functional`` and torchmetrics ``Metric`` classes of sufficient statistics."""
 
+from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
 from layerwise.metrics.count import NonFiniteRows, SampleCount
 from layerwise.metrics.dynamics import DepthCoupling, JacobianSpectrum, LinearisationCosine, TrajectoryShape
 from layerwise.metrics.functional import (
@@ -13,6 +14,7 @@ from layerwise.metrics.functional import (
     saturation_cosine,
     saturation_layers,
 )
+from layerwise.metrics.functional_compare import arccos_distance, cross_cka, minibatch_cross_cka
 from layerwise.metrics.functional_dynamics import (
     coupling_score,
     depth_coupling,
@@ -29,6 +31,11 @@ from layerwise.metrics.similarity import LayerCKA, LayerCosineSimilarity, Miniba
 from layerwise.metrics.sync import all_reduce_sum_states
 
 __all__ = [
+    "CrossModelCKA",
+    "MinibatchCrossCKA",
+    "arccos_distance",
+    "cross_cka",
+    "minibatch_cross_cka",
     "DepthCoupling",
     "JacobianSpectrum",
     "LinearisationCosine",
