@@ -2,6 +2,7 @@
 
 from layerwise.callbacks.analysis import LayerwiseAnalysis
 from layerwise.callbacks.base import LayerwiseMonitor
+from layerwise.callbacks.compare import CrossModelComparison
 from layerwise.callbacks.coupling import BlockCoupling
 from layerwise.callbacks.early_exit_writer import EarlyExitPredictionWriter
 from layerwise.callbacks.effective_depth import EffectiveDepthMonitor
@@ -12,6 +13,7 @@ from layerwise.callbacks.similarity import LayerSimilarityMonitor
 
 __all__ = [
     "BlockCoupling",
+    "CrossModelComparison",
     "EarlyExitPredictionWriter",
     "EffectiveDepthMonitor",
     "LayerSimilarityMonitor",

@@ -220,6 +220,17 @@ def find_layer_paths(root: nn.Module, option: str = "blocks") -> LayerPaths:
     )
 
 
+def find_model(root: nn.Module, option: str = "model") -> nn.Module:
+    """The first model of a known family inside ``root`` (a LightningModule, or the model itself)."""
+    for _, module in root.named_modules():
+        if family_of(module) is not None and task_of(module) is not None:
+            return module
+    raise ValueError(
+        f"`{option}`: layerwise found no model of a known family (known: {sorted(FAMILIES)}) inside "
+        f"{type(root).__name__}."
+    )
+
+
 def get_part(root: nn.Module, path: str, option: str) -> Optional[nn.Module]:
     """The submodule at ``path`` (``None`` for a missing optional ``path?``), else a ValueError naming ``option``."""
     optional = path.endswith("?")

@@ -144,6 +144,10 @@ def summary_figures(summary: dict[str, Any]) -> dict[str, Figure]:
         figures["early_exit"] = exits_per_layer(summary["early_exit"], layers)
     if summary.get("effective_depth"):
         figures["effective_depth"] = effective_depth(summary)
+    if summary.get("compare"):
+        from layerwise.figures.compare import cka_across_models
+
+        figures["compare_cka"] = cka_across_models(summary["compare"])
     if summary.get("coupling"):
         from layerwise.figures.coupling import coupling_figures  # it draws with this module's helpers
 

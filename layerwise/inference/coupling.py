@@ -17,7 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from layerwise.features.jacobian import BlockTrace, block_jacobian, diagonal_jacobians, trace_blocks
-from layerwise.features.paths import family_of, get_blocks, layer_paths, task_of
+from layerwise.features.paths import find_model, get_blocks, layer_paths
 from layerwise.metrics import DepthCoupling, JacobianSpectrum, LinearisationCosine, TrajectoryShape
 from layerwise.metrics.functional_dynamics import CouplingForm, SvdMethod, pairwise_mis_coupling
 from layerwise.metrics.sync import all_reduce_sum_states
@@ -66,14 +66,6 @@ def token_coupling(
         raise ValueError(f"`mode={mode!r}` must be 'self', 'fixed_input' or 'fixed_output'.")
     a, b = stack(first), stack(second).to(trace.calls[first].inputs.device)
     return pairwise_mis_coupling(a.to(b.device), b, ks=(k,), form=form)[0]
-
-
-def find_model(root: nn.Module) -> nn.Module:
-    """The first model of a known family inside ``root`` (a LightningModule, or the model itself)."""
-    for _, module in root.named_modules():
-        if family_of(module) is not None and task_of(module) is not None:
-            return module
-    raise ValueError(f"Block coupling found no model of a known family inside {type(root).__name__}.")
 
 
 def one_prompt(batch: Any) -> tuple[dict[str, Tensor], tuple[Tensor, ...]]:

@@ -53,6 +53,8 @@ class CrossModelCKA(_ShiftedSumStateMetric):
                 f"{tuple(a.shape)} and {tuple(b.shape)}."
             )
         n = a.shape[1]
+        if n == 0:
+            return
         flat = torch.cat(
             [a.to(torch.float64).transpose(0, 1).reshape(n, -1), b.to(torch.float64).transpose(0, 1).reshape(n, -1)],
             dim=1,
@@ -132,6 +134,8 @@ class MinibatchCrossCKA(_SumStateMetric):
         _check_pair(a, b)
         if a.shape[0] != self.layers_a or b.shape[0] != self.layers_b:
             raise ValueError(f"Expected {self.layers_a} and {self.layers_b} layers, got {a.shape[0]} and {b.shape[0]}.")
+        if a.shape[1] == 0:
+            return
         self._pending.append((a.detach(), b.detach()))
         self._num_pending += a.shape[1]
         while self._num_pending >= self.chunk:

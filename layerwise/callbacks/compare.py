@@ -1,0 +1,244 @@
+"""Compare the trained model with a second, frozen model on every validation batch: CKA across models."""
+
+from collections.abc import Mapping
+from contextlib import ExitStack
+from typing import Any, Literal, Optional
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.trainer.states import TrainerFn
+from torch import Tensor, nn
+
+from layerwise.callbacks._output import _log_dir, _run_id, show, tensorboard
+from layerwise.callbacks._sampling import real_samples_on_rank
+from layerwise.features.hooks import hooked_blocks
+from layerwise.features.paths import find_model, get_blocks, layer_paths
+from layerwise.metrics import all_reduce_sum_states
+from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
+from layerwise.metrics.functional_compare import arccos_distance
+from layerwise.results import merge_summary, summary_path, to_json
+
+_OPTION = "--trainer.callbacks.model_b"
+
+
+def load_model_b(model_b: str, dtype: Optional[str] = None) -> nn.Module:
+    """Model B from a layerwise checkpoint (``.ckpt``) or a Hugging Face hub id / folder (its base model)."""
+    if str(model_b).endswith(".ckpt"):
+        from layerwise.lightning_modules.checkpoint import load_module
+
+        return find_model(load_module(model_b), _OPTION)
+    from transformers import AutoModel
+
+    from layerwise.features.hf import build_model
+
+    options = {"dtype": getattr(torch, dtype)} if dtype else None
+    return build_model(AutoModel, model_b, None, True, options, _OPTION)
+
+
+def model_inputs(batch: Any) -> tuple[tuple[Tensor, ...], dict[str, Tensor], Optional[Tensor]]:
+    """Positional and keyword inputs of a batch for a table-known model, and the attention mask (None: images)."""
+    if isinstance(batch, Mapping):
+        kwargs = {key: batch[key] for key in ("input_ids", "attention_mask", "token_type_ids") if key in batch}
+        return (), kwargs, batch.get("attention_mask")
+    x = batch[0] if isinstance(batch, (tuple, list)) else batch
+    return (x,), {}, None
+
+
+class CrossModelComparison(Callback):
+    """CKA between every layer of the trained model (A) and every layer of a frozen model B, on the same tokens.
+
+    Model B (a Hugging Face hub id or folder, or a layerwise ``.ckpt``) is loaded frozen, in eval mode, on the
+    module's device. For every validation batch, the outputs of A's blocks are taken with hooks during the module's
+    own forward pass, B runs on the same batch, and the block outputs (the residual stream after each block; with
+    ``include_embeddings`` also the input of block 1 as layer 0) at every real token (padding masked by the
+    batch's ``attention_mask``; ``mask_padding=False`` keeps every position, the paper's behaviour) feed
+    ``CrossModelCKA`` (exact, identical on 1 or n DDP processes, memory independent of the number of tokens) and,
+    with ``minibatch``, ``MinibatchCrossCKA`` (chunks of ``chunk`` tokens, both aggregations).
+
+    Writes the ``compare`` object of the epoch's summary JSON (``cka`` L_A x L_B, ``arccos_distance`` for models of
+    equal depth, the minibatch matrices), logs ``val/compare/arccos_distance`` and ``val/compare/cka_diagonal_mean``,
+    and draws the heatmap to TensorBoard (``log_figures``).
+
+    Args:
+        model_b: hub id, local folder or layerwise checkpoint of model B (same tokenizer / inputs as A).
+        include_embeddings: also compare the embedding output (layer 0).
+        mask_padding: drop padded positions (default); ``False`` keeps them.
+        minibatch: also compute the unbiased minibatch CKA.
+        chunk: tokens per minibatch chunk.
+        every_n_epochs: compare every n-th validation epoch while fitting (``validate`` always compares).
+        dtype: load B in this dtype (``bfloat16``, ...); default as saved.
+        log_figures: draw the CKA heatmap to TensorBoard (global rank zero).
+    """
+
+    def __init__(
+        self,
+        model_b: str,
+        include_embeddings: bool = False,
+        mask_padding: bool = True,
+        minibatch: bool = False,
+        chunk: int = 1024,
+        every_n_epochs: int = 1,
+        dtype: Optional[Literal["float32", "bfloat16", "float16", "float64"]] = None,
+        log_figures: bool = True,
+    ) -> None:
+        if every_n_epochs < 1 or chunk < 4:
+            raise ValueError(f"`every_n_epochs={every_n_epochs}` must be >= 1 and `chunk={chunk}` >= 4.")
+        self.model_b_name = model_b
+        self.include_embeddings, self.mask_padding, self.minibatch = include_embeddings, mask_padding, minibatch
+        self.chunk, self.every_n_epochs, self.dtype, self.log_figures = chunk, every_n_epochs, dtype, log_figures
+        self._model_b: Optional[nn.Module] = None
+        self._exact: Optional[CrossModelCKA] = None
+        self._minibatch: Optional[MinibatchCrossCKA] = None
+        self._stack: Optional[ExitStack] = None
+        self._outputs_a: dict[int, Tensor] = {}
+        self._active = False
+        self._budget: Optional[int] = None
+
+    # -- set-up --------------------------------------------------------------------------------------------------
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._model_a = find_model(pl_module, "the LightningModule")
+        self._blocks_a = get_blocks(self._model_a, layer_paths(self._model_a))
+        self._model_b = load_model_b(self.model_b_name, self.dtype).eval().requires_grad_(False)
+        self._blocks_b = get_blocks(self._model_b, layer_paths(self._model_b, _OPTION))
+
+    def _width(self, model: nn.Module) -> int:
+        config = getattr(model, "config", None)
+        return int(getattr(config, "hidden_size", None) or model.embed_dim)
+
+    def _build(self, device: torch.device) -> None:
+        extra = int(self.include_embeddings)
+        layers_a, layers_b = len(self._blocks_a) + extra, len(self._blocks_b) + extra
+        self._exact = CrossModelCKA(
+            layers_a, self._width(self._model_a), layers_b, self._width(self._model_b), sync_on_compute=False
+        ).to(device)
+        if self.minibatch:
+            self._minibatch = MinibatchCrossCKA(layers_a, layers_b, self.chunk, sync_on_compute=False).to(device)
+
+    # -- when ----------------------------------------------------------------------------------------------------
+    def _should_run(self, trainer: Trainer) -> bool:
+        if trainer.sanity_checking:
+            return False
+        if trainer.state.fn == TrainerFn.FITTING:
+            return (trainer.current_epoch + 1) % self.every_n_epochs == 0
+        return True
+
+    def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._active = self._should_run(trainer)
+        if self._active:
+            self._model_b.to(pl_module.device)
+            self._build(pl_module.device)
+            loaders = trainer.val_dataloaders
+            self._budget = real_samples_on_rank(loaders[0] if isinstance(loaders, (list, tuple)) else loaders)
+
+    def _collect(self, store: dict[int, Tensor], offset: int) -> Any:
+        return lambda index, hidden: store.__setitem__(index + offset, hidden.detach())
+
+    def on_validation_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if not self._active:
+            return
+        self._outputs_a = {}
+        self._stack = ExitStack()
+        extra = int(self.include_embeddings)
+        self._stack.enter_context(hooked_blocks(self._blocks_a, on_output=self._collect(self._outputs_a, extra)))
+        if extra:
+            self._stack.enter_context(
+                hooked_blocks(self._blocks_a, on_input=self._collect(self._outputs_a, 0), indices=[0])
+            )
+
+    def on_validation_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if not self._active or self._stack is None:
+            return
+        self._stack.close()
+        self._stack = None
+        args, kwargs, mask = model_inputs(batch)
+        outputs_b: dict[int, Tensor] = {}
+        extra = int(self.include_embeddings)
+        with ExitStack() as stack:
+            stack.enter_context(torch.no_grad())
+            stack.enter_context(hooked_blocks(self._blocks_b, on_output=self._collect(outputs_b, extra)))
+            if extra:
+                embeddings = self._collect(outputs_b, 0)
+                stack.enter_context(hooked_blocks(self._blocks_b, on_input=embeddings, indices=[0]))
+            self._model_b(*args, **kwargs)
+        rows = None
+        if self._budget is not None:  # DistributedSampler's repeated samples at the end of this rank's stream
+            size = next(iter(outputs_b.values())).shape[0]
+            rows, self._budget = min(size, self._budget), self._budget - min(size, self._budget)
+        features_a = self._tokens(self._outputs_a, mask, rows)
+        features_b = self._tokens(outputs_b, mask, rows)
+        self._exact.update(features_a, features_b)
+        if self._minibatch is not None:
+            self._minibatch.update(features_a, features_b)
+
+    def _tokens(self, outputs: dict[int, Tensor], mask: Optional[Tensor], rows: Optional[int]) -> Tensor:
+        """(L, N, d): every layer's hidden states (B, T, d) at the real tokens (or every position) of real rows."""
+        stacked = torch.stack([outputs[index] for index in range(len(outputs))])  # (L, B, T, d)
+        if rows is not None:
+            stacked, mask = stacked[:, :rows], None if mask is None else mask[:rows]
+        if mask is not None and self.mask_padding:
+            return stacked[:, mask.bool()]
+        return stacked.flatten(1, 2)
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        if self._stack is not None:
+            self._stack.close()
+            self._stack = None
+
+    # -- results -------------------------------------------------------------------------------------------------
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self._active:
+            return
+        self._active = False
+        metrics = [self._exact] + ([self._minibatch] if self._minibatch is not None else [])
+        all_reduce_sum_states(metrics)
+        cka = self._exact.compute()
+        results: dict[str, Any] = {
+            "model_b": self.model_b_name,
+            "layers_a": list(range(1 - int(self.include_embeddings), len(self._blocks_a) + 1)),
+            "layers_b": list(range(1 - int(self.include_embeddings), len(self._blocks_b) + 1)),
+            "num_tokens": int(self._exact.count),
+            "mask_padding": self.mask_padding,
+            "cka": cka,
+            "arccos_distance": arccos_distance(cka) if cka.shape[0] == cka.shape[1] else None,
+        }
+        if self._minibatch is not None:
+            minibatch = self._minibatch.compute()
+            results.update(minibatch_cka_mean=minibatch["mean"], minibatch_cka_sum=minibatch["sum"], chunk=self.chunk)
+        scalars = {"val/compare/cka_diagonal_mean": float(cka.diagonal().mean())}
+        if results["arccos_distance"] is not None:
+            scalars["val/compare/arccos_distance"] = float(results["arccos_distance"])
+        pl_module.log_dict(scalars, sync_dist=False)
+        log_dir = _log_dir(trainer)  # a broadcast under DDP: every rank asks
+        if trainer.is_global_zero:
+            self._write(trainer, log_dir, to_json(results), scalars["val/compare/cka_diagonal_mean"])
+
+    def _write(self, trainer: Trainer, log_dir: str, results: dict[str, Any], diagonal: float) -> None:
+        header = {"stage": "val", "epoch": trainer.current_epoch, "global_step": trainer.global_step}
+        path = summary_path(log_dir, "val", trainer.current_epoch, trainer.global_step)
+        merge_summary(path, {**header, "compare": results}, _run_id(trainer))
+        distance = results["arccos_distance"]
+        show(
+            trainer,
+            f"compare with {self.model_b_name}: mean diagonal CKA {diagonal:.4f}"
+            + (f", arccos distance {distance:.4f}" if distance is not None else "")
+            + f" → {path}",
+        )
+        experiment = tensorboard(trainer) if self.log_figures else None
+        if experiment is not None:
+            import matplotlib.pyplot as plt
+
+            from layerwise.figures.compare import cka_across_models
+
+            figure = cka_across_models(results)
+            experiment.add_figure("val/compare_cka", figure, global_step=trainer.global_step)
+            plt.close(figure)

@@ -1,0 +1,90 @@
+"""CrossModelComparison: CKA of the trained model against a frozen second model on every validation batch."""
+
+import json
+
+import pytest
+import torch
+from helpers import assert_json_close, read_summary, trainer
+from test_language_models import decoder
+from torch.utils.data import DataLoader
+
+from layerwise.callbacks import CrossModelComparison
+from layerwise.features.hooks import collect_block_outputs
+from layerwise.lightning_modules import Standard
+from layerwise.metrics.functional_compare import arccos_distance, cross_cka
+
+
+def padded_loader() -> DataLoader:
+    """7 sequences of 9 tokens, right padding of 0..3 positions."""
+    ids = torch.randint(2, 97, (7, 9), generator=torch.Generator().manual_seed(5))
+    rows = []
+    for index, row in enumerate(ids):
+        mask = torch.ones_like(row)
+        if index % 4:
+            mask[9 - index % 4 :] = 0
+        rows.append({"input_ids": row, "attention_mask": mask})
+    return DataLoader(rows, batch_size=3)
+
+
+def direct(model_a, model_b, mask_padding: bool = True) -> torch.Tensor:
+    """Cross-model CKA from every block's output over the loader, computed in one piece."""
+    features = {"a": [], "b": []}
+    for batch in padded_loader():
+        for name, model in (("a", model_a), ("b", model_b)):
+            outputs = collect_block_outputs(model.transformer.h, lambda model=model, batch=batch: model(**batch))
+            stacked = torch.stack([h.detach().double() for h in outputs])
+            mask = batch["attention_mask"].bool()
+            features[name].append(stacked[:, mask] if mask_padding else stacked.flatten(1, 2))
+    return cross_cka(torch.cat(features["a"], 1), torch.cat(features["b"], 1))
+
+
+@pytest.fixture(scope="module")
+def folder_b(tmp_path_factory) -> str:
+    folder = str(tmp_path_factory.mktemp("model_b"))
+    decoder("gpt2", seed=1).model.float().save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.parametrize("mask_padding", [True, False])
+def test_comparison_equals_a_direct_computation(tmp_path, folder_b, mask_padding):
+    backbone = decoder("gpt2")
+    callback = CrossModelComparison(folder_b, mask_padding=mask_padding, minibatch=True, chunk=16)
+    trainer(tmp_path, [callback]).validate(Standard(backbone).double(), padded_loader(), verbose=False)
+    compare = read_summary(tmp_path)["compare"]
+    from transformers import AutoModelForCausalLM
+
+    model_b = AutoModelForCausalLM.from_pretrained(folder_b).double().eval()
+    expected = direct(backbone.model, model_b, mask_padding)
+    torch.testing.assert_close(torch.tensor(compare["cka"], dtype=torch.float64), expected, rtol=0, atol=1e-6)
+    assert compare["arccos_distance"] == pytest.approx(arccos_distance(expected).item(), abs=1e-5)
+    assert compare["num_tokens"] == (sum(9 - index % 4 for index in range(7)) if mask_padding else 63)
+    assert len(compare["minibatch_cka_mean"]) == 3 and compare["layers_a"] == [1, 2, 3]
+    masked, unmasked = direct(backbone.model, model_b, True), direct(backbone.model, model_b, False)
+    assert not torch.allclose(masked, unmasked)  # padding changes the result, so masking matters
+
+
+def test_a_model_against_itself(tmp_path):
+    backbone = decoder("gpt2")
+    folder = tmp_path / "same"
+    backbone.model.save_pretrained(folder)
+    callback = CrossModelComparison(str(folder), include_embeddings=True, log_figures=False)
+    trainer(tmp_path, [callback]).validate(Standard(backbone).double(), padded_loader(), verbose=False)
+    compare = read_summary(tmp_path)["compare"]
+    assert compare["layers_a"] == [0, 1, 2, 3]
+    assert all(abs(compare["cka"][i][i] - 1) < 1e-9 for i in range(4)) and compare["arccos_distance"] < 1e-4
+
+
+def test_comparison_on_two_processes_equals_one(tmp_path, folder_b, single_thread):
+    torch.save(decoder("gpt2").state_dict(), tmp_path / "weights.pt")
+
+    def compare(root, **options):
+        model = decoder("gpt2")
+        model.load_state_dict(torch.load(tmp_path / "weights.pt"))
+        callback = CrossModelComparison(folder_b, log_figures=False)
+        trainer(root, [callback], **options).validate(Standard(model).double(), padded_loader(), verbose=False)
+        return json.loads(next((root / "layerwise").glob("val_epoch_*.json")).read_text())
+
+    one = compare(tmp_path / "one")
+    many = compare(tmp_path / "many", devices=2, strategy="ddp_fork")
+    assert one["compare"]["num_tokens"] == many["compare"]["num_tokens"]
+    assert_json_close(many, one, atol=1e-9, rtol=1e-9)
