@@ -83,10 +83,14 @@ def _bad_config_file() -> str:
     return ""
 
 
-def exit_concisely(prog: str, message: str) -> NoReturn:
-    """Print the one line of ``message`` that names the option, and where the rest is; exit with code 2."""
+def exit_concisely(prog: str, message: str, parsed: bool = True) -> NoReturn:
+    """Print the one line of ``message`` that names the option, and where the rest is; exit with code 2.
+
+    ``parsed=False`` for a command's own error (already one sentence naming the flag): its first line as it is.
+    """
+    lines = [line for line in message.strip().splitlines() if line.strip()] or [message]
     sys.stderr.write(
-        f"{prog}: error: {concise_error(message)}\n"
+        f"{prog}: error: {concise_error(message) if parsed else lines[0]}\n"
         f"(options: {prog} --help; the whole message: {DEBUG_VARIABLE}=1 {prog} ...)\n"
     )
     sys.exit(2)
@@ -653,7 +657,7 @@ def run_command(name: str, argv: list[str]) -> None:
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as error:
         if os.environ.get(DEBUG_VARIABLE):
             raise
-        exit_concisely(f"layerwise {name}", str(error))
+        exit_concisely(f"layerwise {name}", str(error), parsed=False)
 
 
 class _UpstreamNoise(logging.Filter):
