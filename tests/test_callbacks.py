@@ -143,6 +143,28 @@ def ref_early_exit(prob: np.ndarray, labels: np.ndarray, numbers: list[int], dep
     return rows
 
 
+def ref_trajectory(h: np.ndarray) -> dict:
+    """LSS, expodistance and step statistics of every sample's path x^1..x^L, with loops over the definitions."""
+    steps = h[1:] - h[:-1]  # (L-1, N, d)
+    norms = np.linalg.norm(steps, axis=-1)
+    lss, ed, cv = [], [], []
+    for i in range(h.shape[1]):
+        walk = h[0, i].copy()
+        for step in range(steps.shape[0]):
+            walk += steps[step, i] / norms[step, i]
+        lss.append(steps.shape[0] / np.linalg.norm(walk - h[0, i]))
+        beta = norms[1:, i] / norms[:-1, i]
+        ed.append(beta.std() / beta.mean())
+        cv.append(norms[:, i].std() / norms[:, i].mean())
+    return {
+        "trajectory_lss": float(np.mean(lss)),
+        "trajectory_expodistance": float(np.mean(ed)),
+        "trajectory_step_variation": float(np.mean(cv)),
+        "trajectory_step_norm": norms.mean(axis=1).tolist(),
+        "trajectory_step_ratio": (norms[1:] / norms[:-1]).mean(axis=1).tolist(),
+    }
+
+
 def reference(h: np.ndarray, labels: np.ndarray, logits: np.ndarray, numbers: list[int]) -> dict:
     """Every JSON value of ``LayerwiseAnalysis`` from features (L, N, d) and float64 logits (L, N, C)."""
     prob, log_prob = softmax64(logits)
@@ -160,6 +182,7 @@ def reference(h: np.ndarray, labels: np.ndarray, logits: np.ndarray, numbers: li
         "effective_depth": ref_effective_depth(accuracy, numbers, relative=False),
         "effective_depth_relative": ref_effective_depth(accuracy, numbers, relative=True),
         "early_exit": ref_early_exit(prob, labels, numbers, DEPTH),
+        **(ref_trajectory(h) if numbers == list(range(1, DEPTH + 1)) else {}),
     }
 
 
@@ -211,6 +234,8 @@ def test_analysis_json_equals_float64_reference(analysis_run):
     for key in ("effective_depth_relative", "early_exit"):
         assert_json_close(summary[key], expected[key], atol=1e-12, where=key)
     assert_json_close(summary["nc1"], expected["nc1"], rtol=1e-8, where="nc1")
+    for key in [key for key in expected if key.startswith("trajectory_")]:
+        assert_json_close(summary[key], expected[key], rtol=1e-9, where=key)
     # float32 logits of the module versus float64 logits recomputed here
     assert_json_close(summary["loss"], expected["loss"], rtol=1e-5, where="loss")
 

@@ -8,10 +8,11 @@ from layerwise.callbacks.effective_depth import DEFAULT_EPSILONS, EffectiveDepth
 from layerwise.callbacks.logit_lens import DEFAULT_THRESHOLDS, LogitLensFamily
 from layerwise.callbacks.neural_collapse import NeuralCollapseFamily
 from layerwise.callbacks.similarity import CKAEstimator, SimilarityFamily
+from layerwise.callbacks.trajectory import TrajectoryFamily
 
 
 class LayerwiseAnalysis(LayerwiseMonitor):
-    """Every layer-wise analysis at once: similarity, logit lens, neural collapse and effective depth.
+    """Every layer-wise analysis at once: similarity, logit lens, neural collapse, effective depth, trajectory shape.
 
     Equivalent to :class:`LayerSimilarityMonitor`, :class:`LogitLensMonitor`, :class:`NeuralCollapseMonitor` and
     :class:`EffectiveDepthMonitor` together, but all families read the same per-batch features and their states
@@ -20,7 +21,8 @@ class LayerwiseAnalysis(LayerwiseMonitor):
     Writes ``<log_dir>/layerwise/val_epoch_<EEE>.json`` with every key documented in the README.
 
     Args:
-        similarity, logit_lens, neural_collapse, depth: switch a family on or off.
+        similarity, logit_lens, neural_collapse, depth, trajectory: switch a family on or off (``trajectory``: the
+            line-shape score and expodistance of the block outputs, see ``TrajectoryFamily``).
         center, cka, max_buffered_samples: see :class:`LayerSimilarityMonitor`.
         thresholds: early-exit confidences, see :class:`LogitLensMonitor`.
         f1: per-layer F1 of class 1, see :class:`LogitLensMonitor` (default: when the datamodule asks for it).
@@ -36,6 +38,7 @@ class LayerwiseAnalysis(LayerwiseMonitor):
         logit_lens: bool = True,
         neural_collapse: bool = True,
         depth: bool = True,
+        trajectory: bool = True,
         center: bool = True,
         cka: CKAEstimator = "exact",
         max_buffered_samples: int = 65536,
@@ -55,5 +58,7 @@ class LayerwiseAnalysis(LayerwiseMonitor):
             self.families.append(NeuralCollapseFamily(nc1_top_classes))
         if depth:  # reads the logit lens's accuracy when it runs, instead of accumulating it a second time
             self.families.append(EffectiveDepthFamily(epsilons, accuracy_from=lens))
+        if trajectory:
+            self.families.append(TrajectoryFamily())
         if not self.families:
             raise ValueError("LayerwiseAnalysis with every family switched off analyses nothing.")
