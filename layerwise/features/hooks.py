@@ -198,3 +198,54 @@ class HookTap:
             raise ValueError(f"The hooked blocks ({self.paths.blocks}) return features of different shapes {widths}.")
         features = torch.stack(pooled)
         return {FEATURES: features, LOGITS: self.head(features)}
+
+
+class _Stop(Exception):
+    """Raised by :func:`residual_after`'s hook to stop the forward pass once the wanted residual is taken."""
+
+
+def residual_after(blocks: Sequence[nn.Module], layer: int, run: Callable[[], Any]) -> Tensor:
+    """The residual stream after block ``layer`` (1-based; 0 = the input of block 1, the embeddings) of ``run()``.
+
+    The model's own forward runs up to that point and stops there: no later block or head runs.
+    """
+    if not 0 <= layer <= len(blocks):
+        raise ValueError(f"`layer={layer}` must lie in 0..{len(blocks)}.")
+    if layer == 0:
+        args, kwargs = capture_block_call(blocks[0], run)
+        return _block_input(args, kwargs)
+    taken: list[Tensor] = []
+
+    def take(module: nn.Module, args: Any, output: Any) -> None:
+        taken.append(block_output(output))
+        raise _Stop
+
+    handle = blocks[layer - 1].register_forward_hook(take)
+    try:
+        run()
+    except _Stop:
+        pass
+    finally:
+        handle.remove()
+    if not taken:
+        raise RuntimeError(f"The forward pass never reached block {layer}.")
+    return taken[0]
+
+
+@contextmanager
+def replaced_block_input(blocks: Sequence[nn.Module], index: int, hidden: Tensor) -> Iterator[None]:
+    """Within the body, block ``index`` (0-based) is called with ``hidden`` instead of its input; removed on exit.
+
+    The model's own forward still computes everything else (masks, positions, RoPE) from its inputs.
+    """
+
+    def replace(module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple, dict]:
+        if args:
+            return (hidden, *args[1:]), kwargs
+        return args, {**kwargs, "hidden_states": hidden}
+
+    handle = blocks[index].register_forward_pre_hook(replace, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()

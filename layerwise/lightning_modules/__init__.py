@@ -7,6 +7,7 @@ from layerwise.lightning_modules.cos_regularized import CosRegularized
 from layerwise.lightning_modules.multi_exit import MultiExit
 from layerwise.lightning_modules.schedules import WarmupCosineLR
 from layerwise.lightning_modules.standard import Standard
+from layerwise.lightning_modules.stitched import Stitched, StitchingLayer
 from layerwise.lightning_modules.weights import resolve_layer_weights
 
 __all__ = [
@@ -16,6 +17,8 @@ __all__ = [
     "LayerwiseModule",
     "MultiExit",
     "Standard",
+    "Stitched",
+    "StitchingLayer",
     "WarmupCosineLR",
     "resolve_layer_weights",
 ]

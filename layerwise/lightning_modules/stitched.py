@@ -1,0 +1,253 @@
+"""Model stitching: B's blocks after m, fed A's residual stream after block l through a trained stitching layer."""
+
+from typing import Any, Literal, Union
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningModule
+from torch import Tensor, nn
+
+from layerwise.features.hooks import replaced_block_input, residual_after
+from layerwise.features.paths import find_model, get_blocks, layer_paths
+
+Task = Literal["causal_lm", "classification"]
+
+
+class StitchingLayer(nn.Module):
+    """phi(h) = h + W h + b (equal widths; W, b zero-initialised: identity at step 0), or W h + b between widths.
+
+    ``norm``: ``"pre"`` puts a LayerNorm on h (width d_A) before, ``"post"`` one on phi(h) (width d_B) after.
+    ``identity=True`` is phi = id, with no parameters (equal widths only).
+    """
+
+    def __init__(self, dim_a: int, dim_b: int, norm: Literal["none", "pre", "post"] = "none", identity: bool = False):
+        super().__init__()
+        if norm not in ("none", "pre", "post"):
+            raise ValueError(f"`phi_norm={norm!r}` must be 'none', 'pre' or 'post'.")
+        if identity and dim_a != dim_b:
+            raise ValueError(f"Identity stitching needs equal widths; A has {dim_a}, B has {dim_b}: use phi='learned'.")
+        self.identity, self.residual = identity, dim_a == dim_b
+        self.pre = nn.LayerNorm(dim_a) if norm == "pre" and not identity else nn.Identity()
+        self.post = nn.LayerNorm(dim_b) if norm == "post" and not identity else nn.Identity()
+        self.linear = None if identity else nn.Linear(dim_a, dim_b)
+        if self.linear is not None:
+            nn.init.zeros_(self.linear.weight)
+            nn.init.zeros_(self.linear.bias)
+
+    @torch.no_grad()
+    def fit_least_squares(self, h_a: Tensor, h_b: Tensor) -> None:
+        """Initialise W, b by least squares from paired residuals (N, d_A) -> (N, d_B) (different widths)."""
+        if self.linear is None:
+            return
+        x = torch.cat([self.pre(h_a).double(), torch.ones(h_a.shape[0], 1, dtype=torch.float64, device=h_a.device)], 1)
+        target = h_b.double() - (self.pre(h_a).double() if self.residual else 0.0)
+        solution = torch.linalg.lstsq(x.cpu(), target.cpu()).solution.to(h_a.device)  # (d_A + 1, d_B)
+        self.linear.weight.copy_(solution[:-1].T)
+        self.linear.bias.copy_(solution[-1])
+
+    def forward(self, h: Tensor) -> Tensor:
+        if self.linear is None:
+            return h
+        x = self.pre(h)
+        out = self.linear(x.to(self.linear.weight.dtype)).to(h.dtype)
+        return self.post(x + out if self.residual else out)
+
+
+def _load(model: Union[str, nn.Module], task: Task, option: str) -> nn.Module:
+    if isinstance(model, nn.Module):
+        return find_model(model, option)
+    if str(model).endswith(".ckpt"):
+        from layerwise.lightning_modules.checkpoint import load_module
+
+        return find_model(load_module(model), option)
+    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
+
+    from layerwise.features.hf import build_model
+
+    auto = AutoModelForCausalLM if task == "causal_lm" else AutoModelForSequenceClassification
+    return build_model(auto, model, None, True, None, option)
+
+
+class Stitched(LightningModule):
+    """The stitched model B_{>m} ∘ phi ∘ A_{<=l}; A and B frozen, only phi trains.
+
+    A runs its embeddings and blocks 1..l (its forward is stopped there); phi maps the residual stream; B's own
+    forward then runs with the input of block m+1 replaced by phi(h), so B's masks, positions and RoPE are its own,
+    and ends in B's final norm and head. (B's blocks 1..m still run and their output is discarded: a cost, not an
+    effect.) Loss: next-token cross-entropy over every real token (``causal_lm``) or the task's cross-entropy
+    (``classification``, batches with ``labels``).
+
+    Validation logs, on the held-out data given: ``val/loss_stitched``, ``val/loss_a``, ``val/loss_b`` (nats per
+    token, token-weighted), ``val/penalty_b`` = stitched − B and ``val/penalty_a`` = stitched − A, plus the
+    accuracies for classifiers.
+
+    Recipe (tuned-lens's, as the paper reuses it; every number a value here): SGD with Nesterov momentum 0.9,
+    lr 1.0 * (1 - 0.9) = 0.1, weight decay 1e-3, ``warmup_steps`` of linear warm-up then linear decay to 0 at
+    ``max_steps``; gradient clipping 1.0 and bf16 autocast are Trainer options (``gradient_clip_val``,
+    ``precision``).
+
+    Args:
+        model_a, model_b: hub ids, folders or layerwise ``.ckpt`` files (or modules holding a table-known model).
+        layer_a: l, the number of A's blocks that run (0 = its embeddings only).
+        layer_b: m, B runs its blocks m+1..L_B (0 <= m < L_B).
+        phi: ``"learned"`` or ``"identity"`` (no training; equal widths).
+        phi_norm: ``"none"``, ``"pre"`` or ``"post"`` LayerNorm.
+        task: ``"causal_lm"`` or ``"classification"``.
+        phi_init: ``"zero"`` (W = 0, b = 0: identity stitching at step 0), ``"least_squares"`` (W, b fitted at the
+            start of ``fit`` from A's residual after l to B's after m on the first ``init_batches`` training
+            batches, real tokens only); ``"auto"``: zero for equal widths, least squares otherwise.
+        init_batches: training batches used by the least-squares initialisation.
+    """
+
+    def __init__(
+        self,
+        model_a: Union[str, Any],
+        model_b: Union[str, Any],
+        layer_a: int,
+        layer_b: int,
+        phi: Literal["learned", "identity"] = "learned",
+        phi_norm: Literal["none", "pre", "post"] = "none",
+        task: Task = "causal_lm",
+        phi_init: Literal["auto", "zero", "least_squares"] = "auto",
+        init_batches: int = 4,
+        lr: float = 0.1,
+        momentum: float = 0.9,
+        weight_decay: float = 1e-3,
+        warmup_steps: int = 200,
+        max_steps: int = 2000,
+    ) -> None:
+        super().__init__()
+        given_modules = not (isinstance(model_a, str) and isinstance(model_b, str))
+        self.save_hyperparameters(ignore=["model_a", "model_b"] if given_modules else [])
+        if task not in ("causal_lm", "classification"):
+            raise ValueError(f"`--model.init_args.task={task!r}` must be 'causal_lm' or 'classification'.")
+        if phi not in ("learned", "identity"):
+            raise ValueError(f"`--model.init_args.phi={phi!r}` must be 'learned' or 'identity'.")
+        self.model_a = _load(model_a, task, "--model.init_args.model_a").eval().requires_grad_(False)
+        self.model_b = _load(model_b, task, "--model.init_args.model_b").eval().requires_grad_(False)
+        self.blocks_a = get_blocks(self.model_a, layer_paths(self.model_a, "--model.init_args.model_a"))
+        self.blocks_b = get_blocks(self.model_b, layer_paths(self.model_b, "--model.init_args.model_b"))
+        if not 0 <= layer_a <= len(self.blocks_a):
+            raise ValueError(f"`--model.init_args.layer_a={layer_a}` must lie in 0..{len(self.blocks_a)} (A's blocks).")
+        if not 0 <= layer_b < len(self.blocks_b):
+            raise ValueError(
+                f"`--model.init_args.layer_b={layer_b}` must lie in 0..{len(self.blocks_b) - 1}: B runs blocks m+1..L."
+            )
+        self.layer_a, self.layer_b, self.task = layer_a, layer_b, task
+        self.phi = StitchingLayer(_width(self.model_a), _width(self.model_b), phi_norm, identity=phi == "identity")
+        if phi_init not in ("auto", "zero", "least_squares"):
+            raise ValueError(f"`--model.init_args.phi_init={phi_init!r}` must be 'auto', 'zero' or 'least_squares'.")
+        if phi_init == "auto":
+            phi_init = "zero" if _width(self.model_a) == _width(self.model_b) else "least_squares"
+        self.phi_init, self.init_batches = phi_init, init_batches
+        self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
+        self.warmup_steps, self.max_steps = warmup_steps, max_steps
+
+    def train(self, mode: bool = True) -> "Stitched":
+        """Only phi follows the mode: A and B stay in eval mode (no dropout in the frozen models)."""
+        super().train(mode)
+        self.model_a.eval()
+        self.model_b.eval()
+        return self
+
+    def on_train_start(self) -> None:
+        """Least-squares initialisation of phi on the first training batches (``phi_init``)."""
+        if self.phi_init != "least_squares" or self.phi.linear is None:
+            return
+        pairs_a, pairs_b = [], []
+        for index, batch in enumerate(self.trainer.train_dataloader):
+            if index >= self.init_batches:
+                break
+            batch = self.transfer_batch_to_device(batch, self.device, 0)
+            h_b = self.residual_b(batch)
+            h_a, mask = self.residual_a(batch), batch.get("attention_mask")
+            rows = torch.ones(h_a.shape[:2], dtype=torch.bool, device=h_a.device) if mask is None else mask.bool()
+            pairs_a.append(h_a[rows])
+            pairs_b.append(h_b[rows])
+        self.phi.fit_least_squares(torch.cat(pairs_a), torch.cat(pairs_b))
+
+    # -- the stitched model ----------------------------------------------------------------------------------------
+    def _inputs(self, batch: Any) -> dict[str, Tensor]:
+        return {key: batch[key] for key in ("input_ids", "attention_mask", "token_type_ids") if key in batch}
+
+    def residual_a(self, batch: Any) -> Tensor:
+        """A's residual stream after block l, (B, T, d_A), no gradient."""
+        with torch.no_grad():
+            return residual_after(self.blocks_a, self.layer_a, lambda: self.model_a(**self._inputs(batch)))
+
+    def residual_b(self, batch: Any) -> Tensor:
+        """B's own residual stream after block m, (B, T, d_B), no gradient (the target of the least squares)."""
+        with torch.no_grad():
+            return residual_after(self.blocks_b, self.layer_b, lambda: self.model_b(**self._inputs(batch)))
+
+    def forward(self, batch: Any) -> Tensor:
+        """Logits of the stitched model."""
+        hidden = self.phi(self.residual_a(batch))
+        with replaced_block_input(self.blocks_b, self.layer_b, hidden):
+            return self.model_b(**self._inputs(batch)).logits
+
+    def loss(self, logits: Tensor, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
+        """Mean loss, number of predictions and number correct."""
+        if self.task == "classification":
+            labels = batch["labels"]
+            loss = F.cross_entropy(logits.float(), labels)
+            return loss, torch.tensor(labels.numel()), (logits.argmax(-1) == labels).sum()
+        targets = batch["input_ids"][:, 1:]
+        mask = batch.get("attention_mask")
+        valid = torch.ones_like(targets, dtype=torch.bool) if mask is None else mask[:, 1:].bool() & mask[:, :-1].bool()
+        flat = logits[:, :-1][valid].float()
+        loss = F.cross_entropy(flat, targets[valid])
+        return loss, valid.sum(), (flat.argmax(-1) == targets[valid]).sum()
+
+    def training_step(self, batch: Any, batch_idx: int) -> Tensor:
+        loss, count, _ = self.loss(self(batch), batch)
+        self.log("train/loss", loss, batch_size=int(count), prog_bar=True)
+        return loss
+
+    def validation_step(self, batch: Any, batch_idx: int) -> None:
+        stitched, count, correct = self.loss(self(batch), batch)
+        with torch.no_grad():
+            loss_a, _, correct_a = self.loss(self.model_a(**self._inputs(batch)).logits, batch)
+            loss_b, _, correct_b = self.loss(self.model_b(**self._inputs(batch)).logits, batch)
+        size = int(count)
+        values = {
+            "val/loss_stitched": stitched,
+            "val/loss_a": loss_a,
+            "val/loss_b": loss_b,
+            "val/penalty_b": stitched - loss_b,
+            "val/penalty_a": stitched - loss_a,
+        }
+        if self.task == "classification":
+            values.update(
+                {
+                    "val/acc_stitched": correct / count,
+                    "val/acc_drop_b": (correct_b - correct) / count,
+                    "val/acc_drop_a": (correct_a - correct) / count,
+                }
+            )
+        self.log_dict(values, batch_size=size, sync_dist=True)
+
+    def configure_optimizers(self) -> Any:
+        parameters = [p for p in self.phi.parameters() if p.requires_grad]
+        if not parameters:
+            return None  # identity stitching: nothing to train
+        optimizer = torch.optim.SGD(
+            parameters, lr=self.lr, momentum=self.momentum, nesterov=self.momentum > 0, weight_decay=self.weight_decay
+        )
+        warmup, total = self.warmup_steps, self.max_steps
+
+        def factor(step: int) -> float:
+            if step < warmup:
+                return (step + 1) / warmup
+            return max(0.0, (total - step) / max(1, total - warmup))
+
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+
+
+def _width(model: nn.Module) -> int:
+    config = getattr(model, "config", None)
+    width = getattr(config, "hidden_size", None) or getattr(model, "embed_dim", None)
+    if width is None:
+        raise ValueError(f"Cannot read the width of {type(model).__name__} (config.hidden_size or embed_dim).")
+    return int(width)

@@ -1,0 +1,138 @@
+"""Model stitching: identity stitching of a model to itself, and the rotated-residual oracle."""
+
+import copy
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from torch.utils.data import DataLoader
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.utils import logging as hf_logging
+
+from layerwise.lightning_modules import Stitched, StitchingLayer
+
+hf_logging.set_verbosity_error()
+DIM = 32
+
+
+def folded_llama() -> torch.nn.Module:
+    """A tiny LLaMA whose RMSNorm weights are folded into the linear layers that read them (all norms weight 1).
+
+    Then every norm commutes with a rotation of the residual stream, so the model can be rotated exactly.
+    """
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(
+        "llama",
+        num_hidden_layers=2,
+        hidden_size=DIM,
+        intermediate_size=64,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+        max_position_embeddings=64,
+        initializer_range=0.5,
+        tie_word_embeddings=False,
+    )
+    model = AutoModelForCausalLM.from_config(config).double().eval()
+    with torch.no_grad():
+        for layer in model.model.layers:
+            layer.input_layernorm.weight.uniform_(0.5, 1.5)
+            for linear in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj):
+                linear.weight.mul_(layer.input_layernorm.weight[None])
+            for linear in (layer.mlp.gate_proj, layer.mlp.up_proj):
+                linear.weight.mul_(layer.post_attention_layernorm.weight[None])
+            layer.input_layernorm.weight.fill_(1.0)
+            layer.post_attention_layernorm.weight.fill_(1.0)
+        model.lm_head.weight.mul_(model.model.norm.weight[None])
+        model.model.norm.weight.fill_(1.0)
+    return model
+
+
+def rotated(model: torch.nn.Module, q: torch.Tensor) -> torch.nn.Module:
+    """The same function with the residual stream rotated: x' = Q x (readers get W Q^T, writers Q W)."""
+    out = copy.deepcopy(model)
+    with torch.no_grad():
+        out.model.embed_tokens.weight.copy_(model.model.embed_tokens.weight @ q.T)
+        for new, old in zip(out.model.layers, model.model.layers):
+            for name in ("q_proj", "k_proj", "v_proj"):
+                getattr(new.self_attn, name).weight.copy_(getattr(old.self_attn, name).weight @ q.T)
+            new.self_attn.o_proj.weight.copy_(q @ old.self_attn.o_proj.weight)
+            for name in ("gate_proj", "up_proj"):
+                getattr(new.mlp, name).weight.copy_(getattr(old.mlp, name).weight @ q.T)
+            new.mlp.down_proj.weight.copy_(q @ old.mlp.down_proj.weight)
+        out.lm_head.weight.copy_(model.lm_head.weight @ q.T)
+    return out
+
+
+@pytest.fixture(scope="module")
+def oracle():
+    a = folded_llama()
+    q, _ = torch.linalg.qr(torch.randn(DIM, DIM, dtype=torch.float64, generator=torch.Generator().manual_seed(1)))
+    b = rotated(a, q)
+    torch.manual_seed(2)  # text sampled from A itself, so that A (= B) is the right model for it
+    ids = a.generate(
+        torch.randint(0, 64, (96, 1)), do_sample=True, max_new_tokens=15, min_new_tokens=15, pad_token_id=0, top_k=0
+    )
+    rows = [{"input_ids": row, "attention_mask": torch.ones_like(row)} for row in ids]
+    return a, b, q, DataLoader(rows[:64], batch_size=8, shuffle=True), DataLoader(rows[64:], batch_size=8)
+
+
+def quiet_trainer(steps: int) -> pl.Trainer:
+    return pl.Trainer(
+        accelerator="cpu",
+        max_steps=steps,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        gradient_clip_val=1.0,
+    )
+
+
+def test_the_rotated_model_computes_the_same_function(oracle):
+    a, b, _, _, held_out = oracle
+    batch = next(iter(held_out))
+    torch.testing.assert_close(b(**batch).logits, a(**batch).logits, rtol=0, atol=1e-4)  # RMSNorm runs in float32
+
+
+def test_a_model_stitched_to_itself_with_identity_is_exactly_the_model(oracle):
+    a, _, _, _, held_out = oracle
+    stitched = Stitched(a, a, layer_a=1, layer_b=1, phi="identity").double()
+    batch = next(iter(held_out))
+    assert torch.equal(stitched(batch), a(**batch).logits)
+    out = quiet_trainer(1).validate(stitched, held_out, verbose=False)[0]
+    assert out["val/penalty_a"] == 0.0 and out["val/loss_stitched"] == out["val/loss_a"]
+
+
+def test_rotation_oracle_identity_fails_and_learned_stitching_recovers(oracle):
+    a, b, q, train, held_out = oracle
+    identity = quiet_trainer(1).validate(Stitched(a, b, 1, 1, phi="identity").double(), held_out, verbose=False)[0]
+    assert identity["val/penalty_b"] > 1.0  # B's blocks read A's residual in the wrong basis
+    learned = Stitched(a, b, 1, 1, phi="learned", phi_init="least_squares", lr=1e-3, warmup_steps=5, max_steps=20)
+    learned = learned.double()
+    trainer = quiet_trainer(20)
+    trainer.fit(learned, train)
+    out = trainer.validate(learned, held_out, verbose=False)[0]
+    assert abs(out["val/penalty_b"]) < 1e-2
+    eye = torch.eye(DIM, dtype=torch.float64)
+    torch.testing.assert_close(learned.phi.linear.weight.detach(), q - eye, rtol=0, atol=1e-2)  # phi(h) = Q h
+
+
+def test_stitching_layer_starts_as_identity_and_checks_widths():
+    layer = StitchingLayer(8, 8)
+    h = torch.randn(3, 5, 8)
+    assert torch.equal(layer(h), h)
+    with pytest.raises(ValueError, match="equal widths"):
+        StitchingLayer(8, 6, identity=True)
+    wide = StitchingLayer(8, 6)
+    x, w = torch.randn(200, 8, dtype=torch.float64), torch.randn(6, 8, dtype=torch.float64)
+    wide.double().fit_least_squares(x, x @ w.T + 0.5)
+    torch.testing.assert_close(wide(x), x @ w.T + 0.5)
+
+
+def test_stitched_refuses_bad_layers(oracle):
+    a, b, _, _, _ = oracle
+    with pytest.raises(ValueError, match="layer_b=2"):
+        Stitched(a, b, 1, 2)
+    with pytest.raises(ValueError, match="layer_a=3"):
+        Stitched(a, b, 3, 0)
