@@ -512,6 +512,88 @@ def coupling(
         print(written)
 
 
+def compare(
+    model_a: str,
+    model_b: str,
+    text: Optional[list[Path]] = None,
+    dataset: Optional[str] = None,
+    dataset_config: Optional[str] = None,
+    tokenizer: Optional[str] = None,
+    tokenizer_dir: Optional[Path] = None,
+    block_size: int = 256,
+    batch_size: int = 8,
+    max_blocks: int = 64,
+    include_embeddings: bool = False,
+    minibatch: bool = False,
+    chunk: int = 1024,
+    dtype: Optional[Literal["float32", "bfloat16", "float16", "float64"]] = None,
+    device: Optional[str] = None,
+    out: Path = Path("compare"),
+) -> None:
+    """CKA between every layer of two models on the same tokens, and their arccos distance (Brown et al., 2023).
+
+    Both models read the held-out blocks of a text (the last 10 % of --text, packed into --block_size tokens, as
+    TextDataModule does) or of a hub dataset; writes compare.json and compare_cka.png into --out.
+
+    Args:
+        model_a: hub id, folder or layerwise checkpoint of model A.
+        model_b: the same for model B (it must read the same token ids).
+        text: local text files (their last 10 % is read).
+        dataset: a hub dataset id instead of --text (its validation split).
+        dataset_config: its configuration name.
+        tokenizer: 'byte', 'bpe:N', 'wordpiece:N', a hub name or a folder (default: --model_a).
+        tokenizer_dir: folder holding trained tokenizers.
+        block_size: tokens per block.
+        batch_size: blocks per batch.
+        max_blocks: read at most this many blocks.
+        include_embeddings: also compare the embedding outputs (layer 0).
+        minibatch: also compute the unbiased minibatch CKA (chunks of --chunk tokens, both aggregations).
+        chunk: tokens per minibatch chunk.
+        dtype: load both models in this dtype (default as saved).
+        device: cpu, cuda, ... (default: cuda when available).
+        out: output folder.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    from layerwise.datamodules import TextDataModule
+    from layerwise.inference.compare import compare_models, load_model, write_comparison
+
+    if (text is None) == (dataset is None):
+        raise ValueError("Give exactly one of --text (local files) and --dataset (a hub dataset id).")
+    if block_size < 2 or batch_size < 1 or max_blocks < 1 or chunk < 4:
+        raise ValueError("`--block_size` must be >= 2, `--batch_size` and `--max_blocks` >= 1, `--chunk` >= 4.")
+    for path in text or []:
+        if not Path(path).is_file():
+            raise ValueError(f"`--text={path}` is not a file.")
+    data = TextDataModule(
+        dataset=dataset,
+        dataset_config=dataset_config,
+        train_files=[str(path) for path in text] if text else None,
+        tokenizer=tokenizer or model_a,
+        tokenizer_dir=str(tokenizer_dir) if tokenizer_dir else None,
+        block_size=block_size,
+        batch_size=batch_size,
+        max_val_blocks=max_blocks,
+    )
+    data.prepare_data()
+    data.setup("validate")
+    target = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    first = load_model(model_a, "--model_a", dtype).eval().to(target)
+    second = load_model(model_b, "--model_b", dtype).eval().to(target)
+    loader = data.val_dataloader()
+    with tqdm(total=len(loader), desc="batches", unit="batch") as bar:
+        results = compare_models(first, second, loader, include_embeddings, True, minibatch, chunk, bar.update)
+    results = {"model_a": model_a, "model_b": model_b, **results}
+    distance = results["arccos_distance"]
+    print(
+        f"{results['num_tokens']} tokens; mean diagonal CKA {float(results['cka'].diagonal().mean()):.4f}"
+        + (f"; arccos distance {float(distance):.4f}" if distance is not None else "")
+    )
+    for path in write_comparison(results, out):
+        print(path)
+
+
 def _load_for_coupling(
     checkpoint: Optional[Path],
     model: Optional[str],
@@ -588,6 +670,7 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "generate": generate,
     "lens": lens,
     "coupling": coupling,
+    "compare": compare,
 }
 _POSITIONAL = {"path", "runs"}
 

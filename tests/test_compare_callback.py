@@ -88,3 +88,25 @@ def test_comparison_on_two_processes_equals_one(tmp_path, folder_b, single_threa
     many = compare(tmp_path / "many", devices=2, strategy="ddp_fork")
     assert one["compare"]["num_tokens"] == many["compare"]["num_tokens"]
     assert_json_close(many, one, atol=1e-9, rtol=1e-9)
+
+
+def test_compare_command_on_text(tmp_path, capsys):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from layerwise.cli import main as cli_main
+
+    folder_b = str(tmp_path / "byte_gpt2")
+    config = AutoConfig.for_model("gpt2", n_layer=3, n_embd=32, n_head=4, vocab_size=260, n_positions=64)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder_b)
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(120)))
+    out = tmp_path / "out"
+    argv = ["compare", "--model_a", folder_b, "--model_b", folder_b, "--text", str(text), "--tokenizer", "byte"]
+    cli_main([*argv, "--block_size", "16", "--max_blocks", "20", "--device", "cpu", "--out", str(out)])
+    record = json.loads((out / "compare.json").read_text())
+    assert record["num_tokens"] == 20 * 16 and record["layers_a"] == [1, 2, 3]
+    assert all(abs(record["cka"][i][i] - 1) < 1e-6 for i in range(3)) and record["arccos_distance"] < 2e-3
+    assert (out / "compare_cka.png").stat().st_size > 1000 and "arccos distance" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli_main(["compare", "--model_a", folder_b, "--model_b", folder_b, "--out", str(tmp_path / "never")])
+    assert "--text" in capsys.readouterr().err and not (tmp_path / "never").exists()

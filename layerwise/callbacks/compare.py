@@ -1,6 +1,5 @@
 """Compare the trained model with a second, frozen model on every validation batch: CKA across models."""
 
-from collections.abc import Mapping
 from contextlib import ExitStack
 from typing import Any, Literal, Optional
 
@@ -13,35 +12,13 @@ from layerwise.callbacks._output import _log_dir, _run_id, show, tensorboard
 from layerwise.callbacks._sampling import real_samples_on_rank
 from layerwise.features.hooks import hooked_blocks
 from layerwise.features.paths import find_model, get_blocks, layer_paths
+from layerwise.inference.compare import load_model, model_inputs, token_features
 from layerwise.metrics import all_reduce_sum_states
 from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
 from layerwise.metrics.functional_compare import arccos_distance
 from layerwise.results import merge_summary, summary_path, to_json
 
 _OPTION = "--trainer.callbacks.model_b"
-
-
-def load_model_b(model_b: str, dtype: Optional[str] = None) -> nn.Module:
-    """Model B from a layerwise checkpoint (``.ckpt``) or a Hugging Face hub id / folder (its base model)."""
-    if str(model_b).endswith(".ckpt"):
-        from layerwise.lightning_modules.checkpoint import load_module
-
-        return find_model(load_module(model_b), _OPTION)
-    from transformers import AutoModel
-
-    from layerwise.features.hf import build_model
-
-    options = {"dtype": getattr(torch, dtype)} if dtype else None
-    return build_model(AutoModel, model_b, None, True, options, _OPTION)
-
-
-def model_inputs(batch: Any) -> tuple[tuple[Tensor, ...], dict[str, Tensor], Optional[Tensor]]:
-    """Positional and keyword inputs of a batch for a table-known model, and the attention mask (None: images)."""
-    if isinstance(batch, Mapping):
-        kwargs = {key: batch[key] for key in ("input_ids", "attention_mask", "token_type_ids") if key in batch}
-        return (), kwargs, batch.get("attention_mask")
-    x = batch[0] if isinstance(batch, (tuple, list)) else batch
-    return (x,), {}, None
 
 
 class CrossModelComparison(Callback):
@@ -98,7 +75,7 @@ class CrossModelComparison(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._model_a = find_model(pl_module, "the LightningModule")
         self._blocks_a = get_blocks(self._model_a, layer_paths(self._model_a))
-        self._model_b = load_model_b(self.model_b_name, self.dtype).eval().requires_grad_(False)
+        self._model_b = load_model(self.model_b_name, _OPTION, self.dtype).eval().requires_grad_(False)
         self._blocks_b = get_blocks(self._model_b, layer_paths(self._model_b, _OPTION))
 
     def _width(self, model: nn.Module) -> int:
@@ -174,20 +151,11 @@ class CrossModelComparison(Callback):
         if self._budget is not None:  # DistributedSampler's repeated samples at the end of this rank's stream
             size = next(iter(outputs_b.values())).shape[0]
             rows, self._budget = min(size, self._budget), self._budget - min(size, self._budget)
-        features_a = self._tokens(self._outputs_a, mask, rows)
-        features_b = self._tokens(outputs_b, mask, rows)
+        features_a = token_features(self._outputs_a, mask, self.mask_padding, rows)
+        features_b = token_features(outputs_b, mask, self.mask_padding, rows)
         self._exact.update(features_a, features_b)
         if self._minibatch is not None:
             self._minibatch.update(features_a, features_b)
-
-    def _tokens(self, outputs: dict[int, Tensor], mask: Optional[Tensor], rows: Optional[int]) -> Tensor:
-        """(L, N, d): every layer's hidden states (B, T, d) at the real tokens (or every position) of real rows."""
-        stacked = torch.stack([outputs[index] for index in range(len(outputs))])  # (L, B, T, d)
-        if rows is not None:
-            stacked, mask = stacked[:, :rows], None if mask is None else mask[:rows]
-        if mask is not None and self.mask_padding:
-            return stacked[:, mask.bool()]
-        return stacked.flatten(1, 2)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         if self._stack is not None:

@@ -1,0 +1,143 @@
+"""Compare two models over a stream of batches: CKA across models and the arccos distance (``layerwise compare``)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+from torch import Tensor, nn
+
+from layerwise.features.hooks import hooked_blocks
+from layerwise.features.paths import find_model, get_blocks, layer_paths
+from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
+from layerwise.metrics.functional_compare import arccos_distance
+
+
+def load_model(spec: str, option: str, dtype: Optional[str] = None) -> nn.Module:
+    """A table-known model from a layerwise checkpoint (``.ckpt``) or a Hugging Face hub id / folder (base model)."""
+    if str(spec).endswith(".ckpt"):
+        from layerwise.lightning_modules.checkpoint import load_module
+
+        return find_model(load_module(spec), option)
+    from transformers import AutoModel
+
+    from layerwise.features.hf import build_model
+
+    options = {"dtype": getattr(torch, dtype)} if dtype else None
+    return build_model(AutoModel, spec, None, True, options, option)
+
+
+def model_inputs(batch: Any) -> tuple[tuple[Tensor, ...], dict[str, Tensor], Optional[Tensor]]:
+    """Positional and keyword inputs of a batch for a table-known model, and the attention mask (None: images)."""
+    if isinstance(batch, Mapping):
+        kwargs = {key: batch[key] for key in ("input_ids", "attention_mask", "token_type_ids") if key in batch}
+        return (), kwargs, batch.get("attention_mask")
+    x = batch[0] if isinstance(batch, (tuple, list)) else batch
+    return (x,), {}, None
+
+
+def hidden_states(
+    model: nn.Module, blocks: Any, args: tuple, kwargs: dict, include_embeddings: bool
+) -> dict[int, Tensor]:
+    """Every block's output (the residual stream after it), keyed 1..L, in one forward pass without gradients.
+
+    With ``include_embeddings`` the input of block 1 too, keyed 0.
+    """
+    outputs: dict[int, Tensor] = {}
+    offset = int(include_embeddings)
+    with torch.no_grad(), hooked_blocks(blocks, on_output=lambda i, h: outputs.__setitem__(i + offset, h.detach())):
+        if include_embeddings:
+            with hooked_blocks(blocks, on_input=lambda i, h: outputs.__setitem__(0, h.detach()), indices=[0]):
+                model(*args, **kwargs)
+        else:
+            model(*args, **kwargs)
+    return outputs
+
+
+def token_features(
+    outputs: dict[int, Tensor], mask: Optional[Tensor], mask_padding: bool = True, rows: Optional[int] = None
+) -> Tensor:
+    """(L, N, d): every layer's hidden states (B, T, d) at the real tokens (or every position) of the first ``rows``."""
+    stacked = torch.stack([outputs[index] for index in sorted(outputs)])  # (L, B, T, d)
+    if rows is not None:
+        stacked, mask = stacked[:, :rows], None if mask is None else mask[:rows]
+    if stacked.dim() == 3:  # (L, B, d): pooled features, one row per sample
+        return stacked
+    if mask is not None and mask_padding:
+        return stacked[:, mask.bool()]
+    return stacked.flatten(1, 2)
+
+
+def compare_models(
+    model_a: nn.Module,
+    model_b: nn.Module,
+    batches: Iterable[Any],
+    include_embeddings: bool = False,
+    mask_padding: bool = True,
+    minibatch: bool = False,
+    chunk: int = 1024,
+    progress: Any = None,
+) -> dict[str, Any]:
+    """Stream ``batches`` through both models (each on its own device) and return the comparison results."""
+    blocks_a, blocks_b = get_blocks(model_a, layer_paths(model_a)), get_blocks(model_b, layer_paths(model_b))
+    extra = int(include_embeddings)
+    exact: Optional[CrossModelCKA] = None
+    chunked = MinibatchCrossCKA(len(blocks_a) + extra, len(blocks_b) + extra, chunk) if minibatch else None
+    device_a, device_b = next(model_a.parameters()).device, next(model_b.parameters()).device
+    for batch in batches:
+        args, kwargs, mask = model_inputs(batch)
+        on = [
+            (model, blocks, device)
+            for model, blocks, device in ((model_a, blocks_a, device_a), (model_b, blocks_b, device_b))
+        ]
+        features = []
+        for model, blocks, device in on:
+            moved_args = tuple(value.to(device) for value in args)
+            moved_kwargs = {key: value.to(device) for key, value in kwargs.items()}
+            outputs = hidden_states(model, blocks, moved_args, moved_kwargs, include_embeddings)
+            features.append(token_features(outputs, None if mask is None else mask.to(device), mask_padding))
+        a, b = features[0], features[1].to(features[0].device)
+        if exact is None:
+            exact = CrossModelCKA(a.shape[0], a.shape[2], b.shape[0], b.shape[2]).to(a.device)
+            chunked = chunked.to(a.device) if chunked is not None else None
+        exact.update(a, b)
+        if chunked is not None:
+            chunked.update(a, b)
+        if progress is not None:
+            progress(1)
+    if exact is None:
+        raise ValueError("No batch to compare: the data is empty.")
+    cka = exact.compute()
+    results: dict[str, Any] = {
+        "layers_a": list(range(1 - extra, len(blocks_a) + 1)),
+        "layers_b": list(range(1 - extra, len(blocks_b) + 1)),
+        "num_tokens": int(exact.count),
+        "mask_padding": mask_padding,
+        "cka": cka,
+        "arccos_distance": arccos_distance(cka) if cka.shape[0] == cka.shape[1] else None,
+    }
+    if chunked is not None:
+        values = chunked.compute()
+        results.update(minibatch_cka_mean=values["mean"], minibatch_cka_sum=values["sum"], chunk=chunk)
+    return results
+
+
+def write_comparison(results: dict[str, Any], out: Path) -> list[Path]:
+    """``compare.json`` and ``compare_cka.png`` in ``out``."""
+    import matplotlib.pyplot as plt
+
+    from layerwise.figures.compare import cka_across_models
+    from layerwise.results import save_figure_atomic, to_json, write_text_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    record = to_json(results)
+    paths = [write_text_atomic(out / "compare.json", json.dumps(record, indent=1) + "\n")]
+    figure = cka_across_models(record)
+    try:
+        paths.append(save_figure_atomic(out / "compare_cka.png", figure))
+    finally:
+        plt.close(figure)
+    return paths
