@@ -594,6 +594,131 @@ def compare(
         print(path)
 
 
+def stitch(
+    model_a: str,
+    model_b: str,
+    text: Optional[list[Path]] = None,
+    dataset: Optional[str] = None,
+    dataset_config: Optional[str] = None,
+    tokenizer: Optional[str] = None,
+    tokenizer_dir: Optional[Path] = None,
+    layers: Optional[list[int]] = None,
+    pairs: Optional[list[str]] = None,
+    phi: Literal["learned", "identity"] = "learned",
+    phi_norm: Literal["none", "pre", "post"] = "none",
+    phi_init: Literal["auto", "zero", "least_squares"] = "auto",
+    steps: int = 2000,
+    warmup_steps: int = 200,
+    lr: float = 0.1,
+    momentum: float = 0.9,
+    weight_decay: float = 1e-3,
+    gradient_clip: float = 1.0,
+    precision: Optional[str] = None,
+    block_size: int = 256,
+    batch_size: int = 8,
+    max_train_blocks: Optional[int] = None,
+    max_val_blocks: int = 64,
+    accelerator: str = "auto",
+    out: Path = Path("stitch"),
+) -> None:
+    """Stitching penalties of two causal LMs over a grid of layers (Brown et al., 2023; tuned-lens's recipe).
+
+    For each pair (l, m): B's blocks after m and head, fed A's residual stream after block l through phi, trained on
+    the first 90 % of --text (or a hub dataset's training split) with only phi free, and evaluated on the held-out
+    rest: penalty = L(stitched) - L(B) (and - L(A)) in nats per token. Writes stitch.json, stitch.md and stitch.png.
+
+    Args:
+        model_a: hub id, folder or layerwise checkpoint of the causal LM A.
+        model_b: the same for B (it must read the same token ids).
+        text: local text files (the last 10 % is held out).
+        dataset: a hub dataset id instead of --text.
+        dataset_config: its configuration name.
+        tokenizer: 'byte', 'bpe:N', 'wordpiece:N', a hub name or a folder (default: --model_a).
+        tokenizer_dir: folder holding trained tokenizers.
+        layers: l = m pairs (default: 1 .. min(L_A, L_B) - 1).
+        pairs: explicit pairs as l:m (overrides --layers).
+        phi: learned, or identity (no training; equal widths).
+        phi_norm: none, pre or post LayerNorm in phi.
+        phi_init: auto (zero for equal widths, else least squares), zero or least_squares.
+        steps: optimizer steps per pair.
+        warmup_steps: linear warm-up steps, then linear decay to 0.
+        lr: SGD learning rate (tuned-lens's 1.0 * (1 - momentum)).
+        momentum: Nesterov momentum.
+        weight_decay: SGD weight decay.
+        gradient_clip: gradient-norm clip.
+        precision: Lightning precision, e.g. bf16-mixed on a GPU (default: 32-true).
+        block_size: tokens per packed block.
+        batch_size: blocks per batch.
+        max_train_blocks: at most this many training blocks.
+        max_val_blocks: at most this many held-out blocks.
+        accelerator: Lightning accelerator (auto, cpu, gpu).
+        out: output folder.
+    """
+    from layerwise.datamodules import TextDataModule
+    from layerwise.inference.stitch import parse_pairs, stitch_markdown, stitch_sweep, write_stitch
+    from layerwise.lightning_modules.stitched import _load
+
+    if (text is None) == (dataset is None):
+        raise ValueError("Give exactly one of --text (local files) and --dataset (a hub dataset id).")
+    if steps < 1 or warmup_steps < 0 or warmup_steps > steps:
+        raise ValueError(f"`--steps={steps}` must be >= 1 and `--warmup_steps={warmup_steps}` in 0..steps.")
+    for path in text or []:
+        if not Path(path).is_file():
+            raise ValueError(f"`--text={path}` is not a file.")
+    first, second = _load(model_a, "causal_lm", "--model_a"), _load(model_b, "causal_lm", "--model_b")
+    depth_a, depth_b = num_blocks(first, "--model_a"), num_blocks(second, "--model_b")
+    chosen = parse_pairs(layers, pairs, depth_a, depth_b)
+    data = TextDataModule(
+        dataset=dataset,
+        dataset_config=dataset_config,
+        train_files=[str(path) for path in text] if text else None,
+        tokenizer=tokenizer or model_a,
+        tokenizer_dir=str(tokenizer_dir) if tokenizer_dir else None,
+        block_size=block_size,
+        batch_size=batch_size,
+        max_train_blocks=max_train_blocks,
+        max_val_blocks=max_val_blocks,
+    )
+    data.prepare_data()
+    data.setup("fit")
+    module_options = dict(
+        phi=phi,
+        phi_norm=phi_norm,
+        phi_init=phi_init,
+        lr=lr,
+        momentum=momentum,
+        weight_decay=weight_decay,
+        warmup_steps=warmup_steps,
+        max_steps=steps,
+    )
+    trainer_options = dict(
+        accelerator=accelerator,
+        devices=1,
+        max_steps=steps,
+        gradient_clip_val=gradient_clip,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        precision=precision or "32-true",
+        num_sanity_val_steps=0,
+    )
+    rows = stitch_sweep(
+        first, second, chosen, data.train_dataloader(), data.val_dataloader(), module_options, trainer_options
+    )
+    record = {
+        "model_a": model_a,
+        "model_b": model_b,
+        "held_out_blocks": len(data.val_dataloader().dataset),
+        "block_size": block_size,
+        **module_options,
+        "steps": steps,
+    }
+    print(stitch_markdown(rows), end="")
+    for path in write_stitch(rows, record, out):
+        print(path)
+
+
 def _load_for_coupling(
     checkpoint: Optional[Path],
     model: Optional[str],
@@ -671,6 +796,7 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "lens": lens,
     "coupling": coupling,
     "compare": compare,
+    "stitch": stitch,
 }
 _POSITIONAL = {"path", "runs"}
 

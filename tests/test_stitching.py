@@ -136,3 +136,30 @@ def test_stitched_refuses_bad_layers(oracle):
         Stitched(a, b, 1, 2)
     with pytest.raises(ValueError, match="layer_a=3"):
         Stitched(a, b, 3, 0)
+
+
+def test_stitch_command_sweeps_pairs_and_writes_the_table(tmp_path, capsys):
+    import json
+
+    from layerwise.cli import main as cli_main
+
+    folder = str(tmp_path / "gpt2")
+    config = AutoConfig.for_model("gpt2", n_layer=3, n_embd=32, n_head=4, vocab_size=260, n_positions=64)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(100)))
+    base = ["stitch", "--model_a", folder, "--model_b", folder, "--text", str(text), "--tokenizer", "byte"]
+    base += ["--block_size", "16", "--max_val_blocks", "8", "--accelerator", "cpu"]
+    cli_main([*base, "--phi", "identity", "--out", str(tmp_path / "identity")])
+    rows = json.loads((tmp_path / "identity" / "stitch.json").read_text())["rows"]
+    assert [(row["layer_a"], row["layer_b"]) for row in rows] == [(1, 1), (2, 2)]
+    assert all(row["penalty_b"] == 0.0 and row["penalty_a"] == 0.0 for row in rows)  # A = B, phi = id: exact
+    cli_main([*base, "--pairs", "1:2", "--steps", "3", "--warmup_steps", "1", "--out", str(tmp_path / "learned")])
+    record = json.loads((tmp_path / "learned" / "stitch.json").read_text())
+    assert [(row["layer_a"], row["layer_b"]) for row in record["rows"]] == [(1, 2)] and record["steps"] == 3
+    assert (tmp_path / "learned" / "stitch.png").stat().st_size > 1000
+    assert "| 1 | 2 |" in (tmp_path / "learned" / "stitch.md").read_text()
+    capsys.readouterr()
+    with pytest.raises(SystemExit):
+        cli_main([*base, "--pairs", "1:3", "--out", str(tmp_path / "never")])
+    assert "--pairs" in capsys.readouterr().err and not (tmp_path / "never").exists()
