@@ -96,3 +96,16 @@ def test_coupling_configs_parse_with_the_command_parser():
     for config in sorted((root / "configs" / "coupling").glob("*.yaml")):
         parsed = command_parser("coupling", coupling).parse_args(["--config", str(config)])
         assert parsed.model and (root / parsed.prompts).is_file() and max(parsed.ks) <= 512, config
+
+
+def test_compare_and_stitch_configs_parse_with_their_command_parsers():
+    from pathlib import Path
+
+    from layerwise.cli import command_parser, compare, stitch
+
+    root = Path(__file__).resolve().parents[1]
+    for name, function in (("pythia_sizes.yaml", compare), ("pythia_stitch.yaml", stitch)):
+        parsed = command_parser(function.__name__, function).parse_args(
+            ["--config", str(root / "configs/compare" / name)]
+        )
+        assert parsed.model_a.startswith("EleutherAI/pythia") and parsed.dataset == "Salesforce/wikitext"
