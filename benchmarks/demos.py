@@ -2,6 +2,7 @@
 
     python benchmarks/demos.py shakespeare   # small GPT on Tiny Shakespeare: standard vs alternating aligned
     python benchmarks/demos.py sst2          # small BERT on SST-2: standard vs aligned
+    python benchmarks/demos.py compare       # small GPTs on Tiny Shakespeare compared: seeds, ReLU, aligned
 
 Each mode is one ``layerwise fit --config configs/demo/<name>.yaml`` (the documented command), run here one after
 the other with its wall time; the table is read from the last validation JSON of each run. For Shakespeare, text is
@@ -90,11 +91,98 @@ def generate(run_dir: Path, layers: list[int]) -> list[str]:
     return json.loads((run_dir / "generated.json").read_text())
 
 
+# --------------------------------------------------------------------------------------------- comparing models
+COMPARE_RUNS = {  # name -> (config, overrides): small GPTs on Tiny Shakespeare that differ in one thing
+    "seed0": ("shakespeare_gpt_standard", []),
+    "seed1": ("shakespeare_gpt_standard", ["--seed_everything=1"]),
+    "relu": (
+        "shakespeare_gpt_standard",
+        ["--model.init_args.backbone.init_args.config_overrides.activation_function=relu"],
+    ),
+    "alternating": ("shakespeare_gpt_alternating", []),
+}
+COMPARE_PAIRS = (("seed0", "seed1"), ("seed0", "relu"), ("seed0", "alternating"))
+TEXT = "../shared/data/tinyshakespeare/input.txt"
+
+
+def trained(name: str, out: Path) -> Path:
+    """``last.ckpt`` of run ``name`` under ``out`` (trained here unless a version of it is already there)."""
+    found = sorted((out / name).glob("version_*/checkpoints/last.ckpt"))
+    if found:
+        return found[-1]
+    config, overrides = COMPARE_RUNS[name]
+    command = [sys.executable, "-m", "layerwise", "fit", "--config", f"configs/demo/{config}.yaml", *overrides]
+    command += [f"--trainer.logger.init_args.save_dir={out}", f"--trainer.logger.init_args.name={name}"]
+    subprocess.run([*command, "--trainer.enable_progress_bar=false"], cwd=ROOT, check=True)
+    return sorted((out / name).glob("version_*/checkpoints/last.ckpt"))[-1]
+
+
+def compare_demo(out: Path) -> None:
+    """CKA, arccos distance and stitching penalties of the pairs, with the documented commands."""
+    checkpoints = {name: trained(name, out) for name in COMPARE_RUNS}
+    lines = ["| A vs B | arccos distance | CKA of layers 0..4 | penalty vs B at l = m = 1, 2, 3 |", "|---|---|---|---|"]
+    for first, second in COMPARE_PAIRS:
+        common = ["--model_a", str(checkpoints[first]), "--model_b", str(checkpoints[second]), "--text", TEXT]
+        common += ["--tokenizer", "byte", "--block_size", "64"]
+        target = out / "compare" / f"{first}_vs_{second}"
+        start = time.perf_counter()
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "layerwise",
+                "compare",
+                *common,
+                "--max_blocks",
+                "256",
+                "--include_embeddings",
+                "true",
+                "--out",
+                str(target),
+            ],
+            cwd=ROOT,
+            check=True,
+        )
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "layerwise",
+                "stitch",
+                *common,
+                "--steps",
+                "500",
+                "--warmup_steps",
+                "50",
+                "--max_train_blocks",
+                "4000",
+                "--max_val_blocks",
+                "128",
+                "--accelerator",
+                "cpu",
+                "--out",
+                str(target),
+            ],
+            cwd=ROOT,
+            check=True,
+        )
+        compared = json.loads((target / "compare.json").read_text())
+        stitched = json.loads((target / "stitch.json").read_text())["rows"]
+        diagonal = ", ".join(f"{row[i]:.3f}" for i, row in enumerate(compared["cka"]))
+        penalties = ", ".join(f"{row['penalty_b']:+.3f}" for row in stitched)
+        lines.append(f"| {first} vs {second} | {compared['arccos_distance']:.3f} | {diagonal} | {penalties} |")
+        print(f"{first} vs {second}: {time.perf_counter() - start:.0f} s", flush=True)
+    print("\n".join(lines))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("demo", choices=sorted(DEMOS))
+    parser.add_argument("demo", choices=sorted(DEMOS) + ["compare"])
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "demos")
     args = parser.parse_args()
+    if args.demo == "compare":
+        compare_demo(args.out)
+        return
     summaries, runs, total = {}, {}, 0.0
     for config in DEMOS[args.demo]:
         seconds, run_dir = run(config, args.out)
