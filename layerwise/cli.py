@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Literal, NoReturn, Optional, Union
 
 from jsonargparse import ActionConfigFile, ArgumentParser
+from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from layerwise.callbacks.progress import ProgressLines
@@ -97,14 +98,17 @@ def exit_concisely(prog: str, message: str, parsed: bool = True) -> NoReturn:
 
 
 class LayerwiseCLI(LightningCLI):
-    """LightningCLI over every :class:`~layerwise.lightning_modules.LayerwiseModule` and any LightningDataModule.
+    """LightningCLI over any LightningModule and any LightningDataModule.
+
+    The modules are every :class:`~layerwise.lightning_modules.LayerwiseModule` strategy,
+    :class:`~layerwise.lightning_modules.Stitched`, or your own.
 
     ``--model`` and ``--data`` take a ``class_path`` (e.g. ``layerwise.lightning_modules.AlternatingAligned``,
     ``layerwise.datamodules.DigitsDataModule``) with ``init_args``; several ``--config`` files compose.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("model_class", LayerwiseModule)
+        kwargs.setdefault("model_class", LightningModule)  # LayerwiseModule strategies, Stitched, any other module
         kwargs.setdefault("subclass_mode_model", True)
         kwargs.setdefault("subclass_mode_data", True)
         kwargs.setdefault("save_config_kwargs", {"overwrite": True})

@@ -163,3 +163,37 @@ def test_stitch_command_sweeps_pairs_and_writes_the_table(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli_main([*base, "--pairs", "1:3", "--out", str(tmp_path / "never")])
     assert "--pairs" in capsys.readouterr().err and not (tmp_path / "never").exists()
+
+
+def test_stitched_trains_with_layerwise_fit(tmp_path):
+    from layerwise.cli import main as cli_main
+
+    folder = str(tmp_path / "gpt2")
+    config = AutoConfig.for_model("gpt2", n_layer=3, n_embd=32, n_head=4, vocab_size=260, n_positions=64)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(60)))
+    cli_main(
+        [
+            "fit",
+            "--model",
+            "layerwise.lightning_modules.Stitched",
+            f"--model.init_args.model_a={folder}",
+            f"--model.init_args.model_b={folder}",
+            "--model.init_args.layer_a=1",
+            "--model.init_args.layer_b=2",
+            "--model.init_args.warmup_steps=1",
+            "--model.init_args.max_steps=2",
+            "--data",
+            "layerwise.datamodules.TextDataModule",
+            f"--data.init_args.train_files=[{text}]",
+            "--data.init_args.tokenizer=byte",
+            "--data.init_args.block_size=16",
+            "--data.init_args.batch_size=4",
+            "--trainer.accelerator=cpu",
+            "--trainer.max_steps=2",
+            "--trainer.logger=false",
+            "--trainer.enable_checkpointing=false",
+            f"--trainer.default_root_dir={tmp_path}",
+        ]
+    )
