@@ -10,7 +10,8 @@ Two random GPT-2-small-shaped models (12 x 768) read the same batches of random 
 - stitching: one training step of ``Stitched`` (A up to block 6, phi, B from block 7; backward through phi only)
   against one frozen forward of A and B.
 
-Variants alternate in one process (medians). CUDA peak memory from ``max_memory_allocated``.
+Variants alternate in one process (medians). Peak memory: CUDA's ``max_memory_allocated``, on the CPU the exact
+allocator tracker of ``benchmarks/_memory.py``.
 
     python benchmarks/compare.py                 # GPU if any; GPT-2-small shape, batch 8 x 256 tokens
     python benchmarks/compare.py --device cpu --layers 4 --dim 256 --heads 4 --tokens 128
@@ -89,17 +90,21 @@ def main() -> None:
         median = statistics.median(times[name])
         print(f"{label:<34}{median:>9.4f}{median / base:>8.2f}x")
 
-    if args.device.startswith("cuda"):
-        peaks = []
-        for count in (2, 8):
+    for count in (2, 8):
+        if args.device.startswith("cuda"):
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated()
             compare_models(a, b, batches[:count])
             torch.cuda.synchronize()
-            peaks.append((count, (torch.cuda.max_memory_allocated() - before) / 2**20))
-        for count, peak in peaks:
-            print(f"peak over {count} batches ({count * args.batch * args.tokens} tokens): {peak:,.0f} MiB")
+            peak = torch.cuda.max_memory_allocated() - before
+        else:
+            from _memory import MemoryTracker
+
+            with MemoryTracker() as tracker:
+                compare_models(a, b, batches[:count])
+            peak = tracker.peak_bytes
+        print(f"peak over {count} batches ({count * args.batch * args.tokens} tokens): {peak / 2**20:,.1f} MiB")
 
     stitched = Stitched(a, b, args.layers // 2, args.layers // 2, lr=0.1, warmup_steps=1, max_steps=100).to(args.device)
     optimizer = torch.optim.SGD(stitched.phi.parameters(), lr=0.01, momentum=0.9, nesterov=True)
