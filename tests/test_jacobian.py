@@ -4,6 +4,7 @@ import pytest
 import torch
 from test_layer_paths import build, inputs
 from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from layerwise.features.jacobian import block_jacobian, diagonal_jacobians, trace_blocks
 from layerwise.features.paths import TIMM_VIT, get_blocks, layer_paths
@@ -180,3 +181,22 @@ def test_token_wise_self_coupling_of_token_linear_blocks_is_zero():
     x = torch.randn(1, 5, 6, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
     trace = trace_blocks(blocks, lambda: blocks(x))
     assert token_coupling(blocks, trace, 0, 1, "self", k=3).abs().max() < 1e-12
+
+
+def test_jacobian_memory_is_bounded_by_the_chunk_size():
+    """The JVPs keep no backward graph, so the peak follows the tangents run at once (chunk_size), not d."""
+    from test_lm_memory import memory
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("gpt2", n_layer=1, n_embd=128, n_head=4, vocab_size=100, n_positions=64)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    ids = torch.randint(0, 100, (1, 48), generator=torch.Generator().manual_seed(0))
+    trace = trace_blocks(model.transformer.h, lambda: model(input_ids=ids, use_cache=False))
+    peaks = {}
+    for chunk in (None, 8):
+        with memory.MemoryTracker() as tracker:
+            block_jacobian(model.transformer.h[0], trace.calls[0], -1, [47], chunk_size=chunk)
+        peaks[chunk] = tracker.peak_bytes
+    activations = 128 * 48 * 4 * 128  # d tangents x one (T, 4d) float32 MLP activation: 3 MiB
+    assert peaks[None] < 40 * activations  # the tangents through the block, no graph on top (158 MB before)
+    assert peaks[8] < peaks[None] / 6  # 8 of 128 tangents at a time

@@ -181,7 +181,9 @@ def block_jacobian(
             return (block_output(work(hidden.unsqueeze(0), *args, **kwargs))[0] - hidden)[rows]
 
         try:
-            with sdpa_kernel(SDPBackend.MATH):
+            # no_grad: forward-mode AD needs no backward graph; without it every chunk's graph (the parameters
+            # require grad) would stay alive until the end, several times the memory of the tangents themselves.
+            with sdpa_kernel(SDPBackend.MATH), torch.no_grad():
                 basis = torch.eye(base.shape[1], dtype=dtype, device=device)
 
                 def column(tangent: Tensor) -> Tensor:
