@@ -419,6 +419,10 @@ def lens(
 
 def coupling(
     prompts: Optional[Path] = None,
+    dataset: Optional[str] = None,
+    dataset_config: Optional[str] = None,
+    split: str = "validation",
+    column: str = "text",
     model: Optional[str] = None,
     checkpoint: Optional[Path] = None,
     tokenizer: Optional[str] = None,
@@ -448,6 +452,10 @@ def coupling(
 
     Args:
         prompts: a text file (one prompt per line) or a .jsonl file with a 'text' field per line.
+        dataset: instead of --prompts, a Hugging Face dataset (hub id or local folder).
+        dataset_config: its configuration name.
+        split: the dataset split to read.
+        column: the dataset column holding the text.
         model: a Hugging Face causal LM: hub name or local folder.
         checkpoint: a layerwise Lightning checkpoint (.ckpt) of a causal LM.
         tokenizer: as for generate; default: --model (required with --checkpoint).
@@ -475,10 +483,10 @@ def coupling(
         return
     from tqdm.auto import tqdm
 
-    from layerwise.inference.coupling import CouplingAnalysis, coupling_files, load_prompts
+    from layerwise.inference.coupling import CouplingAnalysis, coupling_files, load_dataset_prompts, load_prompts
 
-    if prompts is None:
-        raise ValueError("Give --prompts (a text file, one prompt per line), or --correlate scores.csv.")
+    if (prompts is None) == (dataset is None):
+        raise ValueError("Give --prompts (a text file, one prompt per line) or --dataset, or --correlate scores.csv.")
     if max_prompts < 1 or max_tokens < 2:
         raise ValueError("`--max_prompts` must be >= 1 and `--max_tokens` >= 2.")
     if not ks or min(ks) < 1:
@@ -487,7 +495,11 @@ def coupling(
         raise ValueError(f"`--chunk_size={chunk_size}` must be >= 1.")
     if token_blocks is not None and len(token_blocks) != 2:
         raise ValueError(f"`--token_blocks={token_blocks}` must be two block numbers.")
-    texts = load_prompts(prompts, max_prompts)
+    texts = (
+        load_prompts(prompts, max_prompts)
+        if prompts is not None
+        else load_dataset_prompts(dataset, dataset_config, split, column, max_prompts)
+    )
     lm, tokenizer_object, total = _load_for_coupling(
         checkpoint, model, tokenizer, tokenizer_dir, dtype, device, device_map
     )
@@ -505,7 +517,8 @@ def coupling(
             raise ValueError(f"The prompt {text!r} has fewer than 2 tokens; remove it from --prompts.")
         analysis.add(dict(batch))
     results = analysis.results()
-    record = {"model": model or str(checkpoint), "prompts": str(prompts), "max_tokens": max_tokens, **results}
+    source = str(prompts) if prompts is not None else f"{dataset}:{split}:{column}"
+    record = {"model": model or str(checkpoint), "prompts": source, "max_tokens": max_tokens, **results}
     scores = ", ".join(f"K={kk}: {float(v):.4f}" for kk, v in zip(ks, results["coupling_score"]))
     print(f"coupling score over {results['num_prompts']} prompts: {scores}")
     print(

@@ -109,3 +109,32 @@ def test_compare_and_stitch_configs_parse_with_their_command_parsers():
             ["--config", str(root / "configs/compare" / name)]
         )
         assert parsed.model_a.startswith("EleutherAI/pythia") and parsed.dataset == "Salesforce/wikitext"
+
+
+def test_coupling_prompts_from_a_dataset_folder(model_folder, tmp_path):
+    folder = tmp_path / "prompts_dataset"
+    folder.mkdir()
+    rows = [{"text": text} for text in PROMPTS] + [{"text": "  "}]
+    (folder / "validation.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    out = tmp_path / "out"
+    cli_main(
+        [
+            "coupling",
+            "--model",
+            model_folder,
+            "--tokenizer",
+            "byte",
+            "--dataset",
+            str(folder),
+            "--ks",
+            "2",
+            "--max_tokens",
+            "12",
+            "--device",
+            "cpu",
+            "--out",
+            str(out),
+        ]
+    )
+    record = json.loads((out / "coupling.json").read_text())
+    assert record["num_prompts"] == 2 and record["prompts"].endswith(":validation:text")

@@ -261,6 +261,29 @@ def load_prompts(path: Any, max_prompts: int) -> list[str]:
     return prompts[:max_prompts]
 
 
+def load_dataset_prompts(
+    dataset: str, dataset_config: Optional[str], split: str, column: str, max_prompts: int
+) -> list[str]:
+    """Prompts from a Hugging Face dataset (hub id or local folder): the non-empty ``column`` strings of ``split``."""
+    from datasets import load_dataset
+
+    try:
+        data = load_dataset(dataset, dataset_config, split=split)
+    except Exception as error:  # noqa: BLE001 - datasets raises many kinds; the user needs the flag
+        raise ValueError(f"`--dataset={dataset}` (split {split!r}) could not be loaded: {error}") from None
+    if column not in data.column_names:
+        raise ValueError(f"`--column={column}`: the dataset's columns are {data.column_names}.")
+    prompts = []
+    for text in data[column]:
+        if isinstance(text, str) and text.strip():
+            prompts.append(text.strip())
+            if len(prompts) == max_prompts:
+                break
+    if not prompts:
+        raise ValueError(f"`--dataset={dataset}` has no non-empty {column!r} text in split {split!r}.")
+    return prompts
+
+
 def coupling_files(analysis: CouplingAnalysis, results: dict[str, Any], out: Any) -> list[Any]:
     """Write ``coupling.json`` and the figures into ``out``; returns the written paths."""
     import json
