@@ -175,6 +175,59 @@ def compare_demo(out: Path) -> None:
     print("\n".join(lines))
 
 
+def sst2_comparison(runs: dict[str, Path], out: Path) -> None:
+    """The standard encoder against the aligned one: CKA across models, then stitching at l = m = 1, 2, 3."""
+    import lightning.pytorch as pl
+
+    from layerwise.datamodules import GLUEDataModule
+    from layerwise.lightning_modules.stitched import Stitched, _load
+
+    standard, aligned = (runs[name] / "checkpoints" / "last.ckpt" for name in ("standard", "aligned"))
+    command = [sys.executable, "-m", "layerwise", "validate", "--config", "configs/demo/sst2_bert_standard.yaml"]
+    command += [f"--ckpt_path={standard}", "--trainer.callbacks+=layerwise.callbacks.CrossModelComparison"]
+    command += [f"--trainer.callbacks.model_b={aligned}", "--trainer.callbacks.include_embeddings=true"]
+    command += ["--trainer.callbacks.minibatch=true", "--trainer.callbacks.chunk=512"]
+    command += [f"--trainer.logger.init_args.save_dir={out / 'compare'}", "--trainer.enable_progress_bar=false"]
+    subprocess.run(command, cwd=ROOT, check=True)
+    compared = last_summary(sorted((out / "compare" / "sst2_bert_standard").glob("version_*"))[-1])["compare"]
+    print(
+        f"\nCKA standard vs aligned (layers 0..4), {compared['num_tokens']} tokens: "
+        + ", ".join(f"{row[i]:.3f}" for i, row in enumerate(compared["cka"]))
+        + f"; arccos distance {compared['arccos_distance']:.3f}"
+    )
+    data = GLUEDataModule(
+        task="sst2",
+        data_dir=str(ROOT.parent / "shared/data/sst2"),
+        tokenizer="wordpiece:8000",
+        max_length=64,
+        batch_size=32,
+        max_train_samples=12000,
+    )
+    data.prepare_data()
+    data.setup("fit")
+    model_a, model_b = _load(str(standard), "classification", "A"), _load(str(aligned), "classification", "B")
+    print("\n| l = m | stitched accuracy | drop vs aligned (B) | drop vs standard (A) | penalty vs B (nats) |")
+    print("|---|---|---|---|---|")
+    for layer in (1, 2, 3):
+        module = Stitched(model_a, model_b, layer, layer, task="classification", warmup_steps=30, max_steps=300)
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            max_steps=300,
+            gradient_clip_val=1.0,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        trainer.fit(module, data.train_dataloader())
+        values = trainer.validate(module, data.val_dataloader(), verbose=False)[0]
+        print(
+            f"| {layer} | {values['val/acc_stitched']:.4f} | {values['val/acc_drop_b']:+.4f} | "
+            f"{values['val/acc_drop_a']:+.4f} | {values['val/penalty_b']:+.4f} |",
+            flush=True,
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("demo", choices=sorted(DEMOS) + ["compare"])
@@ -193,6 +246,8 @@ def main() -> None:
     print(f"\nboth runs: {total:.0f} s ({total / 60:.1f} min)\n")
     keys = ["accuracy", "perplexity"] if args.demo == "shakespeare" else ["accuracy"]
     print(table(summaries, keys))
+    if args.demo == "sst2":
+        sst2_comparison(runs, args.out)
     if args.demo == "shakespeare":
         start = time.perf_counter()
         init = validate_at_init(DEMOS[args.demo][0], args.out / "init")
