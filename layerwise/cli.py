@@ -529,6 +529,46 @@ def coupling(
         print(written)
 
 
+def _check_text_source(text: Optional[list[Path]], dataset: Optional[str]) -> None:
+    if (text is None) == (dataset is None):
+        raise ValueError("Give exactly one of --text (local files) and --dataset (a hub dataset id).")
+    for path in text or []:
+        if not Path(path).is_file():
+            raise ValueError(f"`--text={path}` is not a file.")
+
+
+def _text_data(
+    text: Optional[list[Path]],
+    dataset: Optional[str],
+    dataset_config: Optional[str],
+    tokenizer: str,
+    tokenizer_dir: Optional[Path],
+    block_size: int,
+    batch_size: int,
+    max_train_blocks: Optional[int],
+    max_val_blocks: Optional[int],
+    stage: str,
+) -> Any:
+    """The packed text blocks ``compare`` and ``stitch`` read (``TextDataModule``: held-out tail of --text)."""
+    from layerwise.datamodules import TextDataModule
+
+    _check_text_source(text, dataset)
+    data = TextDataModule(
+        dataset=dataset,
+        dataset_config=dataset_config,
+        train_files=[str(path) for path in text] if text else None,
+        tokenizer=tokenizer,
+        tokenizer_dir=str(tokenizer_dir) if tokenizer_dir else None,
+        block_size=block_size,
+        batch_size=batch_size,
+        max_train_blocks=max_train_blocks,
+        max_val_blocks=max_val_blocks,
+    )
+    data.prepare_data()
+    data.setup(stage)
+    return data
+
+
 def compare(
     model_a: str,
     model_b: str,
@@ -573,28 +613,22 @@ def compare(
     import torch
     from tqdm.auto import tqdm
 
-    from layerwise.datamodules import TextDataModule
     from layerwise.inference.compare import compare_models, load_model, write_comparison
 
-    if (text is None) == (dataset is None):
-        raise ValueError("Give exactly one of --text (local files) and --dataset (a hub dataset id).")
     if block_size < 2 or batch_size < 1 or max_blocks < 1 or chunk < 4:
         raise ValueError("`--block_size` must be >= 2, `--batch_size` and `--max_blocks` >= 1, `--chunk` >= 4.")
-    for path in text or []:
-        if not Path(path).is_file():
-            raise ValueError(f"`--text={path}` is not a file.")
-    data = TextDataModule(
-        dataset=dataset,
-        dataset_config=dataset_config,
-        train_files=[str(path) for path in text] if text else None,
-        tokenizer=tokenizer or model_a,
-        tokenizer_dir=str(tokenizer_dir) if tokenizer_dir else None,
-        block_size=block_size,
-        batch_size=batch_size,
-        max_val_blocks=max_blocks,
+    data = _text_data(
+        text,
+        dataset,
+        dataset_config,
+        tokenizer or model_a,
+        tokenizer_dir,
+        block_size,
+        batch_size,
+        None,
+        max_blocks,
+        "validate",
     )
-    data.prepare_data()
-    data.setup("validate")
     target = device or ("cuda" if torch.cuda.is_available() else "cpu")
     first = load_model(model_a, "--model_a", dtype).eval().to(target)
     second = load_model(model_b, "--model_b", dtype).eval().to(target)
@@ -671,33 +705,27 @@ def stitch(
         accelerator: Lightning accelerator (auto, cpu, gpu).
         out: output folder.
     """
-    from layerwise.datamodules import TextDataModule
     from layerwise.inference.stitch import parse_pairs, stitch_markdown, stitch_sweep, write_stitch
     from layerwise.lightning_modules.stitched import _load
 
-    if (text is None) == (dataset is None):
-        raise ValueError("Give exactly one of --text (local files) and --dataset (a hub dataset id).")
     if steps < 1 or warmup_steps < 0 or warmup_steps > steps:
         raise ValueError(f"`--steps={steps}` must be >= 1 and `--warmup_steps={warmup_steps}` in 0..steps.")
-    for path in text or []:
-        if not Path(path).is_file():
-            raise ValueError(f"`--text={path}` is not a file.")
+    _check_text_source(text, dataset)
     first, second = _load(model_a, "causal_lm", "--model_a"), _load(model_b, "causal_lm", "--model_b")
     depth_a, depth_b = num_blocks(first, "--model_a"), num_blocks(second, "--model_b")
     chosen = parse_pairs(layers, pairs, depth_a, depth_b)
-    data = TextDataModule(
-        dataset=dataset,
-        dataset_config=dataset_config,
-        train_files=[str(path) for path in text] if text else None,
-        tokenizer=tokenizer or model_a,
-        tokenizer_dir=str(tokenizer_dir) if tokenizer_dir else None,
-        block_size=block_size,
-        batch_size=batch_size,
-        max_train_blocks=max_train_blocks,
-        max_val_blocks=max_val_blocks,
+    data = _text_data(
+        text,
+        dataset,
+        dataset_config,
+        tokenizer or model_a,
+        tokenizer_dir,
+        block_size,
+        batch_size,
+        max_train_blocks,
+        max_val_blocks,
+        "fit",
     )
-    data.prepare_data()
-    data.setup("fit")
     module_options = dict(
         phi=phi,
         phi_norm=phi_norm,

@@ -1,9 +1,19 @@
-"""Whether a fit that ends at ``max_steps`` ends on a validation, so that the final model is analysed."""
+"""When the callbacks analyse: every n-th validation epoch while fitting, and whether a fit ends on a validation."""
 
 import math
 from typing import Optional
 
 from lightning.pytorch import Trainer
+from lightning.pytorch.trainer.states import TrainerFn
+
+
+def analyses_now(trainer: Trainer, every_n_epochs: int) -> bool:
+    """Never in the sanity check; every ``every_n_epochs``-th epoch while fitting; always in validate/test."""
+    if trainer.sanity_checking:
+        return False
+    if trainer.state.fn == TrainerFn.FITTING:
+        return (trainer.current_epoch + 1) % every_n_epochs == 0
+    return True
 
 
 def last_step_unvalidated(trainer: Trainer) -> Optional[int]:

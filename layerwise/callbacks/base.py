@@ -20,7 +20,7 @@ from layerwise.callbacks._output import (
     write_summary,
 )
 from layerwise.callbacks._sampling import rank_indices, real_samples_on_rank
-from layerwise.callbacks._schedule import last_step_unvalidated
+from layerwise.callbacks._schedule import analyses_now, last_step_unvalidated
 from layerwise.callbacks._source import FeatureSource
 from layerwise.callbacks.family import Family, LayerBatch, LayerSpec, per_layer
 from layerwise.features.layers import LayerSelection, select_layers
@@ -112,11 +112,7 @@ class LayerwiseMonitor(Callback):
     # -- when ---------------------------------------------------------------------------------------------------
 
     def _should_run(self, trainer: Trainer) -> bool:
-        if trainer.sanity_checking:
-            return False
-        if trainer.state.fn == TrainerFn.FITTING:
-            return (trainer.current_epoch + 1) % self.every_n_epochs == 0
-        return True
+        return analyses_now(trainer, self.every_n_epochs)
 
     def _draws_figures(self, trainer: Trainer) -> bool:
         if not self.log_figures or trainer.state.fn != TrainerFn.FITTING:

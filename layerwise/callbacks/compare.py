@@ -5,11 +5,11 @@ from typing import Any, Literal, Optional
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor, nn
 
 from layerwise.callbacks._output import _log_dir, _run_id, show, tensorboard
 from layerwise.callbacks._sampling import real_samples_on_rank
+from layerwise.callbacks._schedule import analyses_now
 from layerwise.features.hooks import hooked_blocks
 from layerwise.features.paths import find_model, get_blocks, layer_paths
 from layerwise.inference.compare import load_model, model_inputs, token_features
@@ -93,11 +93,7 @@ class CrossModelComparison(Callback):
 
     # -- when ----------------------------------------------------------------------------------------------------
     def _should_run(self, trainer: Trainer) -> bool:
-        if trainer.sanity_checking:
-            return False
-        if trainer.state.fn == TrainerFn.FITTING:
-            return (trainer.current_epoch + 1) % self.every_n_epochs == 0
-        return True
+        return analyses_now(trainer, self.every_n_epochs)
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._active = self._should_run(trainer)

@@ -5,10 +5,10 @@ from typing import Any, Literal, Optional, Union
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import move_data_to_device
 
 from layerwise.callbacks._output import _log_dir, _run_id, show, tensorboard
+from layerwise.callbacks._schedule import analyses_now
 from layerwise.inference.coupling import CouplingAnalysis, Token
 from layerwise.results import merge_summary, summary_path
 
@@ -80,11 +80,7 @@ class BlockCoupling(Callback):
         )
 
     def _should_run(self, trainer: Trainer) -> bool:
-        if trainer.sanity_checking:
-            return False
-        if trainer.state.fn == TrainerFn.FITTING:
-            return (trainer.current_epoch + 1) % self.every_n_epochs == 0
-        return True
+        return analyses_now(trainer, self.every_n_epochs)
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if not self._should_run(trainer) or self._analysis is None:

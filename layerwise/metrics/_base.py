@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable, Sequence
 from typing import Any, Optional, Union
 
@@ -175,13 +176,13 @@ class _ShiftedSumStateMetric(_SumStateMetric):
         super().reset()
         self._has_shift = False
 
+    @abc.abstractmethod
     def _sample_count(self, states: dict[str, Tensor]) -> Tensor:
         """Number of samples behind ``states`` (a 0-dim float64 tensor)."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def _recentred(self, states: dict[str, Tensor], delta: Tensor) -> dict[str, Tensor]:
         """The sum states around ``shift - delta`` instead of ``shift`` (``delta`` = old shift - new shift)."""
-        raise NotImplementedError
 
     def _states(self) -> dict[str, Tensor]:
         return {name: getattr(self, name) for name in self.sum_state_names}
