@@ -12,7 +12,7 @@ from layerwise.callbacks._sampling import real_samples_on_rank
 from layerwise.callbacks._schedule import analyses_now
 from layerwise.features.hooks import hooked_blocks
 from layerwise.features.paths import find_model, get_blocks, layer_paths
-from layerwise.inference.compare import load_model, model_inputs, token_features
+from layerwise.inference.compare import hidden_states, load_model, model_inputs, token_features
 from layerwise.metrics import all_reduce_sum_states
 from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
 from layerwise.metrics.functional_compare import arccos_distance
@@ -134,15 +134,7 @@ class CrossModelComparison(Callback):
         self._stack.close()
         self._stack = None
         args, kwargs, mask = model_inputs(batch)
-        outputs_b: dict[int, Tensor] = {}
-        extra = int(self.include_embeddings)
-        with ExitStack() as stack:
-            stack.enter_context(torch.no_grad())
-            stack.enter_context(hooked_blocks(self._blocks_b, on_output=self._collect(outputs_b, extra)))
-            if extra:
-                embeddings = self._collect(outputs_b, 0)
-                stack.enter_context(hooked_blocks(self._blocks_b, on_input=embeddings, indices=[0]))
-            self._model_b(*args, **kwargs)
+        outputs_b = hidden_states(self._model_b, self._blocks_b, args, kwargs, self.include_embeddings)
         rows = None
         if self._budget is not None:  # DistributedSampler's repeated samples at the end of this rank's stream
             size = next(iter(outputs_b.values())).shape[0]
