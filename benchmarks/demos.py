@@ -209,6 +209,7 @@ def sst2_comparison(runs: dict[str, Path], out: Path) -> None:
     print("\n| l = m | stitched accuracy | drop vs aligned (B) | drop vs standard (A) | penalty vs B (nats) |")
     print("|---|---|---|---|---|")
     for layer in (1, 2, 3):
+        pl.seed_everything(0, verbose=False)  # the order of the training sentences
         module = Stitched(model_a, model_b, layer, layer, task="classification", warmup_steps=30, max_steps=300)
         trainer = pl.Trainer(
             accelerator="cpu",
