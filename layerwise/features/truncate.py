@@ -44,16 +44,34 @@ def truncated(
         option: the flag or argument named in errors.
     """
     paths = paths or layer_paths(model, option)
+    check_depth(depth, len(get_blocks(model, paths)), option)
+    with kept_blocks(model, 0, depth, paths, option):
+        yield model
+
+
+@contextmanager
+def kept_blocks(
+    model: nn.Module, start: int, stop: int, paths: Optional[LayerPaths] = None, option: str = "--layer"
+) -> Iterator[nn.Module]:
+    """Make ``model`` run only its blocks ``start + 1 .. stop`` (0-based ``start:stop``), in place, restored on exit.
+
+    :func:`truncated` is ``kept_blocks(model, 0, d)``; stitching keeps the blocks after m
+    (``kept_blocks(model, m, L)``), whose first block then reads the embeddings unless its input is replaced. The
+    config's depth fields (``num_hidden_layers``, ``layer_types``) are cut the same way; run such a model without a
+    KV cache (``use_cache=False``): its blocks keep their own ``layer_idx``.
+    """
+    paths = paths or layer_paths(model, option)
     blocks = get_blocks(model, paths)
-    check_depth(depth, len(blocks), option)
+    if not 0 <= start < stop <= len(blocks):
+        raise ValueError(f"`{option}`: blocks {start + 1}..{stop} are not among the model's 1..{len(blocks)}.")
     parent_path, _, name = paths.blocks.rpartition(".")
     parent = model.get_submodule(parent_path) if parent_path else model
     config = getattr(model, "config", None)
     saved = _config_depth(config)
-    kept = list(blocks)[:depth]
+    kept = list(blocks)[start:stop]
     setattr(parent, name, nn.Sequential(*kept) if isinstance(blocks, nn.Sequential) else nn.ModuleList(kept))
     try:
-        _set_config_depth(config, depth, len(blocks))
+        _set_config_depth(config, start, stop, len(blocks))
         yield model
     finally:
         setattr(parent, name, blocks)
@@ -66,15 +84,15 @@ def _config_depth(config: Any) -> dict[str, Any]:
     return {key: getattr(config, key) for key in (*_LAYER_COUNT_KEYS, "layer_types") if hasattr(config, key)}
 
 
-def _set_config_depth(config: Any, depth: int, total: int) -> None:
+def _set_config_depth(config: Any, start: int, stop: int, total: int) -> None:
     if config is None:
         return
     for key in _LAYER_COUNT_KEYS:
         if getattr(config, key, None) == total:
-            setattr(config, key, depth)
+            setattr(config, key, stop - start)
     layer_types = getattr(config, "layer_types", None)
     if isinstance(layer_types, list) and len(layer_types) == total:
-        config.layer_types = layer_types[:depth]
+        config.layer_types = layer_types[start:stop]
 
 
 def _restore_config_depth(config: Any, saved: dict[str, Any]) -> None:

@@ -1,5 +1,6 @@
 """Model stitching: B's blocks after m, fed A's residual stream after block l through a trained stitching layer."""
 
+import inspect
 from typing import Any, Literal, Union
 
 import torch
@@ -9,6 +10,7 @@ from torch import Tensor, nn
 
 from layerwise.features.hooks import replaced_block_input, residual_after
 from layerwise.features.paths import find_model, get_blocks, layer_paths
+from layerwise.features.truncate import kept_blocks
 
 Task = Literal["causal_lm", "classification"]
 
@@ -72,10 +74,9 @@ class Stitched(LightningModule):
     """The stitched model B_{>m} ∘ phi ∘ A_{<=l}; A and B frozen, only phi trains.
 
     A runs its embeddings and blocks 1..l (its forward is stopped there); phi maps the residual stream; B's own
-    forward then runs with the input of block m+1 replaced by phi(h), so B's masks, positions and RoPE are its own,
-    and ends in B's final norm and head. (B's blocks 1..m still run and their output is discarded: a cost, not an
-    effect.) Loss: next-token cross-entropy over every real token (``causal_lm``) or the task's cross-entropy
-    (``classification``, batches with ``labels``).
+    forward then runs only its blocks m+1..L (``kept_blocks``), the first of them fed phi(h), so B's masks,
+    positions and RoPE are its own, and ends in B's final norm and head. Loss: next-token cross-entropy over every
+    real token (``causal_lm``) or the task's cross-entropy (``classification``, batches with ``labels``).
 
     Validation logs, on the held-out data given: ``val/loss_stitched``, ``val/loss_a``, ``val/loss_b`` (nats per
     token, token-weighted), ``val/penalty_b`` = stitched − B and ``val/penalty_a`` = stitched − A, plus the
@@ -134,6 +135,8 @@ class Stitched(LightningModule):
                 f"`--model.init_args.layer_b={layer_b}` must lie in 0..{len(self.blocks_b) - 1}: B runs blocks m+1..L."
             )
         self.layer_a, self.layer_b, self.task = layer_a, layer_b, task
+        accepts_cache = "use_cache" in inspect.signature(self.model_b.forward).parameters
+        self._no_cache = {"use_cache": False} if accepts_cache else {}  # B's kept blocks keep their layer_idx
         self.phi = StitchingLayer(_width(self.model_a), _width(self.model_b), phi_norm, identity=phi == "identity")
         if phi_init not in ("auto", "zero", "least_squares"):
             raise ValueError(f"`--model.init_args.phi_init={phi_init!r}` must be 'auto', 'zero' or 'least_squares'.")
@@ -181,10 +184,12 @@ class Stitched(LightningModule):
             return residual_after(self.blocks_b, self.layer_b, lambda: self.model_b(**self._inputs(batch)))
 
     def forward(self, batch: Any) -> Tensor:
-        """Logits of the stitched model."""
+        """Logits of the stitched model: B runs only its blocks m+1..L, the first of them fed phi(h)."""
         hidden = self.phi(self.residual_a(batch))
-        with replaced_block_input(self.blocks_b, self.layer_b, hidden):
-            return self.model_b(**self._inputs(batch)).logits
+        with kept_blocks(self.model_b, self.layer_b, len(self.blocks_b), option="--model.init_args.layer_b"):
+            upper = get_blocks(self.model_b, layer_paths(self.model_b))
+            with replaced_block_input(upper, 0, hidden):
+                return self.model_b(**self._inputs(batch), **self._no_cache).logits
 
     def loss(self, logits: Tensor, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
         """Mean loss, number of predictions and number correct."""
