@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Optional
@@ -49,7 +50,9 @@ def stitch_sweep(
         module = Stitched(model_a, model_b, l_a, m_b, **module_options)
         trainer = pl.Trainer(**trainer_options)
         if module.phi.linear is not None:
-            trainer.fit(module, train_loader)
+            with warnings.catch_warnings():  # validation runs after fit, on purpose: not a missing loader
+                warnings.filterwarnings("ignore", message=".*but have no `val_dataloader`")
+                trainer.fit(module, train_loader)
         values = trainer.validate(module, val_loader, verbose=False)[0]
         row = {"layer_a": l_a, "layer_b": m_b, **{key.split("/", 1)[1]: float(v) for key, v in values.items()}}
         rows.append(row)
