@@ -180,7 +180,8 @@ def sst2_comparison(runs: dict[str, Path], out: Path) -> None:
     import lightning.pytorch as pl
 
     from layerwise.datamodules import GLUEDataModule
-    from layerwise.lightning_modules.stitched import Stitched, _load
+    from layerwise.lightning_modules.checkpoint import load_model
+    from layerwise.lightning_modules.stitched import Stitched
 
     standard, aligned = (runs[name] / "checkpoints" / "last.ckpt" for name in ("standard", "aligned"))
     command = [sys.executable, "-m", "layerwise", "validate", "--config", "configs/demo/sst2_bert_standard.yaml"]
@@ -205,7 +206,9 @@ def sst2_comparison(runs: dict[str, Path], out: Path) -> None:
     )
     data.prepare_data()
     data.setup("fit")
-    model_a, model_b = _load(str(standard), "classification", "A"), _load(str(aligned), "classification", "B")
+    model_a, model_b = (
+        load_model(str(path), name, "classification") for path, name in ((standard, "A"), (aligned, "B"))
+    )
     print("\n| l = m | stitched accuracy | drop vs aligned (B) | drop vs standard (A) | penalty vs B (nats) |")
     print("|---|---|---|---|---|")
     for layer in (1, 2, 3):

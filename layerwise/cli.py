@@ -613,7 +613,8 @@ def compare(
     import torch
     from tqdm.auto import tqdm
 
-    from layerwise.inference.compare import compare_models, load_model, write_comparison
+    from layerwise.inference.compare import compare_models, write_comparison
+    from layerwise.lightning_modules.checkpoint import load_model
 
     if block_size < 2 or batch_size < 1 or max_blocks < 1 or chunk < 4:
         raise ValueError("`--block_size` must be >= 2, `--batch_size` and `--max_blocks` >= 1, `--chunk` >= 4.")
@@ -630,8 +631,8 @@ def compare(
         "validate",
     )
     target = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    first = load_model(model_a, "--model_a", dtype).eval().to(target)
-    second = load_model(model_b, "--model_b", dtype).eval().to(target)
+    first = load_model(model_a, "--model_a", dtype=dtype).eval().to(target)
+    second = load_model(model_b, "--model_b", dtype=dtype).eval().to(target)
     loader = data.val_dataloader()
     with tqdm(total=len(loader), desc="batches", unit="batch") as bar:
         results = compare_models(first, second, loader, include_embeddings, True, minibatch, chunk, bar.update)
@@ -706,12 +707,12 @@ def stitch(
         out: output folder.
     """
     from layerwise.inference.stitch import parse_pairs, stitch_markdown, stitch_sweep, write_stitch
-    from layerwise.lightning_modules.stitched import _load
+    from layerwise.lightning_modules.checkpoint import load_model
 
     if steps < 1 or warmup_steps < 0 or warmup_steps > steps:
         raise ValueError(f"`--steps={steps}` must be >= 1 and `--warmup_steps={warmup_steps}` in 0..steps.")
     _check_text_source(text, dataset)
-    first, second = _load(model_a, "causal_lm", "--model_a"), _load(model_b, "causal_lm", "--model_b")
+    first, second = load_model(model_a, "--model_a", "causal_lm"), load_model(model_b, "--model_b", "causal_lm")
     depth_a, depth_b = num_blocks(first, "--model_a"), num_blocks(second, "--model_b")
     chosen = parse_pairs(layers, pairs, depth_a, depth_b)
     data = _text_data(

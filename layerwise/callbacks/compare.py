@@ -11,8 +11,9 @@ from layerwise.callbacks._output import _log_dir, _run_id, show, tensorboard
 from layerwise.callbacks._sampling import real_samples_on_rank
 from layerwise.callbacks._schedule import analyses_now
 from layerwise.features.hooks import hooked_blocks
-from layerwise.features.paths import find_model, get_blocks, layer_paths
-from layerwise.inference.compare import hidden_states, load_model, model_inputs, token_features
+from layerwise.features.paths import find_model, get_blocks, layer_paths, model_width
+from layerwise.inference.compare import hidden_states, model_inputs, token_features
+from layerwise.lightning_modules.checkpoint import load_model
 from layerwise.metrics import all_reduce_sum_states
 from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
 from layerwise.metrics.functional_compare import arccos_distance
@@ -75,18 +76,14 @@ class CrossModelComparison(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._model_a = find_model(pl_module, "the LightningModule")
         self._blocks_a = get_blocks(self._model_a, layer_paths(self._model_a))
-        self._model_b = load_model(self.model_b_name, _OPTION, self.dtype).eval().requires_grad_(False)
+        self._model_b = load_model(self.model_b_name, _OPTION, dtype=self.dtype).eval().requires_grad_(False)
         self._blocks_b = get_blocks(self._model_b, layer_paths(self._model_b, _OPTION))
-
-    def _width(self, model: nn.Module) -> int:
-        config = getattr(model, "config", None)
-        return int(getattr(config, "hidden_size", None) or model.embed_dim)
 
     def _build(self, device: torch.device) -> None:
         extra = int(self.include_embeddings)
         layers_a, layers_b = len(self._blocks_a) + extra, len(self._blocks_b) + extra
         self._exact = CrossModelCKA(
-            layers_a, self._width(self._model_a), layers_b, self._width(self._model_b), sync_on_compute=False
+            layers_a, model_width(self._model_a), layers_b, model_width(self._model_b), sync_on_compute=False
         ).to(device)
         if self.minibatch:
             self._minibatch = MinibatchCrossCKA(layers_a, layers_b, self.chunk, sync_on_compute=False).to(device)

@@ -84,3 +84,10 @@ class HFBackbone(nn.Module):
     def head_modules(self) -> nn.Module:
         """A fresh, trainable copy of the shared head."""
         return self.head_steps.copy()
+
+
+def no_cache(model: nn.Module) -> dict[str, bool]:
+    """``{"use_cache": False}`` when the model's forward takes it (a Hugging Face model), else ``{}``."""
+    import inspect
+
+    return {"use_cache": False} if "use_cache" in inspect.signature(model.forward).parameters else {}

@@ -231,6 +231,14 @@ def find_model(root: nn.Module, option: str = "model") -> nn.Module:
     )
 
 
+def model_width(model: nn.Module) -> int:
+    """The residual-stream width d of a table-known model (``config.hidden_size`` or timm's ``embed_dim``)."""
+    width = getattr(getattr(model, "config", None), "hidden_size", None) or getattr(model, "embed_dim", None)
+    if width is None:
+        raise ValueError(f"Cannot read the width of {type(model).__name__} (config.hidden_size or embed_dim).")
+    return int(width)
+
+
 def get_part(root: nn.Module, path: str, option: str) -> Optional[nn.Module]:
     """The submodule at ``path`` (``None`` for a missing optional ``path?``), else a ValueError naming ``option``."""
     optional = path.endswith("?")

@@ -11,23 +11,9 @@ import torch
 from torch import Tensor, nn
 
 from layerwise.features.hooks import hooked_blocks
-from layerwise.features.paths import find_model, get_blocks, layer_paths
+from layerwise.features.paths import get_blocks, layer_paths
 from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
 from layerwise.metrics.functional_compare import arccos_distance
-
-
-def load_model(spec: str, option: str, dtype: Optional[str] = None) -> nn.Module:
-    """A table-known model from a layerwise checkpoint (``.ckpt``) or a Hugging Face hub id / folder (base model)."""
-    if str(spec).endswith(".ckpt"):
-        from layerwise.lightning_modules.checkpoint import load_module
-
-        return find_model(load_module(spec), option)
-    from transformers import AutoModel
-
-    from layerwise.features.hf import build_model
-
-    options = {"dtype": getattr(torch, dtype)} if dtype else None
-    return build_model(AutoModel, spec, None, True, options, option)
 
 
 def model_inputs(batch: Any) -> tuple[tuple[Tensor, ...], dict[str, Tensor], Optional[Tensor]]:

@@ -8,7 +8,6 @@ the result is a mean over prompts that is identical on 1 or n DDP processes.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any, Literal, Optional, Union
@@ -16,6 +15,7 @@ from typing import Any, Literal, Optional, Union
 import torch
 from torch import Tensor, nn
 
+from layerwise.features.hf import no_cache
 from layerwise.features.jacobian import BlockTrace, block_jacobian, diagonal_jacobians, trace_blocks
 from layerwise.features.paths import find_model, get_blocks, layer_paths
 from layerwise.metrics import DepthCoupling, JacobianSpectrum, LinearisationCosine, TrajectoryShape
@@ -157,7 +157,7 @@ class CouplingAnalysis:
         device = next(self.model.parameters()).device
         kwargs = {key: value.to(device) for key, value in kwargs.items()}
         args = tuple(value.to(device=device, dtype=next(self.model.parameters()).dtype) for value in args)
-        extra = {"use_cache": False} if kwargs and "use_cache" in _forward_parameters(self.model) else {}
+        extra = no_cache(self.model) if kwargs else {}
         return trace_blocks(self.blocks, lambda: self.model(*args, **kwargs, **extra))
 
     def add(self, batch: Any) -> None:
@@ -216,10 +216,6 @@ class CouplingAnalysis:
             metric.reset()
         self.token_coupling = None
         self.example_trajectory = None
-
-
-def _forward_parameters(model: nn.Module) -> set[str]:
-    return set(inspect.signature(model.forward).parameters)
 
 
 @contextmanager

@@ -3,10 +3,11 @@
 import importlib
 import sys
 from pathlib import Path
-from typing import Union
+from typing import Literal, Optional, Union
 
 import torch
 from lightning.pytorch import LightningModule
+from torch import nn
 
 TRUSTED_PACKAGES = ("layerwise.",)
 
@@ -42,3 +43,32 @@ def load_module(
     if not (isinstance(module_class, type) and issubclass(module_class, LightningModule)):
         raise ValueError(f"`{option}={path}`: {class_path!r} is not a LightningModule class.")
     return module_class.load_from_checkpoint(path, map_location="cpu", weights_only=True)
+
+
+def load_model(
+    spec: Union[str, nn.Module],
+    option: str,
+    task: Literal["base", "causal_lm", "classification"] = "base",
+    dtype: Optional[str] = None,
+) -> nn.Module:
+    """The table-known model of a layerwise checkpoint (``.ckpt``), of a hub id / folder, or inside a module.
+
+    A hub id or folder is loaded with the Auto class of ``task`` (``base``: ``AutoModel``), in ``dtype`` if given.
+    """
+    from layerwise.features.paths import find_model
+
+    if isinstance(spec, nn.Module):
+        return find_model(spec, option)
+    if str(spec).endswith(".ckpt"):
+        return find_model(load_module(spec, option), option)
+    import transformers
+
+    from layerwise.features.hf import build_model
+
+    auto = {
+        "base": "AutoModel",
+        "causal_lm": "AutoModelForCausalLM",
+        "classification": "AutoModelForSequenceClassification",
+    }
+    options = {"dtype": getattr(torch, dtype)} if dtype else None
+    return build_model(getattr(transformers, auto[task]), spec, None, True, options, option)

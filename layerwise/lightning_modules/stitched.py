@@ -1,6 +1,5 @@
 """Model stitching: B's blocks after m, fed A's residual stream after block l through a trained stitching layer."""
 
-import inspect
 from typing import Any, Literal, Union
 
 import torch
@@ -8,9 +7,11 @@ import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
+from layerwise.features.hf import no_cache
 from layerwise.features.hooks import replaced_block_input, residual_after
-from layerwise.features.paths import find_model, get_blocks, layer_paths
+from layerwise.features.paths import get_blocks, layer_paths, model_width
 from layerwise.features.truncate import kept_blocks
+from layerwise.lightning_modules.checkpoint import load_model
 
 Task = Literal["causal_lm", "classification"]
 
@@ -53,21 +54,6 @@ class StitchingLayer(nn.Module):
         x = self.pre(h)
         out = self.linear(x.to(self.linear.weight.dtype)).to(h.dtype)
         return self.post(x + out if self.residual else out)
-
-
-def _load(model: Union[str, nn.Module], task: Task, option: str) -> nn.Module:
-    if isinstance(model, nn.Module):
-        return find_model(model, option)
-    if str(model).endswith(".ckpt"):
-        from layerwise.lightning_modules.checkpoint import load_module
-
-        return find_model(load_module(model), option)
-    from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
-
-    from layerwise.features.hf import build_model
-
-    auto = AutoModelForCausalLM if task == "causal_lm" else AutoModelForSequenceClassification
-    return build_model(auto, model, None, True, None, option)
 
 
 class Stitched(LightningModule):
@@ -124,8 +110,8 @@ class Stitched(LightningModule):
             raise ValueError(f"`--model.init_args.task={task!r}` must be 'causal_lm' or 'classification'.")
         if phi not in ("learned", "identity"):
             raise ValueError(f"`--model.init_args.phi={phi!r}` must be 'learned' or 'identity'.")
-        self.model_a = _load(model_a, task, "--model.init_args.model_a").eval().requires_grad_(False)
-        self.model_b = _load(model_b, task, "--model.init_args.model_b").eval().requires_grad_(False)
+        self.model_a = load_model(model_a, "--model.init_args.model_a", task).eval().requires_grad_(False)
+        self.model_b = load_model(model_b, "--model.init_args.model_b", task).eval().requires_grad_(False)
         self.blocks_a = get_blocks(self.model_a, layer_paths(self.model_a, "--model.init_args.model_a"))
         self.blocks_b = get_blocks(self.model_b, layer_paths(self.model_b, "--model.init_args.model_b"))
         if not 0 <= layer_a <= len(self.blocks_a):
@@ -135,13 +121,13 @@ class Stitched(LightningModule):
                 f"`--model.init_args.layer_b={layer_b}` must lie in 0..{len(self.blocks_b) - 1}: B runs blocks m+1..L."
             )
         self.layer_a, self.layer_b, self.task = layer_a, layer_b, task
-        accepts_cache = "use_cache" in inspect.signature(self.model_b.forward).parameters
-        self._no_cache = {"use_cache": False} if accepts_cache else {}  # B's kept blocks keep their layer_idx
-        self.phi = StitchingLayer(_width(self.model_a), _width(self.model_b), phi_norm, identity=phi == "identity")
+        self._no_cache = no_cache(self.model_b)  # B's kept blocks keep their own layer_idx
+        width_a, width_b = model_width(self.model_a), model_width(self.model_b)
+        self.phi = StitchingLayer(width_a, width_b, phi_norm, identity=phi == "identity")
         if phi_init not in ("auto", "zero", "least_squares"):
             raise ValueError(f"`--model.init_args.phi_init={phi_init!r}` must be 'auto', 'zero' or 'least_squares'.")
         if phi_init == "auto":
-            phi_init = "zero" if _width(self.model_a) == _width(self.model_b) else "least_squares"
+            phi_init = "zero" if width_a == width_b else "least_squares"
         self.phi_init, self.init_batches = phi_init, init_batches
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
         self.warmup_steps, self.max_steps = warmup_steps, max_steps
@@ -248,11 +234,3 @@ class Stitched(LightningModule):
 
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
-
-
-def _width(model: nn.Module) -> int:
-    config = getattr(model, "config", None)
-    width = getattr(config, "hidden_size", None) or getattr(model, "embed_dim", None)
-    if width is None:
-        raise ValueError(f"Cannot read the width of {type(model).__name__} (config.hidden_size or embed_dim).")
-    return int(width)
