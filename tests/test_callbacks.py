@@ -74,6 +74,21 @@ def ref_cos(h: np.ndarray) -> np.ndarray:
     )
 
 
+def ref_cos_distribution(h: np.ndarray) -> dict:
+    """The per-sample cosines' quantiles (numpy), negative fraction and histogram of COS(h_l, h_L) on 400 bins."""
+    x = h - h.mean(axis=1, keepdims=True)
+    layers, n = h.shape[:2]
+    cosines = np.array([[[cosine(x[a, i], x[b, i]) for i in range(n)] for b in range(layers)] for a in range(layers)])
+    levels = [0.0, 0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99, 1.0]
+    to_last = np.clip(cosines[:, -1], -1, 1)  # the last layer's own cosine is 1 +- 1 ulp
+    return {
+        "cos_quantile_levels": levels,
+        "cos_quantiles": np.moveaxis(np.quantile(cosines, levels, axis=-1), 0, -1).tolist(),
+        "cos_negative_fraction": (cosines < 0).mean(axis=-1).tolist(),
+        "cos_histogram_to_last": [np.histogram(c, bins=400, range=(-1, 1))[0].tolist() for c in to_last],
+    }
+
+
 def ref_cka(h: np.ndarray) -> np.ndarray:
     """Linear CKA from centred Gram matrices: HSIC(K, L) ~ tr(HKH HLH)."""
     n = h.shape[1]
@@ -173,6 +188,7 @@ def reference(h: np.ndarray, labels: np.ndarray, logits: np.ndarray, numbers: li
     saturation = ref_saturation(predictions)
     return {
         "cos": ref_cos(h).tolist(),
+        **ref_cos_distribution(h),
         "cka": ref_cka(h).tolist(),
         "accuracy": accuracy.tolist(),
         "loss": (-np.take_along_axis(log_prob, labels[None, :, None], axis=-1)[..., 0].mean(axis=1)).tolist(),
@@ -231,8 +247,10 @@ def test_analysis_json_equals_float64_reference(analysis_run):
     assert set(summary) == HEADER | set(expected)
     for key in ("cos", "cka", "accuracy", "saturation_counts", "saturation_cos", "effective_depth"):
         assert_json_close(summary[key], expected[key], atol=1e-9, where=key)
-    for key in ("effective_depth_relative", "early_exit"):
+    for key in ("effective_depth_relative", "early_exit", "cos_negative_fraction", "cos_quantile_levels"):
         assert_json_close(summary[key], expected[key], atol=1e-12, where=key)
+    assert summary["cos_histogram_to_last"] == expected["cos_histogram_to_last"]
+    assert_json_close(summary["cos_quantiles"], expected["cos_quantiles"], atol=1 / 400 + 1e-9, where="cos_quantiles")
     assert_json_close(summary["nc1"], expected["nc1"], rtol=1e-8, where="nc1")
     for key in [key for key in expected if key.startswith("trajectory_")]:
         assert_json_close(summary[key], expected[key], rtol=1e-9, where=key)
@@ -542,8 +560,9 @@ def test_metric_states_do_not_grow_with_samples(tmp_path):
 
 
 # ------------------------------------------------------------------------------------------ standalone monitors
+COS_DISTRIBUTION = {"cos_quantile_levels", "cos_quantiles", "cos_negative_fraction", "cos_histogram_to_last"}
 MONITORS = [
-    (LayerSimilarityMonitor, {}, {"cos", "cka"}),
+    (LayerSimilarityMonitor, {}, {"cos", "cka", *COS_DISTRIBUTION}),
     (
         LogitLensMonitor,
         {"thresholds": THRESHOLDS},
@@ -568,7 +587,7 @@ def test_two_monitors_merge_into_one_json(tmp_path, analysis_run):
     callbacks = [LayerSimilarityMonitor(log_figures=False), NeuralCollapseMonitor(log_figures=False)]
     trainer(tmp_path, callbacks).validate(fitted_module(), val_loader(N), verbose=False)
     summary = read_summary(tmp_path)
-    assert set(summary) == HEADER | {"cos", "cka", "nc1"}
+    assert set(summary) == HEADER | {"cos", "cka", "nc1", *COS_DISTRIBUTION}
     assert_json_close(summary, {key: full[key] for key in summary}, atol=1e-12)
 
 

@@ -203,7 +203,15 @@ def test_quickstart_config_one_short_epoch(tmp_path):
     # `layerwise plot` renders the figures of the latest epoch to PNG and PDF
     main(["plot", str(log_dir), "--out", str(tmp_path / "figures")])
     written = {p.name for p in (tmp_path / "figures").iterdir()}
-    for name in ("cos", "cka", "similarity_accuracy", "saturation", "early_exit", "effective_depth"):
+    for name in (
+        "cos",
+        "cka",
+        "similarity_accuracy",
+        "saturation",
+        "early_exit",
+        "effective_depth",
+        "cos_distribution",
+    ):
         stem = summary_file(log_dir).stem
         assert {f"{stem}_{name}.png", f"{stem}_{name}.pdf"} <= written
     with pytest.raises(SystemExit):

@@ -3,6 +3,7 @@
 import warnings
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pytest
 
 from layerwise.figures.summary import summary_figures
@@ -22,6 +23,12 @@ SUMMARY = {
     ],
     "effective_depth": {"0.01": 5, "0.05": 4, "0.1": 3},
     "effective_depth_relative": {"0.01": 4, "0.05": 3, "0.1": 2},
+    "cos_quantile_levels": [0.0, 0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99, 1.0],
+    "cos_quantiles": [
+        [[-0.9 + 0.1 * i, -0.5, -0.4, -0.1 + 0.1 * i, 0.2 + 0.1 * i, 0.4, 0.6, 0.8, 0.9] for _ in range(5)]
+        for i in range(5)
+    ],
+    "cos_negative_fraction": [[0.3 - 0.05 * i] * 5 for i in range(5)],
 }
 
 
@@ -31,7 +38,15 @@ def test_every_figure_renders_without_warnings_and_says_which_validation():
         figures = summary_figures(SUMMARY)
         for figure in figures.values():
             figure.canvas.draw()
-    assert set(figures) == {"cos", "cka", "similarity_accuracy", "saturation", "early_exit", "effective_depth"}
+    assert set(figures) == {
+        "cos",
+        "cka",
+        "similarity_accuracy",
+        "saturation",
+        "early_exit",
+        "effective_depth",
+        "cos_distribution",
+    }
     for name in ("similarity_accuracy", "effective_depth"):
         assert "epoch 7, step 160" in figures[name].axes[0].get_title()
     depth_ticks = figures["effective_depth"].axes[0].get_yticks()
@@ -52,3 +67,16 @@ def test_legends_do_not_cover_the_plotting_area(name):
         box = legend.get_window_extent(renderer)
         assert not box.overlaps(area), f"{name}: the legend covers the axes"
     plt.close("all")
+
+
+def test_cos_box_plots_draw_the_summary_quantiles():
+    axes = summary_figures(SUMMARY)["cos_distribution"].axes
+    boxes, negative = axes[0], axes[1]
+    medians = [line.get_ydata()[0] for line in boxes.lines if line.get_color() == "C1"]  # bxp's median lines
+    boxes_q1_q3 = [[min(line.get_ydata()), max(line.get_ydata())] for line in boxes.lines if len(line.get_ydata()) == 5]
+    assert medians == pytest.approx([row[-1][4] for row in SUMMARY["cos_quantiles"]])
+    expected = [[row[-1][3], row[-1][5]] for row in SUMMARY["cos_quantiles"]]
+    np.testing.assert_allclose(boxes_q1_q3, expected, rtol=0, atol=1e-12)
+    assert list(negative.lines[0].get_ydata()) == pytest.approx(
+        [100 * row[-1] for row in SUMMARY["cos_negative_fraction"]]
+    )

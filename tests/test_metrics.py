@@ -19,6 +19,7 @@ from layerwise.metrics import (
     nc1,
     saturation_layers,
 )
+from layerwise.metrics.functional_distribution import histogram_quantiles
 
 N, L, D, C = 37, 4, 6, 5
 SPLITS = (7, 13, 1, 16)  # uneven, with a batch of one
@@ -141,6 +142,56 @@ def test_cosine_matches_loop_reference(center, mean):
     out = metric.compute()
     assert out.dtype == torch.float64 and out.shape == (L, L)
     np.testing.assert_allclose(out.numpy(), ref_cos(np64(h), center), rtol=0, atol=1e-10)
+
+
+def ref_cos_samples(h: np.ndarray, center: bool) -> np.ndarray:
+    """The per-sample cosines (L, L, N) of the COS matrix, by a loop."""
+    x = h - h.mean(axis=1, keepdims=True) if center else h
+    layers, n = h.shape[:2]
+    out = np.zeros((layers, layers, n))
+    for a in range(layers):
+        for b in range(layers):
+            for i in range(n):
+                out[a, b, i] = x[a, i] @ x[b, i] / (np.linalg.norm(x[a, i]) * np.linalg.norm(x[b, i]))
+    return out
+
+
+@pytest.mark.parametrize("center", [True, False])
+@pytest.mark.parametrize("bins", [400, 7])
+def test_cosine_distribution_matches_numpy(center, bins):
+    h = make_features(5, n=300, mean=0.3)
+    metric = LayerCosineSimilarity(L, center=center, bins=bins)
+    for (x,) in batches(h, splits=(100, 1, 150, 49)):
+        metric.update(x)
+    mean, histogram, negative = metric.compute_distribution()
+    cosines = ref_cos_samples(np64(h), center)
+    np.testing.assert_allclose(mean.numpy(), cosines.mean(-1), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(negative.numpy(), (cosines < 0).mean(-1), rtol=0, atol=1e-12)
+    assert negative[0, -1] > 0.01  # the far-apart layers of this data do have negative samples
+    off_diagonal = ~np.eye(L, dtype=bool)  # the diagonal is 1 +- 1 ulp, at the edge
+    expected = np.stack([np.histogram(c, bins=bins, range=(-1, 1))[0] for c in cosines[off_diagonal]])
+    np.testing.assert_array_equal(histogram.numpy()[off_diagonal], expected)
+    assert histogram.sum(-1).eq(300).all()
+    quantiles = (0.0, 0.01, 0.25, 0.5, 0.75, 0.99, 1.0)
+    estimate = histogram_quantiles(histogram, quantiles, -1.0, 1.0).numpy()
+    exact = np.moveaxis(np.quantile(cosines, quantiles, axis=-1), 0, -1)
+    assert np.abs(estimate - exact).max() <= 1.0 / bins + 1e-12  # half the bin width 2 / bins
+    if bins == 7:  # a coarse histogram is really off by up to half a bin: the bound is not vacuous
+        assert np.abs(estimate - exact).max() > 0.2 / bins
+
+
+def test_histogram_quantiles_edge_cases():
+    empty = torch.zeros(2, 5)
+    assert histogram_quantiles(empty, (0.5,), 0.0, 1.0).isnan().all()
+    one = torch.zeros(5)
+    one[3] = 1  # one value in [0.6, 0.8)
+    torch.testing.assert_close(histogram_quantiles(one, (0.0, 0.5, 1.0), 0.0, 1.0), torch.full((3,), 0.7).double())
+    with pytest.raises(ValueError, match="Quantiles must lie in"):
+        histogram_quantiles(one, (1.5,), 0.0, 1.0)
+    with pytest.raises(ValueError, match="`bins`"):
+        LayerCosineSimilarity(L, bins=-1)
+    with pytest.raises(ValueError, match="construct the metric with `bins`"):
+        LayerCosineSimilarity(L).compute_distribution()
 
 
 def test_cosine_bf16_input():

@@ -65,6 +65,9 @@ def build_metrics(**kwargs):
         "cka_offset": LayerCKA(L, D, **kwargs),
         "nc1_offset": LayerNC1(L, D, C + 1, **kwargs),
         "cos_offset": LayerCosineSimilarity(L, **kwargs),
+        # the distribution of the per-sample COS (histogram and negative fraction), centred and not
+        "cos_distribution": LayerCosineSimilarity(L, bins=16, **kwargs),
+        "cos_distribution_uncentered": LayerCosineSimilarity(L, center=False, bins=16, **kwargs),
         # two "models" of different depth and width on the same tokens, far from the origin
         "cross_cka": CrossModelCKA(L, D, L - 1, 3, **kwargs),
     }
@@ -99,6 +102,14 @@ def run_metrics(start: int, splits, **kwargs):
     return metrics
 
 
+def computed(metrics):
+    """Every metric's result; the whole distribution for the COS histograms."""
+    return {
+        name: metric.compute_distribution()._asdict() if name.startswith("cos_distribution") else metric.compute()
+        for name, metric in metrics.items()
+    }
+
+
 def worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -108,9 +119,9 @@ def worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
         results = {}
         metrics = run_metrics(start, RANK_SPLITS[rank], sync_on_compute=False)
         all_reduce_sum_states(list(metrics.values()))
-        results["packed"] = {name: metric.compute() for name, metric in metrics.items()}
+        results["packed"] = computed(metrics)
         metrics = run_metrics(start, RANK_SPLITS[rank])  # torchmetrics' own sync_on_compute=True
-        results["torchmetrics"] = {name: metric.compute() for name, metric in metrics.items()}
+        results["torchmetrics"] = computed(metrics)
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
@@ -143,12 +154,16 @@ def test_two_ranks_equal_one_rank(tmp_path):
                 process.kill()
             pytest.fail("DDP workers did not finish within 120 s")
 
-    single = {name: metric.compute() for name, metric in run_metrics(0, SINGLE_SPLITS).items()}
+    single = computed(run_metrics(0, SINGLE_SPLITS))
+    assert (
+        single["cos_distribution"]["histogram"].sum() > 0
+        and single["cos_distribution"]["negative_fraction"].gt(0).any()
+    )
     assert not single["saturation_cos_centered"][:-1].isnan().all()  # some samples saturate early
     assert single["cross_cka"].shape == (L, L - 1) and single["cross_cka"].isfinite().all()
     for name in ("cka", "nc1", "cos_centered"):  # the offset costs nothing, on one rank or two
         torch.testing.assert_close(single[f"{name.split('_')[0]}_offset"], single[name].double(), rtol=0, atol=1e-9)
     for rank in range(2):
         results = torch.load(tmp_path / f"rank{rank}.pt")
-        for mode, computed in results.items():
-            assert_same(computed, single, f"rank{rank}/{mode}")
+        for mode, values in results.items():
+            assert_same(values, single, f"rank{rank}/{mode}")

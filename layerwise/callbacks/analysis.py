@@ -23,7 +23,7 @@ class LayerwiseAnalysis(LayerwiseMonitor):
     Args:
         similarity, logit_lens, neural_collapse, depth, trajectory: switch a family on or off (``trajectory``: the
             line-shape score and expodistance of the block outputs, see ``TrajectoryFamily``).
-        center, cka, max_buffered_samples: see :class:`LayerSimilarityMonitor`.
+        center, cka, max_buffered_samples, cos_bins: see :class:`LayerSimilarityMonitor`.
         thresholds: early-exit confidences, see :class:`LogitLensMonitor`.
         f1: per-layer F1 of class 1, see :class:`LogitLensMonitor` (default: when the datamodule asks for it).
         epsilons: see :class:`EffectiveDepthMonitor`.
@@ -42,6 +42,7 @@ class LayerwiseAnalysis(LayerwiseMonitor):
         center: bool = True,
         cka: CKAEstimator = "exact",
         max_buffered_samples: int = 65536,
+        cos_bins: int = 400,
         thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
         epsilons: Sequence[float] = DEFAULT_EPSILONS,
         nc1_top_classes: Optional[int] = None,
@@ -50,7 +51,7 @@ class LayerwiseAnalysis(LayerwiseMonitor):
     ) -> None:
         super().__init__(**kwargs)
         if similarity:
-            self.families.append(SimilarityFamily(center, cka, max_buffered_samples))
+            self.families.append(SimilarityFamily(center, cka, max_buffered_samples, cos_bins))
         lens = LogitLensFamily(thresholds, center, max_buffered_samples, f1) if logit_lens else None
         if lens is not None:
             self.families.append(lens)

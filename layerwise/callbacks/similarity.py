@@ -6,25 +6,44 @@ from torchmetrics import Metric
 
 from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor
 from layerwise.callbacks.family import per_layer, shaped
-from layerwise.figures.summary import heatmap
+from layerwise.figures.summary import cos_box_plots, heatmap
 from layerwise.metrics import LayerCKA, LayerCosineSimilarity, MinibatchCKA
+from layerwise.metrics.functional_distribution import histogram_quantiles
 
 CKAEstimator = Literal["exact", "minibatch", "none"]
 
 
-class SimilarityFamily(Family):
-    """COS matrix (centred by the evaluated set's mean, or not) and linear CKA matrix."""
+# The quantiles of the per-sample COS written to the summary (the box plots draw 0.01 ... 0.99 and the extremes).
+COS_QUANTILES = (0.0, 0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99, 1.0)
 
-    def __init__(self, center: bool = True, cka: CKAEstimator = "exact", max_buffered_samples: int = 65536) -> None:
+
+class SimilarityFamily(Family):
+    """COS matrix (centred by the evaluated set's mean, or not), its per-sample distribution, linear CKA matrix."""
+
+    def __init__(
+        self,
+        center: bool = True,
+        cka: CKAEstimator = "exact",
+        max_buffered_samples: int = 65536,
+        cos_bins: int = 400,
+    ) -> None:
         if cka not in ("exact", "minibatch", "none"):
             raise ValueError(f"`cka={cka!r}` must be 'exact', 'minibatch' or 'none'.")
+        if not isinstance(cos_bins, int) or isinstance(cos_bins, bool) or cos_bins < 0:
+            raise ValueError(f"`cos_bins={cos_bins!r}` must be a non-negative int (0: no COS distribution).")
         self.center = center
         self.cka_estimator = cka
         self.max_buffered_samples = max_buffered_samples
+        self.cos_bins = cos_bins
 
     def build(self, spec: LayerSpec) -> list[Metric]:
         self.cos = LayerCosineSimilarity(
-            spec.num_layers, self.center, self.max_buffered_samples, dim=spec.dim, sync_on_compute=False
+            spec.num_layers,
+            self.center,
+            self.max_buffered_samples,
+            dim=spec.dim,
+            bins=self.cos_bins,
+            sync_on_compute=False,
         )
         metrics: list[Metric] = [self.cos]
         self.cka = None
@@ -42,22 +61,46 @@ class SimilarityFamily(Family):
     def compute(self, spec: LayerSpec) -> dict[str, Any]:
         layers = spec.num_layers
         cka = None if self.cka is None else shaped(self.cka.compute(), layers, layers)
-        return {"cos": shaped(self.cos.compute(), layers, layers), "cka": cka}
+        if not self.cos_bins:
+            return {"cos": shaped(self.cos.compute(), layers, layers), "cka": cka}
+        mean, histogram, negative = self.cos.compute_distribution()
+        histogram = histogram.reshape(layers, layers, self.cos_bins)
+        return {
+            "cos": shaped(mean, layers, layers),
+            "cka": cka,
+            "cos_quantile_levels": list(COS_QUANTILES),
+            "cos_quantiles": histogram_quantiles(histogram, COS_QUANTILES, -1.0, 1.0),
+            "cos_negative_fraction": shaped(negative, layers, layers),
+            "cos_histogram_to_last": histogram[:, -1].round().long(),
+        }
 
     def scalars(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, float]:
         scalars = per_layer(results["cos"][:, -1], spec, "cos_to_last")
         if results["cka"] is not None:
             scalars.update(per_layer(results["cka"][:, -1], spec, "cka_to_last"))
+        if results.get("cos_negative_fraction") is not None:
+            scalars.update(per_layer(results["cos_negative_fraction"][:, -1], spec, "cos_negative_to_last"))
         return scalars
 
     def figures(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, Any]:
         figures = {"cos": heatmap(results["cos"].cpu(), spec.layer_numbers, "COS")}
         if results["cka"] is not None:
             figures["cka"] = heatmap(results["cka"].cpu(), spec.layer_numbers, f"CKA ({self.cka_estimator})")
+        if results.get("cos_quantiles") is not None:
+            figures["cos_distribution"] = cos_box_plots(
+                results["cos_quantiles"][:, -1].tolist(),
+                results["cos_quantile_levels"],
+                results["cos_negative_fraction"][:, -1].tolist(),
+                spec.layer_numbers,
+            )
         return figures
 
     def charts(self) -> dict[str, str]:
-        return {"COS to last layer": r"cos_to_last/layer_\d+", "CKA to last layer": r"cka_to_last/layer_\d+"}
+        return {
+            "COS to last layer": r"cos_to_last/layer_\d+",
+            "CKA to last layer": r"cka_to_last/layer_\d+",
+            "fraction of negative COS to last layer": r"cos_negative_to_last/layer_\d+",
+        }
 
 
 class LayerSimilarityMonitor(LayerwiseMonitor):
@@ -75,8 +118,16 @@ class LayerSimilarityMonitor(LayerwiseMonitor):
     ``cka="minibatch"``, the unbiased minibatch HSIC estimator of Nguyen, Raghu & Kornblith (2021): O(L² + L·B²)
     memory, but an estimate whose value depends on the batch composition (so on batch size and process count).
 
-    Logged: ``val/cos_to_last/layer_XX``, ``val/cka_to_last/layer_XX``; images ``val/cos``, ``val/cka``.
-    JSON keys: ``cos``, ``cka`` (L x L). Other args: see :class:`LayerwiseMonitor`.
+    COS distribution (``cos_bins``, default 400; 0 switches it off): the mean hides rare samples whose
+    representations at far apart layers point apart (App. B.1 of Jiang et al.). An exact histogram of the per-sample
+    COS of every layer pair on [-1, 1] is summed like the other states; the quantiles read from it are within half a
+    bin width (1 / cos_bins) of the exact ones, and the fraction of negative COS is exact.
+
+    Logged: ``val/cos_to_last/layer_XX``, ``val/cka_to_last/layer_XX``, ``val/cos_negative_to_last/layer_XX``; images
+    ``val/cos``, ``val/cka``, ``val/cos_distribution`` (box plots of COS(h_l, h_L) per layer).
+    JSON keys: ``cos``, ``cka`` (L x L); with the distribution ``cos_quantile_levels`` (Q), ``cos_quantiles``
+    (L x L x Q), ``cos_negative_fraction`` (L x L) and ``cos_histogram_to_last`` (L x cos_bins counts of
+    COS(h_l, h_L) on [-1, 1]). Other args: see :class:`LayerwiseMonitor`.
     """
 
     def __init__(
@@ -84,7 +135,8 @@ class LayerSimilarityMonitor(LayerwiseMonitor):
         center: bool = True,
         cka: CKAEstimator = "exact",
         max_buffered_samples: int = 65536,
+        cos_bins: int = 400,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.families = [SimilarityFamily(center, cka, max_buffered_samples)]
+        self.families = [SimilarityFamily(center, cka, max_buffered_samples, cos_bins)]

@@ -71,6 +71,45 @@ def similarity_and_accuracy(summary: dict[str, Any]) -> Figure:
     return fig
 
 
+def cos_box_plots(
+    quantiles: Sequence[Sequence[float]], levels: Sequence[float], negative: Sequence[float], layers: Sequence[int]
+) -> Figure:
+    """Box plots of the per-sample COS(h_l, h_L) per layer (App. B.1, Fig. 10), from quantiles of the histogram.
+
+    Box: quartiles and median; whiskers: the 1st and 99th percentiles; dots: the smallest and largest value (each
+    within half a histogram bin). The fraction of samples with a negative COS is drawn on a twin axis.
+    """
+    where = {round(float(level), 6): index for index, level in enumerate(levels)}
+
+    def at(row: Sequence[float], level: float) -> float:
+        return float(row[where[level]])
+
+    stats = [
+        {
+            "med": at(row, 0.5),
+            "q1": at(row, 0.25),
+            "q3": at(row, 0.75),
+            "whislo": at(row, 0.01),
+            "whishi": at(row, 0.99),
+            "fliers": [at(row, 0.0), at(row, 1.0)],
+        }
+        for row in quantiles
+    ]
+    fig, ax = _figure(5.6, 3.8)
+    ax.bxp(stats, positions=list(range(len(layers))), widths=0.6, flierprops={"marker": ".", "markersize": 4})
+    ax.axhline(0.0, color="grey", linewidth=0.8, linestyle=":")
+    ax.set_ylim(-1.05, 1.05)
+    _ticks(ax, layers, axis="x")
+    ax.set_xlabel("layer l")
+    ax.set_ylabel("per-sample COS(h_l, h_L)")
+    twin = ax.twinx()
+    twin.plot(range(len(layers)), [100.0 * float(value) for value in negative], color="tab:red", marker=".")
+    twin.set_ylabel("negative COS (% of samples)", color="tab:red")
+    twin.set_ylim(bottom=0.0)
+    ax.set_title("COS to the last layer, per sample", fontsize="medium")
+    return fig
+
+
 def run_title(summary: dict[str, Any], what: str) -> str:
     """A figure title that says which validation it shows: stage, epoch and global step."""
     stage, epoch, step = summary.get("stage", "val"), summary.get("epoch", "?"), summary.get("global_step", "?")
@@ -134,6 +173,13 @@ def summary_figures(summary: dict[str, Any]) -> dict[str, Figure]:
     for key in ("cos", "cka"):
         if summary.get(key) is not None:
             figures[key] = heatmap(summary[key], layers, key.upper())
+    if summary.get("cos_quantiles") is not None:
+        figures["cos_distribution"] = cos_box_plots(
+            [row[-1] for row in summary["cos_quantiles"]],
+            summary["cos_quantile_levels"],
+            [row[-1] for row in summary["cos_negative_fraction"]],
+            layers,
+        )
     if summary.get("cos") is not None or summary.get("cka") is not None or summary.get("accuracy") is not None:
         figures["similarity_accuracy"] = similarity_and_accuracy(summary)
     if summary.get("saturation_counts") is not None:

@@ -18,6 +18,8 @@ from typing import NamedTuple, Optional, Union
 import torch
 from torch import Tensor
 
+from layerwise.metrics.functional_distribution import _histogram_update
+
 _F64 = torch.float64
 
 
@@ -81,6 +83,27 @@ def _cosine_update(features: Tensor, num_layers: int, center: Optional[Tensor] =
     unit = _unit(x)
     has_direction = unit.abs().amax(dim=-1).gt(0).to(_F64)  # (L, B)
     return torch.einsum("lbd,mbd->lm", unit, unit), has_direction @ has_direction.T
+
+
+def _cosine_distribution_update(
+    features: Tensor, num_layers: int, bins: int, center: Optional[Tensor] = None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """``_cosine_update`` plus the distribution of the per-sample cosines, in one pass.
+
+    Returns the cosine sum and count (L, L), the histogram (L, L, bins) of cos(h_i^a - c^a, h_i^b - c^b) on
+    [-1, 1] over the samples with a direction at both layers, and how many of those cosines are negative (L, L).
+    """
+    _check_features(features, num_layers, None if center is None else center.shape[-1])
+    x = features.to(_F64)
+    if center is not None:
+        x = x - center.to(device=x.device, dtype=_F64).unsqueeze(1)
+    unit = _unit(x)
+    has_direction = unit.abs().amax(dim=-1).gt(0)  # (L, B)
+    cosines = torch.einsum("lbd,mbd->lmb", unit, unit)  # (L, L, B)
+    valid = has_direction.unsqueeze(1) & has_direction.unsqueeze(0)
+    histogram = _histogram_update(cosines, valid, -1.0, 1.0, bins)
+    negative = (valid & (cosines < 0)).sum(-1).to(_F64)
+    return cosines.sum(-1), valid.sum(-1).to(_F64), histogram, negative
 
 
 def _cosine_compute(cos_sum: Tensor, count: Tensor) -> Tensor:

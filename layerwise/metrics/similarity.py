@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 from torch import Tensor
@@ -13,6 +13,7 @@ from layerwise.metrics._base import _check_positive_int, _ShiftedSumStateMetric,
 from layerwise.metrics.functional import (
     _check_features,
     _cosine_compute,
+    _cosine_distribution_update,
     _cosine_update,
     _feature_sum_update,
     _linear_cka_compute,
@@ -27,6 +28,7 @@ from layerwise.metrics.functional import (
     linear_cka,
     saturation_cosine,
 )
+from layerwise.metrics.functional_distribution import counted_fraction
 
 
 class _CenteredBufferMetric(_SumStateMetric):
@@ -103,23 +105,30 @@ class _CenteredBufferMetric(_SumStateMetric):
             self._buffer.append(entry)
             self._num_buffered += batch_size
 
-    def _buffered_cos_sum(self) -> tuple[Tensor, Tensor]:
-        """Cosine sum and count of the buffered samples centred on the global mean, summed over ranks if global."""
+    # The states that ``_centered_stats`` returns, in its order; the buffer's part is added to them at compute.
+    _streamed: tuple[str, ...] = ("cos_sum", "count")
+
+    def _buffered_stats(self) -> tuple[Tensor, ...]:
+        """The streamed states plus the buffered samples centred on the global mean, summed over ranks if global."""
         center = self.feature_sum / self.num_samples
-        local = torch.zeros((2, *self.cos_sum.shape), dtype=torch.float64, device=self.cos_sum.device)
+        local = [torch.zeros_like(getattr(self, name)) for name in self._streamed]
         for buffered in self._buffer:
-            local += torch.stack(self._centered_cos_sum(*buffered, center=center))
-        self._all_reduce_if_global(local)
-        return self.cos_sum + local[0], self.count + local[1]
+            for total, part in zip(local, self._centered_stats(*buffered, center=center)):
+                total += part
+        flat = torch.cat([part.flatten() for part in local])  # one all-reduce for every state
+        self._all_reduce_if_global(flat)
+        parts = flat.split([part.numel() for part in local])
+        return tuple(
+            getattr(self, name) + part.view_as(getattr(self, name)) for name, part in zip(self._streamed, parts)
+        )
 
     def _stream(self, entry: tuple[Tensor, ...], center: Tensor) -> None:
-        cos_sum, count = self._centered_cos_sum(*entry, center=center)
-        self.cos_sum += cos_sum
-        self.count += count
+        for name, part in zip(self._streamed, self._centered_stats(*entry, center=center)):
+            getattr(self, name).add_(part)
 
     @abc.abstractmethod
-    def _centered_cos_sum(self, *entry: Tensor, center: Tensor) -> tuple[Tensor, Tensor]:
-        """Cosine sum and count of one buffered entry with a given center."""
+    def _centered_stats(self, *entry: Tensor, center: Tensor) -> tuple[Tensor, ...]:
+        """The ``_streamed`` statistics of one buffered entry with a given center."""
 
 
 class LayerCosineSimilarity(_CenteredBufferMetric):
@@ -149,15 +158,25 @@ class LayerCosineSimilarity(_CenteredBufferMetric):
     without data holds a (L, 0) ``feature_sum`` and the reduction fails. ``forward`` accumulates like ``update``
     and returns the value on the batch alone (centred on the batch mean), without communication.
 
+    Distribution (``bins > 0``, App. B.1 of Jiang et al.): the mean hides the rare samples whose representations
+    at far apart layers point in opposite directions. Then the metric also sums a histogram of the per-sample
+    cosines of every layer pair on [-1, 1] with ``bins`` fixed bins (states ``histogram`` (L, L, bins), exact and
+    summed like the others) and the exact count of negative cosines (``negative`` (L, L)).
+    ``compute_distribution`` returns them with the mean; quantiles read from the histogram
+    (``functional_distribution.histogram_quantiles``) are within half a bin width, 1 / bins, of the exact ones.
+
     Args:
         num_layers: L.
         center: subtract the per-layer mean before the cosine.
         max_buffered_samples: per-rank buffer limit of the centered variant (see above).
         dim: feature width d; optional, allocates the mean state eagerly.
+        bins: number of histogram bins on [-1, 1]; 0 (default) keeps no distribution.
         kwargs: torchmetrics ``Metric`` options (``sync_on_compute``, ``process_group``, ...).
 
     Shapes:
         ``update(features)``: features (L, B, d), any float dtype. ``compute()``: (L, L) float64.
+        ``compute_distribution()``: ``CosineDistribution`` of (L, L) mean, (L, L, bins) histogram, (L, L)
+        fraction of negative cosines.
     """
 
     def __init__(
@@ -166,18 +185,25 @@ class LayerCosineSimilarity(_CenteredBufferMetric):
         center: bool = True,
         max_buffered_samples: int = 65536,
         dim: Optional[int] = None,
+        bins: int = 0,
         **kwargs: Any,
     ) -> None:
         super().__init__(num_layers, center, max_buffered_samples, dim, **kwargs)
+        if not isinstance(bins, int) or isinstance(bins, bool) or bins < 0:
+            raise ValueError(f"Expected `bins` to be a non-negative int (0: no histogram), got {bins!r}.")
+        self.bins = bins
         self._add_sum_state("cos_sum", (num_layers, num_layers))
         self._add_sum_state("count", (num_layers, num_layers))
+        if bins:
+            self._add_sum_state("histogram", (num_layers, num_layers, bins))
+            self._add_sum_state("negative", (num_layers, num_layers))
+            self._streamed = ("cos_sum", "count", "histogram", "negative")
 
     def update(self, features: Tensor) -> None:
         """Accumulate a batch of features (L, B, d)."""
         if not self.center:
-            cos_sum, count = _cosine_update(features, self.num_layers)
-            self.cos_sum += cos_sum
-            self.count += count
+            for name, part in zip(self._streamed, self._stats(features, None)):
+                getattr(self, name).add_(part)
             return
         self._accumulate_mean(features)
         self._buffer_or_stream(features.shape[1], (features.detach().clone(),))
@@ -192,13 +218,38 @@ class LayerCosineSimilarity(_CenteredBufferMetric):
 
     def compute(self) -> Tensor:
         """Return the COS matrix (L, L) float64. A collective for the centered variant with global states."""
-        if not self.center:
-            return _cosine_compute(self.cos_sum, self.count)
-        return _cosine_compute(*self._buffered_cos_sum())
+        return _cosine_compute(*self._totals()[:2])
 
-    def _centered_cos_sum(self, features: Tensor, center: Tensor) -> tuple[Tensor, Tensor]:
-        """Cosine sum and count (L, L) of one buffered batch with a given center."""
+    def compute_distribution(self) -> CosineDistribution:
+        """The mean COS, the histogram and the fraction of negative cosines, with one collective (see ``compute``)."""
+        if not self.bins:
+            raise ValueError("compute_distribution needs a histogram: construct the metric with `bins` > 0.")
+        # torchmetrics syncs only around `compute`: the same public context manager gives this method its sync
+        with self.sync_context(dist_sync_fn=self.dist_sync_fn, should_sync=self.sync_on_compute):
+            cos_sum, count, histogram, negative = (value.clone() for value in self._totals())
+        return CosineDistribution(_cosine_compute(cos_sum, count), histogram, counted_fraction(negative, histogram))
+
+    def _totals(self) -> tuple[Tensor, ...]:
+        if not self.center:
+            return tuple(getattr(self, name) for name in self._streamed)
+        return self._buffered_stats()
+
+    def _stats(self, features: Tensor, center: Optional[Tensor]) -> tuple[Tensor, ...]:
+        if self.bins:
+            return _cosine_distribution_update(features, self.num_layers, self.bins, center=center)
         return _cosine_update(features, self.num_layers, center=center)
+
+    def _centered_stats(self, features: Tensor, center: Tensor) -> tuple[Tensor, ...]:
+        """The streamed statistics of one buffered batch with a given center."""
+        return self._stats(features, center)
+
+
+class CosineDistribution(NamedTuple):
+    """What ``LayerCosineSimilarity.compute_distribution`` returns."""
+
+    mean: Tensor
+    histogram: Tensor
+    negative_fraction: Tensor
 
 
 class SaturationCosine(_CenteredBufferMetric):
@@ -262,9 +313,9 @@ class SaturationCosine(_CenteredBufferMetric):
         """Return the mean cosine per saturation layer (L,) float64. A collective when centered with global states."""
         if not self.center:
             return _saturation_cosine_compute(self.cos_sum, self.count)
-        return _saturation_cosine_compute(*self._buffered_cos_sum())
+        return _saturation_cosine_compute(*self._buffered_stats())
 
-    def _centered_cos_sum(
+    def _centered_stats(
         self, selected: Tensor, last: Tensor, saturation: Tensor, center: Tensor
     ) -> tuple[Tensor, Tensor]:
         """Cosine sum and count per saturation layer (L,) of one buffered batch with a given center."""
