@@ -22,6 +22,7 @@ from helpers import (
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
 from layerwise.callbacks import LayerwiseAnalysis
+from layerwise.callbacks.residual import ResidualNormRatioMonitor
 
 N = 101
 
@@ -29,8 +30,8 @@ N = 101
 def analyse(root, weights, **trainer_options):
     module = fitted_module()
     module.load_state_dict(torch.load(weights))
-    callback = LayerwiseAnalysis(save_features=True, log_figures=False)
-    trainer(root, [callback], **trainer_options).validate(module, val_loader(N, batch_size=16), verbose=False)
+    callbacks = [LayerwiseAnalysis(save_features=True, log_figures=False), ResidualNormRatioMonitor(log_figures=False)]
+    trainer(root, callbacks, **trainer_options).validate(module, val_loader(N, batch_size=16), verbose=False)
     return read_summary(root), read_features(root)
 
 
@@ -42,6 +43,7 @@ def test_processes_match_one_process(tmp_path, single_thread, devices):
     many, many_features = analyse(tmp_path / "many", weights, devices=devices, strategy="ddp_fork")
 
     assert one["num_samples"] == many["num_samples"] == N  # the sampler's padding is not counted
+    assert one["residual_norm_ratio"]["num_samples"] == many["residual_norm_ratio"]["num_samples"] == N
     assert sum(many["saturation_counts"]) == N
     assert all(sum(row["exit_counts"]) == N for row in many["early_exit"])
     assert_json_close(many, one, atol=1e-6, rtol=1e-6)

@@ -30,6 +30,7 @@ from layerwise.metrics import (
     saturation_layers,
 )
 from layerwise.metrics.compare import CrossModelCKA
+from layerwise.metrics.residual import ResidualNormRatio
 
 N, L, D, C = 37, 3, 5, 4
 RANK_SPLITS = ((11, 8), (5, 13))  # rank 0 gets samples 0..18, rank 1 gets 19..36
@@ -70,6 +71,7 @@ def build_metrics(**kwargs):
         "cos_distribution_uncentered": LayerCosineSimilarity(L, center=False, bins=16, **kwargs),
         # two "models" of different depth and width on the same tokens, far from the origin
         "cross_cka": CrossModelCKA(L, D, L - 1, 3, **kwargs),
+        "residual_ratio": ResidualNormRatio(2, L, levels=(0.1, 0.5, 0.9), bins=50, **kwargs),
     }
 
 
@@ -81,7 +83,9 @@ def run_metrics(start: int, splits, **kwargs):
         start += size
         saturation = saturation_layers(lg.argmax(-1))
         for name, metric in metrics.items():
-            if name == "cross_cka":
+            if name == "residual_ratio":
+                metric.update(h.norm(dim=-1).expand(2, -1, -1), (h - 10.0).norm(dim=-1).expand(2, -1, -1))
+            elif name == "cross_cka":
                 other = h[1:, :, :3].double() ** 2 + 0.5 * h[:-1, :, 2:].double() - 1e6
                 metric.update(h.double() + 1e6, other)
             elif name.endswith("_offset"):
@@ -105,7 +109,11 @@ def run_metrics(start: int, splits, **kwargs):
 def computed(metrics):
     """Every metric's result; the whole distribution for the COS histograms."""
     return {
-        name: metric.compute_distribution()._asdict() if name.startswith("cos_distribution") else metric.compute()
+        name: metric.compute_distribution()._asdict()
+        if name.startswith("cos_distribution")
+        else metric.compute()._asdict()
+        if name == "residual_ratio"
+        else metric.compute()
         for name, metric in metrics.items()
     }
 

@@ -40,6 +40,7 @@ class Family:
         heads: task -> head steps, relative to the task model.
         pooling: task -> how one feature per sample is read from a block's tokens (``"tokens"``: every position).
         num_prefix_tokens: leading special tokens that ``mean`` pooling skips.
+        branches: the residual branches inside a block (``attention``, ``mlp``), see :class:`Branch`.
     """
 
     embeddings: str
@@ -48,23 +49,59 @@ class Family:
     heads: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     pooling: Mapping[str, str] = field(default_factory=dict)
     num_prefix_tokens: int = 0
+    branches: Mapping[str, "Branch"] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Branch:
+    """One residual branch x -> x + F(x) inside a block, by two submodule paths relative to the block.
+
+    Attributes:
+        skip: the module called with the residual stream x that the branch adds to, as its positional argument
+            ``skip_arg`` (pre-LN: the branch's own norm; post-LN BERT: the output module that adds and normalises).
+        out: the module whose output (the first element of a tuple) is F(x), just before the addition (after any
+            layer scale; dropout, identity in evaluation, may follow).
+        skip_arg: which positional argument of ``skip`` is x.
+    """
+
+    skip: str
+    out: str
+    skip_arg: int = 0
 
 
 _ROBERTA_HEAD = ("classifier.dropout", "classifier.dense", TANH, "classifier.dropout", "classifier.out_proj")
 _DECODER_POOLING = {"causal_lm": "tokens", "sequence_classification": "last", "base": "tokens"}
 
 
-def _decoder(embeddings: str, blocks: str, final_norm: tuple[str, ...]) -> Family:
+# Pre-LN decoders of the LLaMA line: x + self_attn(input_layernorm(x)), then h + mlp(post_attention_layernorm(h)).
+_LLAMA_BRANCHES = {
+    "attention": Branch("input_layernorm", "self_attn"),
+    "mlp": Branch("post_attention_layernorm", "mlp"),
+}
+# Post-LN BERT: LayerNorm(x + dense(...)) in BertSelfOutput(hidden, x) and BertOutput(hidden, x): the ratio is taken
+# before that LayerNorm, with x the second argument of the output module.
+_BERT_BRANCHES = {
+    "attention": Branch("attention.output", "attention.output.dense", skip_arg=1),
+    "mlp": Branch("output", "output.dense", skip_arg=1),
+}
+
+
+def _decoder(
+    embeddings: str, blocks: str, final_norm: tuple[str, ...], branches: Optional[Mapping[str, Branch]] = None
+) -> Family:
     return Family(
         embeddings,
         blocks,
         final_norm,
         {"causal_lm": ("lm_head",), "sequence_classification": ("score",)},
         _DECODER_POOLING,
+        branches=branches or {},
     )
 
 
-def _encoder(embeddings: str, blocks: str, head: tuple[str, ...]) -> Family:
+def _encoder(
+    embeddings: str, blocks: str, head: tuple[str, ...], branches: Optional[Mapping[str, Branch]] = None
+) -> Family:
     return Family(
         embeddings,
         blocks,
@@ -72,6 +109,7 @@ def _encoder(embeddings: str, blocks: str, head: tuple[str, ...]) -> Family:
         {"sequence_classification": head},
         {"sequence_classification": "cls", "base": "tokens"},
         num_prefix_tokens=1,
+        branches=branches or {},
     )
 
 
@@ -84,19 +122,29 @@ FAMILIES: dict[str, Family] = {
         {"image_classification": ("fc_norm", "head_drop", "head")},
         {"image_classification": "cls"},
         num_prefix_tokens=1,  # both adapted to the instance in layer_paths
+        branches={"attention": Branch("norm1", "ls1"), "mlp": Branch("norm2", "ls2")},
     ),
     "bert": _encoder(
-        "embeddings", "encoder.layer", ("bert.pooler.dense", "bert.pooler.activation", "dropout", "classifier")
+        "embeddings",
+        "encoder.layer",
+        ("bert.pooler.dense", "bert.pooler.activation", "dropout", "classifier"),
+        _BERT_BRANCHES,
     ),
-    "roberta": _encoder("embeddings", "encoder.layer", _ROBERTA_HEAD),
-    "xlm-roberta": _encoder("embeddings", "encoder.layer", _ROBERTA_HEAD),
+    "roberta": _encoder("embeddings", "encoder.layer", _ROBERTA_HEAD, _BERT_BRANCHES),
+    "xlm-roberta": _encoder("embeddings", "encoder.layer", _ROBERTA_HEAD, _BERT_BRANCHES),
     "distilbert": _encoder("embeddings", "transformer.layer", ("pre_classifier", RELU, "dropout", "classifier")),
-    "gpt2": _decoder("wte", "h", ("ln_f",)),
-    "gpt_neox": _decoder("embed_in", "layers", ("final_layer_norm",)),
-    "llama": _decoder("embed_tokens", "layers", ("norm",)),
-    "mistral": _decoder("embed_tokens", "layers", ("norm",)),
-    "qwen2": _decoder("embed_tokens", "layers", ("norm",)),
-    "qwen3": _decoder("embed_tokens", "layers", ("norm",)),
+    "gpt2": _decoder("wte", "h", ("ln_f",), {"attention": Branch("ln_1", "attn"), "mlp": Branch("ln_2", "mlp")}),
+    # parallel residual (the default): both norms read the block input x, x + attention(.) + mlp(.)
+    "gpt_neox": _decoder(
+        "embed_in",
+        "layers",
+        ("final_layer_norm",),
+        {"attention": Branch("input_layernorm", "attention"), "mlp": Branch("post_attention_layernorm", "mlp")},
+    ),
+    "llama": _decoder("embed_tokens", "layers", ("norm",), _LLAMA_BRANCHES),
+    "mistral": _decoder("embed_tokens", "layers", ("norm",), _LLAMA_BRANCHES),
+    "qwen2": _decoder("embed_tokens", "layers", ("norm",), _LLAMA_BRANCHES),
+    "qwen3": _decoder("embed_tokens", "layers", ("norm",), _LLAMA_BRANCHES),
     "opt": _decoder("decoder.embed_tokens", "decoder.layers", ("decoder.final_layer_norm?", "decoder.project_out?")),
 }
 
@@ -117,6 +165,7 @@ class LayerPaths:
     num_prefix_tokens: int = 1
     family: str = "custom"
     task: str = "custom"
+    branches: Mapping[str, Branch] = field(default_factory=dict)
 
     @property
     def shared_head(self) -> tuple[str, ...]:
@@ -205,6 +254,7 @@ def layer_paths(model: nn.Module, option: str = "--model") -> LayerPaths:
         num_prefix_tokens=prefix_tokens,
         family=family_name,
         task=task,
+        branches=family.branches,
     )
 
 

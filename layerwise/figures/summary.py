@@ -190,6 +190,10 @@ def summary_figures(summary: dict[str, Any]) -> dict[str, Figure]:
         figures["early_exit"] = exits_per_layer(summary["early_exit"], layers)
     if summary.get("effective_depth"):
         figures["effective_depth"] = effective_depth(summary)
+    if summary.get("residual_norm_ratio"):
+        from layerwise.figures.residual import norm_ratio_figure
+
+        figures["residual_norm_ratio"] = norm_ratio_figure(summary["residual_norm_ratio"])
     if summary.get("compare"):
         from layerwise.figures.compare import cka_across_models
 

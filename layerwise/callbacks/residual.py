@@ -1,0 +1,166 @@
+"""Residual norm ratio per block and branch over the validation set (App. B.2, Fig. 11-12 of Jiang et al.)."""
+
+from collections.abc import Mapping, Sequence
+from contextlib import ExitStack
+from typing import Any, Literal, Optional
+
+import torch
+from lightning.pytorch import Callback, LightningModule, Trainer
+
+from layerwise.callbacks._output import _log_dir, _run_id, show, tensorboard
+from layerwise.callbacks._sampling import real_samples_on_rank
+from layerwise.callbacks._schedule import analyses_now
+from layerwise.features.branches import BranchNorms, default_token, token_positions
+from layerwise.features.paths import find_layer_paths, get_blocks
+from layerwise.metrics.residual import ResidualNormRatio
+from layerwise.metrics.sync import all_reduce_sum_states
+from layerwise.results import merge_summary, summary_path, to_json
+
+Token = Literal["auto", "cls", "last"]
+LEVELS = (0.05, 0.25, 0.5, 0.75, 0.95)
+
+
+class ResidualNormRatioMonitor(Callback):
+    """||x|| / ||F(x)|| of every block and of its attention and MLP branches, at one token per validation sample.
+
+    x is the residual stream a branch adds to, F(x) the branch's output just before the addition, both read at
+    the [CLS] token (ViT, BERT) or the last real token (decoders) — where the classifier or the next-token head
+    reads. ``block`` is the whole block, x its input and F(x) = block(x) - x. A large ratio: the branch barely
+    changes the stream (the skip dominates); the paper's observation is that it grows with depth. Where the ratio is
+    taken per family is the ``branches`` entry of the family table (``layerwise/features/paths.py``): pre-LN blocks
+    (timm ViT, GPT-2, LLaMA-family, GPT-NeoX's parallel branches) at the input of the branch's own norm and the
+    output of the branch; **post-LN BERT/RoBERTa** before the LayerNorm that follows each branch: x the branch's
+    residual input, F(x) the output dense layer (so the block ratio is the update after the LayerNorms).
+
+    Exact over the validation set and under DDP: the mean is a float64 sum, the quantiles come from a fixed log10
+    histogram (see :class:`~layerwise.metrics.residual.ResidualNormRatio`: within 1.2 % by default), the sampler's
+    padding is dropped, and the states are all-reduced. Only the first validation dataloader is analysed.
+
+    Outputs: the ``residual_norm_ratio`` key of the epoch's summary JSON (``branches``, ``layers``, ``token``,
+    ``mean`` (P x L), ``quantile_levels``, ``quantiles`` (P x L x Q)), scalars
+    ``val/residual_ratio/<branch>/layer_XX`` (the mean), and a figure (TensorBoard, ``layerwise plot``).
+
+    Args:
+        every_n_epochs: analyse every n-th validation epoch while fitting (``validate`` always analyses).
+        token: ``"auto"`` ([CLS] where the model has one — BERT-like encoders, ViTs with a class token — else the
+            last real token, as for decoders), ``"cls"`` or ``"last"``.
+        log_figures: draw the figure as a TensorBoard image (global rank zero).
+    """
+
+    def __init__(self, every_n_epochs: int = 1, token: Token = "auto", log_figures: bool = True) -> None:
+        if isinstance(every_n_epochs, bool) or not isinstance(every_n_epochs, int) or every_n_epochs < 1:
+            raise ValueError(f"`every_n_epochs={every_n_epochs!r}` must be a positive int.")
+        if token not in ("auto", "cls", "last"):
+            raise ValueError(f"`token={token!r}` must be 'auto', 'cls' or 'last'.")
+        self.every_n_epochs = every_n_epochs
+        self.token = token
+        self.log_figures = log_figures
+        self._norms: Optional[BranchNorms] = None
+        self._metric: Optional[ResidualNormRatio] = None
+        self._hooks = ExitStack()
+        self._active = False
+        self._budget: Optional[int] = None
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        paths = find_layer_paths(pl_module, option="ResidualNormRatioMonitor")
+        blocks = get_blocks(pl_module, paths)
+        self._norms = BranchNorms(blocks, paths.branches, option=f"ResidualNormRatioMonitor ({paths.family})")
+        self._token = self.token if self.token != "auto" else default_token(paths)
+        self._metric = ResidualNormRatio(len(self._norms.names), len(blocks), LEVELS, sync_on_compute=False)
+
+    def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._hooks.close()
+        self._active = analyses_now(trainer, self.every_n_epochs) and self._norms is not None
+        if not self._active:
+            return
+        loaders = trainer.val_dataloaders
+        self._budget = real_samples_on_rank(loaders[0] if isinstance(loaders, (list, tuple)) else loaders)
+        self._metric.reset()
+        self._metric.to(pl_module.device)
+        self._hooks.enter_context(self._norms.attached())
+
+    def on_validation_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if self._active:
+            mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+            self._norms.token = token_positions(mask, self._token)
+
+    def on_validation_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if not self._active:
+            return
+        skip, branch = self._norms.pop()
+        if dataloader_idx != 0:
+            return
+        rows = skip.shape[-1] if self._budget is None else min(skip.shape[-1], self._budget)
+        if self._budget is not None:
+            self._budget -= rows
+        if rows:
+            self._metric.update(skip[..., :rows], branch[..., :rows])
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self._active:
+            return
+        self._active = False
+        self._hooks.close()
+        all_reduce_sum_states([self._metric])
+        with torch.inference_mode(False):
+            mean, quantiles, count = self._metric.compute()
+        names, depth = self._norms.names, len(self._norms.blocks)
+        mean = mean.reshape(len(names), depth)
+        results = {
+            "branches": list(names),
+            "layers": list(range(1, depth + 1)),
+            "token": self._token,
+            "num_samples": int(count.reshape(len(names), depth)[0, 0]),
+            "mean": mean,
+            "quantile_levels": list(LEVELS),
+            "quantiles": quantiles.reshape(len(names), depth, len(LEVELS)),
+        }
+        width = max(2, len(str(depth)))
+        scalars = {
+            f"val/residual_ratio/{name}/layer_{layer + 1:0{width}d}": float(mean[p, layer])
+            for p, name in enumerate(names)
+            for layer in range(depth)
+        }
+        pl_module.log_dict(scalars, sync_dist=False, add_dataloader_idx=False)
+        log_dir = _log_dir(trainer)  # a broadcast under DDP: every rank asks
+        if trainer.is_global_zero:
+            self._write(trainer, log_dir, to_json(results))
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        self._hooks.close()
+        self._active = False
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        self._hooks.close()
+
+    def _write(self, trainer: Trainer, log_dir: str, results: dict[str, Any]) -> None:
+        from layerwise.figures.residual import norm_ratio_figure
+
+        stage = "val"
+        header = {"stage": stage, "epoch": trainer.current_epoch, "global_step": trainer.global_step}
+        path = summary_path(log_dir, stage, trainer.current_epoch, trainer.global_step)
+        merge_summary(path, {**header, "residual_norm_ratio": results}, _run_id(trainer))
+        means = ", ".join(f"{name} {_range(row)}" for name, row in zip(results["branches"], results["mean"]))
+        show(trainer, f"residual norm ratio ||x||/||F(x)|| (layer 1 -> {len(results['layers'])}): {means} → {path}")
+        experiment = tensorboard(trainer) if self.log_figures else None
+        if experiment is not None:
+            import matplotlib.pyplot as plt
+
+            figure = norm_ratio_figure(results)
+            experiment.add_figure(f"{stage}/residual_norm_ratio", figure, global_step=trainer.global_step)
+            plt.close(figure)
+
+
+def _range(row: Sequence[Optional[float]]) -> str:
+    first, last = row[0], row[-1]
+    return f"{'-' if first is None else f'{first:.2f}'} -> {'-' if last is None else f'{last:.2f}'}"
