@@ -3,6 +3,7 @@
     python benchmarks/demos.py shakespeare   # small GPT on Tiny Shakespeare: standard vs alternating aligned
     python benchmarks/demos.py sst2          # small BERT on SST-2: standard vs aligned
     python benchmarks/demos.py compare       # small GPTs on Tiny Shakespeare compared: seeds, ReLU, aligned
+    python benchmarks/demos.py ablation      # MLP on digits with and without residual connections (App. B.2)
 
 Each mode is one ``layerwise fit --config configs/demo/<name>.yaml`` (the documented command), run here one after
 the other with its wall time; the table is read from the last validation JSON of each run. For Shakespeare, text is
@@ -24,18 +25,21 @@ ROOT = Path(__file__).resolve().parents[1]
 DEMOS = {
     "shakespeare": ("shakespeare_gpt_standard", "shakespeare_gpt_alternating"),
     "sst2": ("sst2_bert_standard", "sst2_bert_aligned"),
+    "ablation": ("ablation/mlp_residual", "ablation/mlp_plain"),
 }
 PROMPT = "ROMEO:\n"
 
 
 def run(config: str, out: Path) -> tuple[float, Path]:
-    """Train one config into ``out`` and return its wall time and its run folder."""
-    command = [sys.executable, "-m", "layerwise", "fit", "--config", f"configs/demo/{config}.yaml"]
+    """Train one config (``configs/demo/<config>.yaml``, or ``configs/<folder>/<name>.yaml`` for ``folder/name``,
+    logged as ``folder_name``) into ``out`` and return its wall time and its run folder."""
+    path = f"configs/{config}.yaml" if "/" in config else f"configs/demo/{config}.yaml"
+    command = [sys.executable, "-m", "layerwise", "fit", "--config", path]
     command += [f"--trainer.logger.init_args.save_dir={out}", "--trainer.enable_progress_bar=false"]
     start = time.perf_counter()
     subprocess.run(command, cwd=ROOT, check=True)
     seconds = time.perf_counter() - start
-    versions = sorted((out / config).glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+    versions = sorted((out / config.replace("/", "_")).glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
     return seconds, versions[-1]
 
 
@@ -232,6 +236,20 @@ def sst2_comparison(runs: dict[str, Path], out: Path) -> None:
         )
 
 
+def ablation(summaries: dict[str, dict], out: Path) -> None:
+    """Accuracy, COS and CKA to the last layer with and without residual connections, and their figures."""
+    from layerwise.figures.summary import similarity_and_accuracy
+
+    for summary in summaries.values():
+        summary["cos_to_last"] = [row[-1] for row in summary["cos"]]
+        summary["cka_to_last"] = [row[-1] for row in summary["cka"]]
+    print(table(summaries, ["accuracy", "cos_to_last", "cka_to_last"]))
+    for name, summary in summaries.items():
+        path = out / f"ablation_{name}.png"
+        similarity_and_accuracy(summary).savefig(path, dpi=110)
+        print(f"-> {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("demo", choices=sorted(DEMOS) + ["compare"])
@@ -249,6 +267,9 @@ def main() -> None:
         print(f"{config}: {seconds:.0f} s, {run_dir}", flush=True)
     print(f"\nboth runs: {total:.0f} s ({total / 60:.1f} min)\n")
     keys = ["accuracy", "perplexity"] if args.demo == "shakespeare" else ["accuracy"]
+    if args.demo == "ablation":
+        ablation(summaries, args.out)
+        return
     print(table(summaries, keys))
     if args.demo == "sst2":
         sst2_comparison(runs, args.out)

@@ -21,8 +21,7 @@ from helpers import (
 )
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
-from layerwise.callbacks import LayerwiseAnalysis
-from layerwise.callbacks.residual import ResidualNormRatioMonitor
+from layerwise.callbacks import LayerwiseAnalysis, ResidualNormRatioMonitor
 
 N = 101
 

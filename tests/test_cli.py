@@ -502,3 +502,41 @@ def test_demo_config_runs_a_few_steps(name, tmp_path):
     summary = json.loads(next((tmp_path / name).rglob("val_epoch_*.json")).read_text())
     assert summary["depth"] == 4 and len(summary["accuracy"]) == 4
     assert ("perplexity" in summary) == ("gpt" in name)
+
+
+ABLATION = sorted((CONFIGS / "ablation").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("config", ABLATION, ids=lambda p: p.name)
+def test_residual_ablation_configs_train_the_same_mlp_with_and_without_residuals(config, tmp_path):
+    cli = LayerwiseCLI(
+        args=[
+            "fit",
+            f"--config={config}",
+            "--trainer.max_epochs=1",
+            "--trainer.limit_train_batches=2",
+            "--trainer.limit_val_batches=2",
+            f"--trainer.logger.init_args.save_dir={tmp_path}",
+            "--trainer.enable_progress_bar=false",
+        ]
+    )
+    backbone = cli.model.backbone
+    assert type(backbone).__name__ == "MLPBackbone" and backbone.num_layers == 8
+    assert backbone.residual == (config.stem == "mlp_residual")
+    summary = json.loads(next(tmp_path.rglob("val_epoch_*.json")).read_text())
+    assert len(summary["cka"]) == 8 and len(summary["accuracy"]) == 8
+    twin = ABLATION[0] if config == ABLATION[1] else ABLATION[1]
+    differences = [
+        (a, b)
+        for a, b in zip(config.read_text().splitlines(), twin.read_text().splitlines())
+        if a != b and "#" not in a
+    ]
+    assert sorted(differences) == sorted(
+        [
+            (f"      name: ablation_{config.stem}", f"      name: ablation_{twin.stem}"),
+            (
+                f"        residual: {str(backbone.residual).lower()}",
+                f"        residual: {str(not backbone.residual).lower()}",
+            ),
+        ]
+    )

@@ -201,3 +201,26 @@ def test_parameter_saving_is_reported(caplog):
     assert f"saves {(DEPTH - 1) * head:,} parameters" in report
     # the exit heads really cost what the report says
     assert sum(p.numel() for p in module.exit_heads.parameters()) == (DEPTH - 1) * head
+
+
+def test_mlp_backbone_layers_block_by_block_and_residual_switch():
+    from layerwise.features import MLPBackbone
+
+    torch.manual_seed(0)
+    x = torch.randn(5, 1, 8, 8)
+    for residual in (True, False):
+        backbone = MLPBackbone(in_features=64, width=16, depth=3, num_classes=4, residual=residual).eval()
+        features = backbone(x)
+        assert features.shape == (3, 5, 16)
+        hidden, context = backbone.embed(x)
+        for index in range(3):
+            previous = hidden
+            hidden = backbone.run_block(index, hidden, context)
+            torch.testing.assert_close(backbone.pool(hidden, context), features[index])
+            block = backbone.blocks[index]
+            update = block.act(block.linear(block.norm(previous)))
+            torch.testing.assert_close(hidden, previous + update if residual else update)
+        assert backbone.head(features).shape == (3, 5, 4)
+        assert backbone.head_modules()(features[-1]).shape == (5, 4)
+    with pytest.raises(ValueError, match="in_features=100"):
+        MLPBackbone(in_features=64)(torch.randn(2, 100))

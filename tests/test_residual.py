@@ -9,7 +9,7 @@ from helpers import fitted_module, read_summary, trainer, val_loader
 from transformers import AutoConfig, AutoModel
 from transformers.utils import logging as hf_logging
 
-from layerwise.callbacks.residual import ResidualNormRatioMonitor
+from layerwise.callbacks import ResidualNormRatioMonitor
 from layerwise.features.branches import BranchNorms, default_token, token_positions
 from layerwise.features.hooks import block_output
 from layerwise.features.paths import find_layer_paths, get_blocks

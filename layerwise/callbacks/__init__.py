@@ -9,6 +9,7 @@ from layerwise.callbacks.effective_depth import EffectiveDepthMonitor
 from layerwise.callbacks.logit_lens import LogitLensMonitor
 from layerwise.callbacks.neural_collapse import NeuralCollapseMonitor
 from layerwise.callbacks.progress import ProgressLines
+from layerwise.callbacks.residual import ResidualNormRatioMonitor
 from layerwise.callbacks.similarity import LayerSimilarityMonitor
 
 __all__ = [
@@ -22,4 +23,5 @@ __all__ = [
     "LogitLensMonitor",
     "NeuralCollapseMonitor",
     "ProgressLines",
+    "ResidualNormRatioMonitor",
 ]

@@ -6,6 +6,7 @@ from layerwise.features.hf_encoder import HFEncoder
 from layerwise.features.hooks import HookTap, collect_block_outputs, hooked_blocks
 from layerwise.features.jacobian import BlockTrace, block_jacobian, diagonal_jacobians, trace_blocks
 from layerwise.features.layers import select_layers
+from layerwise.features.mlp import MLPBackbone
 from layerwise.features.outputs import (
     EXIT_LOGITS,
     EXIT_PREFIX,
@@ -27,6 +28,7 @@ from layerwise.features.timm_vit import TimmViT
 from layerwise.features.truncate import truncated, truncated_copy
 
 __all__ = [
+    "MLPBackbone",
     "BlockTrace",
     "block_jacobian",
     "diagonal_jacobians",
