@@ -11,7 +11,7 @@ import re
 import tempfile
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO, Any, Union
 
@@ -74,7 +74,27 @@ def summary_path(log_dir: str, stage: str, epoch: int, step: int) -> Path:
     return Path(log_dir) / "layerwise" / f"{stage}_epoch_{epoch:03d}_step_{step:07d}.json"
 
 
-_SUMMARY_NAME = re.compile(r"^[a-z]+_epoch_(\d+)(?:_step_(\d+))?\.json$")
+_SUMMARY_NAME = re.compile(r"^[a-z][a-z0-9_]*_epoch_(\d+)(?:_step_(\d+))?\.json$")
+
+
+def loader_stages(stage: str, loaders: Any) -> list[str]:
+    """The name each evaluation dataloader's results are reported under, in dataloader order.
+
+    The first dataloader is ``stage`` itself (``val``: what checkpoints and early stopping monitor); every other one
+    is ``<stage>_<name>``, its key when the dataloaders are a dict (lower-cased, other characters than a-z and 0-9
+    replaced by ``_``: ``"CIFAR-10.2"`` -> ``val_cifar_10_2``), else its index (``val_1``).
+    """
+    if isinstance(loaders, Mapping):
+        names = [str(name) for name in loaders]
+    elif isinstance(loaders, (list, tuple)):
+        names = [str(index) for index in range(len(loaders))]
+    else:
+        return [stage]
+    slugs = [re.sub(r"[^a-z0-9]+", "_", name.lower()).strip("_") or str(index) for index, name in enumerate(names)]
+    stages = [stage] + [f"{stage}_{slug}" for slug in slugs[1:]]
+    if len(set(stages)) != len(stages):
+        raise ValueError(f"Evaluation dataloaders {names} give the same result name twice ({stages}): rename them.")
+    return stages
 
 
 def is_summary(path: Path) -> bool:

@@ -535,11 +535,12 @@ class StateProbe(LayerwiseAnalysis):
 
     def _finish(self, trainer, pl_module):
         self.states = {}
-        for metric in self._metrics:
+        metrics = self._states[0].metrics
+        for metric in metrics:
             for name, value in metric.metric_state.items():
                 assert isinstance(value, Tensor), f"{type(metric).__name__}.{name} is a list state"
                 self.states[f"{type(metric).__name__}.{name}"] = tuple(value.shape)
-        self.buffered = {type(m).__name__: m._num_buffered for m in self._metrics if hasattr(m, "_num_buffered")}
+        self.buffered = {type(m).__name__: m._num_buffered for m in metrics if hasattr(m, "_num_buffered")}
         super()._finish(trainer, pl_module)
 
 

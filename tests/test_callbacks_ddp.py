@@ -87,3 +87,23 @@ def test_checkpoint_and_early_stopping_monitor_a_per_layer_accuracy(tmp_path, si
     best = 0 if accuracy[0] >= accuracy[1] else 1
     (saved,) = (tmp_path / "checkpoints").glob("*.ckpt")
     assert saved.name == f"epoch{best}-acc{accuracy[best]:.8f}.ckpt"  # the global value, also on 2 processes
+
+
+def test_several_validation_dataloaders_on_two_processes_match_one(tmp_path, single_thread):
+    """Each validation set (clean digits, corrupted digits: 360 samples, uneven batches) is reduced on its own."""
+    from layerwise.datamodules.digits import DigitsDataModule
+
+    weights = tmp_path / "weights.pt"
+    torch.save(fitted_module().state_dict(), weights)
+    summaries = {}
+    for devices in (1, 2):
+        module = fitted_module()
+        module.load_state_dict(torch.load(weights))
+        options = dict(devices=2, strategy="ddp_fork") if devices == 2 else {}
+        run = trainer(tmp_path / str(devices), [LayerwiseAnalysis(log_figures=False)], **options)
+        run.validate(module, datamodule=DigitsDataModule(batch_size=50, corrupted_val=True), verbose=False)
+        summaries[devices] = {stage: read_summary(tmp_path / str(devices), stage) for stage in ("val", "val_corrupted")}
+    for stage in ("val", "val_corrupted"):
+        assert summaries[1][stage]["num_samples"] == summaries[2][stage]["num_samples"] == 360
+        assert_json_close(summaries[2][stage], summaries[1][stage], atol=1e-6, rtol=1e-6, where=stage)
+    assert summaries[1]["val"]["accuracy"] != summaries[1]["val_corrupted"]["accuracy"]

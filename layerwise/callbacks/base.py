@@ -1,5 +1,8 @@
 """The orchestration every analysis callback shares: where features come from, when to update, compute, log."""
 
+import copy
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
 import torch
@@ -25,9 +28,22 @@ from layerwise.callbacks._source import FeatureSource
 from layerwise.callbacks.family import Family, LayerBatch, LayerSpec, per_layer
 from layerwise.features.layers import LayerSelection, select_layers
 from layerwise.metrics import NonFiniteRows, SampleCount, all_reduce_sum_states
+from layerwise.results import loader_stages
 
 Source = Literal["auto", "outputs", "hooks"]
 __all__ = ["Family", "LayerBatch", "LayerSpec", "LayerwiseMonitor", "per_layer"]
+
+
+@dataclass
+class _LoaderState:
+    """What one evaluation dataloader accumulates: its own families, metrics, padding budget and saved features."""
+
+    families: list[Family]
+    metrics: list[Metric]
+    count: SampleCount
+    nonfinite: NonFiniteRows
+    budget: Optional[int] = None
+    saver: FeatureSaver = field(default_factory=FeatureSaver)
 
 
 class LayerwiseMonitor(Callback):
@@ -42,6 +58,11 @@ class LayerwiseMonitor(Callback):
     Exactness under DDP: every rank feeds only its own real samples (the padding that ``DistributedSampler`` adds
     to even out an uneven validation set is dropped), all metric states are summed with one all-reduce, and every
     rank computes the same result. Figures and the JSON summary are written on global rank zero.
+
+    Several evaluation dataloaders (e.g. a distribution-shifted validation set next to the clean one) are analysed
+    separately, each with its own metrics: the first is reported as ``val`` (``test``), every other one as
+    ``val_<name>`` — its key when ``val_dataloader`` returns a dict, else its index — in its own JSON summary
+    (``val_<name>_epoch_...json``), scalars (``val_<name>/acc/layer_XX``) and figures.
 
     Args:
         every_n_epochs: analyse every n-th validation epoch while fitting (``validate``/``test`` always analyse).
@@ -103,10 +124,8 @@ class LayerwiseMonitor(Callback):
         self.families: list[Family] = []
         self._stage: Optional[str] = None
         self._spec: Optional[LayerSpec] = None
-        self._metrics: list[Metric] = []
-        self._count: Optional[SampleCount] = None
-        self._budget: Optional[int] = None
-        self._saver = FeatureSaver()
+        self._states: list[_LoaderState] = []  # one per evaluation dataloader
+        self._stages: list[str] = []
         self._charts_logged: dict[str, list[str]] = {}
 
     # -- when ---------------------------------------------------------------------------------------------------
@@ -192,8 +211,9 @@ class LayerwiseMonitor(Callback):
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         self._source.detach()
         self._stage = None
-        for metric in self._metrics:
-            metric.reset()
+        for state in self._states:
+            for metric in state.metrics:
+                metric.reset()
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         self._source.detach()
@@ -203,55 +223,63 @@ class LayerwiseMonitor(Callback):
         self._stage = stage if self._should_run(trainer) else None
         if self._stage is None:
             return
-        loader = dataloaders[0] if isinstance(dataloaders, (list, tuple)) else dataloaders
-        self._budget = real_samples_on_rank(loader)
-        self._saver = FeatureSaver()
-        self._saver.indices = rank_indices(loader) if self.save_features and trainer.world_size > 1 else None
+        if isinstance(dataloaders, Mapping):
+            loaders = list(dataloaders.values())
+        else:
+            loaders = list(dataloaders) if isinstance(dataloaders, (list, tuple)) else [dataloaders]
+        self._stages = loader_stages(stage, dataloaders)
         self._source.attach(pl_module)
-        self._build(pl_module)
+        self._build(pl_module, len(loaders))
+        for state, loader in zip(self._states, loaders):
+            state.budget = real_samples_on_rank(loader)
+            state.saver = FeatureSaver()
+            state.saver.indices = rank_indices(loader) if self.save_features and trainer.world_size > 1 else None
 
-    def _build(self, pl_module: LightningModule) -> None:
+    def _build(self, pl_module: LightningModule, num_loaders: int) -> None:
         depth, dim, num_classes, token_level = self._source.dims(pl_module)
         numbers = [index + 1 for index in select_layers(self.layers, depth)]
         spec = LayerSpec(numbers, depth, dim, num_classes, token_level)
-        if spec != self._spec or not self._metrics:
+        if spec != self._spec or len(self._states) != num_loaders:
             for family in self.families:
                 family.configure(pl_module.trainer, spec)
             self._spec = spec
-            self._count = SampleCount(sync_on_compute=False)
-            self._nonfinite = NonFiniteRows(len(numbers), sync_on_compute=False)
-            self._metrics = [self._count, self._nonfinite] + [
-                metric for family in self.families for metric in family.build(spec)
-            ]
+            self._states = []
+            for index in range(num_loaders):
+                # the first loader feeds the callback's own families; every other one a copy (a deep copy of the
+                # list keeps the links between families, e.g. effective depth reading the logit lens's accuracy)
+                families = self.families if index == 0 else copy.deepcopy(self.families)
+                count = SampleCount(sync_on_compute=False)
+                nonfinite = NonFiniteRows(len(numbers), sync_on_compute=False)
+                metrics = [count, nonfinite] + [metric for family in families for metric in family.build(spec)]
+                self._states.append(_LoaderState(families, metrics, count, nonfinite))
             self._selection = torch.tensor([number - 1 for number in numbers])
-        for metric in self._metrics:  # already zero: fresh, or reset when the last epoch finished or failed
-            metric.to(pl_module.device)
+        for state in self._states:  # already zero: fresh, or reset when the last epoch finished or failed
+            for metric in state.metrics:
+                metric.to(pl_module.device)
 
     def _collect(self, outputs: Any, batch: Any, dataloader_idx: int) -> None:
         if self._stage is None:
             return
-        if dataloader_idx != 0:
-            self._source.skip()
-            return
+        state = self._states[dataloader_idx]
         outputs = self._source.outputs(outputs, batch)
-        layer_batch, used = make_layer_batch(outputs, self._selection, self._budget, self.token_stride)
-        if self._budget is not None:
-            self._budget -= used
+        layer_batch, used = make_layer_batch(outputs, self._selection, state.budget, self.token_stride)
+        if state.budget is not None:
+            state.budget -= used
         if layer_batch.features.shape[1] == 0:
             return
         if layer_batch.targets is None or layer_batch.readout.nll is None:
             raise ValueError("The batch holds no targets: the analysis needs labels ('labels' key or batch[1]).")
         bad = layer_batch.nonfinite_rows()
         if bool(bad.any()):  # skipped and counted: one NaN sample must not abort training or poison the others
-            self._nonfinite.update(bad)
+            state.nonfinite.update(bad)
             layer_batch = layer_batch.keep(~bad.any(dim=0))
             if layer_batch.features.shape[1] == 0:
                 return
-        self._count.update(layer_batch.features.shape[1])
-        for family in self.families:
+        state.count.update(layer_batch.features.shape[1])
+        for family in state.families:
             family.update(layer_batch)
         if self.save_features:
-            self._saver.keep(layer_batch)
+            state.saver.keep(layer_batch)
 
     # -- results --------------------------------------------------------------------------------------------------
 
@@ -260,35 +288,42 @@ class LayerwiseMonitor(Callback):
         self._source.detach()
         if stage is None:
             return
+        log_dir = _log_dir(trainer)  # a collective (trainer.log_dir broadcasts from rank 0): every rank calls it
+        for name, state in zip(self._stages, self._states):
+            self._report(trainer, pl_module, name, state, log_dir)
+
+    def _report(
+        self, trainer: Trainer, pl_module: LightningModule, stage: str, state: _LoaderState, log_dir: str
+    ) -> None:
+        """Reduce, compute, log and write the results of one evaluation dataloader (collectives: every rank)."""
         spec = self._spec
-        all_reduce_sum_states(self._metrics)
-        num_samples = int(self._count.compute().item())
-        nonfinite = self._nonfinite.per_layer  # the reduced state: compute() would warn when nothing was updated
+        all_reduce_sum_states(state.metrics)
+        num_samples = int(state.count.compute().item())
+        nonfinite = state.nonfinite.per_layer  # the reduced state: compute() would warn when nothing was updated
         if bool(nonfinite.any()):
             layers = {number: int(count) for number, count in zip(spec.layer_numbers, nonfinite.tolist()) if count}
             rank_zero_warn(
-                f"{type(self).__name__}: skipped {int(self._nonfinite.rows)} {stage} samples with non-finite values "
+                f"{type(self).__name__}: skipped {int(state.nonfinite.rows)} {stage} samples with non-finite values "
                 f"(NaN/inf rows per layer: {layers}); `n_nonfinite` in the summary counts them."
             )
         results: dict[str, Any] = {}
-        for family in self.families:
+        for family in state.families:
             results.update(family.compute(spec))
         scalars = {
-            f"{stage}/{key}": value for family in self.families for key, value in family.scalars(results, spec).items()
+            f"{stage}/{key}": value for family in state.families for key, value in family.scalars(results, spec).items()
         }
         self._log_scalars(trainer, pl_module, scalars)
-        log_dir = _log_dir(trainer)  # a collective (trainer.log_dir broadcasts from rank 0): every rank calls it
         if trainer.is_global_zero:
-            results["n_nonfinite"] = int(self._nonfinite.rows)
+            results["n_nonfinite"] = int(state.nonfinite.rows)
             written = write_summary(trainer, log_dir, stage, spec, num_samples, results)
             if self.print_table:
                 table = layer_table(stage, trainer.current_epoch, trainer.global_step, results, spec)
                 show(trainer, f"{table}\n-> {written}")
             if self._draws_figures(trainer):
-                log_figures(trainer, stage, self.families, results, spec)
+                log_figures(trainer, stage, state.families, results, spec)
         if self.save_features:
-            self._saver.write(trainer, stage, log_dir)
-        for metric in self._metrics:
+            state.saver.write(trainer, stage, log_dir)
+        for metric in state.metrics:
             metric.reset()
 
     def _log_scalars(self, trainer: Trainer, pl_module: LightningModule, scalars: dict[str, float]) -> None:

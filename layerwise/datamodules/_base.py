@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -32,6 +32,7 @@ class ImageDataModule(LightningDataModule):
     Subclasses set ``num_classes``, ``img_size`` and ``in_chans`` in ``__init__`` and fill ``train_set`` (for
     ``fit``) and ``val_set`` in ``setup``. Train loader: shuffle=True, drop_last=False; every other loader:
     shuffle=False, drop_last=False. ``test_dataloader`` and ``predict_dataloader`` return the validation split.
+    Subclasses may add named validation sets under a distribution shift to ``shifted_val_sets`` in ``setup``.
     """
 
     num_classes: int
@@ -46,6 +47,8 @@ class ImageDataModule(LightningDataModule):
         self.num_workers = num_workers
         self.train_set: Optional[Dataset] = None
         self.val_set: Optional[Dataset] = None
+        # more validation sets (a distribution shift next to the clean one): name -> dataset, filled in ``setup``
+        self.shifted_val_sets: dict[str, Dataset] = {}
 
     def _loader(self, dataset: Optional[Dataset], split: str, train: bool) -> DataLoader:
         if dataset is None:
@@ -64,9 +67,17 @@ class ImageDataModule(LightningDataModule):
         """Training split, shuffled."""
         return self._loader(self.train_set, "train", train=True)
 
-    def val_dataloader(self) -> DataLoader:
-        """Validation split, in a fixed order."""
-        return self._loader(self.val_set, "validation", train=False)
+    def val_dataloader(self) -> Union[DataLoader, dict[str, DataLoader]]:
+        """Validation split, in a fixed order; with shifted validation sets a dict ``{"validation": ..., name: ...}``.
+
+        Lightning runs every loader of the dict in turn; the analysis callbacks and the modules report the first as
+        ``val`` and every other one as ``val_<name>`` (:func:`layerwise.results.loader_stages`).
+        """
+        main = self._loader(self.val_set, "validation", train=False)
+        if not self.shifted_val_sets:
+            return main
+        shifted = {name: self._loader(dataset, name, train=False) for name, dataset in self.shifted_val_sets.items()}
+        return {"validation": main, **shifted}
 
     def test_dataloader(self) -> DataLoader:
         """The validation split (see the subclass docstring for what that split is)."""

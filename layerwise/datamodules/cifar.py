@@ -6,6 +6,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar, Optional
 
+import numpy as np
+from PIL import Image
+from torch.utils.data import Dataset
 from torchvision import datasets as tv_datasets
 from torchvision import transforms as T
 
@@ -31,6 +34,29 @@ class _LocalCIFAR100(_LocalFolder, tv_datasets.CIFAR100):
     """torchvision CIFAR-100 reading ``data_dir`` (any name) with md5 verification and no download."""
 
 
+class NpzImageDataset(Dataset):
+    """Images and labels from an ``.npz`` file with ``images`` (N, H, W, 3) uint8 and ``labels`` (N,) integers.
+
+    The release format of CIFAR-10.2 (Lu et al., 2020: ``cifar102_test.npz``, ``cifar102_train.npz``), a
+    reproduction of CIFAR-10's test set used as a natural distribution shift.
+    """
+
+    def __init__(self, path: str, transform: Callable) -> None:
+        with np.load(path, allow_pickle=False) as data:
+            if "images" not in data or "labels" not in data:
+                raise ValueError(f"{path}: expected the arrays 'images' and 'labels', found {sorted(data.files)}.")
+            self.images, self.labels = data["images"], data["labels"].astype(np.int64)
+        if self.images.ndim != 4 or self.images.shape[-1] != 3 or len(self.images) != len(self.labels):
+            raise ValueError(f"{path}: expected images (N, H, W, 3) and N labels, got {self.images.shape}.")
+        self.transform = transform
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[Any, int]:
+        return self.transform(Image.fromarray(self.images[index])), int(self.labels[index])
+
+
 class _CIFARDataModule(ImageDataModule):
     """Shared implementation of :class:`CIFAR10DataModule` and :class:`CIFAR100DataModule`."""
 
@@ -45,10 +71,24 @@ class _CIFARDataModule(ImageDataModule):
     classes: ClassVar[int]
 
     def __init__(
-        self, root: Optional[str], hub_id: str, img_size: int, batch_size: int, num_workers: int, augment: bool
+        self,
+        root: Optional[str],
+        hub_id: str,
+        img_size: int,
+        batch_size: int,
+        num_workers: int,
+        augment: bool,
+        shifted_val: Optional[dict[str, str]] = None,
     ) -> None:
         super().__init__(batch_size=batch_size, num_workers=num_workers)
         check_positive_int("img_size", img_size)
+        self.shifted_val = dict(shifted_val or {})
+        for name, path in self.shifted_val.items():
+            if not Path(path).expanduser().is_file():
+                raise FileNotFoundError(
+                    f"{flag('shifted_val')}: {name!r} -> {path!r} is not a file (an .npz with 'images' and 'labels', "
+                    "e.g. CIFAR-10.2's cifar102_test.npz)."
+                )
         self.root = root
         self.hub_id = hub_id
         self.augment = augment
@@ -122,8 +162,14 @@ class _CIFARDataModule(ImageDataModule):
                 return self._local_split(train=split == "train", transform=transform)
 
         self.val_set = build("test", self.eval_transform())
+        for name, path in self.shifted_val.items():
+            self.shifted_val_sets[name] = self._shifted_dataset(name, path)
         if need_train:
             self.train_set = build("train", self.train_transform())
+
+    def _shifted_dataset(self, name: str, path: str) -> NpzImageDataset:
+        """The shifted validation set ``name`` from ``path``, with the evaluation transform."""
+        return NpzImageDataset(str(Path(path).expanduser()), self.eval_transform())
 
     def _local_split(self, train: bool, transform: Callable) -> tv_datasets.CIFAR10:
         assert self.data_dir is not None
@@ -162,6 +208,9 @@ class CIFAR10DataModule(_CIFARDataModule):
         batch_size: samples per batch.
         num_workers: DataLoader worker processes.
         augment: apply the random training augmentation.
+        shifted_val: more validation sets under a distribution shift, name -> ``.npz`` file with ``images``
+            (N, 32, 32, 3) uint8 and ``labels`` (CIFAR-10.2's release format, e.g. ``{"cifar10.2":
+            "/data/cifar102_test.npz"}``), with the evaluation transform; reported as ``val_<name>``.
     """
 
     name = "CIFAR-10"
@@ -181,8 +230,9 @@ class CIFAR10DataModule(_CIFARDataModule):
         batch_size: int = 256,
         num_workers: int = 8,
         augment: bool = True,
+        shifted_val: Optional[dict[str, str]] = None,
     ) -> None:
-        super().__init__(root, hub_id, img_size, batch_size, num_workers, augment)
+        super().__init__(root, hub_id, img_size, batch_size, num_workers, augment, shifted_val)
 
 
 class CIFAR100DataModule(_CIFARDataModule):

@@ -31,18 +31,52 @@ class DigitsDataModule(ImageDataModule):
 
     Batches: ``(images float32 (B, 1, 8, 8), labels int64 (B,))``.
 
+    Distribution shift (``corrupted_val``): a second validation set, ``corrupted``, made of the same validation
+    images, each rotated by an angle drawn uniformly from ``±corruption_rotation`` degrees (bilinear, zero fill) and
+    given Gaussian pixel noise of standard deviation ``corruption_noise`` (pixels in [0, 1]), drawn once from
+    ``seed``; ``val_dataloader`` then returns both and the analysis reports it as ``val_corrupted``.
+
+    Task transfer (``classes``): keep only these digits, relabelled 0..k-1 in the given order (e.g. ``[0, 1, 2, 3,
+    4]`` to pretrain, ``[5, 6, 7, 8, 9]`` to probe the frozen features on other classes).
+
     Args:
         batch_size: samples per batch.
-        val_fraction: fraction of the 1797 images held out for validation, in (0, 1); both parts must contain at
+        val_fraction: fraction of the images held out for validation, in (0, 1); both parts must contain at
             least one image per class (10 images each).
-        seed: ``random_state`` of the split.
+        seed: ``random_state`` of the split, and the seed of the corruption.
         num_workers: DataLoader worker processes (0 loads in the main process, the fastest for this size).
+        corrupted_val: add the rotated and noisy validation set.
+        corruption_rotation: largest rotation in degrees.
+        corruption_noise: standard deviation of the pixel noise.
+        classes: the digits to keep (None: all ten).
     """
 
-    def __init__(self, batch_size: int = 64, val_fraction: float = 0.2, seed: int = 0, num_workers: int = 0) -> None:
+    def __init__(
+        self,
+        batch_size: int = 64,
+        val_fraction: float = 0.2,
+        seed: int = 0,
+        num_workers: int = 0,
+        corrupted_val: bool = False,
+        corruption_rotation: float = 15.0,
+        corruption_noise: float = 0.1,
+        classes: Optional[list[int]] = None,
+    ) -> None:
         super().__init__(batch_size=batch_size, num_workers=num_workers)
         if not 0.0 < val_fraction < 1.0:
             raise ValueError(f"{flag('val_fraction')} must lie in (0, 1), got {val_fraction!r}")
+        if classes is not None:
+            if len(classes) < 2 or len(set(classes)) != len(classes) or any(c not in range(10) for c in classes):
+                raise ValueError(f"{flag('classes')} must list at least two different digits 0-9, got {classes!r}")
+        if corruption_rotation < 0 or corruption_noise < 0:
+            raise ValueError(
+                f"{flag('corruption_rotation')} and {flag('corruption_noise')} must be >= 0, got "
+                f"{corruption_rotation!r} and {corruption_noise!r}"
+            )
+        self.corrupted_val = corrupted_val
+        self.corruption_rotation = float(corruption_rotation)
+        self.corruption_noise = float(corruption_noise)
+        self.classes = None if classes is None else list(classes)
         n_val = math.ceil(val_fraction * NUM_DIGITS)  # train_test_split rounds the test part up
         if min(n_val, NUM_DIGITS - n_val) < 10:
             raise ValueError(
@@ -51,7 +85,7 @@ class DigitsDataModule(ImageDataModule):
             )
         self.val_fraction = val_fraction
         self.seed = seed
-        self.num_classes = 10
+        self.num_classes = 10 if classes is None else len(classes)
         self.img_size = 8
         self.in_chans = 1
         self.mean: Optional[float] = None
@@ -66,6 +100,10 @@ class DigitsDataModule(ImageDataModule):
         digits = load_digits()
         images = digits.images.astype(np.float32) / MAX_PIXEL
         labels = np.asarray(digits.target)
+        if self.classes is not None:
+            keep = np.isin(labels, self.classes)
+            relabel = {digit: index for index, digit in enumerate(self.classes)}
+            images, labels = images[keep], np.array([relabel[digit] for digit in labels[keep]])
         train_idx, val_idx = train_test_split(
             np.arange(len(labels)), test_size=self.val_fraction, stratify=labels, random_state=self.seed
         )
@@ -77,3 +115,23 @@ class DigitsDataModule(ImageDataModule):
         train, val = torch.from_numpy(self.train_indices), torch.from_numpy(self.val_indices)
         self.train_set = TensorDataset(x[train], y[train])
         self.val_set = TensorDataset(x[val], y[val])
+        if self.corrupted_val:
+            corrupted = corrupt(
+                torch.from_numpy(images[self.val_indices]), self.corruption_rotation, self.corruption_noise, self.seed
+            )
+            self.shifted_val_sets["corrupted"] = TensorDataset(
+                ((corrupted - self.mean) / self.std).unsqueeze(1), y[val]
+            )
+
+
+def corrupt(images: torch.Tensor, max_degrees: float, noise: float, seed: int) -> torch.Tensor:
+    """Rotate each (H, W) image in [0, 1] by a uniform angle in ±``max_degrees`` and add Gaussian noise ``noise``."""
+    generator = torch.Generator().manual_seed(seed)
+    angles = (torch.rand(images.shape[0], generator=generator) * 2 - 1) * math.radians(max_degrees)
+    cos, sin = torch.cos(angles), torch.sin(angles)
+    zeros = torch.zeros_like(angles)
+    theta = torch.stack([torch.stack([cos, -sin, zeros], -1), torch.stack([sin, cos, zeros], -1)], 1)
+    batch = images.unsqueeze(1)
+    grid = torch.nn.functional.affine_grid(theta, list(batch.shape), align_corners=False)
+    rotated = torch.nn.functional.grid_sample(batch, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+    return rotated.squeeze(1) + noise * torch.randn(images.shape, generator=generator)

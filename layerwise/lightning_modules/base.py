@@ -30,6 +30,7 @@ from layerwise.features import (
 from layerwise.features.readout import DEFAULT_CHUNK_SIZE, Head
 from layerwise.inference.early_exit import EXIT_LAYERS, early_exit_predict
 from layerwise.metrics import Readout, readout_from_logits
+from layerwise.results import loader_stages
 
 
 class LayerwiseModule(LightningModule, abc.ABC):
@@ -179,20 +180,24 @@ class LayerwiseModule(LightningModule, abc.ABC):
             outputs.update({EXIT_PREFIX + key: value for key, value in _readout_dict(exits).items()})
         return {key: value for key, value in outputs.items() if value is not None}
 
-    def _evaluation_step(self, batch: Any, stage: str) -> dict[str, Tensor]:
+    def _evaluation_step(self, batch: Any, stage: str, dataloader_idx: int) -> dict[str, Tensor]:
         outputs = self.layer_outputs(batch)
         samples = outputs[TARGETS].shape[0]
         last_loss = outputs[NLL][-1].mean().float()
         last_acc = (outputs[PREDICTIONS][-1] == outputs[TARGETS]).float().mean()
-        self.log(f"{stage}/loss", last_loss, prog_bar=True, sync_dist=True, batch_size=samples)
-        self.log(f"{stage}/acc", last_acc, prog_bar=True, sync_dist=True, batch_size=samples)
+        if dataloader_idx:  # another evaluation set: logged under its own name, as the analysis callbacks report it
+            loaders = self.trainer.val_dataloaders if stage == "val" else self.trainer.test_dataloaders
+            stage = loader_stages(stage, loaders)[dataloader_idx]
+        options = dict(prog_bar=True, sync_dist=True, batch_size=samples, add_dataloader_idx=False)
+        self.log(f"{stage}/loss", last_loss, **options)
+        self.log(f"{stage}/acc", last_acc, **options)
         return outputs
 
-    def validation_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
-        return self._evaluation_step(batch, "val")
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, Tensor]:
+        return self._evaluation_step(batch, "val", dataloader_idx)
 
-    def test_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
-        return self._evaluation_step(batch, "test")
+    def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, Tensor]:
+        return self._evaluation_step(batch, "test", dataloader_idx)
 
     def predict_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
         """Every layer's features and readout, or early-exit inference while ``early_exit`` is set.
