@@ -116,3 +116,47 @@ def test_cifar102_loader_reads_the_release_npz(tmp_path):
         data._shifted_dataset("bad", str(bad))
     json.dumps(loader_stages("val", {"validation": 0, "cifar10.2": 1}))  # the name is JSON and file safe
     assert loader_stages("val", {"validation": 0, "cifar10.2": 1})[1] == "val_cifar10_2"
+
+
+def test_linear_probes_reach_logistic_regression_on_the_same_frozen_features(tmp_path):
+    from functools import partial
+
+    from sklearn.linear_model import LogisticRegression
+
+    from layerwise.features import MLPBackbone
+    from layerwise.lightning_modules import LinearProbes
+
+    torch.manual_seed(0)
+    data = DigitsDataModule(batch_size=64, classes=[5, 6, 7, 8, 9])
+    data.setup()
+    backbone = MLPBackbone(in_features=64, width=24, depth=4, num_classes=5)  # random features: a real probing job
+    frozen = {name: value.clone() for name, value in backbone.state_dict().items()}
+    probes = LinearProbes(num_classes=5, backbone=backbone, optimizer=partial(torch.optim.AdamW, lr=0.03))
+    callback = LayerwiseAnalysis(log_figures=False)
+    trainer(tmp_path, [callback], max_epochs=40).fit(probes, datamodule=data)
+    for name, value in backbone.state_dict().items():  # the backbone stayed frozen
+        assert torch.equal(value, frozen[name]), name
+    probe_accuracy = read_summary(tmp_path, epoch=39)["accuracy"]
+
+    with torch.no_grad():
+        train_x, train_y = data.train_set.tensors
+        val_x, val_y = data.val_set.tensors
+        train_h, val_h = backbone(train_x).numpy(), backbone(val_x).numpy()
+    reference = []
+    for layer in range(backbone.num_layers):
+        regression = LogisticRegression(max_iter=5000).fit(train_h[layer], train_y.numpy())
+        reference.append(regression.score(val_h[layer], val_y.numpy()))
+    assert 0.5 < min(reference) and min(reference) < 0.99  # well above chance (0.2), not at a ceiling
+    np.testing.assert_allclose(probe_accuracy, reference, atol=0.02)
+
+
+def test_linear_probes_refuse_bad_options(tmp_path):
+    from layerwise.lightning_modules import LinearProbes
+
+    with pytest.raises(ValueError, match="exactly one of `--model.init_args.checkpoint` and `backbone`"):
+        LinearProbes(num_classes=5)
+    with pytest.raises(ValueError, match="--model.init_args.checkpoint=.*no such file"):
+        LinearProbes(num_classes=5, checkpoint=str(tmp_path / "missing.ckpt"))
+    probes = LinearProbes(num_classes=3, backbone=fitted_module().backbone)
+    with pytest.raises(ValueError, match="num_classes=3` but the data has 5 classes"):
+        trainer(tmp_path, []).validate(probes, datamodule=DigitsDataModule(classes=[5, 6, 7, 8, 9]), verbose=False)

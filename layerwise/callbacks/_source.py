@@ -77,4 +77,5 @@ class FeatureSource:
                 raise ValueError("The classifier modules hold no nn.Linear; cannot tell the feature width.")
             return self.tap.num_layers, linears[0].in_features, linears[-1].out_features, False
         backbone = pl_module.backbone
-        return backbone.num_layers, backbone.embed_dim, backbone.num_classes, bool(backbone.token_level)
+        classes = getattr(pl_module, "num_classes", None) or backbone.num_classes  # LinearProbes: the probes' own
+        return backbone.num_layers, backbone.embed_dim, classes, bool(backbone.token_level)

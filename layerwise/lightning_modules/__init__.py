@@ -5,6 +5,7 @@ from layerwise.lightning_modules.alternating import AlternatingAligned
 from layerwise.lightning_modules.base import LayerwiseModule
 from layerwise.lightning_modules.cos_regularized import CosRegularized
 from layerwise.lightning_modules.multi_exit import MultiExit
+from layerwise.lightning_modules.probes import LinearProbes
 from layerwise.lightning_modules.schedules import WarmupCosineLR
 from layerwise.lightning_modules.standard import Standard
 from layerwise.lightning_modules.stitched import Stitched, StitchingLayer
@@ -15,6 +16,7 @@ __all__ = [
     "AlternatingAligned",
     "CosRegularized",
     "LayerwiseModule",
+    "LinearProbes",
     "MultiExit",
     "Standard",
     "Stitched",

@@ -182,15 +182,7 @@ class LayerwiseModule(LightningModule, abc.ABC):
 
     def _evaluation_step(self, batch: Any, stage: str, dataloader_idx: int) -> dict[str, Tensor]:
         outputs = self.layer_outputs(batch)
-        samples = outputs[TARGETS].shape[0]
-        last_loss = outputs[NLL][-1].mean().float()
-        last_acc = (outputs[PREDICTIONS][-1] == outputs[TARGETS]).float().mean()
-        if dataloader_idx:  # another evaluation set: logged under its own name, as the analysis callbacks report it
-            loaders = self.trainer.val_dataloaders if stage == "val" else self.trainer.test_dataloaders
-            stage = loader_stages(stage, loaders)[dataloader_idx]
-        options = dict(prog_bar=True, sync_dist=True, batch_size=samples, add_dataloader_idx=False)
-        self.log(f"{stage}/loss", last_loss, **options)
-        self.log(f"{stage}/acc", last_acc, **options)
+        log_last_layer(self, outputs, stage, dataloader_idx)
         return outputs
 
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, Tensor]:
@@ -240,6 +232,16 @@ class LayerwiseModule(LightningModule, abc.ABC):
             return optimizer
         scheduler = self.lr_scheduler_factory(optimizer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": self.scheduler_interval}}
+
+
+def log_last_layer(module: LightningModule, outputs: dict[str, Tensor], stage: str, dataloader_idx: int) -> None:
+    """Log ``<stage>/loss`` and ``<stage>/acc`` of the last layer; another evaluation set under its own name."""
+    if dataloader_idx:  # as the analysis callbacks report it (val_<name>), not Lightning's /dataloader_idx_N
+        loaders = module.trainer.val_dataloaders if stage == "val" else module.trainer.test_dataloaders
+        stage = loader_stages(stage, loaders)[dataloader_idx]
+    options = dict(prog_bar=True, sync_dist=True, batch_size=outputs[TARGETS].shape[0], add_dataloader_idx=False)
+    module.log(f"{stage}/loss", outputs[NLL][-1].mean().float(), **options)
+    module.log(f"{stage}/acc", (outputs[PREDICTIONS][-1] == outputs[TARGETS]).float().mean(), **options)
 
 
 def _readout_dict(readout: Readout) -> dict[str, Optional[Tensor]]:
