@@ -4,6 +4,7 @@
     python benchmarks/demos.py sst2          # small BERT on SST-2: standard vs aligned
     python benchmarks/demos.py compare       # small GPTs on Tiny Shakespeare compared: seeds, ReLU, aligned
     python benchmarks/demos.py ablation      # MLP on digits with and without residual connections (App. B.2)
+    python benchmarks/demos.py transfer      # ViT on digits 0-4: shifted validation, probes on 5-9 (App. B.4)
 
 Each mode is one ``layerwise fit --config configs/demo/<name>.yaml`` (the documented command), run here one after
 the other with its wall time; the table is read from the last validation JSON of each run. For Shakespeare, text is
@@ -19,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from layerwise.results import is_summary, summary_order
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,20 +29,24 @@ DEMOS = {
     "shakespeare": ("shakespeare_gpt_standard", "shakespeare_gpt_alternating"),
     "sst2": ("sst2_bert_standard", "sst2_bert_aligned"),
     "ablation": ("ablation/mlp_residual", "ablation/mlp_plain"),
+    "transfer": ("transfer/digits_vit_standard", "transfer/digits_vit_aligned"),
 }
 PROMPT = "ROMEO:\n"
 
 
-def run(config: str, out: Path) -> tuple[float, Path]:
-    """Train one config (``configs/demo/<config>.yaml``, or ``configs/<folder>/<name>.yaml`` for ``folder/name``,
-    logged as ``folder_name``) into ``out`` and return its wall time and its run folder."""
+def run(config: str, out: Path, overrides: tuple[str, ...] = (), name: str = "") -> tuple[float, Path]:
+    """Train one config (``configs/demo/<config>.yaml``, or ``configs/<folder>/<name>.yaml`` for ``folder/name``)
+    into ``out`` (under ``name``, default the config's logger name) and return its wall time and its run folder."""
     path = f"configs/{config}.yaml" if "/" in config else f"configs/demo/{config}.yaml"
     command = [sys.executable, "-m", "layerwise", "fit", "--config", path]
-    command += [f"--trainer.logger.init_args.save_dir={out}", "--trainer.enable_progress_bar=false"]
+    command += [f"--trainer.logger.init_args.save_dir={out}", "--trainer.enable_progress_bar=false", *overrides]
+    if name:
+        command.append(f"--trainer.logger.init_args.name={name}")
     start = time.perf_counter()
     subprocess.run(command, cwd=ROOT, check=True)
     seconds = time.perf_counter() - start
-    versions = sorted((out / config.replace("/", "_")).glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
+    logged = name or yaml.safe_load((ROOT / path).read_text())["trainer"]["logger"]["init_args"]["name"]
+    versions = sorted((out / logged).glob("version_*"), key=lambda p: int(p.name.split("_")[1]))
     return seconds, versions[-1]
 
 
@@ -72,8 +79,10 @@ def coupling_table(rows: list[tuple[str, int, dict]]) -> str:
     return "\n".join(lines)
 
 
-def last_summary(run_dir: Path) -> dict:
-    files = sorted((p for p in (run_dir / "layerwise").glob("val_epoch_*.json") if is_summary(p)), key=summary_order)
+def last_summary(run_dir: Path, stage: str = "val") -> dict:
+    files = sorted(
+        (p for p in (run_dir / "layerwise").glob(f"{stage}_epoch_*.json") if is_summary(p)), key=summary_order
+    )
     return json.loads(files[-1].read_text())
 
 
@@ -250,6 +259,41 @@ def ablation(summaries: dict[str, dict], out: Path) -> None:
         print(f"-> {path}")
 
 
+def transfer(runs: dict[str, Path], out: Path) -> None:
+    """Per-layer accuracy on clean and corrupted digits 0-4, and of linear probes on digits 5-9, standard vs aligned."""
+    import matplotlib.pyplot as plt
+
+    rows: dict[str, list[float]] = {}
+    for name, run_dir in runs.items():
+        rows[f"{name} clean 0-4"] = last_summary(run_dir)["accuracy"]
+        rows[f"{name} corrupted 0-4"] = last_summary(run_dir, stage="val_corrupted")["accuracy"]
+        checkpoint = run_dir / "checkpoints" / "last.ckpt"
+        seconds, probe_dir = run(
+            "transfer/digits_probe", out, (f"--model.init_args.checkpoint={checkpoint}",), name=f"probe_{name}"
+        )
+        print(f"probes on {name}: {seconds:.0f} s, {probe_dir}", flush=True)
+        rows[f"{name} probe 5-9"] = last_summary(probe_dir)["accuracy"]
+    layers = list(range(1, len(next(iter(rows.values()))) + 1))
+    print("| layer | " + " | ".join(rows) + " |")
+    print("|" + "---|" * (len(rows) + 1))
+    for index, layer in enumerate(layers):
+        print(f"| {layer} | " + " | ".join(f"{values[index]:.4f}" for values in rows.values()) + " |")
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    fig.subplots_adjust(left=0.12, right=0.97, bottom=0.32, top=0.92)
+    styles = {"clean": "-", "corrupted": "--", "probe": ":"}
+    for key, values in rows.items():
+        model, what = key.split()[:2]
+        color = "C0" if model == "standard" else "C3"
+        ax.plot(layers, values, styles[what], color=color, marker="o", label=key)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("accuracy")
+    ax.set_title("transfer: shared head on clean / corrupted digits 0-4, linear probes on 5-9", fontsize="small")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, fontsize="x-small", frameon=False)
+    path = out / "transfer.png"
+    fig.savefig(path, dpi=110)
+    print(f"-> {path}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("demo", choices=sorted(DEMOS) + ["compare"])
@@ -269,6 +313,9 @@ def main() -> None:
     keys = ["accuracy", "perplexity"] if args.demo == "shakespeare" else ["accuracy"]
     if args.demo == "ablation":
         ablation(summaries, args.out)
+        return
+    if args.demo == "transfer":
+        transfer(runs, args.out)
         return
     print(table(summaries, keys))
     if args.demo == "sst2":

@@ -540,3 +540,18 @@ def test_residual_ablation_configs_train_the_same_mlp_with_and_without_residuals
             ),
         ]
     )
+
+
+def test_transfer_configs_pretrain_then_probe_a_checkpoint(tmp_path):
+    short = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.enable_progress_bar=false"]
+    save = f"--trainer.logger.init_args.save_dir={tmp_path}"
+    LayerwiseCLI(args=["fit", f"--config={CONFIGS / 'transfer' / 'digits_vit_standard.yaml'}", *short, save])
+    run = tmp_path / "transfer_standard" / "version_0"
+    assert {"val", "val_corrupted"} <= {p.name.split("_epoch_")[0] for p in (run / "layerwise").glob("*.json")}
+    checkpoint = run / "checkpoints" / "last.ckpt"
+    probe = f"--config={CONFIGS / 'transfer' / 'digits_probe.yaml'}"
+    cli = LayerwiseCLI(args=["fit", probe, f"--model.init_args.checkpoint={checkpoint}", *short, save])
+    assert type(cli.model).__name__ == "LinearProbes" and len(cli.model.probes) == 6
+    assert not any(p.requires_grad for p in cli.model.backbone.parameters())
+    with pytest.raises(SystemExit):  # no checkpoint given: one line naming the option
+        LayerwiseCLI(args=["fit", probe, *short, save])
