@@ -437,3 +437,45 @@ class MinibatchCKA(_SumStateMetric):
     def compute(self) -> Tensor:
         """Return the CKA matrix (L, L) float64."""
         return _minibatch_cka_compute(self.hsic_sum)
+
+
+class PairedCosine(_SumStateMetric):
+    r"""Mean cosine between layer a of one stack and layer b of another, over paired samples (uncentred).
+
+    .. math:: C[a, b] = \frac{1}{N} \sum_i \cos(x_i^a, y_i^b)
+
+    For two views of the same samples in one space, e.g. CLIP's image and caption features in the joint space
+    (App. D of Jiang et al.): at the last layers this is the mean image-caption similarity CLIP is trained on.
+    Exact float64 sums (``cos_sum`` (L_x, L_y), ``count``), streamed and summed across processes.
+
+    Args:
+        num_layers_x, num_layers_y: L_x, L_y.
+        kwargs: torchmetrics ``Metric`` options.
+
+    Shapes:
+        ``update(x, y)``: (L_x, B, p) and (L_y, B, p). ``compute()``: (L_x, L_y) float64.
+    """
+
+    def __init__(self, num_layers_x: int, num_layers_y: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.shape = (
+            _check_positive_int("num_layers_x", num_layers_x),
+            _check_positive_int("num_layers_y", num_layers_y),
+        )
+        self._add_sum_state("cos_sum", self.shape)
+        self._add_sum_state("count", ())
+
+    def update(self, x: Tensor, y: Tensor) -> None:
+        """Accumulate paired features (L_x, B, p) and (L_y, B, p)."""
+        _check_features(x, self.shape[0], name="x")
+        _check_features(y, self.shape[1], x.shape[-1], name="y")  # one space: the same width
+        if x.shape[1] != y.shape[1]:
+            raise ValueError(f"Expected paired samples, got {x.shape[1]} in `x` and {y.shape[1]} in `y`.")
+        unit_x = torch.nn.functional.normalize(x.to(torch.float64), dim=-1)
+        unit_y = torch.nn.functional.normalize(y.to(torch.float64), dim=-1)
+        self.cos_sum += torch.einsum("abp,cbp->ac", unit_x, unit_y)
+        self.count += x.shape[1]
+
+    def compute(self) -> Tensor:
+        """The (L_x, L_y) mean cosine, float64 (NaN before any sample)."""
+        return torch.where(self.count > 0, self.cos_sum / self.count.clamp_min(1), torch.nan)

@@ -1,0 +1,115 @@
+"""Layer-wise COS within and across modalities for CLIP (App. D, Fig. 22-23 of Jiang et al.).
+
+``CLIPAnalysis`` streams batches of image-caption pairs through a ``CLIPModel`` and accumulates, in float64 sum
+states: the COS matrix of the vision layers ([CLS]) and of the text layers ([EOS]), the same for their projections
+into the joint space, and the vision x text COS of the projected features of every pair. ``captioned`` turns an
+image dataset into pairs with the caption ``"This is a photo of a {label}."``; ``layerwise clip`` is the command.
+"""
+
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.data import Dataset
+
+from layerwise.features.clip import check_clip, clip_layers
+from layerwise.metrics import LayerCosineSimilarity
+from layerwise.metrics.similarity import PairedCosine
+from layerwise.metrics.sync import all_reduce_sum_states
+
+TEMPLATE = "This is a photo of a {label}."
+
+
+class CLIPAnalysis:
+    """Accumulates the within- and cross-modality layer COS of a CLIP model over batches of pairs.
+
+    Within a modality the COS is the project's (centred on the evaluated set's mean, as ``LayerCosineSimilarity``;
+    ``center=False`` for raw); across modalities it is the plain cosine of the projected image and caption features
+    of each pair (CLIP's own similarity, ``PairedCosine``).
+
+    Args:
+        model: a transformers ``CLIPModel`` (evaluation mode is set).
+        center: centre the within-modality COS.
+    """
+
+    def __init__(self, model: nn.Module, center: bool = True) -> None:
+        check_clip(model)
+        self.model = model.eval()
+        vision_layers = len(model.vision_model.encoder.layers)
+        text_layers = len(model.text_model.encoder.layers)
+        self.metrics = {
+            "vision_cos": LayerCosineSimilarity(vision_layers, center, sync_on_compute=False),
+            "text_cos": LayerCosineSimilarity(text_layers, center, sync_on_compute=False),
+            "vision_cos_projected": LayerCosineSimilarity(vision_layers, center, sync_on_compute=False),
+            "text_cos_projected": LayerCosineSimilarity(text_layers, center, sync_on_compute=False),
+            "cross_cos": PairedCosine(vision_layers, text_layers, sync_on_compute=False),
+        }
+        device = next(model.parameters()).device
+        for metric in self.metrics.values():
+            metric.to(device)
+
+    def add(self, batch: dict[str, torch.Tensor]) -> None:
+        """One batch of pairs: ``pixel_values``, ``input_ids``, ``attention_mask`` (a CLIPProcessor's output)."""
+        layers = clip_layers(self.model, batch["pixel_values"], batch["input_ids"], batch["attention_mask"])
+        self.metrics["vision_cos"].update(layers.vision)
+        self.metrics["text_cos"].update(layers.text)
+        self.metrics["vision_cos_projected"].update(layers.vision_projected)
+        self.metrics["text_cos_projected"].update(layers.text_projected)
+        self.metrics["cross_cos"].update(layers.vision_projected, layers.text_projected)
+
+    def results(self) -> dict[str, Any]:
+        """Every matrix (float64), summed over processes first when torch.distributed runs."""
+        all_reduce_sum_states(list(self.metrics.values()))
+        results: dict[str, Any] = {name: metric.compute() for name, metric in self.metrics.items()}
+        results["num_pairs"] = int(self.metrics["cross_cos"].count.item())
+        results["vision_layers"] = list(range(1, results["vision_cos"].shape[0] + 1))
+        results["text_layers"] = list(range(1, results["text_cos"].shape[0] + 1))
+        return results
+
+
+class CaptionedImages(Dataset):
+    """Image-caption pairs from an image dataset of ``(image, label)``: the caption names the label's class."""
+
+    def __init__(self, images: Dataset, class_names: Sequence[str], template: str = TEMPLATE) -> None:
+        if "{label}" not in template:
+            raise ValueError(f"`--template={template!r}` must contain {{label}}.")
+        self.images, self.class_names, self.template = images, list(class_names), template
+
+    def __len__(self) -> int:
+        return len(self.images)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> tuple[Any, str]:
+        image, label = self.images[index]
+        return image, self.template.format(label=self.class_names[int(label)])
+
+
+def pair_collate(processor: Any) -> Callable[[list[tuple[Any, str]]], dict[str, torch.Tensor]]:
+    """A collate function: a list of (PIL image, caption) -> the processor's padded tensors."""
+
+    def collate(pairs: list[tuple[Any, str]]) -> dict[str, torch.Tensor]:
+        images, captions = zip(*pairs)
+        encoded = processor(text=list(captions), images=list(images), return_tensors="pt", padding=True)
+        return {key: encoded[key] for key in ("pixel_values", "input_ids", "attention_mask")}
+
+    return collate
+
+
+def write_clip(results: dict[str, Any], out: Path) -> list[Path]:
+    """``clip.json`` and the three heatmaps (``clip_vision.png``, ``clip_text.png``, ``clip_cross.png``)."""
+    import matplotlib.pyplot as plt
+
+    from layerwise.figures.clip import clip_figures
+    from layerwise.results import save_figure_atomic, to_json, write_text_atomic
+
+    out.mkdir(parents=True, exist_ok=True)
+    record = to_json(results)
+    paths = [write_text_atomic(out / "clip.json", json.dumps(record, indent=1) + "\n")]
+    for name, figure in clip_figures(record).items():
+        try:
+            paths.append(save_figure_atomic(out / f"clip_{name}.png", figure))
+        finally:
+            plt.close(figure)
+    return paths
