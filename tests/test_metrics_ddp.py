@@ -31,6 +31,7 @@ from layerwise.metrics import (
 )
 from layerwise.metrics.compare import CrossModelCKA
 from layerwise.metrics.residual import ResidualNormRatio
+from layerwise.metrics.similarity import PairedCosine
 
 N, L, D, C = 37, 3, 5, 4
 RANK_SPLITS = ((11, 8), (5, 13))  # rank 0 gets samples 0..18, rank 1 gets 19..36
@@ -72,6 +73,7 @@ def build_metrics(**kwargs):
         # two "models" of different depth and width on the same tokens, far from the origin
         "cross_cka": CrossModelCKA(L, D, L - 1, 3, **kwargs),
         "residual_ratio": ResidualNormRatio(2, L, levels=(0.1, 0.5, 0.9), bins=50, **kwargs),
+        "paired_cos": PairedCosine(L, L - 1, **kwargs),  # CLIP's image x caption COS
     }
 
 
@@ -83,7 +85,9 @@ def run_metrics(start: int, splits, **kwargs):
         start += size
         saturation = saturation_layers(lg.argmax(-1))
         for name, metric in metrics.items():
-            if name == "residual_ratio":
+            if name == "paired_cos":
+                metric.update(h, h[1:] ** 2 - 3.0)
+            elif name == "residual_ratio":
                 metric.update(h.norm(dim=-1).expand(2, -1, -1), (h - 10.0).norm(dim=-1).expand(2, -1, -1))
             elif name == "cross_cka":
                 other = h[1:, :, :3].double() ** 2 + 0.5 * h[:-1, :, 2:].double() - 1e6
