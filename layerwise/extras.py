@@ -1,6 +1,7 @@
 """The optional dependency groups, and the one way to import from them.
 
-``pip install 'layerwise[vision]'`` brings timm and torchvision, ``[text]`` transformers, tokenizers and datasets.
+``pip install 'layerwise[vision]'`` brings timm and torchvision, ``[text]`` transformers, tokenizers and datasets,
+``[detection]`` both plus pycocotools (the COCO evaluation behind torchmetrics' ``MeanAveragePrecision``).
 The core (Lightning, torchmetrics, the metrics, callbacks and training modes) imports without them; what needs
 one says which extra to install.
 """
@@ -14,6 +15,7 @@ EXTRAS = {
     "transformers": "text",
     "tokenizers": "text",
     "datasets": "text",
+    "pycocotools": "detection",
 }
 
 

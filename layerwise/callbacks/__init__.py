@@ -4,6 +4,7 @@ from layerwise.callbacks.analysis import LayerwiseAnalysis
 from layerwise.callbacks.base import LayerwiseMonitor
 from layerwise.callbacks.compare import CrossModelComparison
 from layerwise.callbacks.coupling import BlockCoupling
+from layerwise.callbacks.detection import DetectionLayerAP
 from layerwise.callbacks.early_exit_writer import EarlyExitPredictionWriter
 from layerwise.callbacks.effective_depth import EffectiveDepthMonitor
 from layerwise.callbacks.logit_lens import LogitLensMonitor
@@ -15,6 +16,7 @@ from layerwise.callbacks.similarity import LayerSimilarityMonitor
 __all__ = [
     "BlockCoupling",
     "CrossModelComparison",
+    "DetectionLayerAP",
     "EarlyExitPredictionWriter",
     "EffectiveDepthMonitor",
     "LayerSimilarityMonitor",

@@ -15,6 +15,7 @@ from layerwise.extras import EXTRAS
 _MODULES = {
     "CIFAR10DataModule": "cifar",
     "CIFAR100DataModule": "cifar",
+    "COCODetectionDataModule": "coco",
     "DigitsDataModule": "digits",
     "GLUEDataModule": "glue",
     "ImageNetDataModule": "imagenet",

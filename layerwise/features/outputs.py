@@ -29,6 +29,11 @@ NLL = "nll"
 EXIT_PREFIX = "exit_"
 SAMPLE_INDEX = "sample_index"
 POSITIONS = "positions"
+# Detection (DetrLayerwise -> DetectionLayerAP): every decoder layer's class logits (L, B, Q, C+1) and normalised
+# boxes (L, B, Q, 4), with the batch's DETR ``labels`` (a list of dicts).
+LAYER_LOGITS = "layer_logits"
+LAYER_BOXES = "layer_boxes"
+DETECTION_LABELS = "labels"
 
 
 def is_layer_outputs(obj: Any) -> bool:

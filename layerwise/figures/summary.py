@@ -110,6 +110,18 @@ def cos_box_plots(
     return fig
 
 
+def ap50_per_layer(ap50: Sequence[float]) -> Figure:
+    """AP at IoU 0.5 of every decoder layer's predictions (App. B.5, Fig. 18)."""
+    layers = list(range(1, len(ap50) + 1))
+    fig, ax = _figure(4.8, 3.4)
+    ax.plot(layers, [float("nan") if value is None else value for value in ap50], marker="o")
+    ax.set_xticks(layers)
+    ax.set_xlabel("decoder layer")
+    ax.set_ylabel("AP50")
+    ax.set_title("detection AP50 per decoder layer", fontsize="medium")
+    return fig
+
+
 def run_title(summary: dict[str, Any], what: str) -> str:
     """A figure title that says which validation it shows: stage, epoch and global step."""
     stage, epoch, step = summary.get("stage", "val"), summary.get("epoch", "?"), summary.get("global_step", "?")
@@ -190,6 +202,8 @@ def summary_figures(summary: dict[str, Any]) -> dict[str, Figure]:
         figures["early_exit"] = exits_per_layer(summary["early_exit"], layers)
     if summary.get("effective_depth"):
         figures["effective_depth"] = effective_depth(summary)
+    if summary.get("detection_ap50"):
+        figures["detection_ap50"] = ap50_per_layer(summary["detection_ap50"])
     if summary.get("residual_norm_ratio"):
         from layerwise.figures.residual import norm_ratio_figure
 

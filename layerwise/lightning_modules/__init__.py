@@ -4,6 +4,7 @@ from layerwise.lightning_modules.aligned import Aligned
 from layerwise.lightning_modules.alternating import AlternatingAligned
 from layerwise.lightning_modules.base import LayerwiseModule
 from layerwise.lightning_modules.cos_regularized import CosRegularized
+from layerwise.lightning_modules.detection import DetrLayerwise
 from layerwise.lightning_modules.multi_exit import MultiExit
 from layerwise.lightning_modules.probes import LinearProbes
 from layerwise.lightning_modules.schedules import WarmupCosineLR
@@ -15,6 +16,7 @@ __all__ = [
     "Aligned",
     "AlternatingAligned",
     "CosRegularized",
+    "DetrLayerwise",
     "LayerwiseModule",
     "LinearProbes",
     "MultiExit",
