@@ -209,6 +209,19 @@ class LayerwiseModule(LightningModule, abc.ABC):
             return {FEATURES: features, LOGITS: logits, PREDICTIONS: logits.argmax(-1)}
         return self.layer_outputs(batch)
 
+    def configure_model(self) -> None:
+        """Under Lightning's ``ModelParallelStrategy`` (FSDP2): shard every block, the shared head and the backbone.
+
+        A no-op under every other strategy (``device_mesh`` is None there) and when already sharded.
+        """
+        mesh = self.device_mesh
+        if mesh is None or getattr(self, "_sharded", False):
+            return
+        from layerwise.features.sharding import shard_backbone
+
+        shard_backbone(self.backbone, mesh["data_parallel"] if mesh.mesh_dim_names else mesh)
+        self._sharded = True
+
     def setup(self, stage: str) -> None:
         check_data_compatible(self, getattr(self.trainer, "datamodule", None), after_setup=True)
         if stage == "fit":
