@@ -100,10 +100,14 @@ def test_every_language_config_parses_and_instantiates(config, tmp_path):
         corpus.write_text("a few words of text\n" * 50)
         args += [f"--data.init_args.train_files=[{corpus}]", f"--data.init_args.val_files=[{corpus}]"]
         args += ["--data.init_args.tokenizer=byte"]
+    if "sampled_exits:" in text:  # the tiny stand-in has 2 layers: nothing to sample
+        args += ["--model.init_args.sampled_exits=null"]
     cli = LayerwiseCLI(args=args, run=False)
     assert isinstance(cli.trainer, pl.Trainer)
     assert any(type(c).__name__ == "LayerwiseAnalysis" for c in cli.trainer.callbacks)
     model, data, trainer_config = cli.config.model.init_args, cli.config.data.init_args, cli.config.trainer
+    if "activation_checkpointing: true" in text:
+        assert cli.model.backbone.model.is_gradient_checkpointing
     if config.parent.name == "glue":  # the paper's BERT runs
         assert model.optimizer.init_args.lr == 2e-5 and trainer_config.max_epochs == 3
         assert (data.max_length, data.batch_size, data.task) == (256, 32, config.stem.split("_")[2])
@@ -120,14 +124,18 @@ def test_every_language_config_parses_and_instantiates(config, tmp_path):
 def test_every_trainer_config_parses_and_instantiates(config, tmp_path):
     # GPU configs are parsed as written and instantiated with the accelerator swapped for the CPU this test has.
     cpu = ["--trainer.accelerator=cpu", "--trainer.precision=32-true"] if "gpu" in config.name else []
-    devices = ["--trainer.devices=2"] if "ddp_gpu" in config.name else []
+    devices = ["--trainer.devices=2"] if "ddp_gpu" in config.name or "fsdp" in config.name else []
+    if "fsdp" in config.name:
+        devices.append("--trainer.strategy.init_args.data_parallel_size=2")
     cli = LayerwiseCLI(args=["--config", QUICKSTART, "--config", str(config), *cpu, *devices], run=False)
     parsed = cli.config.trainer
     written = config.read_text()
     assert f"accelerator: {parsed.accelerator}" in written or cpu
     assert isinstance(cli.trainer, pl.Trainer)
-    if "ddp" in config.name:
+    if "ddp" in config.name or "fsdp" in config.name:
         assert cli.trainer.num_devices == 2
+    if "fsdp" in config.name:
+        assert type(cli.trainer.strategy).__name__ == "ModelParallelStrategy"
 
 
 def test_last_checkpoint_is_the_final_state_not_the_last_best(tmp_path):

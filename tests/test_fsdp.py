@@ -141,3 +141,53 @@ def test_two_node_launch_simulated_equals_one_process(tmp_path, weights, single_
     assert all(rank["world_size"] == 2 for rank in ranks)
     run(str(tmp_path / "one"), "auto", torch.load(weights), fit=False)
     assert_json_close(summary(tmp_path / "nodes"), summary(tmp_path / "one"), atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["timm_vit", "llama"])
+def test_activation_checkpointing_recomputes_blocks_and_keeps_the_gradients(family):
+    from layerwise.features import HFCausalLM, TimmViT
+
+    def build(checkpointing: bool):
+        torch.manual_seed(0)
+        if family == "timm_vit":
+            backbone = TimmViT(
+                img_size=8,
+                patch_size=2,
+                in_chans=1,
+                embed_dim=16,
+                depth=2,
+                num_heads=2,
+                num_classes=3,
+                activation_checkpointing=checkpointing,
+            )
+            inputs = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(1))
+        else:
+            overrides = dict(
+                num_hidden_layers=2,
+                hidden_size=16,
+                num_attention_heads=2,
+                num_key_value_heads=1,
+                intermediate_size=32,
+                vocab_size=50,
+                max_position_embeddings=32,
+            )
+            backbone = HFCausalLM(
+                model_type="llama", config_overrides=overrides, activation_checkpointing=checkpointing
+            )
+            inputs = {"input_ids": torch.randint(0, 50, (2, 7), generator=torch.Generator().manual_seed(1))}
+        return backbone.train(), inputs
+
+    gradients, calls = {}, {}
+    for checkpointing in (False, True):
+        backbone, inputs = build(checkpointing)
+        block = backbone.model.blocks[0] if family == "timm_vit" else backbone.blocks[0]
+        count: list[int] = []
+        handle = block.mlp.register_forward_pre_hook(lambda module, args, count=count: count.append(1))
+        loss = backbone.head(backbone(inputs)).float().pow(2).mean()
+        loss.backward()
+        handle.remove()
+        calls[checkpointing] = len(count)
+        gradients[checkpointing] = {n: p.grad.clone() for n, p in backbone.named_parameters() if p.grad is not None}
+    assert calls == {False: 1, True: 2}  # the block's MLP really runs again in the backward pass
+    for name, grad in gradients[False].items():
+        torch.testing.assert_close(gradients[True][name], grad, rtol=1e-5, atol=1e-6, msg=name)

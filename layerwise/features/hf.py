@@ -51,8 +51,10 @@ class HFBackbone(nn.Module):
     module deep-copies, pickles and exports like the plain model.
     """
 
-    def __init__(self, model: nn.Module, option: str) -> None:
+    def __init__(self, model: nn.Module, option: str, activation_checkpointing: bool = False) -> None:
         super().__init__()
+        if activation_checkpointing:  # transformers' own: every block recomputed in the backward pass
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # from_pretrained returns the model in eval mode, and Lightning (>= 2.2) keeps the modes it finds at the start
         # of fit: without this, a pretrained backbone would be fine-tuned with dropout off. Validation still runs in
         # eval mode (Lightning switches the whole module and restores these modes afterwards).

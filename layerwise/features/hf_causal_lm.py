@@ -29,6 +29,8 @@ class HFCausalLM(HFBackbone, Backbone):
         pretrained: load the weights (else only the named config).
         config_overrides: config fields, e.g. ``{"n_layer": 4, "n_embd": 128, "vocab_size": 257}``.
         dtype: optional dtype to load pretrained weights in, e.g. ``"bfloat16"`` for analysing a large model.
+        activation_checkpointing: recompute every block in the backward pass (transformers'
+            ``gradient_checkpointing_enable``): less memory for long sequences and big models, one more forward.
 
     Shapes:
         ``forward(inputs)``: dict of ``input_ids``/``attention_mask`` ``(B, T)`` -> ``(L, B, T, d)``.
@@ -44,6 +46,7 @@ class HFCausalLM(HFBackbone, Backbone):
         pretrained: bool = True,
         config_overrides: Optional[dict[str, Any]] = None,
         dtype: Optional[str] = None,
+        activation_checkpointing: bool = False,
     ) -> None:
         from transformers import AutoModelForCausalLM
 
@@ -51,7 +54,7 @@ class HFCausalLM(HFBackbone, Backbone):
         model = build_model(
             AutoModelForCausalLM, model_name_or_path, model_type, pretrained, config_overrides, _OPTION, **extra
         )
-        super().__init__(model, f"{_OPTION}.model_type")
+        super().__init__(model, f"{_OPTION}.model_type", activation_checkpointing)
         self.num_classes = int(model.config.vocab_size)
 
     @property

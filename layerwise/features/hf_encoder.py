@@ -30,6 +30,8 @@ class HFEncoder(HFBackbone, Backbone):
         pretrained: load the weights (else only the named config).
         num_classes: labels of the task (``num_labels``).
         config_overrides: extra config fields, e.g. ``{"hidden_dropout_prob": 0.0}``.
+        activation_checkpointing: recompute every block in the backward pass (transformers'
+            ``gradient_checkpointing_enable``).
 
     Shapes:
         ``forward(inputs)``: dict of ``input_ids``/``attention_mask``/``token_type_ids`` ``(B, T)`` -> ``(L, B, d)``.
@@ -42,6 +44,7 @@ class HFEncoder(HFBackbone, Backbone):
         pretrained: bool = True,
         num_classes: int = 2,
         config_overrides: Optional[dict[str, Any]] = None,
+        activation_checkpointing: bool = False,
     ) -> None:
         from transformers import AutoModelForSequenceClassification
 
@@ -54,7 +57,7 @@ class HFEncoder(HFBackbone, Backbone):
             _OPTION,
             num_labels=num_classes,
         )
-        super().__init__(model, f"{_OPTION}.model_type")
+        super().__init__(model, f"{_OPTION}.model_type", activation_checkpointing)
         if self.paths.pooling != "cls":
             raise ValueError(
                 f"`{_OPTION}.model_type`: HFEncoder reads the first ([CLS]) token, but {type(model).__name__} "

@@ -29,6 +29,8 @@ class TimmViT(Backbone):
         img_size, patch_size, in_chans, embed_dim, depth, num_heads: override the named architecture.
         pooling: ``"cls"`` (the class token, default) or ``"mean"`` (average of the patch tokens).
         drop_rate, drop_path_rate: timm's dropout and stochastic-depth rates.
+        activation_checkpointing: recompute every block in the backward pass instead of keeping its activations
+            (timm's ``set_grad_checkpointing``): less memory, one more forward per block.
 
     Shapes:
         ``forward(x)``: ``(B, C, H, W)`` -> ``(L, B, d)``; ``head(h)``: ``(..., d)`` -> ``(..., num_classes)``.
@@ -48,6 +50,7 @@ class TimmViT(Backbone):
         pooling: Pooling = "cls",
         drop_rate: float = 0.0,
         drop_path_rate: float = 0.0,
+        activation_checkpointing: bool = False,
     ) -> None:
         super().__init__()
         timm = require("timm")
@@ -87,6 +90,8 @@ class TimmViT(Backbone):
         )
         if not hasattr(model, "forward_intermediates") or not hasattr(model, "blocks"):
             raise ValueError(f"`{option}.model_name={model_name!r}` is not a VisionTransformer-style timm model.")
+        if activation_checkpointing:
+            model.set_grad_checkpointing(True)
         self.model = model
         self.paths = layer_paths(model, f"{option}.model_name")
         self.pooling = pooling
