@@ -222,8 +222,8 @@ class LayerwiseModule(LightningModule, abc.ABC):
         names = mesh.mesh_dim_names or ()
         if "tensor_parallel" in names and mesh["tensor_parallel"].size() > 1:
             raise ValueError(
-                "layerwise shards with FSDP2 over data parallelism only: set "
-                "`--trainer.strategy.init_args.tensor_parallel_size=1` and data_parallel_size to the number of processes."
+                "layerwise shards with FSDP2 over data parallelism only: set `--trainer.strategy.init_args."
+                "tensor_parallel_size=1` and data_parallel_size to the number of processes."
             )
         shard_backbone(self.backbone, mesh["data_parallel"] if "data_parallel" in names else mesh)
         self._sharded = True
