@@ -32,6 +32,9 @@ from layerwise.lightning_modules.checkpoint import load_module
 from layerwise.results import find_summaries, latest_summary, load_summary, save_figure_atomic, write_text_atomic
 
 FigureFormat = Literal["png", "pdf", "svg"]
+# accelerate's placement of a Hugging Face model: "auto", or module name -> "cpu", a GPU index or "disk"
+DeviceMap = Optional[Union[str, dict[str, Union[str, int]]]]
+DType = Literal["auto", "float32", "bfloat16", "float16", "float64"]
 
 
 DEBUG_VARIABLE = "LAYERWISE_DEBUG"
@@ -283,14 +286,22 @@ def sweep(
 
 
 def _load_for_text(
-    checkpoint: Optional[Path], model: Optional[str], tokenizer: Optional[str], tokenizer_dir: Optional[Path]
+    checkpoint: Optional[Path],
+    model: Optional[str],
+    tokenizer: Optional[str],
+    tokenizer_dir: Optional[Path],
+    dtype: Optional[str] = None,
+    device_map: "DeviceMap" = None,
+    offload_folder: Optional[Path] = None,
 ) -> tuple[Any, Any, int]:
     if (checkpoint is None) == (model is None):
         raise ValueError("Give exactly one of --checkpoint (a layerwise checkpoint) and --model (a Hugging Face LM).")
     if checkpoint is not None and tokenizer is None:
         raise ValueError("--tokenizer is required with --checkpoint (e.g. --tokenizer byte, as the model was trained).")
+    if checkpoint is not None and device_map is not None:
+        raise ValueError("--device_map places a --model as it loads; a --checkpoint is loaded whole.")
     tokenizer_object = load_tokenizer_spec(tokenizer or model, tokenizer_dir)
-    lm = load_causal_lm(checkpoint, model)
+    lm = load_causal_lm(checkpoint, model, dtype, device_map, offload_folder)
     return lm, tokenizer_object, num_blocks(lm, "--checkpoint" if checkpoint is not None else "--model")
 
 
@@ -386,6 +397,9 @@ def lens(
     tokenizer_dir: Optional[Path] = None,
     layers: Optional[list[int]] = None,
     max_new_tokens: int = 32,
+    dtype: DType = "auto",
+    device_map: DeviceMap = None,
+    offload_folder: Optional[Path] = None,
     out: Path = Path("."),
 ) -> None:
     """What the shared head predicts from every layer at every position the full model generates greedily.
@@ -400,6 +414,10 @@ def lens(
         tokenizer_dir: folder holding trained tokenizers (the data cache_dir).
         layers: rows to show, layer numbers 1..L (default: all).
         max_new_tokens: tokens to generate.
+        dtype: load --model in this dtype (default as saved).
+        device_map: spread --model over devices as it loads: auto (every GPU, then the CPU, then the disk) or a
+            JSON object from module name to cpu, a GPU index or disk (accelerate).
+        offload_folder: where weights offloaded to disk are kept.
         out: folder for lens.md and lens.png.
     """
     from layerwise.inference.lens import lens_markdown, lens_table, write_lens
@@ -408,7 +426,9 @@ def lens(
         raise ValueError("`--prompt` is empty; give the text to continue.")
     _check_layer_numbers("--layers", layers or [])
     check_generation_options(max_new_tokens, "greedy", 1, 1.0, 1.0)
-    lm, tokenizer_object, total = _load_for_text(checkpoint, model, tokenizer, tokenizer_dir)
+    lm, tokenizer_object, total = _load_for_text(
+        checkpoint, model, tokenizer, tokenizer_dir, dtype, device_map, offload_folder
+    )
     _check_layer_numbers("--layers", layers or [], total)
     rows = None if layers is None else [number - 1 for number in layers]
     table = lens_table(lm, tokenizer_object, prompt, max_new_tokens, rows)
@@ -435,9 +455,10 @@ def coupling(
     method: Literal["full", "randomized"] = "full",
     token_blocks: Optional[list[int]] = None,
     token_mode: Literal["self", "fixed_input", "fixed_output"] = "self",
-    dtype: Literal["auto", "float32", "bfloat16", "float16", "float64"] = "auto",
+    dtype: DType = "auto",
     device: Optional[str] = None,
-    device_map: Optional[str] = None,
+    device_map: DeviceMap = None,
+    offload_folder: Optional[Path] = None,
     chunk_size: Optional[int] = None,
     correlate: Optional[Path] = None,
     score_column: Optional[str] = None,
@@ -471,7 +492,10 @@ def coupling(
             fixed_output (from every input to the last token).
         dtype: load the model in this dtype (auto: as saved); Jacobians are float32 (float64 for float64).
         device: cpu, cuda, cuda:1, ... (default: cuda when available); ignored with --device_map.
-        device_map: shard the model over GPUs, e.g. auto (Hugging Face/accelerate).
+        device_map: spread the model over devices as it loads: auto (every GPU, then the CPU, then the disk) or a
+            JSON object from module name to cpu, a GPU index or disk (accelerate); offloaded blocks are loaded one
+            at a time for their Jacobians.
+        offload_folder: where weights offloaded to disk are kept.
         chunk_size: JVPs run at once per block (default all d); lower it to bound the memory of wide models.
         correlate: a CSV with coupling_json (paths) and score columns: fit the regression instead.
         score_column: the score column of --correlate (default: the first).
@@ -501,7 +525,7 @@ def coupling(
         else load_dataset_prompts(dataset, dataset_config, split, column, max_prompts)
     )
     lm, tokenizer_object, total = _load_for_coupling(
-        checkpoint, model, tokenizer, tokenizer_dir, dtype, device, device_map
+        checkpoint, model, tokenizer, tokenizer_dir, dtype, device, device_map, offload_folder
     )
     if max(ks) > lm.config.hidden_size:
         raise ValueError(f"`--ks={ks}`: every K must be at most the model width d={lm.config.hidden_size}.")
@@ -585,6 +609,8 @@ def compare(
     chunk: int = 1024,
     dtype: Optional[Literal["float32", "bfloat16", "float16", "float64"]] = None,
     device: Optional[str] = None,
+    device_map: DeviceMap = None,
+    offload_folder: Optional[Path] = None,
     out: Path = Path("compare"),
 ) -> None:
     """CKA between every layer of two models on the same tokens, and their arccos distance (Brown et al., 2023).
@@ -607,7 +633,9 @@ def compare(
         minibatch: also compute the unbiased minibatch CKA (chunks of --chunk tokens, both aggregations).
         chunk: tokens per minibatch chunk.
         dtype: load both models in this dtype (default as saved).
-        device: cpu, cuda, ... (default: cuda when available).
+        device: cpu, cuda, ... (default: cuda when available); ignored with --device_map.
+        device_map: spread each model over devices as it loads (auto, or a JSON object; see `layerwise coupling`).
+        offload_folder: where weights offloaded to disk are kept (a sub-folder per model).
         out: output folder.
     """
     import torch
@@ -631,8 +659,12 @@ def compare(
         "validate",
     )
     target = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    first = load_model(model_a, "--model_a", dtype=dtype).eval().to(target)
-    second = load_model(model_b, "--model_b", dtype=dtype).eval().to(target)
+    loaded = []
+    for spec, name in ((model_a, "a"), (model_b, "b")):
+        folder = None if offload_folder is None else Path(offload_folder) / name
+        model_x = load_model(spec, f"--model_{name}", dtype=dtype, device_map=device_map, offload_folder=folder)
+        loaded.append(model_x.eval() if device_map is not None else model_x.eval().to(target))
+    first, second = loaded
     loader = data.val_dataloader()
     with tqdm(total=len(loader), desc="batches", unit="batch") as bar:
         results = compare_models(first, second, loader, include_embeddings, True, minibatch, chunk, bar.update)
@@ -772,11 +804,10 @@ def _load_for_coupling(
     tokenizer_dir: Optional[Path],
     dtype: str,
     device: Optional[str],
-    device_map: Optional[str],
+    device_map: DeviceMap,
+    offload_folder: Optional[Path],
 ) -> tuple[Any, Any, int]:
     import torch
-
-    from layerwise.features.hf import build_model
 
     if (checkpoint is None) == (model is None):
         raise ValueError("Give exactly one of --checkpoint (a layerwise checkpoint) and --model (a Hugging Face LM).")
@@ -784,15 +815,11 @@ def _load_for_coupling(
         raise ValueError("--tokenizer is required with --checkpoint (e.g. --tokenizer byte, as the model was trained).")
     torch_dtype = None if dtype == "auto" else getattr(torch, dtype)
     tokenizer_object = load_tokenizer_spec(tokenizer or model, tokenizer_dir)
-    if model is not None:
-        from transformers import AutoModelForCausalLM
-
-        options = {key: value for key, value in (("dtype", torch_dtype), ("device_map", device_map)) if value}
-        lm = build_model(AutoModelForCausalLM, model, None, True, options, "--model")
-    else:
-        lm = load_causal_lm(checkpoint, None)
-        if torch_dtype is not None:
-            lm = lm.to(torch_dtype)
+    if checkpoint is not None and device_map is not None:
+        raise ValueError("--device_map places a --model as it loads; a --checkpoint is loaded whole.")
+    lm = load_causal_lm(checkpoint, model, dtype, device_map, offload_folder)
+    if checkpoint is not None and torch_dtype is not None:
+        lm = lm.to(torch_dtype)
     if device_map is None:
         lm = lm.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     return lm, tokenizer_object, num_blocks(lm, "--checkpoint" if checkpoint is not None else "--model")

@@ -15,6 +15,7 @@ EXTRAS = {
     "transformers": "text",
     "tokenizers": "text",
     "datasets": "text",
+    "accelerate": "text",
     "pycocotools": "detection",
 }
 

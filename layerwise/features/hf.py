@@ -5,6 +5,7 @@ Where a model's blocks, final norm and head are comes from :mod:`layerwise.featu
 
 from typing import Any, Optional
 
+import torch
 from torch import Tensor, nn
 
 from layerwise.features.hooks import collect_block_outputs
@@ -42,6 +43,20 @@ def build_model(
             f"local folder, or `{option}.model_type` with `{option}.config_overrides` to build a model from scratch."
         ) from None
     return auto_class.from_config(config)
+
+
+def input_device(model: nn.Module) -> torch.device:
+    """Where a model's inputs go: the device of its input embedding (of its first placed weight otherwise).
+
+    With a ``device_map`` the model is spread over devices and some weights may be offloaded (on the meta device,
+    loaded by accelerate's hooks, which also move the inputs): the CPU is then a safe place for the inputs.
+    """
+    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    candidates = list(embeddings.parameters()) if isinstance(embeddings, nn.Module) else []
+    for parameter in [*candidates, *model.parameters()]:
+        if not parameter.is_meta:
+            return parameter.device
+    return torch.device("cpu")
 
 
 class HFBackbone(nn.Module):

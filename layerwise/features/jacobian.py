@@ -20,6 +20,7 @@ sharded with ``device_map`` work.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -114,6 +115,37 @@ def jacobian_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 @contextmanager
+def materialized(block: nn.Module) -> Iterator[nn.Module]:
+    """The block itself, or for a block with weights that accelerate offloaded, a plain copy with them loaded.
+
+    A model loaded with ``device_map`` and CPU/disk offloading keeps such weights on the meta device and loads them
+    in hooks at each call, hooks that cannot run inside ``torch.func`` transforms. The block's offloaded submodules
+    are loaded with accelerate's public ``align_module_device``, copied, and the copy's hooks removed
+    (``remove_hook_from_module``): the Jacobian runs on one plain block of real weights, and the model is offloaded
+    again on exit. Costs one block's weights in memory for the duration.
+    """
+    if not any(parameter.is_meta for parameter in block.parameters()):
+        yield block
+        return
+    try:
+        from accelerate.hooks import remove_hook_from_module
+        from accelerate.utils import align_module_device, has_offloaded_params
+    except ImportError:  # meta weights without accelerate's hooks: nothing can load them
+        raise ValueError(
+            f"{type(block).__name__} has weights on the meta device and no accelerate offload hooks to load them: "
+            "load the model with a device_map (pip install accelerate) or without meta weights."
+        ) from None
+    with contextlib.ExitStack() as loaded:
+        for module in block.modules():
+            if has_offloaded_params(module):
+                loaded.enter_context(align_module_device(module))
+        if any(parameter.is_meta for parameter in block.parameters()):
+            raise ValueError(f"{type(block).__name__} has meta weights that accelerate's hooks do not load.")
+        plain = remove_hook_from_module(copy.deepcopy(block), recurse=True)
+    yield plain
+
+
+@contextmanager
 def exact_block(block: nn.Module, dtype: torch.dtype) -> Iterator[nn.Module]:
     """The block in eval mode and ``dtype`` (a float32 copy of a half/bf16 block; the block itself otherwise)."""
     parameter = next(block.parameters(), None)
@@ -162,13 +194,7 @@ def block_jacobian(
     token = range(num_tokens)[token]
     rows = torch.arange(num_tokens, device=x0.device) if out_tokens is None else torch.as_tensor(out_tokens)
     rows = rows.to(x0.device)
-    if any(parameter.is_meta for parameter in block.parameters()):
-        raise ValueError(
-            f"{type(block).__name__} has offloaded weights (on the meta device, loaded at each call): its Jacobian "
-            "needs them on a device. Load the model with a device_map that places every block on a GPU or the CPU "
-            "without offloading."
-        )
-    with exact_block(block, dtype) as work:
+    with materialized(block) as loaded, exact_block(loaded, dtype) as work:
         device = next(work.parameters(), x0).device
         base = x0.to(device=device, dtype=dtype)
         rows = rows.to(device)

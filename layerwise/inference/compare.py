@@ -10,6 +10,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
+from layerwise.features.hf import input_device
 from layerwise.features.hooks import hooked_blocks
 from layerwise.features.paths import get_blocks, layer_paths
 from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
@@ -72,7 +73,7 @@ def compare_models(
     extra = int(include_embeddings)
     exact: Optional[CrossModelCKA] = None
     chunked = MinibatchCrossCKA(len(blocks_a) + extra, len(blocks_b) + extra, chunk) if minibatch else None
-    device_a, device_b = next(model_a.parameters()).device, next(model_b.parameters()).device
+    device_a, device_b = input_device(model_a), input_device(model_b)
     for batch in batches:
         args, kwargs, mask = model_inputs(batch)
         on = [

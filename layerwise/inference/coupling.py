@@ -15,7 +15,7 @@ from typing import Any, Literal, Optional, Union
 import torch
 from torch import Tensor, nn
 
-from layerwise.features.hf import no_cache
+from layerwise.features.hf import input_device, no_cache
 from layerwise.features.jacobian import BlockTrace, block_jacobian, diagonal_jacobians, trace_blocks
 from layerwise.features.paths import find_model, get_blocks, layer_paths
 from layerwise.metrics import DepthCoupling, JacobianSpectrum, LinearisationCosine, TrajectoryShape
@@ -154,7 +154,7 @@ class CouplingAnalysis:
     def trace(self, batch: Any) -> BlockTrace:
         """Run the model on the first prompt of ``batch`` and record every block's call."""
         kwargs, args = one_prompt(batch)
-        device = next(self.model.parameters()).device
+        device = input_device(self.model)
         kwargs = {key: value.to(device) for key, value in kwargs.items()}
         args = tuple(value.to(device=device, dtype=next(self.model.parameters()).dtype) for value in args)
         extra = no_cache(self.model) if kwargs else {}

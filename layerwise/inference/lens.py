@@ -21,6 +21,7 @@ import torch  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from torch import Tensor, nn  # noqa: E402
 
+from layerwise.features.hf import input_device  # noqa: E402
 from layerwise.features.hooks import hooked_blocks  # noqa: E402
 from layerwise.features.layers import select_layers  # noqa: E402
 from layerwise.features.paths import HeadSteps, get_blocks, layer_paths  # noqa: E402
@@ -81,7 +82,7 @@ def lens_table(
     blocks = get_blocks(model, paths, "--model")
     head = HeadSteps(model, paths.shared_head, "--model")
     rows = select_layers(layers, len(blocks))
-    device = next(model.parameters()).device
+    device = input_device(model)
     prompt_ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(device)
     if prompt_ids.size(1) == 0:
         raise ValueError(f"`--prompt={prompt!r}` gives no tokens; give a non-empty prompt.")

@@ -1,12 +1,11 @@
 """Loading what the inference commands run on: a Hugging Face causal LM and its tokenizer."""
 
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 from torch import nn
 
-from layerwise.features.hf import build_model
-from layerwise.lightning_modules.checkpoint import load_module
+from layerwise.lightning_modules.checkpoint import load_model, load_module
 
 
 def load_tokenizer_spec(spec: str, tokenizer_dir: Optional[Path]) -> Any:
@@ -31,12 +30,20 @@ def load_tokenizer_spec(spec: str, tokenizer_dir: Optional[Path]) -> Any:
     return load_tokenizer(spec, cache_dir=tokenizer_dir, option="--tokenizer")
 
 
-def load_causal_lm(checkpoint: Optional[Path], model: Optional[str]) -> nn.Module:
-    """The Hugging Face causal LM of a layerwise checkpoint (``module.backbone.model``) or of ``--model``."""
-    if model is not None:
-        from transformers import AutoModelForCausalLM
+def load_causal_lm(
+    checkpoint: Optional[Path],
+    model: Optional[str],
+    dtype: Optional[str] = None,
+    device_map: Optional[Union[str, dict[str, Union[str, int]]]] = None,
+    offload_folder: Optional[Path] = None,
+) -> nn.Module:
+    """The Hugging Face causal LM of a layerwise checkpoint (``module.backbone.model``) or of ``--model``.
 
-        return build_model(AutoModelForCausalLM, model, None, True, None, "--model")
+    A ``--model`` is loaded in ``dtype`` and placed by ``device_map`` (see
+    :func:`~layerwise.lightning_modules.checkpoint.load_model`) when given.
+    """
+    if model is not None:
+        return load_model(model, "--model", "causal_lm", dtype, device_map, offload_folder)
     if checkpoint is None:
         raise ValueError("Give --checkpoint (a layerwise checkpoint) or --model (a Hugging Face causal LM).")
     module = load_module(checkpoint)

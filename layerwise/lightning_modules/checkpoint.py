@@ -3,7 +3,7 @@
 import importlib
 import sys
 from pathlib import Path
-from typing import Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 import torch
 from lightning.pytorch import LightningModule
@@ -50,10 +50,14 @@ def load_model(
     option: str,
     task: Literal["base", "causal_lm", "classification"] = "base",
     dtype: Optional[str] = None,
+    device_map: Optional[Union[str, dict[str, Union[str, int]]]] = None,
+    offload_folder: Optional[Union[str, Path]] = None,
 ) -> nn.Module:
     """The table-known model of a layerwise checkpoint (``.ckpt``), of a hub id / folder, or inside a module.
 
-    A hub id or folder is loaded with the Auto class of ``task`` (``base``: ``AutoModel``), in ``dtype`` if given.
+    A hub id or folder is loaded with the Auto class of ``task`` (``base``: ``AutoModel``), in ``dtype`` if given,
+    and spread over devices by ``device_map`` (``"auto"`` or a dict from module to ``"cpu"``, a GPU index or
+    ``"disk"``; accelerate's placement, offloaded weights stored in ``offload_folder``) if given.
     """
     from layerwise.features.paths import find_model
 
@@ -70,5 +74,11 @@ def load_model(
         "causal_lm": "AutoModelForCausalLM",
         "classification": "AutoModelForSequenceClassification",
     }
-    options = {"dtype": getattr(torch, dtype)} if dtype else None
-    return build_model(getattr(transformers, auto[task]), spec, None, True, options, option)
+    options: dict[str, Any] = {"dtype": getattr(torch, dtype)} if dtype and dtype != "auto" else {}
+    if device_map is not None:
+        options["device_map"] = device_map
+        if offload_folder is not None:
+            options["offload_folder"] = str(offload_folder)
+    elif offload_folder is not None:
+        raise ValueError(f"`{option}`: an offload folder needs a device_map that offloads to 'disk'.")
+    return build_model(getattr(transformers, auto[task]), spec, None, True, options or None, option)
