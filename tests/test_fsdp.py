@@ -11,6 +11,7 @@ import os
 import socket
 import sys
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -191,3 +192,16 @@ def test_activation_checkpointing_recomputes_blocks_and_keeps_the_gradients(fami
     assert calls == {False: 1, True: 2}  # the block's MLP really runs again in the backward pass
     for name, grad in gradients[False].items():
         torch.testing.assert_close(gradients[True][name], grad, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_tensor_parallelism_is_refused_in_one_line():
+    class FakeMesh:  # what ModelParallelStrategy gives configure_model with tensor_parallel_size=2
+        mesh_dim_names = ("data_parallel", "tensor_parallel")
+
+        def __getitem__(self, name):
+            return SimpleNamespace(size=lambda: 2 if name == "tensor_parallel" else 1)
+
+    model = fitted_module()
+    model._device_mesh = FakeMesh()
+    with pytest.raises(ValueError, match="tensor_parallel_size=1"):
+        model.configure_model()
