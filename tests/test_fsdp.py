@@ -205,3 +205,20 @@ def test_tensor_parallelism_is_refused_in_one_line():
     model._device_mesh = FakeMesh()
     with pytest.raises(ValueError, match="tensor_parallel_size=1"):
         model.configure_model()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="Lightning's FSDPStrategy (FSDP1) needs CUDA")
+def test_fsdp1_strategy_analysis_equals_one_process_on_gpus(tmp_path, weights):
+    """Lightning's older FSDPStrategy, every block its own unit, on the GPUs there are (up to 2; Lightning launches
+    the second process by re-running this pytest command). Written for a GPU machine; skipped without CUDA."""
+    from lightning.pytorch.strategies import FSDPStrategy
+    from timm.models.vision_transformer import Block
+
+    devices = min(2, torch.cuda.device_count())
+    strategy = FSDPStrategy(auto_wrap_policy={Block})
+    callbacks = [LayerwiseAnalysis(log_figures=False)]
+    job = trainer(tmp_path / "fsdp1", callbacks, accelerator="gpu", devices=devices, strategy=strategy)
+    job.validate(module(torch.load(weights), aligned=False), val_loader(N, batch_size=16), verbose=False)
+    if job.is_global_zero:
+        run(str(tmp_path / "one"), "auto", torch.load(weights), fit=False)
+        assert_json_close(summary(tmp_path / "fsdp1"), summary(tmp_path / "one"), atol=1e-4, rtol=1e-4)

@@ -33,7 +33,27 @@ from layerwise.metrics import Readout, readout_from_logits
 from layerwise.results import loader_stages
 
 
-class LayerwiseModule(LightningModule, abc.ABC):
+class EvaluationSteps:
+    """``validation_step``/``test_step`` of the evaluation contract.
+
+    Each returns the module's ``layer_outputs(batch)`` for the analysis callbacks and logs the last layer's loss and
+    accuracy (each evaluation dataloader under its own name). Shared by :class:`LayerwiseModule` and
+    :class:`~layerwise.lightning_modules.LinearProbes`.
+    """
+
+    def _evaluation_step(self, batch: Any, stage: str, dataloader_idx: int) -> dict[str, Tensor]:
+        outputs = self.layer_outputs(batch)
+        log_last_layer(self, outputs, stage, dataloader_idx)
+        return outputs
+
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, Tensor]:
+        return self._evaluation_step(batch, "val", dataloader_idx)
+
+    def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, Tensor]:
+        return self._evaluation_step(batch, "test", dataloader_idx)
+
+
+class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
     """Base LightningModule: one backbone pass gives every layer's feature; the model's own head reads every layer.
 
     Subclasses (the training strategies) override only :meth:`compute_loss` (and, for separate exit classifiers,
@@ -179,17 +199,6 @@ class LayerwiseModule(LightningModule, abc.ABC):
                 exits = readout_from_logits(outputs[EXIT_LOGITS], targets)
             outputs.update({EXIT_PREFIX + key: value for key, value in _readout_dict(exits).items()})
         return {key: value for key, value in outputs.items() if value is not None}
-
-    def _evaluation_step(self, batch: Any, stage: str, dataloader_idx: int) -> dict[str, Tensor]:
-        outputs = self.layer_outputs(batch)
-        log_last_layer(self, outputs, stage, dataloader_idx)
-        return outputs
-
-    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, Tensor]:
-        return self._evaluation_step(batch, "val", dataloader_idx)
-
-    def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, Tensor]:
-        return self._evaluation_step(batch, "test", dataloader_idx)
 
     def predict_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
         """Every layer's features and readout, or early-exit inference while ``early_exit`` is set.

@@ -10,12 +10,12 @@ from torch import Tensor, nn
 
 from layerwise._compat import built_by_lightning_cli
 from layerwise.features import FEATURES, LOGITS, MAX_PROB, NLL, PREDICTIONS, TARGETS, Backbone
-from layerwise.lightning_modules.base import log_last_layer
+from layerwise.lightning_modules.base import EvaluationSteps
 from layerwise.lightning_modules.checkpoint import load_module
 from layerwise.metrics import readout_from_logits
 
 
-class LinearProbes(LightningModule):
+class LinearProbes(EvaluationSteps, LightningModule):
     """A frozen backbone and one linear classifier per layer, all trained together in one pass (App. B.4).
 
     Task transfer: train a model on one task, then probe every layer's frozen feature on another (the paper trains
@@ -107,17 +107,6 @@ class LinearProbes(LightningModule):
         readout = readout_from_logits(logits, targets)
         outputs = {FEATURES: features, LOGITS: logits, TARGETS: targets, PREDICTIONS: readout.predictions}
         return {**outputs, MAX_PROB: readout.max_prob, NLL: readout.nll}
-
-    def _evaluation_step(self, batch: Any, stage: str, dataloader_idx: int) -> dict[str, Tensor]:
-        outputs = self.layer_outputs(batch)
-        log_last_layer(self, outputs, stage, dataloader_idx)
-        return outputs
-
-    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, Tensor]:
-        return self._evaluation_step(batch, "val", dataloader_idx)
-
-    def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, Tensor]:
-        return self._evaluation_step(batch, "test", dataloader_idx)
 
     def setup(self, stage: str) -> None:
         data_classes = getattr(getattr(self.trainer, "datamodule", None), "num_classes", None)
