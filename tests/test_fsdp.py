@@ -46,9 +46,12 @@ def run(root: str, strategy: str, weights, fit: bool, num_nodes: int = 1, device
     """One process of a job: validate (or fit 2 steps, then validate) with the analysis callbacks."""
     from lightning.pytorch.strategies import ModelParallelStrategy
 
-    chosen = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) if strategy == "fsdp" else strategy
+    fsdp = strategy.startswith("fsdp")
+    chosen = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) if fsdp else strategy
     callbacks = [LayerwiseAnalysis(log_figures=False), ResidualNormRatioMonitor(log_figures=False)]
     options = dict(devices=devices, num_nodes=num_nodes, strategy=chosen)
+    if strategy.endswith("bf16"):
+        options["precision"] = "bf16-mixed"
     if fit:
         options.update(max_steps=2, limit_val_batches=1.0, val_check_interval=2, check_val_every_n_epoch=None)
     job = trainer(root, callbacks, **options)
@@ -222,3 +225,14 @@ def test_fsdp1_strategy_analysis_equals_one_process_on_gpus(tmp_path, weights):
     if job.is_global_zero:
         run(str(tmp_path / "one"), "auto", torch.load(weights), fit=False)
         assert_json_close(summary(tmp_path / "fsdp1"), summary(tmp_path / "one"), atol=1e-4, rtol=1e-4)
+
+
+def test_fsdp2_bf16_mixed_training_stays_close_to_float32(tmp_path, weights, single_thread):
+    """bf16 autocast under FSDP2 (CPU): trains and analyses; the float64 statistics of its bf16-computed features
+    stay close to the float32 DDP run's (the difference is bf16 rounding, not the analysis)."""
+    launch(tmp_path / "bf16", "fsdp-bf16", weights, fit=True)
+    launch(tmp_path / "ddp", "ddp", weights, fit=True)
+    bf16, ddp = read_summary(tmp_path / "bf16", epoch=0), read_summary(tmp_path / "ddp", epoch=0)
+    assert bf16["num_samples"] == ddp["num_samples"] == N and bf16["n_nonfinite"] == 0
+    assert max(abs(a - b) for a, b in zip(bf16["accuracy"], ddp["accuracy"])) <= 0.05
+    assert max(abs(a[-1] - b[-1]) for a, b in zip(bf16["cos"], ddp["cos"])) <= 0.05
