@@ -49,6 +49,8 @@ class DetrLayerwise(LightningModule):
         backbone_lr_scale: float = 0.1,
     ) -> None:
         super().__init__()
+        if not 0.0 <= backbone_lr_scale:
+            raise ValueError(f"`--model.init_args.backbone_lr_scale={backbone_lr_scale}` must be >= 0.")
         self.save_hyperparameters(ignore=[] if built_by_lightning_cli() else ["optimizer", "lr_scheduler"])
         transformers = require("transformers")
         overrides = dict(config_overrides or {})
@@ -60,8 +62,6 @@ class DetrLayerwise(LightningModule):
         self.num_layers = int(self.model.config.decoder_layers)
         weights = resolve_layer_weights(layer_weights, self.num_layers, "--model.init_args.layer_weights")
         self.register_buffer("layer_weights", weights * self.num_layers, persistent=False)
-        if not 0.0 <= backbone_lr_scale:
-            raise ValueError(f"`--model.init_args.backbone_lr_scale={backbone_lr_scale}` must be >= 0.")
         self.backbone_lr_scale = backbone_lr_scale
         self.optimizer_factory, self.lr_scheduler_factory = optimizer, lr_scheduler
         self._single_layer_config = copy.copy(self.model.config)
