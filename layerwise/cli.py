@@ -298,8 +298,6 @@ def _load_for_text(
         raise ValueError("Give exactly one of --checkpoint (a layerwise checkpoint) and --model (a Hugging Face LM).")
     if checkpoint is not None and tokenizer is None:
         raise ValueError("--tokenizer is required with --checkpoint (e.g. --tokenizer byte, as the model was trained).")
-    if checkpoint is not None and device_map is not None:
-        raise ValueError("--device_map places a --model as it loads; a --checkpoint is loaded whole.")
     tokenizer_object = load_tokenizer_spec(tokenizer or model, tokenizer_dir)
     lm = load_causal_lm(checkpoint, model, dtype, device_map, offload_folder)
     return lm, tokenizer_object, num_blocks(lm, "--checkpoint" if checkpoint is not None else "--model")
@@ -807,22 +805,15 @@ def _load_for_coupling(
     device_map: DeviceMap,
     offload_folder: Optional[Path],
 ) -> tuple[Any, Any, int]:
+    """``_load_for_text``, then the model on ``device`` unless ``device_map`` placed it."""
     import torch
 
-    if (checkpoint is None) == (model is None):
-        raise ValueError("Give exactly one of --checkpoint (a layerwise checkpoint) and --model (a Hugging Face LM).")
-    if checkpoint is not None and tokenizer is None:
-        raise ValueError("--tokenizer is required with --checkpoint (e.g. --tokenizer byte, as the model was trained).")
-    torch_dtype = None if dtype == "auto" else getattr(torch, dtype)
-    tokenizer_object = load_tokenizer_spec(tokenizer or model, tokenizer_dir)
-    if checkpoint is not None and device_map is not None:
-        raise ValueError("--device_map places a --model as it loads; a --checkpoint is loaded whole.")
-    lm = load_causal_lm(checkpoint, model, dtype, device_map, offload_folder)
-    if checkpoint is not None and torch_dtype is not None:
-        lm = lm.to(torch_dtype)
+    lm, tokenizer_object, total = _load_for_text(
+        checkpoint, model, tokenizer, tokenizer_dir, dtype, device_map, offload_folder
+    )
     if device_map is None:
         lm = lm.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    return lm, tokenizer_object, num_blocks(lm, "--checkpoint" if checkpoint is not None else "--model")
+    return lm, tokenizer_object, total
 
 
 def _correlate(table: Path, score_column: Optional[str], k: Optional[int], out: Path) -> None:

@@ -1,8 +1,16 @@
 """How many of a rank's evaluation samples are real, not the distributed sampler's padding."""
 
+from collections.abc import Mapping
 from typing import Any, Optional
 
 from torch.utils.data import DistributedSampler
+
+
+def evaluation_loaders(loaders: Any) -> list[Any]:
+    """Lightning's evaluation dataloaders (one, a list, or a dict of named ones) as a list in dataloader order."""
+    if isinstance(loaders, Mapping):
+        return list(loaders.values())
+    return list(loaders) if isinstance(loaders, (list, tuple)) else [loaders]
 
 
 def _sampler(dataloader: Any) -> Any:
@@ -35,3 +43,15 @@ def rank_indices(dataloader: Any) -> Optional[list[int]]:
     budget = real_samples_on_rank(dataloader)
     indices = list(iter(sampler))
     return indices if budget is None else indices[:budget]
+
+
+def take_real(budget: Optional[int], size: int) -> tuple[int, Optional[int]]:
+    """How many of the next ``size`` samples of a rank are real, and the budget left after them.
+
+    ``budget`` is what :func:`real_samples_on_rank` gave, minus what earlier batches used (``None``: no padding,
+    every sample is real and nothing is counted).
+    """
+    if budget is None:
+        return size, None
+    rows = min(size, budget)
+    return rows, budget - rows

@@ -1,7 +1,6 @@
 """The orchestration every analysis callback shares: where features come from, when to update, compute, log."""
 
 import copy
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
@@ -22,7 +21,7 @@ from layerwise.callbacks._output import (
     write_charts,
     write_summary,
 )
-from layerwise.callbacks._sampling import rank_indices, real_samples_on_rank
+from layerwise.callbacks._sampling import evaluation_loaders, rank_indices, real_samples_on_rank
 from layerwise.callbacks._schedule import analyses_now, last_step_unvalidated
 from layerwise.callbacks._source import FeatureSource
 from layerwise.callbacks.family import Family, LayerBatch, LayerSpec, per_layer
@@ -223,10 +222,7 @@ class LayerwiseMonitor(Callback):
         self._stage = stage if self._should_run(trainer) else None
         if self._stage is None:
             return
-        if isinstance(dataloaders, Mapping):
-            loaders = list(dataloaders.values())
-        else:
-            loaders = list(dataloaders) if isinstance(dataloaders, (list, tuple)) else [dataloaders]
+        loaders = evaluation_loaders(dataloaders)
         self._stages = loader_stages(stage, dataloaders)
         self._source.attach(pl_module)
         self._build(pl_module, len(loaders))

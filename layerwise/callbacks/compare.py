@@ -8,7 +8,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor, nn
 
 from layerwise.callbacks._output import _log_dir, _run_id, show, tensorboard
-from layerwise.callbacks._sampling import real_samples_on_rank
+from layerwise.callbacks._sampling import evaluation_loaders, real_samples_on_rank, take_real
 from layerwise.callbacks._schedule import analyses_now
 from layerwise.features.hooks import hooked_blocks
 from layerwise.features.paths import find_model, get_blocks, layer_paths, model_width
@@ -98,7 +98,7 @@ class CrossModelComparison(Callback):
             self._model_b.to(pl_module.device)
             self._build(pl_module.device)
             loaders = trainer.val_dataloaders
-            self._budget = real_samples_on_rank(loaders[0] if isinstance(loaders, (list, tuple)) else loaders)
+            self._budget = real_samples_on_rank(evaluation_loaders(loaders)[0])
 
     def _collect(self, store: dict[int, Tensor], offset: int) -> Any:
         return lambda index, hidden: store.__setitem__(index + offset, hidden.detach())
@@ -132,10 +132,8 @@ class CrossModelComparison(Callback):
         self._stack = None
         args, kwargs, mask = model_inputs(batch)
         outputs_b = hidden_states(self._model_b, self._blocks_b, args, kwargs, self.include_embeddings)
-        rows = None
-        if self._budget is not None:  # DistributedSampler's repeated samples at the end of this rank's stream
-            size = next(iter(outputs_b.values())).shape[0]
-            rows, self._budget = min(size, self._budget), self._budget - min(size, self._budget)
+        # DistributedSampler's repeated samples at the end of this rank's stream are dropped
+        rows, self._budget = take_real(self._budget, next(iter(outputs_b.values())).shape[0])
         features_a = token_features(self._outputs_a, mask, self.mask_padding, rows)
         features_b = token_features(outputs_b, mask, self.mask_padding, rows)
         self._exact.update(features_a, features_b)

@@ -8,6 +8,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import move_data_to_device
 
 from layerwise.callbacks._output import _log_dir, _run_id, show, tensorboard
+from layerwise.callbacks._sampling import evaluation_loaders
 from layerwise.callbacks._schedule import analyses_now
 from layerwise.inference.coupling import CouplingAnalysis, Token
 from layerwise.results import merge_summary, summary_path
@@ -101,7 +102,7 @@ class BlockCoupling(Callback):
         analysis.reset()
         analysis.to(pl_module.device)  # NCCL reduces device tensors only
         loader = trainer.val_dataloaders
-        loader = loader[0] if isinstance(loader, (list, tuple)) else loader
+        loader = evaluation_loaders(loader)[0]
         dataset = loader.dataset
         count = min(self.n_samples, len(dataset))
         for index in range(trainer.global_rank, count, trainer.world_size):

@@ -6,7 +6,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from layerwise.callbacks._output import _log_dir, _run_id, show, tensorboard
-from layerwise.callbacks._sampling import real_samples_on_rank
+from layerwise.callbacks._sampling import evaluation_loaders, real_samples_on_rank, take_real
 from layerwise.callbacks._schedule import analyses_now
 from layerwise.features.outputs import DETECTION_LABELS as LABELS
 from layerwise.features.outputs import LAYER_BOXES, LAYER_LOGITS
@@ -46,7 +46,7 @@ class DetectionLayerAP(Callback):
             return
         self._kept = [[] for _ in range(int(pl_module.num_layers))]
         loaders = trainer.val_dataloaders
-        self._budget = real_samples_on_rank(loaders[0] if isinstance(loaders, (list, tuple)) else loaders)
+        self._budget = real_samples_on_rank(evaluation_loaders(loaders)[0])
 
     def on_validation_batch_end(
         self,
@@ -60,9 +60,7 @@ class DetectionLayerAP(Callback):
         if not self._active or dataloader_idx != 0:
             return
         labels = outputs[LABELS]
-        rows = len(labels) if self._budget is None else min(len(labels), self._budget)
-        if self._budget is not None:
-            self._budget -= rows
+        rows, self._budget = take_real(self._budget, len(labels))
         if rows == 0:
             return
         sizes = torch.stack([target["orig_size"] for target in labels[:rows]]).to(pl_module.device)

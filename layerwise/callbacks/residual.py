@@ -8,7 +8,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
 from layerwise.callbacks._output import _log_dir, _run_id, show, tensorboard
-from layerwise.callbacks._sampling import real_samples_on_rank
+from layerwise.callbacks._sampling import evaluation_loaders, real_samples_on_rank, take_real
 from layerwise.callbacks._schedule import analyses_now
 from layerwise.features.branches import BranchNorms, default_token, token_positions
 from layerwise.features.paths import find_layer_paths, get_blocks
@@ -74,7 +74,7 @@ class ResidualNormRatioMonitor(Callback):
         if not self._active:
             return
         loaders = trainer.val_dataloaders
-        self._budget = real_samples_on_rank(loaders[0] if isinstance(loaders, (list, tuple)) else loaders)
+        self._budget = real_samples_on_rank(evaluation_loaders(loaders)[0])
         self._metric.reset()
         self._metric.to(pl_module.device)
         self._hooks.enter_context(self._norms.attached())
@@ -100,9 +100,7 @@ class ResidualNormRatioMonitor(Callback):
         skip, branch = self._norms.pop()
         if dataloader_idx != 0:
             return
-        rows = skip.shape[-1] if self._budget is None else min(skip.shape[-1], self._budget)
-        if self._budget is not None:
-            self._budget -= rows
+        rows, self._budget = take_real(self._budget, skip.shape[-1])
         if rows:
             self._metric.update(skip[..., :rows], branch[..., :rows])
 

@@ -3,6 +3,7 @@
 from pathlib import Path
 from typing import Any, Optional, Union
 
+import torch
 from torch import nn
 
 from layerwise.lightning_modules.checkpoint import load_model, load_module
@@ -39,13 +40,15 @@ def load_causal_lm(
 ) -> nn.Module:
     """The Hugging Face causal LM of a layerwise checkpoint (``module.backbone.model``) or of ``--model``.
 
-    A ``--model`` is loaded in ``dtype`` and placed by ``device_map`` (see
-    :func:`~layerwise.lightning_modules.checkpoint.load_model`) when given.
+    Either is in ``dtype`` when given (``"auto"``: as saved); a ``--model`` is placed by ``device_map`` as it loads
+    (see :func:`~layerwise.lightning_modules.checkpoint.load_model`), a checkpoint is loaded whole.
     """
     if model is not None:
         return load_model(model, "--model", "causal_lm", dtype, device_map, offload_folder)
     if checkpoint is None:
         raise ValueError("Give --checkpoint (a layerwise checkpoint) or --model (a Hugging Face causal LM).")
+    if device_map is not None:
+        raise ValueError("--device_map places a --model as it loads; a --checkpoint is loaded whole.")
     module = load_module(checkpoint)
     hf_model = getattr(getattr(module, "backbone", None), "model", None)
     if getattr(getattr(hf_model, "config", None), "model_type", None) is None:
@@ -53,4 +56,4 @@ def load_causal_lm(
             f"`--checkpoint={checkpoint}` holds a {type(module).__name__} whose backbone is not a Hugging Face "
             "causal language model; generate and lens need one (train it with HFCausalLM)."
         )
-    return hf_model
+    return hf_model if dtype in (None, "auto") else hf_model.to(getattr(torch, dtype))

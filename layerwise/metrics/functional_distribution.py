@@ -17,11 +17,6 @@ from torch import Tensor
 _F64 = torch.float64
 
 
-def bin_edges(low: float, high: float, bins: int) -> Tensor:
-    """The ``bins + 1`` float64 edges of equal bins on ``[low, high]``."""
-    return torch.linspace(low, high, bins + 1, dtype=_F64)
-
-
 def _histogram_update(values: Tensor, valid: Tensor, low: float, high: float, bins: int) -> Tensor:
     """Counts (..., bins) float64 of ``values`` (..., N) over the last dimension where ``valid`` (..., N) holds.
 

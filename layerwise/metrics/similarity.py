@@ -24,6 +24,7 @@ from layerwise.metrics.functional import (
     _saturation_cosine_compute,
     _saturation_cosine_update,
     _saturation_pairs,
+    _unit,
     layer_cosine_similarity,
     linear_cka,
     saturation_cosine,
@@ -471,9 +472,7 @@ class PairedCosine(_SumStateMetric):
         _check_features(y, self.shape[1], x.shape[-1], name="y")  # one space: the same width
         if x.shape[1] != y.shape[1]:
             raise ValueError(f"Expected paired samples, got {x.shape[1]} in `x` and {y.shape[1]} in `y`.")
-        unit_x = torch.nn.functional.normalize(x.to(torch.float64), dim=-1)
-        unit_y = torch.nn.functional.normalize(y.to(torch.float64), dim=-1)
-        self.cos_sum += torch.einsum("abp,cbp->ac", unit_x, unit_y)
+        self.cos_sum += torch.einsum("abp,cbp->ac", _unit(x.to(torch.float64)), _unit(y.to(torch.float64)))
         self.count += x.shape[1]
 
     def compute(self) -> Tensor:
