@@ -104,11 +104,35 @@ def test_compare_and_stitch_configs_parse_with_their_command_parsers():
     from layerwise.cli import command_parser, compare, stitch
 
     root = Path(__file__).resolve().parents[1]
-    for name, function in (("pythia_sizes.yaml", compare), ("pythia_stitch.yaml", stitch)):
+    commands = {
+        "pythia_sizes.yaml": compare,
+        "pythia_stitch.yaml": stitch,
+        "gelu_vs_solu_cka.yaml": compare,
+        "gelu_vs_solu_stitch.yaml": stitch,
+        "feather_berts_stitch.yaml": stitch,
+    }
+    command_configs = [
+        path for path in (root / "configs/compare").glob("*.yaml") if "class_path" not in path.read_text()
+    ]
+    assert sorted(path.name for path in command_configs) == sorted(commands)  # every command config is parsed here
+    for name, function in commands.items():
         parsed = command_parser(function.__name__, function).parse_args(
             ["--config", str(root / "configs/compare" / name)]
         )
-        assert parsed.model_a.startswith("EleutherAI/pythia") and parsed.dataset == "Salesforce/wikitext"
+        if name.startswith("pythia"):
+            assert parsed.model_a.startswith("EleutherAI/pythia") and parsed.dataset == "Salesforce/wikitext"
+        elif name.startswith("gelu"):
+            assert {parsed.model_a, parsed.model_b} == {
+                "NeelNanda/SoLU_3L512W_C4_Code",
+                "NeelNanda/GELU_3L512W_C4_Code",
+            }
+        else:
+            assert (parsed.task, parsed.glue_task, parsed.hans, parsed.phi) == (
+                "classification",
+                "mnli",
+                True,
+                "identity",
+            )
 
 
 def test_coupling_prompts_from_a_dataset_folder(model_folder, tmp_path):

@@ -18,6 +18,7 @@ _MODULES = {
     "COCODetectionDataModule": "coco",
     "DigitsDataModule": "digits",
     "GLUEDataModule": "glue",
+    "HANSDataModule": "hans",
     "ImageNetDataModule": "imagenet",
     "TextDataModule": "text",
 }

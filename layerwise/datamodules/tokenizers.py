@@ -274,6 +274,11 @@ def _pretrained_tokenizer(spec: str, option: str) -> PreTrainedTokenizerFast:
     """``AutoTokenizer.from_pretrained(spec)``: local folder, else the Hugging Face cache, else the Hub."""
     from transformers import AutoTokenizer
 
+    from layerwise.features.transformer_lens import legacy_config
+
+    legacy = legacy_config(spec)  # a TransformerLens checkpoint names its tokenizer in its config
+    if legacy is not None and legacy.get("tokenizer_name"):
+        spec = str(legacy["tokenizer_name"])
     instead = f"Offline, pass {option}=byte, or {option}=bpe:<vocab_size> or wordpiece:<vocab_size> to train one"
     if Path(spec).expanduser().exists():
         tokenizer = _wrap_errors(lambda: AutoTokenizer.from_pretrained(str(Path(spec).expanduser())), spec, option)

@@ -8,6 +8,7 @@ from typing import Any, Optional
 import torch
 from torch import Tensor, nn
 
+from layerwise.features import transformer_lens
 from layerwise.features.hooks import collect_block_outputs
 from layerwise.features.paths import HeadSteps, LayerPaths, get_blocks, layer_paths
 
@@ -29,6 +30,10 @@ def build_model(
     from transformers import AutoConfig
 
     overrides = {**(config_overrides or {}), **config_kwargs}
+    if model_name_or_path is not None:
+        legacy = transformer_lens.legacy_config(str(model_name_or_path))
+        if legacy is not None:
+            return _build_transformer_lens(auto_class, str(model_name_or_path), legacy, pretrained, overrides, option)
     if model_name_or_path is None:
         if model_type is None:
             raise ValueError(f"Give `{option}.model_name_or_path` (hub name or local path) or `{option}.model_type`.")
@@ -43,6 +48,22 @@ def build_model(
             f"local folder, or `{option}.model_type` with `{option}.config_overrides` to build a model from scratch."
         ) from None
     return auto_class.from_config(config)
+
+
+def _build_transformer_lens(
+    auto_class: Any, spec: str, config: dict[str, Any], pretrained: bool, overrides: dict[str, Any], option: str
+) -> nn.Module:
+    """A legacy TransformerLens checkpoint as GPT-2 (:mod:`layerwise.features.transformer_lens`)."""
+    dtype = overrides.pop("dtype", None)
+    if overrides:
+        raise ValueError(
+            f"`{option}={spec!r}` is a TransformerLens checkpoint, read as GPT-2 whole on one device: "
+            f"{sorted(overrides)} cannot be applied to it (drop them; use --dtype only)."
+        )
+    if auto_class.__name__ not in ("AutoModelForCausalLM", "AutoModel"):
+        raise ValueError(f"`{option}={spec!r}` is a TransformerLens language model: it has no {auto_class.__name__}.")
+    model = transformer_lens.load_gpt2(spec, config, option, pretrained, dtype)
+    return model.transformer if auto_class.__name__ == "AutoModel" else model
 
 
 def input_device(model: nn.Module) -> torch.device:

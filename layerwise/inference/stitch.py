@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
@@ -39,8 +39,13 @@ def stitch_sweep(
     module_options: dict[str, Any],
     trainer_options: dict[str, Any],
     report: Any = print,
+    extra: Optional[Mapping[str, Any]] = None,
 ) -> list[dict[str, Any]]:
-    """Fit and validate one stitched model per pair; one row of held-out losses and penalties per pair."""
+    """Fit and validate one stitched model per pair; one row of held-out losses and penalties per pair.
+
+    ``extra``: more evaluation datamodules by name (e.g. ``{"hans": HANSDataModule(...)}``), each validated after
+    the main held-out data, its values in the row as ``<name>_<key>`` (its ``label_groups`` applied).
+    """
     import lightning.pytorch as pl
 
     from layerwise.lightning_modules.stitched import Stitched
@@ -50,19 +55,27 @@ def stitch_sweep(
         module = Stitched(model_a, model_b, l_a, m_b, **module_options)
         trainer = pl.Trainer(**trainer_options)
         if module.phi.linear is not None:
+            if train_loader is None:
+                raise ValueError("A learned phi needs training data: give the training split (or use --phi identity).")
             with warnings.catch_warnings():  # validation runs after fit, on purpose: not a missing loader
                 warnings.filterwarnings("ignore", message=".*but have no `val_dataloader`")
                 trainer.fit(module, train_loader)
         values = trainer.validate(module, val_loader, verbose=False)[0]
         row = {"layer_a": l_a, "layer_b": m_b, **{key.split("/", 1)[1]: float(v) for key, v in values.items()}}
+        for name, datamodule in (extra or {}).items():
+            values = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
+            row.update({f"{name}_{key.split('/', 1)[1]}": float(v) for key, v in values.items()})
         rows.append(row)
-        report(f"l={l_a} m={m_b}: penalty vs B {row['penalty_b']:+.4f} nats/token, vs A {row['penalty_a']:+.4f}")
+        line = f"l={l_a} m={m_b}: penalty vs B {row['penalty_b']:+.4f} nats, vs A {row['penalty_a']:+.4f}"
+        if "acc_drop_b" in row:
+            line += f"; accuracy drop vs B {100 * row['acc_drop_b']:+.2f} points, vs A {100 * row['acc_drop_a']:+.2f}"
+        report(line)
     return rows
 
 
 def stitch_markdown(rows: Sequence[dict[str, Any]]) -> str:
-    """The penalty table, one row per (l, m)."""
-    keys = [key for key in ("loss_stitched", "loss_a", "loss_b", "penalty_b", "penalty_a") if key in rows[0]]
+    """The penalty table, one row per (l, m): losses and penalties, then accuracies for classifiers."""
+    keys = [key for key in rows[0] if key not in ("layer_a", "layer_b")]
     lines = ["| l (A) | m (B) | " + " | ".join(keys) + " |", "|" + "---|" * (2 + len(keys))]
     for row in rows:
         lines.append(f"| {row['layer_a']} | {row['layer_b']} | " + " | ".join(f"{row[k]:.4f}" for k in keys) + " |")
@@ -83,12 +96,18 @@ def write_stitch(rows: Sequence[dict[str, Any]], record: dict[str, Any], out: Pa
     ]
     fig, ax = _figure(5.4, 3.8)
     labels = [f"{row['layer_a']}→{row['layer_b']}" for row in rows]
-    ax.plot(range(len(rows)), [row["penalty_b"] for row in rows], "o-", label="vs B")
-    ax.plot(range(len(rows)), [row["penalty_a"] for row in rows], "s--", label="vs A")
+    classifier = "acc_drop_b" in rows[0]  # classifiers: accuracy drops in points (HANS's too), else nats per token
+    series = [("acc_drop", "", "accuracy drop (points)")] if classifier else [("penalty", "", "nats / token")]
+    if classifier and "hans_acc_drop_b" in rows[0]:
+        series.append(("hans_acc_drop", "HANS ", ""))
+    scale = 100.0 if classifier else 1.0
+    for key, name, _ in series:
+        ax.plot(range(len(rows)), [scale * row[f"{key}_b"] for row in rows], "o-", label=f"{name}vs B")
+        ax.plot(range(len(rows)), [scale * row[f"{key}_a"] for row in rows], "s--", label=f"{name}vs A")
     ax.axhline(0.0, color="grey", lw=0.8)
     ax.set_xticks(range(len(rows)), labels)
     ax.set_xlabel("stitched after block l of A → into block m+1 of B")
-    ax.set_ylabel("stitching penalty (nats / token)")
+    ax.set_ylabel(f"stitching penalty ({series[0][2]})")
     ax.legend(loc="best", fontsize="small")
     ax.set_title(f"Stitching penalty ({record.get('phi', 'learned')} φ, held-out)", fontsize="medium")
     try:

@@ -30,6 +30,7 @@ from layerwise.features import (
 from layerwise.features.readout import DEFAULT_CHUNK_SIZE, Head
 from layerwise.inference.early_exit import EXIT_LAYERS, early_exit_predict
 from layerwise.metrics import Readout, readout_from_logits
+from layerwise.metrics.functional import group_logits
 from layerwise.results import loader_stages
 
 
@@ -187,7 +188,7 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
             outputs.update({SAMPLE_INDEX: rows[keep], POSITIONS: positions[keep]})
             readout = chunked_readout(self.backbone.head, outputs[FEATURES], outputs[TARGETS], self.chunk_size)
         else:
-            outputs[LOGITS] = self.backbone.head(features)
+            outputs[LOGITS] = self.data_logits(self.backbone.head(features))
             readout = readout_from_logits(outputs[LOGITS], targets)
         outputs.update(_readout_dict(readout))
         if self.num_classifiers > 1:
@@ -195,10 +196,14 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
             if self.backbone.token_level:
                 exits = chunked_readout(heads, outputs[FEATURES], outputs[TARGETS], self.chunk_size)
             else:
-                outputs[EXIT_LOGITS] = torch.stack([head(h) for head, h in zip(heads, features)])
+                outputs[EXIT_LOGITS] = self.data_logits(torch.stack([head(h) for head, h in zip(heads, features)]))
                 exits = readout_from_logits(outputs[EXIT_LOGITS], targets)
             outputs.update({EXIT_PREFIX + key: value for key, value in _readout_dict(exits).items()})
         return {key: value for key, value in outputs.items() if value is not None}
+
+    def data_logits(self, logits: Tensor) -> Tensor:
+        """The model's logits over the data's classes (see :func:`data_logits`): every metric reads these."""
+        return data_logits(self, logits)
 
     def predict_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
         """Every layer's features and readout, or early-exit inference while ``early_exit`` is set.
@@ -272,6 +277,18 @@ def log_last_layer(module: LightningModule, outputs: dict[str, Tensor], stage: s
     module.log(f"{stage}/acc", (outputs[PREDICTIONS][-1] == outputs[TARGETS]).float().mean(), **options)
 
 
+def data_logits(module: LightningModule, logits: Tensor) -> Tensor:
+    """Logits (..., C) over the model's classes -> over the data's: grouped when the datamodule has ``label_groups``.
+
+    A datamodule whose labels are groups of the model's classes (an MNLI model on HANS: entailment vs neutral +
+    contradiction) gives ``label_groups`` and ``grouping``; the logits are then grouped by
+    :func:`~layerwise.metrics.functional.group_logits` before any metric reads them. Otherwise unchanged.
+    """
+    trainer = module._trainer  # None outside a Trainer: no datamodule, nothing to group
+    groups = getattr(getattr(trainer, "datamodule", None), "label_groups", None)
+    return logits if groups is None else group_logits(logits, groups, getattr(trainer.datamodule, "grouping", "max"))
+
+
 def _readout_dict(readout: Readout) -> dict[str, Optional[Tensor]]:
     return {PREDICTIONS: readout.predictions, MAX_PROB: readout.max_prob, NLL: readout.nll}
 
@@ -283,6 +300,8 @@ def check_data_compatible(model: LayerwiseModule, datamodule: Any, after_setup: 
     """
     backbone = model.backbone
     data_classes = getattr(datamodule, "num_classes", None)
+    if getattr(datamodule, "label_groups", None) is not None:  # the data's classes are groups of the model's
+        data_classes = getattr(datamodule, "model_classes", data_classes)
     if data_classes is not None and not backbone.token_level and data_classes != backbone.num_classes:
         raise ValueError(
             f"The model has `--model.init_args.backbone.init_args.num_classes={backbone.num_classes}` but the data "

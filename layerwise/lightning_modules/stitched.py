@@ -11,6 +11,7 @@ from layerwise.features.hf import no_cache
 from layerwise.features.hooks import replaced_block_input, residual_after
 from layerwise.features.paths import get_blocks, layer_paths, model_width
 from layerwise.features.truncate import kept_blocks
+from layerwise.lightning_modules.base import data_logits
 from layerwise.lightning_modules.checkpoint import load_model
 
 Task = Literal["causal_lm", "classification"]
@@ -180,7 +181,7 @@ class Stitched(LightningModule):
     def loss(self, logits: Tensor, batch: Any) -> tuple[Tensor, Tensor, Tensor]:
         """Mean loss, number of predictions and number correct."""
         if self.task == "classification":
-            labels = batch["labels"]
+            labels, logits = batch["labels"], data_logits(self, logits)  # grouped for HANS-style data
             loss = F.cross_entropy(logits.float(), labels)
             return loss, torch.tensor(labels.numel()), (logits.argmax(-1) == labels).sum()
         targets = batch["input_ids"][:, 1:]

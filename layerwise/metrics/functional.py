@@ -306,6 +306,21 @@ class Readout(NamedTuple):
     nll: Optional[Tensor]
 
 
+def group_logits(logits: Tensor, groups: Sequence[Sequence[int]], how: str = "max") -> Tensor:
+    """Logits (..., C) over a model's classes -> (..., G) over the data's, one per group of model classes.
+
+    ``how="max"``: a group's best logit, so the argmax over groups is the group of the argmax over classes (HANS's
+    rule for MNLI models); ``"logsumexp"``: the log of the group's summed probability (up to the shared partition),
+    so the cross-entropy is the grouped likelihood.
+    """
+    columns = [logits[..., list(group)] for group in groups]
+    if how == "max":
+        return torch.stack([column.max(dim=-1).values for column in columns], dim=-1)
+    if how == "logsumexp":
+        return torch.stack([torch.logsumexp(column, dim=-1) for column in columns], dim=-1)
+    raise ValueError(f"`grouping={how!r}` must be 'max' or 'logsumexp'.")
+
+
 def readout_rows(logits: Tensor, targets: Optional[Tensor]) -> tuple[Tensor, Tensor, Optional[Tensor]]:
     """Argmax, top-1 probability and target cross-entropy of logits (..., C), normalised in float64.
 
