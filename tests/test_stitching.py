@@ -118,6 +118,30 @@ def test_rotation_oracle_identity_fails_and_learned_stitching_recovers(oracle):
     torch.testing.assert_close(learned.phi.linear.weight.detach(), q - eye, rtol=0, atol=1e-2)  # phi(h) = Q h
 
 
+def test_rotation_oracle_the_recipe_from_identity_recovers(oracle):
+    """tuned-lens's recipe as Stitched's defaults (SGD Nesterov 0.9, lr 0.1, weight decay 1e-3, clip 1.0, 2,000
+    steps, 200 warm-up), phi zero-initialised (identity stitching at step 0), reaches the rotated model.
+
+    It needs data: phi has d(d + 1) = 1,056 parameters, and on the 64 training sequences of the fixture it overfits
+    (training penalty -0.6 nats, held-out +1). Here 8,192 sequences sampled from A train it, 512 others measure it.
+    """
+    a, b, _, _, _ = oracle
+    torch.manual_seed(3)
+    ids = a.generate(
+        torch.randint(0, 64, (8704, 1)), do_sample=True, max_new_tokens=15, min_new_tokens=15, pad_token_id=0, top_k=0
+    )
+    rows = [{"input_ids": row, "attention_mask": torch.ones_like(row)} for row in ids]
+    train, held_out = DataLoader(rows[:8192], batch_size=32, shuffle=True), DataLoader(rows[8192:], batch_size=64)
+    stitched = Stitched(a, b, 1, 1, phi="learned", phi_init="zero").double()
+    assert (stitched.lr, stitched.momentum, stitched.weight_decay) == (0.1, 0.9, 1e-3)
+    assert (stitched.warmup_steps, stitched.max_steps) == (200, 2000)
+    trainer = quiet_trainer(stitched.max_steps)
+    start = trainer.validate(stitched, held_out, verbose=False)[0]["val/penalty_b"]
+    trainer.fit(stitched, train)
+    out = trainer.validate(stitched, held_out, verbose=False)[0]
+    assert start > 1.0 and abs(out["val/penalty_b"]) < 1e-2, (start, out["val/penalty_b"])
+
+
 def test_stitching_layer_starts_as_identity_and_checks_widths():
     layer = StitchingLayer(8, 8)
     h = torch.randn(3, 5, 8)
