@@ -3,9 +3,12 @@ the stitching step time against a plain frozen forward.
 
 Two random GPT-2-small-shaped models (12 x 768) read the same batches of random token ids:
 
-- ``plain``: A's and B's forward passes alone (no hooks), per batch;
-- ``compare``: ``inference.compare.compare_models`` per batch: both forwards with hooks on every block, the real
-  tokens gathered, ``CrossModelCKA`` updated (float64 sums, 793 MiB of state for two 12 x 768 models);
+- ``plain``: A's and B's base models (no LM head, as ``layerwise compare`` loads them) alone, no hooks, per batch;
+- ``compare``: ``inference.compare.compare_models`` over 2 and over 8 batches: both forwards with hooks on every
+  block, the real tokens gathered, ``CrossModelCKA`` updated (float64 sums, 793 MiB of state for two 12 x 768
+  models); the difference / 6 is the cost of each further batch (the throughput), the rest the once-per-comparison
+  cost (allocating the states, ``compute``); with every layer pair (``pairs="all"``) and with the pairs (i, i) only
+  (``pairs="diagonal"``, all the arccos distance needs);
 - memory: the peak after 2 and after 8 batches (flat in the number of tokens: the state does not grow);
 - stitching: one training step of ``Stitched`` (A up to block 6, phi, B from block 7; backward through phi only)
   against one frozen forward of A and B.
@@ -18,6 +21,7 @@ allocator tracker of ``benchmarks/_memory.py``.
 """
 
 import argparse
+import functools
 import statistics
 import time
 
@@ -69,40 +73,46 @@ def main() -> None:
         for _ in range(8)
     ]
 
+    base_a, base_b = a.base_model, b.base_model  # `layerwise compare` loads base models: no LM head
+
     def plain() -> None:
         with torch.no_grad():
-            for batch in batches[:2]:
-                a(**batch)
-                b(**batch)
+            for batch in batches:
+                base_a(**batch)
+                base_b(**batch)
 
-    def compare() -> None:
-        compare_models(a, b, batches[:2])
-
-    plain(), compare()  # warm-up
-    times = {"plain": [], "compare": []}
+    plain(), compare_models(base_a, base_b, batches[:2])  # warm-up
+    times: dict[str, list[float]] = {"plain": []}
     for _ in range(args.repeats):
-        times["plain"].append(timed(plain, args.device) / 2)
-        times["compare"].append(timed(compare, args.device) / 2)
+        times["plain"].append(timed(plain, args.device) / len(batches))
+        for pairs in ("all", "diagonal"):
+            for count in (2, 8):
+                run = functools.partial(compare_models, base_a, base_b, batches[:count], pairs=pairs)
+                times.setdefault(f"{pairs}_{count}", []).append(timed(run, args.device))
     base = statistics.median(times["plain"])
     print(f"\n{args.layers} x {args.dim} models, batch {args.batch} x {args.tokens} tokens, medians of {args.repeats}")
-    print(f"{'per batch':<34}{'s':>9}{'ratio':>9}")
-    for name, label in (("plain", "A and B forward, no hooks"), ("compare", "compare_models (exact CKA)")):
-        median = statistics.median(times[name])
-        print(f"{label:<34}{median:>9.4f}{median / base:>8.2f}x")
+    print(f"{'per batch':<52}{'s':>9}{'ratio':>9}")
+    print(f"{'A and B forward, no hooks':<52}{base:>9.4f}{1.0:>8.2f}x")
+    for pairs in ("all", "diagonal"):
+        two, eight = statistics.median(times[f"{pairs}_2"]), statistics.median(times[f"{pairs}_8"])
+        per_batch = (eight - two) / 6  # the streaming cost of one more batch: hooked forwards + float64 update
+        fixed = two - 2 * per_batch  # once per comparison: the states' allocation, compute, the arccos distance
+        print(f"{f'compare_models pairs={pairs}, each further batch':<52}{per_batch:>9.4f}{per_batch / base:>8.2f}x")
+        print(f"{f'compare_models pairs={pairs}, once per comparison':<52}{fixed:>9.4f}{fixed / base:>8.2f}x")
 
     for count in (2, 8):
         if args.device.startswith("cuda"):
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
             before = torch.cuda.memory_allocated()
-            compare_models(a, b, batches[:count])
+            compare_models(base_a, base_b, batches[:count])
             torch.cuda.synchronize()
             peak = torch.cuda.max_memory_allocated() - before
         else:
             from _memory import MemoryTracker
 
             with MemoryTracker() as tracker:
-                compare_models(a, b, batches[:count])
+                compare_models(base_a, base_b, batches[:count])
             peak = tracker.peak_bytes
         print(f"peak over {count} batches ({count * args.batch * args.tokens} tokens): {peak / 2**20:,.1f} MiB")
 

@@ -285,6 +285,14 @@ def sweep(
         print(written)
 
 
+def model_tokenizer(model: Optional[str]) -> Optional[str]:
+    """The tokenizer a model's own name implies: the one a TransformerLens checkpoint's config names, else the name."""
+    from layerwise.features.transformer_lens import legacy_config
+
+    legacy = legacy_config(model) if model else None
+    return str(legacy["tokenizer_name"]) if legacy and legacy.get("tokenizer_name") else model
+
+
 def _load_for_text(
     checkpoint: Optional[Path],
     model: Optional[str],
@@ -298,7 +306,7 @@ def _load_for_text(
         raise ValueError("Give exactly one of --checkpoint (a layerwise checkpoint) and --model (a Hugging Face LM).")
     if checkpoint is not None and tokenizer is None:
         raise ValueError("--tokenizer is required with --checkpoint (e.g. --tokenizer byte, as the model was trained).")
-    tokenizer_object = load_tokenizer_spec(tokenizer or model, tokenizer_dir)
+    tokenizer_object = load_tokenizer_spec(tokenizer or model_tokenizer(model), tokenizer_dir)
     lm = load_causal_lm(checkpoint, model, dtype, device_map, offload_folder)
     return lm, tokenizer_object, num_blocks(lm, "--checkpoint" if checkpoint is not None else "--model")
 
@@ -605,6 +613,7 @@ def compare(
     include_embeddings: bool = False,
     minibatch: bool = False,
     chunk: int = 1024,
+    pairs: Literal["all", "diagonal"] = "all",
     dtype: Optional[Literal["float32", "bfloat16", "float16", "float64"]] = None,
     device: Optional[str] = None,
     device_map: DeviceMap = None,
@@ -622,7 +631,8 @@ def compare(
         text: local text files (their last 10 % is read).
         dataset: a hub dataset id instead of --text (its validation split).
         dataset_config: its configuration name.
-        tokenizer: 'byte', 'bpe:N', 'wordpiece:N', a hub name or a folder (default: --model_a).
+        tokenizer: 'byte', 'bpe:N', 'wordpiece:N', a hub name or a folder (default: --model_a's; for a
+            TransformerLens checkpoint, the one its config names).
         tokenizer_dir: folder holding trained tokenizers.
         block_size: tokens per block.
         batch_size: blocks per batch.
@@ -630,6 +640,8 @@ def compare(
         include_embeddings: also compare the embedding outputs (layer 0).
         minibatch: also compute the unbiased minibatch CKA (chunks of --chunk tokens, both aggregations).
         chunk: tokens per minibatch chunk.
+        pairs: all (every layer of A against every layer of B) or diagonal (layer i against layer i, equal depths:
+            the arccos distance only, L times less work).
         dtype: load both models in this dtype (default as saved).
         device: cpu, cuda, ... (default: cuda when available); ignored with --device_map.
         device_map: spread each model over devices as it loads (auto, or a JSON object; see `layerwise coupling`).
@@ -648,7 +660,7 @@ def compare(
         text,
         dataset,
         dataset_config,
-        tokenizer or model_a,
+        tokenizer or model_tokenizer(model_a),
         tokenizer_dir,
         block_size,
         batch_size,
@@ -665,7 +677,7 @@ def compare(
     first, second = loaded
     loader = data.val_dataloader()
     with tqdm(total=len(loader), desc="batches", unit="batch") as bar:
-        results = compare_models(first, second, loader, include_embeddings, True, minibatch, chunk, bar.update)
+        results = compare_models(first, second, loader, include_embeddings, True, minibatch, chunk, bar.update, pairs)
     results = {"model_a": model_a, "model_b": model_b, **results}
     distance = results["arccos_distance"]
     print(
@@ -732,7 +744,8 @@ def stitch(
         hans: also evaluate on HANS (MNLI classifiers).
         hans_dir: a folder with HANS's heuristics_evaluation_set.txt (default: the hub's jhu-cogsci/hans).
         hans_heuristic: the HANS subset (lexical_overlap is HANS-LO; null: all three).
-        tokenizer: 'byte', 'bpe:N', 'wordpiece:N', a hub name or a folder (default: --model_a).
+        tokenizer: 'byte', 'bpe:N', 'wordpiece:N', a hub name or a folder (default: --model_a's; for a
+            TransformerLens checkpoint, the one its config names).
         tokenizer_dir: folder holding trained tokenizers.
         layers: l = m pairs (default: 1 .. min(L_A, L_B) - 1).
         pairs: explicit pairs as l:m (overrides --layers).
@@ -780,7 +793,7 @@ def stitch(
             text,
             dataset,
             dataset_config,
-            tokenizer or model_a,
+            tokenizer or model_tokenizer(model_a),
             tokenizer_dir,
             block_size,
             batch_size,
@@ -794,7 +807,7 @@ def stitch(
         data = GLUEDataModule(
             task=glue_task,
             data_dir=str(data_dir) if data_dir else None,
-            tokenizer=tokenizer or model_a,
+            tokenizer=tokenizer or model_tokenizer(model_a),
             tokenizer_dir=str(tokenizer_dir) if tokenizer_dir else None,
             max_length=max_length,
             batch_size=batch_size,
@@ -805,7 +818,7 @@ def stitch(
             extra["hans"] = HANSDataModule(
                 heuristic=hans_heuristic,
                 data_dir=str(hans_dir) if hans_dir else None,
-                tokenizer=tokenizer or model_a,
+                tokenizer=tokenizer or model_tokenizer(model_a),
                 max_length=max_length,
                 batch_size=batch_size,
                 max_val_samples=max_val_blocks,

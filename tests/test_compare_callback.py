@@ -63,6 +63,21 @@ def test_comparison_equals_a_direct_computation(tmp_path, folder_b, mask_padding
     assert not torch.allclose(masked, unmasked)  # padding changes the result, so masking matters
 
 
+def test_diagonal_pairs_in_the_callback(tmp_path, folder_b):
+    """pairs='diagonal': CKA(i, i) of the direct computation, null elsewhere in the JSON, the same distance."""
+    backbone = decoder("gpt2")
+    callback = CrossModelComparison(folder_b, pairs="diagonal", log_figures=True)
+    trainer(tmp_path, [callback]).validate(Standard(backbone).double(), padded_loader(), verbose=False)
+    compare = read_summary(tmp_path)["compare"]
+    from transformers import AutoModelForCausalLM
+
+    expected = direct(backbone.model, AutoModelForCausalLM.from_pretrained(folder_b).double().eval())
+    assert compare["pairs"] == "diagonal" and compare["cka"][0][1] is None
+    torch.testing.assert_close(torch.tensor([compare["cka"][i][i] for i in range(3)]), expected.diagonal().float(),
+                               rtol=0, atol=1e-6)  # fmt: skip
+    assert compare["arccos_distance"] == pytest.approx(arccos_distance(expected).item(), abs=1e-5)
+
+
 def test_a_model_against_itself(tmp_path):
     backbone = decoder("gpt2")
     folder = tmp_path / "same"
@@ -103,6 +118,11 @@ def test_compare_command_on_text(tmp_path, capsys):
     out = tmp_path / "out"
     argv = ["compare", "--model_a", folder_b, "--model_b", folder_b, "--text", str(text), "--tokenizer", "byte"]
     cli_main([*argv, "--block_size", "16", "--max_blocks", "20", "--device", "cpu", "--out", str(out)])
+    diagonal = tmp_path / "diagonal"
+    cli_main([*argv, "--block_size", "16", "--max_blocks", "8", "--pairs", "diagonal", "--out", str(diagonal)])
+    record = json.loads((diagonal / "compare.json").read_text())
+    assert record["pairs"] == "diagonal" and record["cka"][1][0] is None and record["arccos_distance"] < 1e-4
+    assert (diagonal / "compare_cka.png").stat().st_size > 0
     record = json.loads((out / "compare.json").read_text())
     assert record["num_tokens"] == 20 * 16 and record["layers_a"] == [1, 2, 3]
     assert all(abs(record["cka"][i][i] - 1) < 1e-6 for i in range(3)) and record["arccos_distance"] < 2e-3

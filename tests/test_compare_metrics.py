@@ -68,6 +68,37 @@ def test_exact_cross_cka_matches_numpy_with_different_widths_and_offsets(offset)
     )
 
 
+@pytest.mark.parametrize("offset", [0.0, 1e3])
+def test_diagonal_pairs_equal_the_diagonal_of_all_pairs(offset):
+    """pairs='diagonal' (the arccos distance's pairs only): numpy's CKA(i, i), NaN elsewhere, the same distance."""
+    shared = torch.randn(N, 6, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    a, b = features(1, LA, DA, shared=shared) + offset, features(2, LA, DB, shared=shared) - offset  # equal depth
+    diagonal, full = CrossModelCKA(LA, DA, LA, DB, pairs="diagonal"), CrossModelCKA(LA, DA, LA, DB)
+    for start, stop in ((0, 31), (31, 32), (32, N)):
+        diagonal.update(a[:, start:stop], b[:, start:stop])
+        full.update(a[:, start:stop], b[:, start:stop])
+    assert diagonal.cross.shape == (LA, DA, DB)
+    value = diagonal.compute()
+    expected = [ref_cka(a[i].numpy(), b[i].numpy()) for i in range(LA)]
+    np.testing.assert_allclose(value.diagonal().numpy(), expected, rtol=0, atol=1e-9)
+    assert torch.isnan(value[~torch.eye(LA, dtype=torch.bool)]).all()
+    torch.testing.assert_close(arccos_distance(value), arccos_distance(full.compute()), rtol=0, atol=1e-9)
+    with pytest.raises(ValueError, match="equal depth"):
+        CrossModelCKA(LA, DA, LB, DB, pairs="diagonal")
+
+
+def test_diagonal_pairs_merge_at_large_offsets():
+    shared = torch.randn(N, 6, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    a, b = features(1, LA, DA, shared=shared) + 1e6, features(2, LA, DB, shared=shared) - 1e6
+    whole, first, second = (CrossModelCKA(LA, DA, LA, DB, pairs="diagonal") for _ in range(3))
+    whole.update(a, b)
+    first.update(a[:, :40], b[:, :40])
+    second.update(a[:, 40:], b[:, 40:])
+    first.merge_state(second)
+    torch.testing.assert_close(first.compute(), whole.compute(), rtol=0, atol=1e-9, equal_nan=True)
+    torch.testing.assert_close(whole.compute().diagonal(), cross_cka(a - 1e6, b + 1e6).diagonal(), rtol=0, atol=1e-9)
+
+
 def test_cross_cka_identity_and_invariances():
     a, b = pair()
     torch.testing.assert_close(cross_cka(a, a).diagonal(), torch.ones(LA, dtype=torch.float64))

@@ -72,6 +72,7 @@ def build_metrics(**kwargs):
         "cos_distribution_uncentered": LayerCosineSimilarity(L, center=False, bins=16, **kwargs),
         # two "models" of different depth and width on the same tokens, far from the origin
         "cross_cka": CrossModelCKA(L, D, L - 1, 3, **kwargs),
+        "cross_cka_diagonal": CrossModelCKA(L - 1, D, L - 1, 3, pairs="diagonal", **kwargs),
         "residual_ratio": ResidualNormRatio(2, L, levels=(0.1, 0.5, 0.9), bins=50, **kwargs),
         "paired_cos": PairedCosine(L, L - 1, **kwargs),  # CLIP's image x caption COS
     }
@@ -89,9 +90,9 @@ def run_metrics(start: int, splits, **kwargs):
                 metric.update(h, h[1:] ** 2 - 3.0)
             elif name == "residual_ratio":
                 metric.update(h.norm(dim=-1).expand(2, -1, -1), (h - 10.0).norm(dim=-1).expand(2, -1, -1))
-            elif name == "cross_cka":
+            elif name.startswith("cross_cka"):
                 other = h[1:, :, :3].double() ** 2 + 0.5 * h[:-1, :, 2:].double() - 1e6
-                metric.update(h.double() + 1e6, other)
+                metric.update((h.double() + 1e6)[: -1 if name.endswith("diagonal") else None], other)
             elif name.endswith("_offset"):
                 offset = h.to(torch.float64) + 1e6
                 metric.update(offset, t) if name.startswith("nc1") else metric.update(offset)

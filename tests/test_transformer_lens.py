@@ -144,20 +144,23 @@ def test_transformer_lens_detection_and_refusals(tmp_path):
 
 def test_a_transformer_lens_model_brings_its_tokenizer(tmp_path):
     """NeelNanda's repos hold no tokenizer: their config names one (tokenizer_name), which --tokenizer defaults to."""
-    from layerwise.datamodules.tokenizers import byte_tokenizer, load_tokenizer
+    from layerwise.cli import model_tokenizer
 
-    byte_tokenizer().save_pretrained(tmp_path / "tokenizer")
-    folder = write_checkpoint(tmp_path / "gelu", "gelu", tokenizer_name=str(tmp_path / "tokenizer"))
-    assert load_tokenizer(str(folder)).get_vocab() == byte_tokenizer().get_vocab()
+    folder = write_checkpoint(tmp_path / "gelu", "gelu")
+    assert model_tokenizer(str(folder)) == "NeelNanda/gpt-neox-tokenizer-digits"
+    assert model_tokenizer("gpt2") == "gpt2" and model_tokenizer(None) is None
 
 
 def test_gelu_and_solu_compare_and_stitch_through_the_commands(tmp_path):
     """The GeLU-vs-SoLU setup end to end: both commands read the TransformerLens folders as any other model."""
-    gelu = write_checkpoint(tmp_path / "gelu", "gelu", seed=0)
-    solu = write_checkpoint(tmp_path / "solu", "solu_ln", seed=1)
+    from layerwise.datamodules.tokenizers import byte_tokenizer
+
+    byte_tokenizer().save_pretrained(tmp_path / "tokenizer")  # what the configs' tokenizer_name points to
+    gelu = write_checkpoint(tmp_path / "gelu", "gelu", seed=0, tokenizer_name=str(tmp_path / "tokenizer"))
+    solu = write_checkpoint(tmp_path / "solu", "solu_ln", seed=1, tokenizer_name=str(tmp_path / "tokenizer"))
     text = tmp_path / "text.txt"
     text.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(80)))
-    data = ["--text", str(text), "--tokenizer", "byte", "--block_size", "16"]
+    data = ["--text", str(text), "--block_size", "16"]  # no --tokenizer: the checkpoints' own
     cli_main(["compare", "--model_a", str(gelu), "--model_b", str(solu), *data, "--max_blocks", "12",
               "--device", "cpu", "--out", str(tmp_path / "compare")])  # fmt: skip
     record = json.loads((tmp_path / "compare" / "compare.json").read_text())

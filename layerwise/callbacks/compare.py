@@ -46,6 +46,8 @@ class CrossModelComparison(Callback):
         every_n_epochs: compare every n-th validation epoch while fitting (``validate`` always compares).
         dtype: load B in this dtype (``bfloat16``, ...); default as saved.
         log_figures: draw the CKA heatmap to TensorBoard (global rank zero).
+        pairs: ``all`` layer pairs (the heatmap), or ``diagonal``: layer i of A with layer i of B only (equal depths;
+            the arccos distance needs nothing else), L times less work and memory than all pairs.
     """
 
     def __init__(
@@ -58,9 +60,13 @@ class CrossModelComparison(Callback):
         every_n_epochs: int = 1,
         dtype: Optional[Literal["float32", "bfloat16", "float16", "float64"]] = None,
         log_figures: bool = True,
+        pairs: Literal["all", "diagonal"] = "all",
     ) -> None:
         if every_n_epochs < 1 or chunk < 4:
             raise ValueError(f"`every_n_epochs={every_n_epochs}` must be >= 1 and `chunk={chunk}` >= 4.")
+        if pairs not in ("all", "diagonal"):
+            raise ValueError(f"`pairs={pairs!r}` must be 'all' or 'diagonal'.")
+        self.pairs = pairs
         self.model_b_name = model_b
         self.include_embeddings, self.mask_padding, self.minibatch = include_embeddings, mask_padding, minibatch
         self.chunk, self.every_n_epochs, self.dtype, self.log_figures = chunk, every_n_epochs, dtype, log_figures
@@ -82,8 +88,15 @@ class CrossModelComparison(Callback):
     def _build(self, device: torch.device) -> None:
         extra = int(self.include_embeddings)
         layers_a, layers_b = len(self._blocks_a) + extra, len(self._blocks_b) + extra
+        if self.pairs == "diagonal" and layers_a != layers_b:
+            raise ValueError(f"`pairs='diagonal'` needs models of equal depth; A has {layers_a}, B {layers_b} layers.")
         self._exact = CrossModelCKA(
-            layers_a, model_width(self._model_a), layers_b, model_width(self._model_b), sync_on_compute=False
+            layers_a,
+            model_width(self._model_a),
+            layers_b,
+            model_width(self._model_b),
+            pairs=self.pairs,
+            sync_on_compute=False,
         ).to(device)
         if self.minibatch:
             self._minibatch = MinibatchCrossCKA(layers_a, layers_b, self.chunk, sync_on_compute=False).to(device)
@@ -159,6 +172,7 @@ class CrossModelComparison(Callback):
             "layers_b": list(range(1 - int(self.include_embeddings), len(self._blocks_b) + 1)),
             "num_tokens": int(self._exact.count),
             "mask_padding": self.mask_padding,
+            "pairs": self.pairs,
             "cka": cka,
             "arccos_distance": arccos_distance(cka) if cka.shape[0] == cka.shape[1] else None,
         }

@@ -67,8 +67,12 @@ def compare_models(
     minibatch: bool = False,
     chunk: int = 1024,
     progress: Any = None,
+    pairs: str = "all",
 ) -> dict[str, Any]:
-    """Stream ``batches`` through both models (each on its own device) and return the comparison results."""
+    """Stream ``batches`` through both models (each on its own device) and return the comparison results.
+
+    ``pairs="diagonal"``: only layer i of A against layer i of B (equal depths), the ``cka`` matrix NaN elsewhere.
+    """
     blocks_a, blocks_b = get_blocks(model_a, layer_paths(model_a)), get_blocks(model_b, layer_paths(model_b))
     extra = int(include_embeddings)
     exact: Optional[CrossModelCKA] = None
@@ -88,7 +92,7 @@ def compare_models(
             features.append(token_features(outputs, None if mask is None else mask.to(device), mask_padding))
         a, b = features[0], features[1].to(features[0].device)
         if exact is None:
-            exact = CrossModelCKA(a.shape[0], a.shape[2], b.shape[0], b.shape[2]).to(a.device)
+            exact = CrossModelCKA(a.shape[0], a.shape[2], b.shape[0], b.shape[2], pairs=pairs).to(a.device)
             chunked = chunked.to(a.device) if chunked is not None else None
         exact.update(a, b)
         if chunked is not None:
@@ -103,6 +107,7 @@ def compare_models(
         "layers_b": list(range(1 - extra, len(blocks_b) + 1)),
         "num_tokens": int(exact.count),
         "mask_padding": mask_padding,
+        "pairs": pairs,
         "cka": cka,
         "arccos_distance": arccos_distance(cka) if cka.shape[0] == cka.shape[1] else None,
     }

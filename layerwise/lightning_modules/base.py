@@ -284,9 +284,12 @@ def data_logits(module: LightningModule, logits: Tensor) -> Tensor:
     contradiction) gives ``label_groups`` and ``grouping``; the logits are then grouped by
     :func:`~layerwise.metrics.functional.group_logits` before any metric reads them. Otherwise unchanged.
     """
-    trainer = module._trainer  # None outside a Trainer: no datamodule, nothing to group
-    groups = getattr(getattr(trainer, "datamodule", None), "label_groups", None)
-    return logits if groups is None else group_logits(logits, groups, getattr(trainer.datamodule, "grouping", "max"))
+    try:
+        datamodule = getattr(module.trainer, "datamodule", None)
+    except RuntimeError:  # not attached to a Trainer: no datamodule, nothing to group
+        return logits
+    groups = getattr(datamodule, "label_groups", None)
+    return logits if groups is None else group_logits(logits, groups, getattr(datamodule, "grouping", "max"))
 
 
 def _readout_dict(readout: Readout) -> dict[str, Optional[Tensor]]:

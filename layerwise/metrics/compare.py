@@ -12,7 +12,7 @@ from torch import Tensor
 from torchmetrics.utilities import rank_zero_warn
 
 from layerwise.metrics._base import _check_positive_int, _ShiftedSumStateMetric, _SumStateMetric
-from layerwise.metrics.functional_compare import _check_pair, _cross_cka_compute, _cross_cka_update, chunk_hsic
+from layerwise.metrics.functional_compare import _check_pair, _cross_cka_compute, chunk_hsic
 
 
 class CrossModelCKA(_ShiftedSumStateMetric):
@@ -23,25 +23,37 @@ class CrossModelCKA(_ShiftedSumStateMetric):
     (L_B, d_B, d_B) and ``cross`` (L_A d_A, L_B d_B): ``8 (L_A d_A^2 + L_B d_B^2 + L_A d_A L_B d_B)`` bytes, 793 MiB for
     two 12 x 768 models, whatever the number of tokens. Identical on 1 or n DDP processes.
 
+    The cross moment of every pair costs 2 (L_A d_A)(L_B d_B) float64 operations per token — for two models of equal
+    shape about L/24 of their two forward passes in operations, run in float64. ``pairs="diagonal"`` keeps only the
+    pairs (i, i) of two models of equal depth (the arccos distance needs nothing else): ``cross`` (L, d_A, d_B),
+    L times less work and memory; ``compute`` then holds NaN off the diagonal.
+
     Args:
         layers_a, dim_a: L_A and d_A of model A.
         layers_b, dim_b: L_B and d_B of model B.
+        pairs: ``"all"`` (every layer of A against every layer of B) or ``"diagonal"`` (layer i against layer i).
         kwargs: torchmetrics ``Metric`` options.
 
     Shapes:
         ``update(a, b)``: (L_A, N, d_A) and (L_B, N, d_B), the same N tokens. ``compute()``: (L_A, L_B) float64.
     """
 
-    def __init__(self, layers_a: int, dim_a: int, layers_b: int, dim_b: int, **kwargs: Any) -> None:
+    def __init__(self, layers_a: int, dim_a: int, layers_b: int, dim_b: int, pairs: str = "all", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.layers_a, self.dim_a = _check_positive_int("layers_a", layers_a), _check_positive_int("dim_a", dim_a)
         self.layers_b, self.dim_b = _check_positive_int("layers_b", layers_b), _check_positive_int("dim_b", dim_b)
+        if pairs not in ("all", "diagonal"):
+            raise ValueError(f"Expected `pairs` 'all' or 'diagonal', got {pairs!r}.")
+        if pairs == "diagonal" and layers_a != layers_b:
+            raise ValueError(f"`pairs='diagonal'` needs models of equal depth; got {layers_a} and {layers_b} layers.")
+        self.pairs = pairs
         self._add_sum_state("count", ())
         self._add_sum_state("sum_a", (layers_a, dim_a))
         self._add_sum_state("sum_b", (layers_b, dim_b))
         self._add_sum_state("self_a", (layers_a, dim_a, dim_a))
         self._add_sum_state("self_b", (layers_b, dim_b, dim_b))
-        self._add_sum_state("cross", (layers_a * dim_a, layers_b * dim_b))
+        cross = (layers_a, dim_a, dim_b) if pairs == "diagonal" else (layers_a * dim_a, layers_b * dim_b)
+        self._add_sum_state("cross", cross)
         self._add_shift_state((1, layers_a * dim_a + layers_b * dim_b))
 
     def update(self, a: Tensor, b: Tensor) -> None:
@@ -59,12 +71,22 @@ class CrossModelCKA(_ShiftedSumStateMetric):
             [a.to(torch.float64).transpose(0, 1).reshape(n, -1), b.to(torch.float64).transpose(0, 1).reshape(n, -1)],
             dim=1,
         )
-        shifted = self._shifted(flat.unsqueeze(0))[0]  # (N, W)
+        shifted = self._shifted(flat.unsqueeze(0))[0].to(self.cross.device)  # (N, L_A d_A + L_B d_B)
         split = self.layers_a * self.dim_a
-        x = shifted[:, :split].reshape(n, self.layers_a, self.dim_a).transpose(0, 1)
-        y = shifted[:, split:].reshape(n, self.layers_b, self.dim_b).transpose(0, 1)
-        for name, value in _cross_cka_update(x, y).items():
-            setattr(self, name, getattr(self, name) + value.to(getattr(self, name).device))
+        flat_a, flat_b = shifted[:, :split], shifted[:, split:]
+        x = flat_a.reshape(n, self.layers_a, self.dim_a).transpose(0, 1)  # (L_A, N, d_A), a view
+        y = flat_b.reshape(n, self.layers_b, self.dim_b).transpose(0, 1)
+        # In place, straight into the float64 states (the same sums as _cross_cka_update, without a (L_A d_A, L_B d_B)
+        # temporary: the cross moment is the bulk of the work and of the memory).
+        self.count += n
+        self.sum_a += x.sum(dim=1)
+        self.sum_b += y.sum(dim=1)
+        self.self_a.baddbmm_(x.transpose(1, 2), x)
+        self.self_b.baddbmm_(y.transpose(1, 2), y)
+        if self.pairs == "diagonal":
+            self.cross.baddbmm_(x.transpose(1, 2), y)
+        else:
+            self.cross.addmm_(flat_a.T, flat_b)
 
     def compute(self) -> Tensor:
         """CKA (L_A, L_B) float64."""
@@ -84,14 +106,19 @@ class CrossModelCKA(_ShiftedSumStateMetric):
             outer = torch.einsum("ld,le->lde", m, d)
             return moment + outer + outer.transpose(1, 2) + n * torch.einsum("ld,le->lde", d, d)
 
-        cross = states["cross"] + torch.outer(ma.reshape(-1), flat_b) + torch.outer(flat_a, mb.reshape(-1))
+        if self.pairs == "diagonal":
+            cross = states["cross"] + torch.einsum("ld,le->lde", ma, db) + torch.einsum("ld,le->lde", da, mb)
+            cross = cross + n * torch.einsum("ld,le->lde", da, db)
+        else:
+            cross = states["cross"] + torch.outer(ma.reshape(-1), flat_b) + torch.outer(flat_a, mb.reshape(-1))
+            cross = cross + n * torch.outer(flat_a, flat_b)
         return {
             "count": n,
             "sum_a": ma + n * da,
             "sum_b": mb + n * db,
             "self_a": own(states["self_a"], ma, da),
             "self_b": own(states["self_b"], mb, db),
-            "cross": cross + n * torch.outer(flat_a, flat_b),
+            "cross": cross,
         }
 
 

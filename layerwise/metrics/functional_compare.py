@@ -57,6 +57,11 @@ def _cross_cka_compute(states: dict[str, Tensor]) -> Tensor:
     self_b = states["self_b"] - n * torch.einsum("ld,le->lde", mean_b, mean_b)
     norm_a = self_a.square().sum(dim=(1, 2)).sqrt()
     norm_b = self_b.square().sum(dim=(1, 2)).sqrt()
+    if states["cross"].dim() == 3:  # only the pairs (i, i): (L, d_A, d_B); the other pairs are not known (NaN)
+        cross = states["cross"] - n * torch.einsum("ld,le->lde", mean_a, mean_b)
+        cka = torch.full((layers_a, layers_b), float("nan"), dtype=cross.dtype, device=cross.device)
+        cka.diagonal().copy_(cross.square().sum(dim=(1, 2)) / (norm_a * norm_b))
+        return cka
     cross = states["cross"] - n * torch.outer(mean_a.reshape(-1), mean_b.reshape(-1))
     frob = cross.reshape(layers_a, dim_a, layers_b, dim_b).square().sum(dim=(1, 3))
     return frob / torch.outer(norm_a, norm_b)
