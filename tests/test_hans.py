@@ -71,6 +71,17 @@ def test_hans_file_heuristic_filter_and_labels(tmp_path):
         HANSDataModule(data_dir=str(tmp_path / "empty"), tokenizer="byte")
 
 
+def test_hans_from_an_unreachable_hub_names_data_dir(monkeypatch):
+    import datasets
+
+    from layerwise.datamodules import _hub
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(_hub, "hub_unreachable_reason", lambda url, timeout_s=None: "connection refused")
+    with pytest.raises(ConnectionError, match="--data.init_args.data_dir=/path/to/hans"):
+        HANSDataModule(tokenizer="byte").prepare_data()
+
+
 def test_group_logits_max_is_argmax_then_map_and_logsumexp_sums_probabilities():
     logits = torch.randn(5, 200, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     groups = [[0], [1, 2]]

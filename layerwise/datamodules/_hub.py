@@ -61,12 +61,13 @@ def hub_unreachable_reason(url: str, timeout_s: Optional[float] = None) -> Optio
     return outcome[0] if outcome else f"no answer within {timeout_s:.0f} s"
 
 
-def load_hub_dataset(hub_id: str, root_hint: str) -> Any:
+def load_hub_dataset(hub_id: str, root_hint: str, root_flag: str = "root") -> Any:
     """``datasets.load_dataset(hub_id)``, raising at once with a message naming the CLI flags if it cannot work.
 
     Args:
         hub_id: Hub repository id (or a local dataset folder, which skips the probe).
         root_hint: example value for ``--data.init_args.root`` shown in errors, e.g. ``/path/to/cifar-10-batches-py``.
+        root_flag: the datamodule's argument for a local copy (``root``; HANS: ``data_dir``).
 
     Returns:
         The ``datasets.DatasetDict`` returned by ``load_dataset``.
@@ -77,7 +78,7 @@ def load_hub_dataset(hub_id: str, root_hint: str) -> Any:
     """
     import datasets
 
-    instead = f"Pass {flag('root')}={root_hint} to read a local copy instead"
+    instead = f"Pass {flag(root_flag)}={root_hint} to read a local copy instead"
     if not Path(hub_id).expanduser().exists() and not hub_offline():
         endpoint = hub_endpoint()
         reason = hub_unreachable_reason(endpoint)

@@ -38,8 +38,8 @@ class HANSDataModule(LightningDataModule):
     Source: with ``data_dir``, the original release's ``heuristics_evaluation_set.txt`` (tab-separated, columns
     ``gold_label``, ``sentence1``, ``sentence2``, ``heuristic``, ``subcase``, ...; github.com/tommccoy1/hans) or a
     ``validation.jsonl``/``.json`` with the Hub's columns (``premise``, ``hypothesis``, ``label``, ``heuristic``);
-    without it, the ``validation`` split of ``jhu-cogsci/hans`` on the Hub. Labels are names or ids (0 entailment, 1
-    non-entailment); an unlabelled or unknown one raises naming the file and row.
+    without it, the ``validation`` split of ``hub_id`` (``jhu-cogsci/hans``) on the Hub. Labels are names or ids (0
+    entailment, 1 non-entailment); an unlabelled or unknown one raises naming the file and row.
 
     Batches as :class:`~layerwise.datamodules.GLUEDataModule`'s (pairs, padded per batch, ``labels`` (B,)).
     ``val_dataloader``, ``test_dataloader`` and ``predict_dataloader`` all serve the evaluation set (there is no
@@ -49,6 +49,7 @@ class HANSDataModule(LightningDataModule):
         heuristic: keep one heuristic (``lexical_overlap``, the HANS-LO subset of Brown et al., ``subsequence``,
             ``constituent``), None keeps all three.
         data_dir: a folder with the evaluation file (see above); None loads the Hub dataset.
+        hub_id: the Hub dataset read without ``data_dir`` (its ``validation`` split).
         tokenizer: tokenizer spec of the model (a hub name or folder; see :func:`load_tokenizer`).
         max_length: truncate each pair to this many tokens.
         batch_size: examples per batch.
@@ -62,6 +63,7 @@ class HANSDataModule(LightningDataModule):
         self,
         heuristic: Optional[Literal["lexical_overlap", "subsequence", "constituent"]] = None,
         data_dir: Optional[str] = None,
+        hub_id: str = HUB_ID,
         tokenizer: str = "bert-base-uncased",
         max_length: int = 128,
         batch_size: int = 32,
@@ -94,6 +96,7 @@ class HANSDataModule(LightningDataModule):
         self.num_classes = len(LABEL_NAMES)
         self.model_classes = len(classes)
         self.metrics = ("accuracy",)
+        self.hub_id = hub_id
         self.data_dir = resolve_root(data_dir)
         self.file = self._find_file(self.data_dir) if self.data_dir is not None else None
         self.tokenizer: Any = None
@@ -114,7 +117,7 @@ class HANSDataModule(LightningDataModule):
     def read_split(self) -> TextSplit:
         """The pairs and labels of the evaluation set (after the heuristic filter, before ``max_val_samples``)."""
         if self.file is None:
-            rows, source = self._hub_rows(), f"{HUB_ID}:validation"
+            rows, source = self._hub_rows(), f"{self.hub_id}:validation"
         elif self.file.suffix in (".txt", ".tsv"):
             with self.file.open(encoding="utf-8", newline="") as handle:
                 rows, source = list(csv.DictReader(handle, delimiter="\t", quoting=csv.QUOTE_NONE)), str(self.file)
@@ -150,9 +153,9 @@ class HANSDataModule(LightningDataModule):
         raise ValueError(f"{source}, row {number}: unknown HANS label {value!r}; expected {list(LABEL_NAMES)} or 0/1.")
 
     def _hub_rows(self) -> list[dict[str, Any]]:
-        dataset = _hub.load_hub_dataset(HUB_ID, "/path/to/hans (holding heuristics_evaluation_set.txt)")
+        dataset = _hub.load_hub_dataset(self.hub_id, "/path/to/hans (with heuristics_evaluation_set.txt)", "data_dir")
         if "validation" not in dataset:
-            raise ValueError(f"{HUB_ID} has no 'validation' split (found {sorted(dataset)}).")
+            raise ValueError(f"{flag('hub_id')}={self.hub_id} has no 'validation' split (found {sorted(dataset)}).")
         split = dataset["validation"]
         columns = [name for name in ("premise", "hypothesis", "label", "heuristic") if name in split.column_names]
         return [dict(zip(columns, values)) for values in zip(*(split[name] for name in columns))]
