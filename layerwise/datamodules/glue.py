@@ -447,20 +447,9 @@ class GLUEDataModule(LightningDataModule):
         return TokenizedSplit(split, self.tokenizer, self.max_length)
 
     def _loader(self, dataset: Optional[TokenizedSplit], role: str, shuffle: bool) -> DataLoader:
-        from transformers import DataCollatorWithPadding
-
         if dataset is None:
             raise RuntimeError(f"GLUEDataModule: the {role} split is not built; call setup() first")
-        return DataLoader(
-            dataset,
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            drop_last=False,
-            collate_fn=DataCollatorWithPadding(dataset.tokenizer, return_tensors="pt"),
-            num_workers=self.num_workers,
-            pin_memory=torch.cuda.is_available(),
-            persistent_workers=self.num_workers > 0,
-        )
+        return padded_loader(dataset, self.batch_size, shuffle, self.num_workers)
 
     def train_dataloader(self) -> DataLoader:
         """The training split, shuffled."""
@@ -477,6 +466,22 @@ class GLUEDataModule(LightningDataModule):
     def predict_dataloader(self) -> DataLoader:
         """The validation split, in file order."""
         return self._loader(self.val_set, "validation", shuffle=False)
+
+
+def padded_loader(dataset: TokenizedSplit, batch_size: int, shuffle: bool, num_workers: int) -> DataLoader:
+    """Batches of a tokenised split, padded per batch to its longest example (``DataCollatorWithPadding``)."""
+    from transformers import DataCollatorWithPadding
+
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        drop_last=False,
+        collate_fn=DataCollatorWithPadding(dataset.tokenizer, return_tensors="pt"),
+        num_workers=num_workers,
+        pin_memory=torch.cuda.is_available(),
+        persistent_workers=num_workers > 0,
+    )
 
 
 def _check_choice(arg: str, value: Any, choices: tuple[Any, ...], option: Optional[str] = None) -> None:

@@ -16,13 +16,12 @@ import json
 from pathlib import Path
 from typing import Any, Literal, Optional, get_args
 
-import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader
 
 from layerwise.datamodules import _hub
 from layerwise.datamodules._base import check_positive_int, flag, resolve_root
-from layerwise.datamodules.glue import MIN_MAX_LENGTH, TextSplit, TokenizedSplit
+from layerwise.datamodules.glue import MIN_MAX_LENGTH, TextSplit, TokenizedSplit, padded_loader
 from layerwise.datamodules.tokenizers import load_tokenizer
 
 HUB_ID = "jhu-cogsci/hans"
@@ -179,19 +178,9 @@ class HANSDataModule(LightningDataModule):
 
     def val_dataloader(self) -> DataLoader:
         """The evaluation set, in file order."""
-        from transformers import DataCollatorWithPadding
-
         if self.val_set is None:
             raise RuntimeError("HANSDataModule: call setup() first.")
-        return DataLoader(
-            self.val_set,
-            batch_size=self.batch_size,
-            shuffle=False,
-            collate_fn=DataCollatorWithPadding(self.tokenizer, return_tensors="pt"),
-            num_workers=self.num_workers,
-            pin_memory=torch.cuda.is_available(),
-            persistent_workers=self.num_workers > 0,
-        )
+        return padded_loader(self.val_set, self.batch_size, False, self.num_workers)
 
     def test_dataloader(self) -> DataLoader:
         """The evaluation set, as ``val_dataloader``."""
