@@ -97,7 +97,8 @@ def write_stitch(rows: Sequence[dict[str, Any]], record: dict[str, Any], out: Pa
     fig, ax = _figure(5.4, 3.8)
     labels = [f"{row['layer_a']}→{row['layer_b']}" for row in rows]
     classifier = "acc_drop_b" in rows[0]  # classifiers: accuracy drops in points (HANS's too), else nats per token
-    series = [("acc_drop", "", "accuracy drop (points)")] if classifier else [("penalty", "", "nats / token")]
+    task = f"{str(record.get('glue_task', '')).upper()} " if record.get("glue_task") else ""
+    series = [("acc_drop", task, "accuracy drop (points)")] if classifier else [("penalty", "", "nats / token")]
     if classifier and "hans_acc_drop_b" in rows[0]:
         series.append(("hans_acc_drop", "HANS ", ""))
     scale = 100.0 if classifier else 1.0
