@@ -151,8 +151,11 @@ class HANSDataModule(LightningDataModule):
             return int(value)
         raise ValueError(f"{source}, row {number}: unknown HANS label {value!r}; expected {list(LABEL_NAMES)} or 0/1.")
 
+    def _hub_dataset(self) -> Any:
+        return _hub.load_hub_dataset(self.hub_id, "/path/to/hans (with heuristics_evaluation_set.txt)", "data_dir")
+
     def _hub_rows(self) -> list[dict[str, Any]]:
-        dataset = _hub.load_hub_dataset(self.hub_id, "/path/to/hans (with heuristics_evaluation_set.txt)", "data_dir")
+        dataset = self._hub_dataset()
         if "validation" not in dataset:
             raise ValueError(f"{flag('hub_id')}={self.hub_id} has no 'validation' split (found {sorted(dataset)}).")
         split = dataset["validation"]
@@ -160,10 +163,15 @@ class HANSDataModule(LightningDataModule):
         return [dict(zip(columns, values)) for values in zip(*(split[name] for name in columns))]
 
     def prepare_data(self) -> None:
-        """Load the tokenizer once per node (and, without ``data_dir``, the Hub dataset)."""
+        """Fetch the tokenizer (and, without ``data_dir``, the Hub dataset) once per node; nothing once set up.
+
+        Every ``trainer.validate(datamodule=...)`` calls this again (``layerwise stitch``: once per layer pair).
+        """
+        if self.val_set is not None:
+            return
         load_tokenizer(self.tokenizer_spec, option=flag("tokenizer"))
         if self.file is None:
-            self._hub_rows()
+            self._hub_dataset()
 
     def setup(self, stage: Optional[str] = None) -> None:
         if stage == "fit":
