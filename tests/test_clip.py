@@ -179,7 +179,8 @@ def test_clip_analysis_refuses_other_models_and_the_command_bad_data(tmp_path):
 def test_clip_config_parses_with_the_command_parser(tmp_path):
     from pathlib import Path
 
-    from layerwise.cli import clip, command_parser
+    from layerwise.cli import command_parser
+    from layerwise.inference.clip import clip
 
     config = Path(__file__).resolve().parents[1] / "configs" / "clip" / "cifar10.yaml"
     parsed = command_parser("clip", clip).parse_args(["--config", str(config), "--data", str(tmp_path)])

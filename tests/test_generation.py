@@ -537,7 +537,7 @@ def test_cli_bad_input_names_the_flag_before_loading_the_model(extra, flag, monk
     def no_loading(*args, **kwargs):
         raise AssertionError("the model must not be loaded for bad input")
 
-    monkeypatch.setattr("layerwise.cli.load_causal_lm", no_loading)
+    monkeypatch.setattr("layerwise.inference._options.load_causal_lm", no_loading)
     argv = ["generate", "--model", "unused", "--tokenizer", "byte", "--prompt", "x"]
     with pytest.raises(SystemExit) as exit_info:
         cli_main([*argv, *extra])

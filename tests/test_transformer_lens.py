@@ -144,7 +144,7 @@ def test_transformer_lens_detection_and_refusals(tmp_path):
 
 def test_a_transformer_lens_model_brings_its_tokenizer(tmp_path):
     """NeelNanda's repos hold no tokenizer: their config names one (tokenizer_name), which --tokenizer defaults to."""
-    from layerwise.cli import model_tokenizer
+    from layerwise.inference._options import model_tokenizer
 
     folder = write_checkpoint(tmp_path / "gelu", "gelu")
     assert model_tokenizer(str(folder)) == "NeelNanda/gpt-neox-tokenizer-digits"

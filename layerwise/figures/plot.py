@@ -6,7 +6,8 @@ from typing import Optional
 import matplotlib.pyplot as plt
 
 from layerwise.figures.summary import summary_figures
-from layerwise.results import load_summary, save_figure_atomic
+from layerwise.inference._options import FigureFormat
+from layerwise.results import find_summaries, load_summary, save_figure_atomic
 
 
 def plot_summary(
@@ -24,3 +25,24 @@ def plot_summary(
             written.append(path)
         plt.close(figure)
     return written
+
+
+# ------------------------------------------------------------------------------- the `layerwise plot` command
+def plot(path: Path, out: Optional[Path] = None, all_epochs: bool = False, format: list[FigureFormat] = None) -> None:  # noqa: A002
+    """Render the paper-style figures of layerwise summaries to PNG/PDF/SVG.
+
+    COS/CKA heatmaps, similarity to the last layer with the accuracy per layer, the saturation histogram, exits per
+    layer and the ε-effective depth.
+
+    Args:
+        path: a val_epoch_EEE.json file, or a log directory to search (its latest run).
+        out: output folder (default: <json folder>/figures).
+        all_epochs: plot every epoch, not only the latest.
+        format: figure formats (default png pdf).
+    """
+    files = find_summaries(path, all_epochs, option="path")
+    if path.is_dir():
+        print(f"layerwise plot: run {files[0].parent.parent}")
+    for summary_file in files:
+        for written in plot_summary(summary_file, out, tuple(format or ("png", "pdf"))):
+            print(written)

@@ -9,7 +9,7 @@ image dataset into pairs with the caption ``"This is a photo of a {label}."``; `
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import torch
 from torch import nn
@@ -113,3 +113,69 @@ def write_clip(results: dict[str, Any], out: Path) -> list[Path]:
         finally:
             plt.close(figure)
     return paths
+
+
+# ------------------------------------------------------------------------------- the `layerwise clip` command
+def clip(
+    data: Path,
+    model: str = "openai/clip-vit-base-patch32",
+    template: str = "This is a photo of a {label}.",
+    batch_size: int = 64,
+    max_pairs: int = 2000,
+    center: bool = True,
+    device: Optional[str] = None,
+    out: Path = Path("clip"),
+) -> None:
+    """Layer-wise COS of a CLIP model within and across modalities (App. D of Jiang et al.).
+
+    Every image of --data is paired with the caption --template naming its class. Vision features: the [CLS] token
+    of every vision layer; text: the [EOS] token of every text layer; both also projected into the joint space by
+    the model's own post-norm and projection. Writes clip.json (vision_cos, text_cos, their _projected forms,
+    cross_cos: vision x text COS of the projected features of each pair) and clip_{vision,text,cross}.png to --out.
+
+    Args:
+        data: a CIFAR-10 python folder (cifar-10-batches-py: its test split) or an image folder with one
+            sub-folder per class (torchvision ImageFolder).
+        model: a CLIPModel hub id or folder (with its processor).
+        template: the caption, with {label} for the class name.
+        batch_size: pairs per batch.
+        max_pairs: read at most this many pairs (the first ones, in order).
+        center: centre the within-modality COS on the evaluated mean.
+        device: cpu, cuda, ... (default: cuda when available).
+        out: output folder.
+    """
+    import torch
+    from torch.utils.data import DataLoader, Subset
+    from transformers import AutoProcessor, CLIPModel
+
+    if batch_size < 1 or max_pairs < 1:
+        raise ValueError("`--batch_size` and `--max_pairs` must be >= 1.")
+    images, classes = _image_dataset(data)
+    pairs = CaptionedImages(images, classes, template)
+    pairs = Subset(pairs, range(min(max_pairs, len(pairs))))
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    analysis = CLIPAnalysis(CLIPModel.from_pretrained(model).to(device), center=center)
+    loader = DataLoader(pairs, batch_size=batch_size, collate_fn=pair_collate(AutoProcessor.from_pretrained(model)))
+    for batch in loader:
+        analysis.add({key: value.to(device) for key, value in batch.items()})
+    results = {"model": model, "template": template, **analysis.results()}
+    for path in write_clip(results, out):
+        print(path)
+
+
+def _image_dataset(data: Path) -> tuple[Any, list[str]]:
+    """(PIL image, label) pairs and the class names of --data: CIFAR-10's test split or an ImageFolder tree."""
+    from torchvision import datasets
+
+    if not data.is_dir():
+        raise ValueError(f"`--data={data}`: no such folder.")
+    if (data / "test_batch").is_file() and (data / "batches.meta").is_file():
+        from layerwise.datamodules.cifar import _LocalCIFAR10
+
+        dataset = _LocalCIFAR10(data, train=False, download=False)
+        return dataset, list(dataset.classes)
+    try:
+        dataset = datasets.ImageFolder(str(data))
+    except (FileNotFoundError, RuntimeError) as error:
+        raise ValueError(f"`--data={data}`: neither CIFAR-10's python folder nor an image folder ({error}).") from None
+    return dataset, list(dataset.classes)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import torch
 from torch import Tensor, nn
@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from layerwise.features.hf import input_device
 from layerwise.features.hooks import hooked_blocks
 from layerwise.features.paths import get_blocks, layer_paths
+from layerwise.inference._options import DeviceMap, TextSource, model_tokenizer
 from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
 from layerwise.metrics.functional_compare import arccos_distance
 
@@ -133,3 +134,89 @@ def write_comparison(results: dict[str, Any], out: Path) -> list[Path]:
     finally:
         plt.close(figure)
     return paths
+
+
+# ------------------------------------------------------------------------------- the `layerwise compare` command
+def compare(
+    model_a: str,
+    model_b: str,
+    text: Optional[list[Path]] = None,
+    dataset: Optional[str] = None,
+    dataset_config: Optional[str] = None,
+    tokenizer: Optional[str] = None,
+    tokenizer_dir: Optional[Path] = None,
+    block_size: int = 256,
+    batch_size: int = 8,
+    max_blocks: int = 64,
+    include_embeddings: bool = False,
+    minibatch: bool = False,
+    chunk: int = 1024,
+    pairs: Literal["all", "diagonal"] = "all",
+    dtype: Optional[Literal["float32", "bfloat16", "float16", "float64"]] = None,
+    device: Optional[str] = None,
+    device_map: DeviceMap = None,
+    offload_folder: Optional[Path] = None,
+    out: Path = Path("compare"),
+) -> None:
+    """CKA between every layer of two models on the same tokens, and their arccos distance (Brown et al., 2023).
+
+    Both models read the held-out blocks of a text (the last 10 % of --text, packed into --block_size tokens, as
+    TextDataModule does) or of a hub dataset; writes compare.json and compare_cka.png into --out.
+
+    Args:
+        model_a: hub id, folder or layerwise checkpoint of model A.
+        model_b: the same for model B (it must read the same token ids).
+        text: local text files (their last 10 % is read).
+        dataset: a hub dataset id instead of --text (its validation split).
+        dataset_config: its configuration name.
+        tokenizer: 'byte', 'bpe:N', 'wordpiece:N', a hub name or a folder (default: --model_a's; for a
+            TransformerLens checkpoint, the one its config names).
+        tokenizer_dir: folder holding trained tokenizers.
+        block_size: tokens per block.
+        batch_size: blocks per batch.
+        max_blocks: read at most this many blocks.
+        include_embeddings: also compare the embedding outputs (layer 0).
+        minibatch: also compute the unbiased minibatch CKA (chunks of --chunk tokens, both aggregations).
+        chunk: tokens per minibatch chunk.
+        pairs: all (every layer of A against every layer of B) or diagonal (layer i against layer i, equal depths:
+            the arccos distance only, L times less work).
+        dtype: load both models in this dtype (default as saved).
+        device: cpu, cuda, ... (default: cuda when available); ignored with --device_map.
+        device_map: spread each model over devices as it loads (auto, or a JSON object; see `layerwise coupling`).
+        offload_folder: where weights offloaded to disk are kept (a sub-folder per model).
+        out: output folder.
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    from layerwise.lightning_modules.checkpoint import load_model
+
+    if block_size < 2 or batch_size < 1 or max_blocks < 1 or chunk < 4:
+        raise ValueError("`--block_size` must be >= 2, `--batch_size` and `--max_blocks` >= 1, `--chunk` >= 4.")
+    data = TextSource(text, dataset, dataset_config).datamodule(
+        tokenizer or model_tokenizer(model_a),
+        tokenizer_dir,
+        block_size,
+        batch_size,
+        None,
+        max_blocks,
+        "validate",
+    )
+    target = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    loaded = []
+    for spec, name in ((model_a, "a"), (model_b, "b")):
+        folder = None if offload_folder is None else Path(offload_folder) / name
+        model_x = load_model(spec, f"--model_{name}", dtype=dtype, device_map=device_map, offload_folder=folder)
+        loaded.append(model_x.eval() if device_map is not None else model_x.eval().to(target))
+    first, second = loaded
+    loader = data.val_dataloader()
+    with tqdm(total=len(loader), desc="batches", unit="batch") as bar:
+        results = compare_models(first, second, loader, include_embeddings, True, minibatch, chunk, bar.update, pairs)
+    results = {"model_a": model_a, "model_b": model_b, **results}
+    distance = results["arccos_distance"]
+    print(
+        f"{results['num_tokens']} tokens; mean diagonal CKA {float(results['cka'].diagonal().mean()):.4f}"
+        + (f"; arccos distance {float(distance):.4f}" if distance is not None else "")
+    )
+    for path in write_comparison(results, out):
+        print(path)

@@ -8,8 +8,10 @@ the result is a mean over prompts that is identical on 1 or n DDP processes.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import torch
@@ -18,9 +20,11 @@ from torch import Tensor, nn
 from layerwise.features.hf import input_device, no_cache
 from layerwise.features.jacobian import BlockTrace, block_jacobian, diagonal_jacobians, trace_blocks
 from layerwise.features.paths import find_model, get_blocks, layer_paths
+from layerwise.inference._options import DeviceMap, DType, ModelSource, check_layer_numbers
 from layerwise.metrics import DepthCoupling, JacobianSpectrum, LinearisationCosine, TrajectoryShape
 from layerwise.metrics.functional_dynamics import CouplingForm, SvdMethod, pairwise_mis_coupling
 from layerwise.metrics.sync import all_reduce_sum_states
+from layerwise.results import save_figure_atomic, write_text_atomic
 
 Token = Union[Literal["last", "first"], int]
 TokenMode = Literal["self", "fixed_input", "fixed_output"]
@@ -366,3 +370,147 @@ def correlate_scores(table: Any, score_column: Optional[str], k: Optional[int]) 
         "p_value": float(fit.pvalue),
         "points": [{"name": n, "coupling": xi, "score": yi} for n, xi, yi in zip(names, x, y)],
     }
+
+
+# ------------------------------------------------------------------------------- the `layerwise coupling` command
+def coupling(
+    prompts: Optional[Path] = None,
+    dataset: Optional[str] = None,
+    dataset_config: Optional[str] = None,
+    split: str = "validation",
+    column: str = "text",
+    model: Optional[str] = None,
+    checkpoint: Optional[Path] = None,
+    tokenizer: Optional[str] = None,
+    tokenizer_dir: Optional[Path] = None,
+    max_prompts: int = 64,
+    max_tokens: int = 64,
+    tokens: Union[Literal["last", "first"], int] = "last",
+    ks: list[int] = [10, 30, 50],  # noqa: B006 (jsonargparse reads the default from the signature)
+    form: Literal["code", "offdiag"] = "code",
+    method: Literal["full", "randomized"] = "full",
+    token_blocks: Optional[list[int]] = None,
+    token_mode: Literal["self", "fixed_input", "fixed_output"] = "self",
+    dtype: DType = "auto",
+    device: Optional[str] = None,
+    device_map: DeviceMap = None,
+    offload_folder: Optional[Path] = None,
+    chunk_size: Optional[int] = None,
+    correlate: Optional[Path] = None,
+    score_column: Optional[str] = None,
+    k: Optional[int] = None,
+    out: Path = Path("coupling"),
+) -> None:
+    """Block coupling of a causal LM over prompts (Aristide et al., 2024), or the regression of scores on it.
+
+    Writes coupling.json and figures (depth-wise mis-coupling per K, spectra, step norms, token-wise coupling of
+    two blocks, trajectory PCA) into --out. With --correlate, reads several models' coupling.json files and a
+    table of benchmark scores and fits score = a + b * coupling (slope, R², p-value, scatter plot).
+
+    Args:
+        prompts: a text file (one prompt per line) or a .jsonl file with a 'text' field per line.
+        dataset: instead of --prompts, a Hugging Face dataset (hub id or local folder).
+        dataset_config: its configuration name.
+        split: the dataset split to read.
+        column: the dataset column holding the text.
+        model: a Hugging Face causal LM: hub name or local folder.
+        checkpoint: a layerwise Lightning checkpoint (.ckpt) of a causal LM.
+        tokenizer: as for generate; default: --model (required with --checkpoint).
+        tokenizer_dir: folder holding trained tokenizers (the data cache_dir).
+        max_prompts: use at most this many prompts.
+        max_tokens: truncate each prompt to this many tokens.
+        tokens: the token whose Jacobians are taken: last, first or an index.
+        ks: numbers K of top singular vectors.
+        form: mis-coupling form: code (the authors') or offdiag.
+        method: full SVD, or randomized (checked; falls back to full with a warning).
+        token_blocks: two block numbers (1..L) for the token-wise heatmap of the first prompt (default: 1 and L).
+        token_mode: token-wise coupling: self (J_tt against J_t't'), fixed_input (from token 0 to every output) or
+            fixed_output (from every input to the last token).
+        dtype: load the model in this dtype (auto: as saved); Jacobians are float32 (float64 for float64).
+        device: cpu, cuda, cuda:1, ... (default: cuda when available); ignored with --device_map.
+        device_map: spread the model over devices as it loads: auto (every GPU, then the CPU, then the disk) or a
+            JSON object from module name to cpu, a GPU index or disk (accelerate); offloaded blocks are loaded one
+            at a time for their Jacobians.
+        offload_folder: where weights offloaded to disk are kept.
+        chunk_size: JVPs run at once per block (default all d); lower it to bound the memory of wide models.
+        correlate: a CSV with coupling_json (paths) and score columns: fit the regression instead.
+        score_column: the score column of --correlate (default: the first).
+        k: the K whose coupling score --correlate uses (default: the first K of each file).
+        out: output folder.
+    """
+    if correlate is not None:
+        _correlate(correlate, score_column, k, out)
+        return
+    from tqdm.auto import tqdm
+
+    if (prompts is None) == (dataset is None):
+        raise ValueError("Give --prompts (a text file, one prompt per line) or --dataset, or --correlate scores.csv.")
+    if max_prompts < 1 or max_tokens < 2:
+        raise ValueError("`--max_prompts` must be >= 1 and `--max_tokens` >= 2.")
+    if not ks or min(ks) < 1:
+        raise ValueError(f"`--ks={ks}` must be positive ints.")
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"`--chunk_size={chunk_size}` must be >= 1.")
+    if token_blocks is not None and len(token_blocks) != 2:
+        raise ValueError(f"`--token_blocks={token_blocks}` must be two block numbers.")
+    texts = (
+        load_prompts(prompts, max_prompts)
+        if prompts is not None
+        else load_dataset_prompts(dataset, dataset_config, split, column, max_prompts)
+    )
+    lm, tokenizer_object, total = ModelSource(
+        checkpoint, model, tokenizer, tokenizer_dir, dtype, device_map, offload_folder
+    ).load_on(device)
+    if max(ks) > lm.config.hidden_size:
+        raise ValueError(f"`--ks={ks}`: every K must be at most the model width d={lm.config.hidden_size}.")
+    pair = [1, total] if token_blocks is None else token_blocks
+    check_layer_numbers("--token_blocks", pair, total)
+    pair_blocks = (pair[0] - 1, pair[1] - 1)
+    analysis = CouplingAnalysis(
+        lm, ks, tokens, form, method, token_pair_blocks=pair_blocks, chunk_size=chunk_size, token_mode=token_mode
+    )
+    for text in tqdm(texts, desc="prompts", unit="prompt"):
+        batch = tokenizer_object(text, return_tensors="pt", truncation=True, max_length=max_tokens)
+        if batch["input_ids"].shape[1] < 2:
+            raise ValueError(f"The prompt {text!r} has fewer than 2 tokens; remove it from --prompts.")
+        analysis.add(dict(batch))
+    results = analysis.results()
+    source = str(prompts) if prompts is not None else f"{dataset}:{split}:{column}"
+    record = {"model": model or str(checkpoint), "prompts": source, "max_tokens": max_tokens, **results}
+    scores = ", ".join(f"K={kk}: {float(v):.4f}" for kk, v in zip(ks, results["coupling_score"]))
+    print(f"coupling score over {results['num_prompts']} prompts: {scores}")
+    print(
+        f"LSS {float(results['trajectory_lss']):.4f}, expodistance {float(results['trajectory_expodistance']):.4f},"
+        f" linearisation cosine {float(results['linearisation_cosine']):.4f}"
+    )
+    for written in coupling_files(analysis, record, out):
+        print(written)
+
+
+def _correlate(table: Path, score_column: Optional[str], k: Optional[int], out: Path) -> None:
+    import matplotlib.pyplot as plt
+
+    from layerwise.figures.coupling import correlation
+
+    fit = correlate_scores(table, score_column, k)
+    out.mkdir(parents=True, exist_ok=True)
+    print(
+        f"{fit['score_column']} = {fit['intercept']:.4g} + {fit['slope']:.4g} * coupling  "
+        f"(R² {fit['r2']:.3f}, p {fit['p_value']:.3g}, n {fit['n']})"
+    )
+    paths = [write_text_atomic(out / "correlation.json", json.dumps(fit, indent=1) + "\n")]
+    points = fit["points"]
+    figure = correlation(
+        [p["coupling"] for p in points],
+        [p["score"] for p in points],
+        [p["name"] for p in points],
+        fit,
+        f"coupling score (K={k or 'first'})",
+        fit["score_column"],
+    )
+    try:
+        paths.append(save_figure_atomic(out / "correlation.png", figure))
+    finally:
+        plt.close(figure)
+    for path in paths:
+        print(path)

@@ -47,7 +47,9 @@ from layerwise.features.backbone import Backbone
 from layerwise.features.hf import HFBackbone
 from layerwise.features.timm_vit import TimmViT
 from layerwise.features.truncate import check_depth, truncated_copy
+from layerwise.lightning_modules.checkpoint import load_module
 from layerwise.metrics import effective_depth
+from layerwise.results import latest_summary, load_summary
 
 
 @dataclass(frozen=True)
@@ -218,3 +220,67 @@ def choose_depth(summary: dict[str, Any], epsilon: float, relative: bool = False
         f"the {epsilon:g}-effective depth{' (relative)' if relative else ''}: layer {depth} is the first with "
         f"{rule} (accuracy {reached:.4f}; layer {layers[-1]}: {accuracy[-1]:.4f})"
     )
+
+
+# ------------------------------------------------------------------------------- the `layerwise export` command
+def export(
+    checkpoint: Path,
+    out: Path,
+    depth: Optional[int] = None,
+    summary: Optional[Path] = None,
+    epsilon: float = 0.01,
+    relative: bool = False,
+    verify: bool = True,
+) -> None:
+    """Export the first d blocks plus the shared head of a layerwise checkpoint as a standalone model.
+
+    Writes OUT/model_depth_<d>.pt (torch.save of the nn.Module) and, for Hugging Face models, OUT/hf_depth_<d>/
+    (save_pretrained).
+
+    Args:
+        checkpoint: a layerwise Lightning checkpoint (.ckpt).
+        out: output folder.
+        depth: layers to keep, 1..L (default: from --summary).
+        summary: a val_epoch_EEE.json or a log directory: choose --depth as its ε-effective depth.
+        epsilon: ε of the effective depth.
+        relative: ε relative to the last layer's accuracy.
+        verify: check on a random input that the export reproduces the shared head's layer-d logits.
+    """
+    if depth is None and summary is None:
+        raise ValueError(
+            "Give --depth (layers to keep), or --summary to use the ε-effective depth of a validation run."
+        )
+    if depth is not None and depth < 1:
+        raise ValueError(f"`--depth={depth}` must be a layer number >= 1.")
+    if not 0.0 < epsilon <= 1.0:
+        raise ValueError(f"`--epsilon={epsilon}` must lie in (0, 1].")
+    suggestion = None
+    if summary is not None:
+        summary_file = latest_summary(summary, "--summary")
+        content = load_summary(summary_file)
+        print(f"layerwise export: summary {summary_file}")
+        if not isinstance(content, dict) or not content.get("accuracy"):
+            raise ValueError(
+                f"`--summary={summary_file}`: no per-layer `accuracy` (validate with the analysis callbacks)."
+            )
+        suggestion = (*choose_depth(content, epsilon, relative), summary_file, content.get("depth"))
+    module = load_module(checkpoint)
+    total = backbone_of(module).num_layers
+    if suggestion is not None:
+        suggested, reason, summary_file, summary_layers = suggestion
+        if summary_layers is not None and summary_layers != total:
+            raise ValueError(
+                f"`--summary={summary_file}` is of a {summary_layers}-layer model; the checkpoint has {total}."
+            )
+        if depth is None:
+            depth = suggested
+            print(f"layerwise export: depth {depth} of {total} from {summary_file}: {reason}.")
+        else:
+            print(f"layerwise export: --summary suggests depth {suggested} ({reason}); exporting --depth {depth}.")
+    check_depth(depth, total)
+    result = export_truncated(module, depth, out, verify=verify)
+    print(f"{result.checkpoint}  (model = torch.load(path, weights_only=False).eval(); {depth} of {total} blocks)")
+    if result.hf_folder is not None:
+        print(f"{result.hf_folder}  (from_pretrained(folder) with the model's Auto class)")
+    if result.max_difference is not None:
+        print(f"checked: max |logit difference| to the shared head at layer {depth}: {result.max_difference:.3g}")

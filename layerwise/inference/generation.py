@@ -7,8 +7,10 @@ head (the *shared head*), exactly once per step. The model is cut with
 than ``l`` are never called.
 """
 
+import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Literal, Optional
 
 import torch
@@ -16,6 +18,8 @@ from torch import Tensor, nn
 
 from layerwise.features.paths import get_blocks, layer_paths
 from layerwise.features.truncate import truncated
+from layerwise.inference._options import ModelSource, check_layer_numbers
+from layerwise.results import write_text_atomic
 
 Strategy = Literal["greedy", "top_k", "nucleus", "beam"]
 STRATEGIES: tuple[str, ...] = ("greedy", "top_k", "nucleus", "beam")
@@ -168,3 +172,81 @@ def generate_from_layer(
             torch.manual_seed(seed)
         output = model.generate(input_ids, attention_mask=mask, generation_config=config, tokenizer=tokenizer)
     return output[:, input_ids.shape[1] :]
+
+
+# ------------------------------------------------------------------------------- the `layerwise generate` command
+def generate(
+    prompt: str,
+    checkpoint: Optional[Path] = None,
+    model: Optional[str] = None,
+    tokenizer: Optional[str] = None,
+    tokenizer_dir: Optional[Path] = None,
+    layer: Optional[int] = None,
+    layers: Optional[list[int]] = None,
+    max_new_tokens: int = 32,
+    strategy: Strategy = "greedy",
+    top_k: int = 50,
+    top_p: float = 0.9,
+    temperature: float = 1.0,
+    num_beams: int = 4,
+    stop_strings: Optional[list[str]] = None,
+    seed: int = 0,
+    out: Optional[Path] = None,
+) -> None:
+    """Continue a prompt with blocks 1..l and the model's own final norm + LM head (Hugging Face's generate).
+
+    Args:
+        prompt: the text to continue.
+        checkpoint: a layerwise Lightning checkpoint (.ckpt) of a causal LM.
+        model: a Hugging Face causal LM: hub name or local folder.
+        tokenizer: 'byte', 'bpe:N', 'wordpiece:N' (trained ones are found in --tokenizer_dir), a hub name or a
+            folder; default: --model (required with --checkpoint).
+        tokenizer_dir: folder holding trained tokenizers (the data cache_dir).
+        layer: generate from this layer, 1..L (default: L, the full model).
+        layers: generate from each of these layers, 1..L.
+        max_new_tokens: tokens to generate.
+        strategy: greedy, top_k, nucleus or beam.
+        top_k: tokens kept by top_k.
+        top_p: probability mass kept by nucleus.
+        temperature: divides the logits when sampling.
+        num_beams: beams of beam.
+        stop_strings: stop a text once it ends with one of these.
+        seed: sampling seed; every layer starts from it.
+        out: also write the prompt, options and texts to this JSON file.
+    """
+    if layer is not None and layers:
+        raise ValueError("Give --layer or --layers, not both.")
+    if not prompt:
+        raise ValueError("`--prompt` is empty; give the text to continue.")
+    check_layer_numbers("--layers", layers or [])
+    check_generation_options(max_new_tokens, strategy, top_k, top_p, temperature, layer, num_beams)
+    lm, tokenizer_object, total = ModelSource(checkpoint, model, tokenizer, tokenizer_dir).load()
+    check_layer_numbers("--layers" if layers else "--layer", layers or ([layer] if layer else []), total)
+    prompt_ids = tokenizer_object(prompt, return_tensors="pt")["input_ids"]
+    results = []
+    for number in layers or [layer or total]:
+        ids = generate_from_layer(
+            lm,
+            prompt_ids,
+            number,
+            max_new_tokens,
+            strategy=strategy,
+            top_k=top_k,
+            top_p=top_p,
+            temperature=temperature,
+            num_beams=num_beams,
+            seed=seed,
+            eos_token_id=tokenizer_object.eos_token_id,
+            stop_strings=stop_strings,
+            tokenizer=tokenizer_object,
+        )[0].tolist()
+        text = tokenizer_object.decode(ids, skip_special_tokens=True)
+        results.append({"layer": number, "token_ids": ids, "text": text})
+        print(f"--- layer {number}/{total} ---\n{prompt}{text}")
+    if out is not None:
+        options = dict(
+            strategy=strategy, top_k=top_k, top_p=top_p, temperature=temperature, num_beams=num_beams, seed=seed
+        )
+        record = {"prompt": prompt, "num_layers": total, "max_new_tokens": max_new_tokens, **options}
+        write_text_atomic(out, json.dumps({**record, "results": results}, indent=2) + "\n")
+        print(out)

@@ -25,7 +25,8 @@ from layerwise.features.hf import input_device  # noqa: E402
 from layerwise.features.hooks import hooked_blocks  # noqa: E402
 from layerwise.features.layers import select_layers  # noqa: E402
 from layerwise.features.paths import HeadSteps, get_blocks, layer_paths  # noqa: E402
-from layerwise.inference.generation import eval_mode, generate_from_layer  # noqa: E402
+from layerwise.inference._options import DeviceMap, DType, ModelSource, check_layer_numbers  # noqa: E402
+from layerwise.inference.generation import check_generation_options, eval_mode, generate_from_layer  # noqa: E402
 from layerwise.results import save_figure_atomic, write_text_atomic  # noqa: E402
 
 
@@ -188,3 +189,50 @@ def write_lens(table: LensTable, out_dir: Optional[Path] = None) -> list[Path]:
     finally:
         plt.close(figure)
     return [markdown_path, figure_path]
+
+
+# ------------------------------------------------------------------------------- the `layerwise lens` command
+def lens(
+    prompt: str,
+    checkpoint: Optional[Path] = None,
+    model: Optional[str] = None,
+    tokenizer: Optional[str] = None,
+    tokenizer_dir: Optional[Path] = None,
+    layers: Optional[list[int]] = None,
+    max_new_tokens: int = 32,
+    dtype: DType = "auto",
+    device_map: DeviceMap = None,
+    offload_folder: Optional[Path] = None,
+    out: Path = Path("."),
+) -> None:
+    """What the shared head predicts from every layer at every position the full model generates greedily.
+
+    Writes lens.md and lens.png with the token and probability of every layer at every generated position.
+
+    Args:
+        prompt: the text to continue.
+        checkpoint: a layerwise Lightning checkpoint (.ckpt) of a causal LM.
+        model: a Hugging Face causal LM: hub name or local folder.
+        tokenizer: as for generate; default: --model (required with --checkpoint).
+        tokenizer_dir: folder holding trained tokenizers (the data cache_dir).
+        layers: rows to show, layer numbers 1..L (default: all).
+        max_new_tokens: tokens to generate.
+        dtype: load --model in this dtype (default as saved).
+        device_map: spread --model over devices as it loads: auto (every GPU, then the CPU, then the disk) or a
+            JSON object from module name to cpu, a GPU index or disk (accelerate).
+        offload_folder: where weights offloaded to disk are kept.
+        out: folder for lens.md and lens.png.
+    """
+    if not prompt:
+        raise ValueError("`--prompt` is empty; give the text to continue.")
+    check_layer_numbers("--layers", layers or [])
+    check_generation_options(max_new_tokens, "greedy", 1, 1.0, 1.0)
+    lm, tokenizer_object, total = ModelSource(
+        checkpoint, model, tokenizer, tokenizer_dir, dtype, device_map, offload_folder
+    ).load()
+    check_layer_numbers("--layers", layers or [], total)
+    rows = None if layers is None else [number - 1 for number in layers]
+    table = lens_table(lm, tokenizer_object, prompt, max_new_tokens, rows)
+    print(lens_markdown(table))
+    for written in write_lens(table, out):
+        print(written)

@@ -6,9 +6,12 @@ import json
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from torch import nn
+
+from layerwise.inference._options import TextSource, model_tokenizer
+from layerwise.inference.generation import num_blocks
 
 
 def parse_pairs(layers: Optional[Sequence[int]], pairs: Optional[Sequence[str]], depth_a: int, depth_b: int) -> list:
@@ -116,3 +119,183 @@ def write_stitch(rows: Sequence[dict[str, Any]], record: dict[str, Any], out: Pa
     finally:
         plt.close(fig)
     return paths
+
+
+# ------------------------------------------------------------------------------- the `layerwise stitch` command
+def stitch(
+    model_a: str,
+    model_b: str,
+    task: Literal["causal_lm", "classification"] = "causal_lm",
+    text: Optional[list[Path]] = None,
+    dataset: Optional[str] = None,
+    dataset_config: Optional[str] = None,
+    glue_task: Optional[Literal["sst2", "mrpc", "qqp", "mnli", "qnli", "rte"]] = None,
+    data_dir: Optional[Path] = None,
+    hans: bool = False,
+    hans_dir: Optional[Path] = None,
+    hans_heuristic: Optional[Literal["lexical_overlap", "subsequence", "constituent"]] = "lexical_overlap",
+    tokenizer: Optional[str] = None,
+    tokenizer_dir: Optional[Path] = None,
+    layers: Optional[list[int]] = None,
+    pairs: Optional[list[str]] = None,
+    phi: Literal["learned", "identity"] = "learned",
+    phi_norm: Literal["none", "pre", "post"] = "none",
+    phi_init: Literal["auto", "zero", "least_squares"] = "auto",
+    steps: int = 2000,
+    warmup_steps: int = 200,
+    lr: float = 0.1,
+    momentum: float = 0.9,
+    weight_decay: float = 1e-3,
+    gradient_clip: float = 1.0,
+    precision: Optional[str] = None,
+    block_size: int = 256,
+    max_length: int = 128,
+    batch_size: int = 8,
+    max_train_blocks: Optional[int] = None,
+    max_val_blocks: int = 64,
+    accelerator: str = "auto",
+    out: Path = Path("stitch"),
+) -> None:
+    """Stitching penalties of two causal LMs or two classifiers over a grid of layers (Brown et al., 2023).
+
+    For each pair (l, m): B's blocks after m and head, fed A's residual stream after block l through phi, trained
+    with only phi free (tuned-lens's recipe) and evaluated on held-out data. Causal LMs (``--task causal_lm``): trained
+    on the first 90 % of --text (or a hub dataset's training split), penalty = L(stitched) - L(B) (and - L(A)) in nats
+    per token on the rest. Classifiers (``--task classification``): a GLUE task's training and validation splits
+    (--glue_task, --data_dir), the accuracy drops next to the loss penalties; ``--hans`` also evaluates every
+    stitched model on HANS (an MNLI model's neutral and contradiction count as non-entailment). Writes stitch.json,
+    stitch.md and stitch.png.
+
+    Args:
+        model_a: hub id, folder or layerwise checkpoint of A.
+        model_b: the same for B (it must read the same token ids, and for classifiers predict the same classes).
+        task: causal_lm or classification.
+        text: local text files (the last 10 % is held out); causal_lm.
+        dataset: a hub dataset id instead of --text; causal_lm.
+        dataset_config: its configuration name.
+        glue_task: the GLUE task of the classifiers (sst2, mnli, ...); classification.
+        data_dir: a folder with the GLUE task's files (default: the hub's nyu-mll/glue).
+        hans: also evaluate on HANS (MNLI classifiers).
+        hans_dir: a folder with HANS's heuristics_evaluation_set.txt (default: the hub's jhu-cogsci/hans).
+        hans_heuristic: the HANS subset (lexical_overlap is HANS-LO; null: all three).
+        tokenizer: 'byte', 'bpe:N', 'wordpiece:N', a hub name or a folder (default: --model_a's; for a
+            TransformerLens checkpoint, the one its config names).
+        tokenizer_dir: folder holding trained tokenizers.
+        layers: l = m pairs (default: 1 .. min(L_A, L_B) - 1).
+        pairs: explicit pairs as l:m (overrides --layers).
+        phi: learned, or identity (no training; equal widths).
+        phi_norm: none, pre or post LayerNorm in phi.
+        phi_init: auto (zero for equal widths, else least squares), zero or least_squares.
+        steps: optimizer steps per pair.
+        warmup_steps: linear warm-up steps, then linear decay to 0.
+        lr: SGD learning rate (tuned-lens's 1.0 * (1 - momentum)).
+        momentum: Nesterov momentum.
+        weight_decay: SGD weight decay.
+        gradient_clip: gradient-norm clip.
+        precision: Lightning precision, e.g. bf16-mixed on a GPU (default: 32-true).
+        block_size: tokens per packed block (causal_lm).
+        max_length: tokens per example (classification).
+        batch_size: blocks or examples per batch.
+        max_train_blocks: at most this many training blocks (causal_lm) or examples (classification).
+        max_val_blocks: at most this many held-out blocks or examples (HANS too).
+        accelerator: Lightning accelerator (auto, cpu, gpu).
+        out: output folder.
+    """
+    from layerwise.lightning_modules.checkpoint import load_model
+
+    if steps < 1 or warmup_steps < 0 or warmup_steps > steps:
+        raise ValueError(f"`--steps={steps}` must be >= 1 and `--warmup_steps={warmup_steps}` in 0..steps.")
+    if task == "causal_lm":
+        TextSource(text, dataset, dataset_config).check()
+        if glue_task is not None or hans:
+            raise ValueError(
+                "`--glue_task`/`--hans` are for `--task classification`; causal LMs read --text/--dataset."
+            )
+    elif glue_task is None or text or dataset:
+        raise ValueError("`--task classification` reads a GLUE task: give --glue_task (and --data_dir), not --text.")
+    if hans and glue_task != "mnli":
+        raise ValueError(f"`--hans` evaluates MNLI classifiers; --glue_task is {glue_task!r}.")
+    load_as = "causal_lm" if task == "causal_lm" else "classification"
+    first, second = load_model(model_a, "--model_a", load_as), load_model(model_b, "--model_b", load_as)
+    depth_a, depth_b = num_blocks(first, "--model_a"), num_blocks(second, "--model_b")
+    chosen = parse_pairs(layers, pairs, depth_a, depth_b)
+    stage = "validate" if phi == "identity" else "fit"
+    extra: dict[str, Any] = {}
+    if task == "causal_lm":
+        data = TextSource(text, dataset, dataset_config).datamodule(
+            tokenizer or model_tokenizer(model_a),
+            tokenizer_dir,
+            block_size,
+            batch_size,
+            max_train_blocks,
+            max_val_blocks,
+            stage,
+        )
+    else:
+        from layerwise.datamodules import GLUEDataModule, HANSDataModule
+
+        data = GLUEDataModule(
+            task=glue_task,
+            data_dir=str(data_dir) if data_dir else None,
+            tokenizer=tokenizer or model_tokenizer(model_a),
+            tokenizer_dir=str(tokenizer_dir) if tokenizer_dir else None,
+            max_length=max_length,
+            batch_size=batch_size,
+            max_train_samples=max_train_blocks,
+            max_val_samples=max_val_blocks,
+        )
+        if hans:
+            extra["hans"] = HANSDataModule(
+                heuristic=hans_heuristic,
+                data_dir=str(hans_dir) if hans_dir else None,
+                tokenizer=tokenizer or model_tokenizer(model_a),
+                max_length=max_length,
+                batch_size=batch_size,
+                max_val_samples=max_val_blocks,
+            )
+        for module in (data, *extra.values()):
+            module.prepare_data()
+            module.setup("validate" if module is not data else stage)
+    module_options = dict(
+        task=load_as,
+        phi=phi,
+        phi_norm=phi_norm,
+        phi_init=phi_init,
+        lr=lr,
+        momentum=momentum,
+        weight_decay=weight_decay,
+        warmup_steps=warmup_steps,
+        max_steps=steps,
+    )
+    trainer_options = dict(
+        accelerator=accelerator,
+        devices=1,
+        max_steps=steps,
+        gradient_clip_val=gradient_clip,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        precision=precision or "32-true",
+        num_sanity_val_steps=0,
+    )
+    train_loader = data.train_dataloader() if stage == "fit" else None
+    rows = stitch_sweep(
+        first, second, chosen, train_loader, data.val_dataloader(), module_options, trainer_options, extra=extra
+    )
+    record = {
+        "model_a": model_a,
+        "model_b": model_b,
+        ("held_out_blocks" if task == "causal_lm" else "held_out_examples"): len(data.val_dataloader().dataset),
+        **({"block_size": block_size} if task == "causal_lm" else {"glue_task": glue_task, "max_length": max_length}),
+        **(
+            {"hans_examples": len(extra["hans"].val_dataloader().dataset), "hans_heuristic": hans_heuristic}
+            if hans
+            else {}
+        ),  # fmt: skip
+        **module_options,
+        "steps": steps,
+    }
+    print(stitch_markdown(rows), end="")
+    for path in write_stitch(rows, record, out):
+        print(path)

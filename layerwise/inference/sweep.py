@@ -24,13 +24,14 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
 from layerwise.figures.summary import _figure
-from layerwise.results import save_figure_atomic, write_text_atomic
+from layerwise.inference._options import FigureFormat
+from layerwise.results import latest_summary, save_figure_atomic, write_text_atomic
 
 HEADS = {"early_exit": "shared head", "exit_early_exit": "separate heads"}
 _ARGUMENT = "RUN_OR_JSON"
@@ -166,3 +167,36 @@ def write_sweep(curves: Sequence[Curve], out_dir: Path, formats: Sequence[str] =
     finally:
         plt.close(figure)
     return written
+
+
+# ------------------------------------------------------------------------------- the `layerwise sweep` command
+def sweep(
+    runs: list[Path],
+    labels: Optional[list[str]] = None,
+    out: Path = Path("."),
+    format: list[FigureFormat] = None,  # noqa: A002
+) -> None:
+    """Accuracy against speedup of confidence-threshold early exit, from the latest validation summary of each run.
+
+    The shared head of every run, and the separate exit heads of multi-exit runs; writes sweep.md, sweep.csv and
+    the figure.
+
+    Args:
+        runs: log directories or summary JSON files (RUN_OR_JSON).
+        labels: one name per run (default: the run folder names).
+        out: output folder.
+        format: figure formats (default png pdf).
+    """
+    if labels is not None and len(labels) != len(runs):
+        raise ValueError(f"`--labels` has {len(labels)} names for {len(runs)} RUN_OR_JSON paths; give one each.")
+    files = [latest_summary(path, "RUN_OR_JSON") for path in runs]
+    for path, summary_file in zip(runs, files):
+        print(f"layerwise sweep: {path} -> {summary_file}")
+    curves = [
+        curve
+        for summary_file, label in zip(files, labels or [run_label(path) for path in runs])
+        for curve in load_curves(summary_file, label)
+    ]
+    print(sweep_markdown(curves), end="")
+    for written in write_sweep(curves, out, format or ("png", "pdf")):
+        print(written)

@@ -1,0 +1,125 @@
+"""The option groups that several commands share: where a model comes from, and where a text comes from.
+
+Each group is one typed dataclass holding its validation in one place. The commands keep their flat flags
+(``--checkpoint``, ``--model``, ``--text``, ...: a dataclass parameter would become ``--source.model`` in
+jsonargparse) and build the group from them, e.g. ``ModelSource(checkpoint, model, tokenizer, tokenizer_dir)``.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+from layerwise.inference.models import load_causal_lm, load_tokenizer_spec
+
+FigureFormat = Literal["png", "pdf", "svg"]
+# accelerate's placement of a Hugging Face model: "auto", or module name -> "cpu", a GPU index or "disk"
+DeviceMap = Optional[Union[str, dict[str, Union[str, int]]]]
+DType = Literal["auto", "float32", "bfloat16", "float16", "float64"]
+
+
+def model_tokenizer(model: Optional[str]) -> Optional[str]:
+    """The tokenizer a model's own name implies: the one a TransformerLens checkpoint's config names, else the name."""
+    from layerwise.features.transformer_lens import legacy_config
+
+    legacy = legacy_config(model) if model else None
+    return str(legacy["tokenizer_name"]) if legacy and legacy.get("tokenizer_name") else model
+
+
+def check_layer_numbers(flag: str, layers: list[int], total: Optional[int] = None) -> None:
+    """Every layer number of ``flag`` in 1..total (1..L while the model is not loaded yet)."""
+    for layer in layers:
+        if layer < 1 or (total is not None and layer > total):
+            bound = f"1..{total}" if total is not None else "1..L"
+            raise ValueError(f"`{flag}` holds {layer}: layers are numbered {bound}.")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A causal LM and its tokenizer, the options ``generate``, ``lens`` and ``coupling`` share.
+
+    ``--checkpoint`` or ``--model``, ``--tokenizer``, ``--tokenizer_dir``, ``--dtype``, ``--device_map``,
+    ``--offload_folder``.
+    """
+
+    checkpoint: Optional[Path] = None
+    model: Optional[str] = None
+    tokenizer: Optional[str] = None
+    tokenizer_dir: Optional[Path] = None
+    dtype: Optional[str] = None
+    device_map: DeviceMap = None
+    offload_folder: Optional[Path] = None
+
+    def load(self) -> tuple[Any, Any, int]:
+        """The model, its tokenizer and its number of blocks; a bad combination of options fails before loading."""
+        from layerwise.inference.generation import num_blocks
+
+        checkpoint, model, tokenizer = self.checkpoint, self.model, self.tokenizer
+        if (checkpoint is None) == (model is None):
+            raise ValueError(
+                "Give exactly one of --checkpoint (a layerwise checkpoint) and --model (a Hugging Face LM)."
+            )
+        if checkpoint is not None and tokenizer is None:
+            raise ValueError(
+                "--tokenizer is required with --checkpoint (e.g. --tokenizer byte, as the model was trained)."
+            )
+        tokenizer_object = load_tokenizer_spec(tokenizer or model_tokenizer(model), self.tokenizer_dir)
+        lm = load_causal_lm(checkpoint, model, self.dtype, self.device_map, self.offload_folder)
+        return lm, tokenizer_object, num_blocks(lm, "--checkpoint" if checkpoint is not None else "--model")
+
+    def load_on(self, device: Optional[str]) -> tuple[Any, Any, int]:
+        """:meth:`load`, then the model on ``device`` (default: cuda when available) unless ``device_map`` placed it."""
+        import torch
+
+        lm, tokenizer_object, total = self.load()
+        if self.device_map is None:
+            lm = lm.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        return lm, tokenizer_object, total
+
+
+@dataclass(frozen=True)
+class TextSource:
+    """A text to read in packed blocks, the options ``compare`` and ``stitch`` share.
+
+    ``--text`` (local files), or ``--dataset`` (a hub dataset id) with ``--dataset_config``.
+    """
+
+    text: Optional[list[Path]] = None
+    dataset: Optional[str] = None
+    dataset_config: Optional[str] = None
+
+    def check(self) -> None:
+        """Exactly one of --text and --dataset, and every --text a file."""
+        if (self.text is None) == (self.dataset is None):
+            raise ValueError("Give exactly one of --text (local files) and --dataset (a hub dataset id).")
+        for path in self.text or []:
+            if not Path(path).is_file():
+                raise ValueError(f"`--text={path}` is not a file.")
+
+    def datamodule(
+        self,
+        tokenizer: str,
+        tokenizer_dir: Optional[Path],
+        block_size: int,
+        batch_size: int,
+        max_train_blocks: Optional[int],
+        max_val_blocks: Optional[int],
+        stage: str,
+    ) -> Any:
+        """The packed text blocks ``compare`` and ``stitch`` read (``TextDataModule``: held-out tail of --text)."""
+        from layerwise.datamodules import TextDataModule
+
+        self.check()
+        data = TextDataModule(
+            dataset=self.dataset,
+            dataset_config=self.dataset_config,
+            train_files=[str(path) for path in self.text] if self.text else None,
+            tokenizer=tokenizer,
+            tokenizer_dir=str(tokenizer_dir) if tokenizer_dir else None,
+            block_size=block_size,
+            batch_size=batch_size,
+            max_train_blocks=max_train_blocks,
+            max_val_blocks=max_val_blocks,
+        )
+        data.prepare_data()
+        data.setup(stage)
+        return data
