@@ -1,13 +1,14 @@
 """``layerwise plot``: render the paper-style figures of analysis summaries to PNG and PDF."""
 
 from pathlib import Path
-from typing import Optional
+from typing import Literal, Optional
 
 import matplotlib.pyplot as plt
 
 from layerwise.figures.summary import summary_figures
-from layerwise.inference._options import FigureFormat
 from layerwise.results import find_summaries, load_summary, save_figure_atomic
+
+FigureFormat = Literal["png", "pdf", "svg"]
 
 
 def plot_summary(

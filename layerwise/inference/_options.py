@@ -11,7 +11,6 @@ from typing import Any, Literal, Optional, Union
 
 from layerwise.inference.models import load_causal_lm, load_tokenizer_spec
 
-FigureFormat = Literal["png", "pdf", "svg"]
 # accelerate's placement of a Hugging Face model: "auto", or module name -> "cpu", a GPU index or "disk"
 DeviceMap = Optional[Union[str, dict[str, Union[str, int]]]]
 DType = Literal["auto", "float32", "bfloat16", "float16", "float64"]

@@ -29,8 +29,8 @@ from typing import Any, Optional
 import matplotlib.pyplot as plt
 from matplotlib.figure import Figure
 
+from layerwise.figures.plot import FigureFormat
 from layerwise.figures.summary import _figure
-from layerwise.inference._options import FigureFormat
 from layerwise.results import latest_summary, save_figure_atomic, write_text_atomic
 
 HEADS = {"early_exit": "shared head", "exit_early_exit": "separate heads"}
