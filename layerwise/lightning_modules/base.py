@@ -29,6 +29,7 @@ from layerwise.features import (
 )
 from layerwise.features.readout import DEFAULT_CHUNK_SIZE, Head
 from layerwise.inference.early_exit import EXIT_LAYERS, early_exit_predict
+from layerwise.lightning_modules.checkpoint import use_checkpoint_reader
 from layerwise.metrics import Readout, readout_from_logits
 from layerwise.metrics.functional import group_logits
 from layerwise.results import loader_stages
@@ -244,6 +245,7 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
 
     def setup(self, stage: str) -> None:
         check_data_compatible(self, getattr(self.trainer, "datamodule", None), after_setup=True)
+        use_checkpoint_reader(self.trainer)  # before Lightning restores --ckpt_path: one clear line for a bad file
         if stage == "fit":
             rank_zero_info(self.head_parameter_report())
 

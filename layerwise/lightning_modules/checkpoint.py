@@ -2,14 +2,75 @@
 
 import importlib
 import sys
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import torch
-from lightning.pytorch import LightningModule
+from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch import LightningModule, Trainer
 from torch import nn
 
 TRUSTED_PACKAGES = ("layerwise.",)
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format (a zip archive) since PyTorch 1.6
+
+
+def check_checkpoint(checkpoint: Union[str, Path], option: str = "--checkpoint") -> Path:
+    """``checkpoint`` as a Path, or one clear ValueError naming ``option`` and the file; reads no tensor.
+
+    A torch.save archive whose end (the zip index) is missing — a copy or a write cut short — is reported as
+    truncated (torch itself would answer ``OSError: [Errno 22] Invalid argument`` or a zip error).
+    """
+    path = Path(checkpoint)
+    if not path.is_file():
+        raise ValueError(f"`{option}={path}`: no such file.")
+    with open(path, "rb") as file:
+        zipped = file.read(len(ZIP_MAGIC)) == ZIP_MAGIC
+    if zipped and not zipfile.is_zipfile(path):
+        raise ValueError(
+            f"`{option}={path}` is truncated ({path.stat().st_size:,} bytes, the end of the archive is missing): "
+            "the copy or the save was cut short; copy it again or use another checkpoint."
+        )
+    return path
+
+
+def read_checkpoint(
+    checkpoint: Union[str, Path], option: str = "--checkpoint", weights_only: Optional[bool] = True
+) -> dict[str, Any]:
+    """The dict of a checkpoint file, or one clear ValueError naming ``option`` and the file.
+
+    Checked first by :func:`check_checkpoint` (missing, truncated); anything else torch cannot read is reported as
+    not a PyTorch checkpoint. Tensors of a zip archive stay memory-mapped on disk.
+    """
+    path = check_checkpoint(checkpoint, option)
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=weights_only, mmap=zipfile.is_zipfile(path))
+    except Exception as error:  # a foreign file: pickle and torch errors alike
+        raise ValueError(f"`{option}={path}` is not a PyTorch checkpoint ({type(error).__name__}: {error}).") from None
+    if not isinstance(saved, dict):
+        raise ValueError(f"`{option}={path}` holds a {type(saved).__name__}, not a Lightning checkpoint (a dict).")
+    return saved
+
+
+class CheckpointReader(TorchCheckpointIO):
+    """Lightning's checkpoint IO, reading through :func:`read_checkpoint` (one clear error for a broken file).
+
+    :class:`~layerwise.lightning_modules.LayerwiseModule` puts it in place of the default ``TorchCheckpointIO`` in
+    its ``setup`` (before Lightning restores ``--ckpt_path``), so ``fit/validate/test/predict --ckpt_path`` answer a
+    truncated or foreign file in one line naming it. Writing is unchanged.
+    """
+
+    def load_checkpoint(
+        self, path: Any, map_location: Optional[Callable] = lambda storage, loc: storage, weights_only: Any = None
+    ) -> dict[str, Any]:
+        return read_checkpoint(path, "--ckpt_path", weights_only=weights_only)
+
+
+def use_checkpoint_reader(trainer: Trainer) -> None:
+    """Make ``trainer`` read checkpoints through :class:`CheckpointReader` unless it was given its own IO plugin."""
+    if type(trainer.strategy.checkpoint_io) is TorchCheckpointIO:
+        trainer.strategy.checkpoint_io = CheckpointReader()
 
 
 def load_module(
@@ -22,13 +83,8 @@ def load_module(
     checkpoint from elsewhere cannot make layerwise import a module from the current folder. Errors name ``option``.
     """
     path = Path(checkpoint)
-    if not path.is_file():
-        raise ValueError(f"`{option}={path}`: no such file.")
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # mmap: tensors stay on disk
-    except Exception as error:  # a truncated or foreign file: pickle, zip and torch errors alike
-        raise ValueError(f"`{option}={path}` is not a readable PyTorch checkpoint ({error}).") from None
-    class_path = saved.get("hyper_parameters", {}).get("_class_path") if isinstance(saved, dict) else None
+    saved = read_checkpoint(path, option)
+    class_path = saved.get("hyper_parameters", {}).get("_class_path")
     if not class_path:
         raise ValueError(
             f"`{option}={path}`: no hyper_parameters['_class_path'] (write checkpoints with `layerwise fit`)."
