@@ -301,7 +301,8 @@ def _readout_dict(readout: Readout) -> dict[str, Optional[Tensor]]:
 def check_data_compatible(model: LayerwiseModule, datamodule: Any, after_setup: bool = False) -> None:
     """Raise a ValueError naming the flag when the model's classes or vocabulary disagree with the data's.
 
-    The vocabulary of a trained tokenizer is known only after the datamodule's ``setup``: ``after_setup`` checks it.
+    The vocabulary of a trained tokenizer and the labels themselves are known only after the datamodule's ``setup``:
+    ``after_setup`` checks them (:func:`check_labels`).
     """
     backbone = model.backbone
     data_classes = getattr(datamodule, "num_classes", None)
@@ -330,6 +331,9 @@ def check_data_compatible(model: LayerwiseModule, datamodule: Any, after_setup: 
                 f"The model has `--model.init_args.backbone.init_args.{name}={model_value}` but the data gives "
                 f"{data_value}; set {name}={data_value}."
             )
+    if after_setup and not backbone.token_level:
+        groups = getattr(datamodule, "label_groups", None)
+        check_labels(datamodule, backbone.num_classes if groups is None else len(groups), grouped=groups is not None)
     model_vocab = getattr(backbone, "vocab_size", None)
     if not after_setup or model_vocab is None or getattr(datamodule, "tokenizer", None) is None:
         return
@@ -339,4 +343,37 @@ def check_data_compatible(model: LayerwiseModule, datamodule: Any, after_setup: 
             f"The tokenizer has {data_vocab} tokens but the model's vocabulary has {model_vocab}: set "
             f"`--model.init_args.backbone.init_args.config_overrides` vocab_size (n_vocab) to at least {data_vocab}, "
             "or use the model's own tokenizer (`--data.init_args.tokenizer`)."
+        )
+
+
+def check_labels(datamodule: Any, num_classes: int, grouped: bool = False) -> None:
+    """Raise a ValueError naming the set, its file and the label when a label lies outside ``0..num_classes-1``.
+
+    Run before any training or evaluation step (``LayerwiseModule.setup``), so a label the head has no class for is
+    not found by ``cross_entropy`` mid-training (``IndexError: Target 12 is out of bounds``). Reads only the labels
+    (:func:`~layerwise.datamodules._base.dataset_labels`); a dataset whose labels it cannot read is not checked.
+    GLUE/HANS test rows without a label (-1) are allowed in the test set.
+    """
+    from layerwise.datamodules._base import dataset_labels, labelled_sets
+
+    for role, dataset in labelled_sets(datamodule):
+        found = dataset_labels(dataset)
+        if found is None or found[1].size == 0:
+            continue
+        source, labels = found
+        bad = (labels < 0) | (labels >= num_classes)
+        if role == "test":
+            bad &= labels != -1
+        if not bad.any():
+            continue
+        label, count = labels[bad][0].item(), int(bad.sum())
+        where = f"`{source}` ({role} set)" if source else f"The {role} set of {type(datamodule).__name__}"
+        whose = (
+            f"the data's {num_classes} label groups"
+            if grouped
+            else f"the model's {num_classes} classes (`--model.init_args.backbone.init_args.num_classes={num_classes}`)"
+        )
+        raise ValueError(
+            f"{where} has the label {label} ({count} of {labels.size} samples outside 0..{num_classes - 1}), but "
+            f"{whose} have the ids 0..{num_classes - 1}: fix those labels or use data of these classes."
         )
