@@ -245,7 +245,7 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
 
     def setup(self, stage: str) -> None:
         check_data_compatible(self, getattr(self.trainer, "datamodule", None), after_setup=True)
-        use_checkpoint_reader(self.trainer)  # before Lightning restores --ckpt_path: one clear line for a bad file
+        use_checkpoint_reader(self.trainer, stage)  # before Lightning restores --ckpt_path: one line for a bad file
         if stage == "fit":
             rank_zero_info(self.head_parameter_report())
 
