@@ -7,7 +7,7 @@ from typing import Any, Literal, Optional
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
 from layerwise._compat import built_by_lightning_cli
@@ -108,6 +108,10 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
         self.scheduler_interval = scheduler_interval
         self.label_smoothing = label_smoothing
         self.chunk_size = chunk_size
+        # The first optimizer step whose training loss was NaN/inf (-1: none yet), kept on the loss's device so that
+        # watching costs no synchronisation; read at logging steps and warned about once per run.
+        self._first_nonfinite_step: Optional[Tensor] = None
+        self._nonfinite_warned = False
         # Predict-time early exit ({"threshold": 0.9}, {"entropy": e} or {"patience": p}), set for the duration of
         # `predict` by layerwise.callbacks.EarlyExitPredictionWriter; None runs the full model.
         self.early_exit: Optional[dict[str, Any]] = None
@@ -174,6 +178,39 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
                 last = self.backbone.head(outputs[FEATURES][-1])
             self.log("train/acc", (last.argmax(-1) == outputs[TARGETS]).float().mean(), prog_bar=True)
         return loss
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._batch_step = self.trainer.global_step  # the step Lightning logs this batch's metrics under
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Watch the training loss: the first non-finite one is warned about once, with its step (see below)."""
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if self._nonfinite_warned or not isinstance(loss, Tensor):
+            return
+        step = torch.tensor(getattr(self, "_batch_step", self.trainer.global_step), device=loss.device)
+        first = self._first_nonfinite_step
+        if first is None:
+            first = torch.full((), -1, dtype=torch.long, device=loss.device)
+        bad = ~torch.isfinite(loss.detach()).all()
+        self._first_nonfinite_step = torch.where(bad & (first < 0), step, first)
+        if (batch_idx + 1) % max(1, self.trainer.log_every_n_steps) == 0:  # read (a sync) only when Lightning logs
+            self._warn_nonfinite_loss()
+
+    def on_train_epoch_end(self) -> None:
+        self._warn_nonfinite_loss()
+
+    def _warn_nonfinite_loss(self) -> None:
+        if self._nonfinite_warned or self._first_nonfinite_step is None:
+            return
+        step = int(self._first_nonfinite_step)
+        if step < 0:
+            return
+        self._nonfinite_warned = True
+        rank_zero_warn(
+            f"{type(self).__name__}: the training loss was not finite (NaN/inf) at global step {step}, the first "
+            "such step (warned once per run): check the inputs for NaN/inf, or lower the learning rate; the analysis "
+            "skips non-finite samples and counts them in `n_nonfinite`."
+        )
 
     @torch.no_grad()
     def layer_outputs(self, batch: Any) -> dict[str, Tensor]:
