@@ -45,7 +45,8 @@ def test_a_truncated_ckpt_path_is_named_before_lightning_reads_it(tmp_path, trun
 def test_a_foreign_file_is_not_a_pytorch_checkpoint(tmp_path):
     path = tmp_path / "notes.ckpt"
     path.write_text("not a checkpoint")
-    with pytest.raises(ValueError, match=rf"`--ckpt_path={path}` is not a PyTorch checkpoint \(UnpicklingError"):
+    message = rf"`--ckpt_path={path}` is not a PyTorch checkpoint \(neither a torch.save archive nor a pickle\)\.$"
+    with pytest.raises(ValueError, match=message):
         trainer(tmp_path / "run", []).validate(fitted_module(), val_loader(), ckpt_path=path)
 
 

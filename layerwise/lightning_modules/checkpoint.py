@@ -43,7 +43,10 @@ def check_checkpoint(checkpoint: Union[str, Path], option: str = "--checkpoint")
     if not path.is_file():
         raise ValueError(f"`{option}={path}`: no such file.")
     with open(path, "rb") as file:
-        zipped = file.read(len(ZIP_MAGIC)) == ZIP_MAGIC
+        head = file.read(len(ZIP_MAGIC))
+    zipped = head == ZIP_MAGIC
+    if not zipped and not head.startswith(b"\x80"):  # neither torch.save's archive nor its legacy pickle
+        raise ValueError(f"`{option}={path}` is not a PyTorch checkpoint (neither a torch.save archive nor a pickle).")
     if zipped and not zipfile.is_zipfile(path):
         raise ValueError(
             f"`{option}={path}` is truncated ({path.stat().st_size:,} bytes, the end of the archive is missing): "
@@ -67,7 +70,8 @@ def read_checkpoint(
     try:
         saved = torch.load(path, map_location="cpu", weights_only=weights_only, mmap=zipfile.is_zipfile(path))
     except Exception as error:  # a foreign file: pickle and torch errors alike
-        raise ValueError(f"`{option}={path}` is not a PyTorch checkpoint ({type(error).__name__}: {error}).") from None
+        reason = (str(error).strip().splitlines() or [""])[0][:200]  # torch's own advice runs over many lines
+        raise ValueError(f"`{option}={path}` is not a PyTorch checkpoint ({type(error).__name__}: {reason}).") from None
     if not isinstance(saved, dict):
         raise ValueError(f"`{option}={path}` holds a {type(saved).__name__}, not a Lightning checkpoint (a dict).")
     return saved
