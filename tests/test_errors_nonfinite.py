@@ -75,3 +75,10 @@ def test_a_nan_training_loss_is_warned_once_with_its_step(tmp_path):
         "run): check the inputs for NaN/inf, or lower the learning rate; the analysis skips non-finite samples and "
         "counts them in `n_nonfinite`."
     ]
+
+
+def test_empty_data_draws_a_note_not_an_error():
+    figure = summary_figures({"layers": [], "cos": []})["cos"]
+    figure.canvas.draw()
+    assert notes(figure) == ["no finite COS values to draw"]
+    plt.close(figure)

@@ -54,6 +54,9 @@ def heatmap(matrix: Any, layers: Sequence[int], title: str) -> Figure:
     finite = values[np.isfinite(values)]
     if finite.size == 0:
         no_data_note(ax, f"{title} values")
+    if values.ndim != 2 or values.size == 0:  # nothing analysed: no image to draw
+        ax.set_title(title)
+        return fig
     image = ax.imshow(values, cmap="viridis", vmin=min(0.0, float(finite.min(initial=0.0))), vmax=1.0)
     _ticks(ax, layers)
     ax.set_xlabel("layer")
