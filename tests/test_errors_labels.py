@@ -1,5 +1,7 @@
 """A label outside the model's classes is named with its set, file and the class count before any step runs."""
 
+from pathlib import Path
+
 import datasets
 import numpy as np
 import pytest
@@ -8,11 +10,14 @@ from helpers import tiny_backbone, trainer
 from test_datamodules import skip_md5, write_cifar  # noqa: F401 (skip_md5 is a fixture)
 from torch.utils.data import TensorDataset
 
+from layerwise.cli import LayerwiseCLI
 from layerwise.datamodules import CIFAR10DataModule, DigitsDataModule
 from layerwise.datamodules._base import dataset_labels
 from layerwise.datamodules._hub import HubImageDataset
 from layerwise.features import TimmViT
 from layerwise.lightning_modules import Standard
+
+QUICKSTART = str(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml")
 
 
 class DigitsWithALabel12(DigitsDataModule):
@@ -63,3 +68,28 @@ def test_labels_in_range_pass_and_fit_runs(tmp_path):
     job = trainer(tmp_path, [], max_steps=1, limit_val_batches=0)
     job.fit(module, datamodule=DigitsDataModule(batch_size=16))
     assert job.global_step == 1
+
+
+@pytest.mark.xfail(
+    "_run_subcommand" not in LayerwiseCLI.__dict__,
+    strict=True,
+    reason="the label check runs inside Lightning's fit (module setup): LayerwiseCLI must print UsageError in one line",
+)
+def test_the_cli_names_the_label_in_one_line_before_training(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        LayerwiseCLI(
+            args=[
+                "fit",
+                "--config",
+                QUICKSTART,
+                "--data.class_path=test_errors_labels.DigitsWithALabel12",
+                f"--trainer.logger.init_args.save_dir={tmp_path}",
+                "--trainer.enable_progress_bar=false",
+            ]
+        )
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert "The train set of DigitsWithALabel12 has the label 12" in lines[0]
+    assert not any(tmp_path.rglob("*.ckpt"))

@@ -11,6 +11,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
 from layerwise._compat import built_by_lightning_cli
+from layerwise.errors import UsageError
 from layerwise.features import (
     EXIT_LOGITS,
     EXIT_PREFIX,
@@ -376,7 +377,7 @@ def check_data_compatible(model: LayerwiseModule, datamodule: Any, after_setup: 
         return
     data_vocab = datamodule.vocab_size
     if data_vocab > model_vocab:
-        raise ValueError(
+        raise UsageError(
             f"The tokenizer has {data_vocab} tokens but the model's vocabulary has {model_vocab}: set "
             f"`--model.init_args.backbone.init_args.config_overrides` vocab_size (n_vocab) to at least {data_vocab}, "
             "or use the model's own tokenizer (`--data.init_args.tokenizer`)."
@@ -384,7 +385,7 @@ def check_data_compatible(model: LayerwiseModule, datamodule: Any, after_setup: 
 
 
 def check_labels(datamodule: Any, num_classes: int, grouped: bool = False) -> None:
-    """Raise a ValueError naming the set, its file and the label when a label lies outside ``0..num_classes-1``.
+    """Raise a UsageError naming the set, its file and the label when a label lies outside ``0..num_classes-1``.
 
     Run before any training or evaluation step (``LayerwiseModule.setup``), so a label the head has no class for is
     not found by ``cross_entropy`` mid-training (``IndexError: Target 12 is out of bounds``). Reads only the labels
@@ -410,7 +411,7 @@ def check_labels(datamodule: Any, num_classes: int, grouped: bool = False) -> No
             if grouped
             else f"the model's {num_classes} classes (`--model.init_args.backbone.init_args.num_classes={num_classes}`)"
         )
-        raise ValueError(
+        raise UsageError(
             f"{where} has the label {label} ({count} of {labels.size} samples outside 0..{num_classes - 1}), but "
             f"{whose} have the ids 0..{num_classes - 1}: fix those labels or use data of these classes."
         )

@@ -14,6 +14,8 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch import LightningModule, Trainer
 from torch import nn
 
+from layerwise.errors import UsageError
+
 TRUSTED_PACKAGES = ("layerwise.",)
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format (a zip archive) since PyTorch 1.6
 DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of a sharded checkpoint folder
@@ -36,19 +38,19 @@ def check_checkpoint(checkpoint: Union[str, Path], option: str = "--checkpoint")
     if path.is_dir():
         if is_sharded_checkpoint(path):
             return path
-        raise ValueError(
+        raise UsageError(
             f"`{option}={path}` is a folder, neither a checkpoint file nor a sharded checkpoint (it has no "
             f"`{DCP_METADATA}` of torch.distributed.checkpoint)."
         )
     if not path.is_file():
-        raise ValueError(f"`{option}={path}`: no such file.")
+        raise UsageError(f"`{option}={path}`: no such file.")
     with open(path, "rb") as file:
         head = file.read(len(ZIP_MAGIC))
     zipped = head == ZIP_MAGIC
     if not zipped and not head.startswith(b"\x80"):  # neither torch.save's archive nor its legacy pickle
-        raise ValueError(f"`{option}={path}` is not a PyTorch checkpoint (neither a torch.save archive nor a pickle).")
+        raise UsageError(f"`{option}={path}` is not a PyTorch checkpoint (neither a torch.save archive nor a pickle).")
     if zipped and not zipfile.is_zipfile(path):
-        raise ValueError(
+        raise UsageError(
             f"`{option}={path}` is truncated ({path.stat().st_size:,} bytes, the end of the archive is missing): "
             "the copy or the save was cut short; copy it again or use another checkpoint."
         )
@@ -71,9 +73,9 @@ def read_checkpoint(
         saved = torch.load(path, map_location="cpu", weights_only=weights_only, mmap=zipfile.is_zipfile(path))
     except Exception as error:  # a foreign file: pickle and torch errors alike
         reason = (str(error).strip().splitlines() or [""])[0][:200]  # torch's own advice runs over many lines
-        raise ValueError(f"`{option}={path}` is not a PyTorch checkpoint ({type(error).__name__}: {reason}).") from None
+        raise UsageError(f"`{option}={path}` is not a PyTorch checkpoint ({type(error).__name__}: {reason}).") from None
     if not isinstance(saved, dict):
-        raise ValueError(f"`{option}={path}` holds a {type(saved).__name__}, not a Lightning checkpoint (a dict).")
+        raise UsageError(f"`{option}={path}` holds a {type(saved).__name__}, not a Lightning checkpoint (a dict).")
     return saved
 
 
@@ -96,7 +98,7 @@ def consolidate_sharded(
         try:
             dcp_to_torch_save(path, whole)
         except Exception as error:  # a missing or damaged shard
-            raise ValueError(
+            raise UsageError(
                 f"`{option}={path}` is a sharded checkpoint folder whose shards cannot be read "
                 f"({type(error).__name__}: {error})."
             ) from None
@@ -127,7 +129,7 @@ class CheckpointReader(TorchCheckpointIO):
         self, path: Any, map_location: Optional[Callable] = lambda storage, loc: storage, weights_only: Any = None
     ) -> dict[str, Any]:
         if self.fitting and is_sharded_checkpoint(path):
-            raise ValueError(
+            raise UsageError(
                 f"`--ckpt_path={path}` is a sharded (FSDP2) checkpoint: resume `fit` from it with the strategy that "
                 "wrote it (`--config configs/trainer/fsdp_gpu.yaml`, the same number of processes); one process can "
                 "validate, test, predict and export from it."
