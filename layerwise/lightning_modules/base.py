@@ -180,6 +180,9 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
             self.log("train/acc", (last.argmax(-1) == outputs[TARGETS]).float().mean(), prog_bar=True)
         return loss
 
+    def on_fit_start(self) -> None:
+        self._first_nonfinite_step, self._nonfinite_warned = None, False  # once per run, not once per module
+
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._batch_step = self.trainer.global_step  # the step Lightning logs this batch's metrics under
 
