@@ -70,3 +70,12 @@ def test_the_cli_answers_a_truncated_ckpt_path_in_one_line(tmp_path, truncated, 
     assert exit_info.value.code == 2
     lines = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(lines) == 1 and f"`--ckpt_path={truncated}` is truncated" in lines[0], lines
+
+
+def test_the_private_lightningcli_hooks_a_one_line_cli_needs_still_exist():
+    """LayerwiseCLI checks `--ckpt_path` in `_parse_ckpt_path` (LightningCLI torch.loads it there, in `__init__`) and
+    prints a UsageError raised inside the run from `_run_subcommand`: private LightningCLI methods (checked on 2.6)."""
+    from lightning.pytorch.cli import LightningCLI
+
+    assert callable(getattr(LightningCLI, "_parse_ckpt_path", None))
+    assert callable(getattr(LightningCLI, "_run_subcommand", None))
