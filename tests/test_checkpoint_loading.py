@@ -23,7 +23,7 @@ def test_a_foreign_class_path_is_refused_before_anything_is_imported(tmp_path, m
 @pytest.mark.parametrize(
     ("content", "message"),
     [
-        (b"PK\x03\x04 truncated", "is not a readable PyTorch checkpoint"),
+        (b"PK\x03\x04 truncated", "is truncated"),
         (None, "no hyper_parameters"),
     ],
 )

@@ -46,6 +46,7 @@ class NpzImageDataset(Dataset):
             if "images" not in data or "labels" not in data:
                 raise ValueError(f"{path}: expected the arrays 'images' and 'labels', found {sorted(data.files)}.")
             self.images, self.labels = data["images"], data["labels"].astype(np.int64)
+        self.source = path  # named by the label check (layerwise.datamodules._base.dataset_labels)
         if self.images.ndim != 4 or self.images.shape[-1] != 3 or len(self.images) != len(self.labels):
             raise ValueError(f"{path}: expected images (N, H, W, 3) and N labels, got {self.images.shape}.")
         self.transform = transform

@@ -4,7 +4,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from layerwise.figures.summary import _figure
+from layerwise.figures.summary import _figure, finite_values, no_data_note
 
 
 def norm_ratio_figure(results: dict[str, Any]) -> Figure:
@@ -24,7 +24,11 @@ def norm_ratio_figure(results: dict[str, Any]) -> Figure:
         ax.fill_between(layers, level(0.25), level(0.75), color=color, alpha=0.2, linewidth=0)
         mean = [float("nan") if value is None else value for value in results["mean"][index]]
         ax.plot(layers, mean, linestyle="--", color=color, linewidth=1)
-    ax.set_yscale("log")
+    drawn = finite_values([results["quantiles"], results["mean"]])
+    if (drawn > 0).any():
+        ax.set_yscale("log")
+    else:  # NaN inputs: nothing a log axis can show
+        no_data_note(ax, "positive ratios")
     ax.set_xlabel("layer")
     ax.set_ylabel("||x|| / ||F(x)||")
     ax.set_xticks(layers if len(layers) <= 16 else layers[:: max(1, len(layers) // 12)])

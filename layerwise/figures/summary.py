@@ -19,6 +19,25 @@ def _figure(width: float, height: float, right: float = 0.88) -> tuple[Figure, A
     return fig, ax
 
 
+def finite_values(values: Any) -> np.ndarray:
+    """The finite entries of nested lists (``None`` = NaN in the summaries) as a flat float array."""
+
+    def flat(item: Any) -> Any:
+        if isinstance(item, (list, tuple)):
+            for inner in item:
+                yield from flat(inner)
+        else:
+            yield np.nan if item is None else float(item)
+
+    array = np.fromiter(flat(values), dtype=float)
+    return array[np.isfinite(array)]
+
+
+def no_data_note(ax: Any, what: str) -> None:
+    """Say on the axes that ``what`` has no finite value to draw (NaN inputs, or nothing analysed)."""
+    ax.text(0.5, 0.5, f"no finite {what} to draw", ha="center", va="center", transform=ax.transAxes, color="0.4")
+
+
 def _ticks(ax: Any, layers: Sequence[int], axis: str = "both") -> None:
     step = max(1, len(layers) // 12)
     positions = list(range(0, len(layers), step))
@@ -30,9 +49,15 @@ def _ticks(ax: Any, layers: Sequence[int], axis: str = "both") -> None:
 
 def heatmap(matrix: Any, layers: Sequence[int], title: str) -> Figure:
     """Layer-by-layer similarity matrix (COS or CKA) with layer 1 at the top left."""
-    values = np.asarray(matrix, dtype=float)
+    values = np.asarray([[np.nan if v is None else v for v in row] for row in matrix], dtype=float)
     fig, ax = _figure(4.6, 4.0, right=0.95)
-    image = ax.imshow(values, cmap="viridis", vmin=min(0.0, float(np.nanmin(values))), vmax=1.0)
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        no_data_note(ax, f"{title} values")
+    if values.ndim != 2 or values.size == 0:  # nothing analysed: no image to draw
+        ax.set_title(title)
+        return fig
+    image = ax.imshow(values, cmap="viridis", vmin=min(0.0, float(finite.min(initial=0.0))), vmax=1.0)
     _ticks(ax, layers)
     ax.set_xlabel("layer")
     ax.set_ylabel("layer")
@@ -82,8 +107,9 @@ def cos_box_plots(
     where = {round(float(level), 6): index for index, level in enumerate(levels)}
 
     def at(row: Sequence[float], level: float) -> float:
-        return float(row[where[level]])
+        return float("nan") if row[where[level]] is None else float(row[where[level]])
 
+    drawn = [index for index, row in enumerate(quantiles) if finite_values(row).size == len(row)]  # NaN: none
     stats = [
         {
             "med": at(row, 0.5),
@@ -93,17 +119,22 @@ def cos_box_plots(
             "whishi": at(row, 0.99),
             "fliers": [at(row, 0.0), at(row, 1.0)],
         }
-        for row in quantiles
+        for row in (quantiles[index] for index in drawn)
     ]
     fig, ax = _figure(5.6, 3.8)
-    ax.bxp(stats, positions=list(range(len(layers))), widths=0.6, flierprops={"marker": ".", "markersize": 4})
+    ax.set_xlim(-0.5, len(layers) - 0.5)
+    if stats:
+        ax.bxp(stats, positions=drawn, widths=0.6, flierprops={"marker": ".", "markersize": 4})
+    else:
+        no_data_note(ax, "per-sample COS")
     ax.axhline(0.0, color="grey", linewidth=0.8, linestyle=":")
     ax.set_ylim(-1.05, 1.05)
     _ticks(ax, layers, axis="x")
     ax.set_xlabel("layer l")
     ax.set_ylabel("per-sample COS(h_l, h_L)")
     twin = ax.twinx()
-    twin.plot(range(len(layers)), [100.0 * float(value) for value in negative], color="tab:red", marker=".")
+    negative = [np.nan if value is None else 100.0 * float(value) for value in negative]
+    twin.plot(range(len(layers)), negative, color="tab:red", marker=".")
     twin.set_ylabel("negative COS (% of samples)", color="tab:red")
     twin.set_ylim(bottom=0.0)
     ax.set_title("COS to the last layer, per sample", fontsize="medium")
@@ -150,7 +181,8 @@ def exits_per_layer(early_exit: Sequence[dict[str, Any]], layers: Sequence[int])
     width = 0.8 / max(1, len(early_exit))
     for i, row in enumerate(early_exit):
         offset = (i - (len(early_exit) - 1) / 2) * width
-        label = f"τ={row['threshold']:g}: acc {row['accuracy']:.3f}, ×{row['speedup']:.2f}"
+        accuracy, speedup = (f"{row[key]:.3f}" if row[key] is not None else "-" for key in ("accuracy", "speedup"))
+        label = f"τ={row['threshold']:g}: acc {accuracy}, ×{speedup}"
         ax.bar(np.asarray(layers) + offset, row["exit_counts"], width=width, label=label)
     ax.set_xlabel("exit layer")
     ax.set_ylabel("samples")

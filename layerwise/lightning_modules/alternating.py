@@ -24,7 +24,11 @@ class AlternatingAligned(Aligned):
         alternate_by: ``"optimizer_step"`` (default) or ``"micro_batch"``.
         Others (sampled exits included, which then apply on the aligned steps): see :class:`Aligned`.
 
-    Logged keys: ``train/aligned_step`` (1 when the step used the aligned loss), plus those of the base.
+    Logged keys: ``train/loss_last`` and ``train/loss_aligned``, each objective under its own name on the steps it
+    runs (a logger writes every ``log_every_n_steps``; a key not logged at that step keeps its latest value, so with
+    an even ``log_every_n_steps`` — every written step an aligned one — the last-layer curve still exists, from the
+    step before); ``train/aligned_step`` (1 when the step used the aligned loss); plus those of the base
+    (``train/loss`` is the objective of the step).
     """
 
     def __init__(
@@ -68,6 +72,6 @@ class AlternatingAligned(Aligned):
     def compute_loss(self, outputs: dict[str, Tensor]) -> Tensor:
         aligned = self.step_number() % 2 == 0
         self.log("train/aligned_step", float(aligned))
-        if aligned:
-            return self.aligned_loss(outputs)
-        return self.last_layer_loss(outputs)
+        loss = self.aligned_loss(outputs) if aligned else self.last_layer_loss(outputs)
+        self.log("train/loss_aligned" if aligned else "train/loss_last", loss)
+        return loss

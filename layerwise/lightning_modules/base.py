@@ -7,10 +7,11 @@ from typing import Any, Literal, Optional
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
 from layerwise._compat import built_by_lightning_cli
+from layerwise.errors import UsageError
 from layerwise.features import (
     EXIT_LOGITS,
     EXIT_PREFIX,
@@ -29,6 +30,7 @@ from layerwise.features import (
 )
 from layerwise.features.readout import DEFAULT_CHUNK_SIZE, Head
 from layerwise.inference.early_exit import EXIT_LAYERS, early_exit_predict
+from layerwise.lightning_modules.checkpoint import use_checkpoint_reader
 from layerwise.metrics import Readout, readout_from_logits
 from layerwise.metrics.functional import group_logits
 from layerwise.results import loader_stages
@@ -107,6 +109,10 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
         self.scheduler_interval = scheduler_interval
         self.label_smoothing = label_smoothing
         self.chunk_size = chunk_size
+        # The first optimizer step whose training loss was NaN/inf (-1: none yet), kept on the loss's device so that
+        # watching costs no synchronisation; read at logging steps and warned about once per run.
+        self._first_nonfinite_step: Optional[Tensor] = None
+        self._nonfinite_warned = False
         # Predict-time early exit ({"threshold": 0.9}, {"entropy": e} or {"patience": p}), set for the duration of
         # `predict` by layerwise.callbacks.EarlyExitPredictionWriter; None runs the full model.
         self.early_exit: Optional[dict[str, Any]] = None
@@ -173,6 +179,42 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
                 last = self.backbone.head(outputs[FEATURES][-1])
             self.log("train/acc", (last.argmax(-1) == outputs[TARGETS]).float().mean(), prog_bar=True)
         return loss
+
+    def on_fit_start(self) -> None:
+        self._first_nonfinite_step, self._nonfinite_warned = None, False  # once per run, not once per module
+
+    def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
+        self._batch_step = self.trainer.global_step  # the step Lightning logs this batch's metrics under
+
+    def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
+        """Watch the training loss: the first non-finite one is warned about once, with its step (see below)."""
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if self._nonfinite_warned or not isinstance(loss, Tensor):
+            return
+        step = torch.tensor(getattr(self, "_batch_step", self.trainer.global_step), device=loss.device)
+        first = self._first_nonfinite_step
+        if first is None:
+            first = torch.full((), -1, dtype=torch.long, device=loss.device)
+        bad = ~torch.isfinite(loss.detach()).all()
+        self._first_nonfinite_step = torch.where(bad & (first < 0), step, first)
+        if (batch_idx + 1) % max(1, self.trainer.log_every_n_steps) == 0:  # read (a sync) only when Lightning logs
+            self._warn_nonfinite_loss()
+
+    def on_train_epoch_end(self) -> None:
+        self._warn_nonfinite_loss()
+
+    def _warn_nonfinite_loss(self) -> None:
+        if self._nonfinite_warned or self._first_nonfinite_step is None:
+            return
+        step = int(self._first_nonfinite_step)
+        if step < 0:
+            return
+        self._nonfinite_warned = True
+        rank_zero_warn(
+            f"{type(self).__name__}: the training loss was not finite (NaN/inf) at global step {step}, the first "
+            "such step (warned once per run): check the inputs for NaN/inf, or lower the learning rate; the analysis "
+            "skips non-finite samples and counts them in `n_nonfinite`."
+        )
 
     @torch.no_grad()
     def layer_outputs(self, batch: Any) -> dict[str, Tensor]:
@@ -244,6 +286,7 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
 
     def setup(self, stage: str) -> None:
         check_data_compatible(self, getattr(self.trainer, "datamodule", None), after_setup=True)
+        use_checkpoint_reader(self.trainer, stage)  # before Lightning restores --ckpt_path: one line for a bad file
         if stage == "fit":
             rank_zero_info(self.head_parameter_report())
 
@@ -299,7 +342,8 @@ def _readout_dict(readout: Readout) -> dict[str, Optional[Tensor]]:
 def check_data_compatible(model: LayerwiseModule, datamodule: Any, after_setup: bool = False) -> None:
     """Raise a ValueError naming the flag when the model's classes or vocabulary disagree with the data's.
 
-    The vocabulary of a trained tokenizer is known only after the datamodule's ``setup``: ``after_setup`` checks it.
+    The vocabulary of a trained tokenizer and the labels themselves are known only after the datamodule's ``setup``:
+    ``after_setup`` checks them (:func:`check_labels`).
     """
     backbone = model.backbone
     data_classes = getattr(datamodule, "num_classes", None)
@@ -328,13 +372,49 @@ def check_data_compatible(model: LayerwiseModule, datamodule: Any, after_setup: 
                 f"The model has `--model.init_args.backbone.init_args.{name}={model_value}` but the data gives "
                 f"{data_value}; set {name}={data_value}."
             )
+    if after_setup and not backbone.token_level:
+        groups = getattr(datamodule, "label_groups", None)
+        check_labels(datamodule, backbone.num_classes if groups is None else len(groups), grouped=groups is not None)
     model_vocab = getattr(backbone, "vocab_size", None)
     if not after_setup or model_vocab is None or getattr(datamodule, "tokenizer", None) is None:
         return
     data_vocab = datamodule.vocab_size
     if data_vocab > model_vocab:
-        raise ValueError(
+        raise UsageError(
             f"The tokenizer has {data_vocab} tokens but the model's vocabulary has {model_vocab}: set "
             f"`--model.init_args.backbone.init_args.config_overrides` vocab_size (n_vocab) to at least {data_vocab}, "
             "or use the model's own tokenizer (`--data.init_args.tokenizer`)."
+        )
+
+
+def check_labels(datamodule: Any, num_classes: int, grouped: bool = False) -> None:
+    """Raise a UsageError naming the set, its file and the label when a label lies outside ``0..num_classes-1``.
+
+    Run before any training or evaluation step (``LayerwiseModule.setup``), so a label the head has no class for is
+    not found by ``cross_entropy`` mid-training (``IndexError: Target 12 is out of bounds``). Reads only the labels
+    (:func:`~layerwise.datamodules._base.dataset_labels`); a dataset whose labels it cannot read is not checked.
+    GLUE/HANS test rows without a label (-1) are allowed in the test set.
+    """
+    from layerwise.datamodules._base import dataset_labels, labelled_sets
+
+    for role, dataset in labelled_sets(datamodule):
+        found = dataset_labels(dataset)
+        if found is None or found[1].size == 0:
+            continue
+        source, labels = found
+        bad = (labels < 0) | (labels >= num_classes)
+        if role == "test":
+            bad &= labels != -1
+        if not bad.any():
+            continue
+        label, count = labels[bad][0].item(), int(bad.sum())
+        where = f"`{source}` ({role} set)" if source else f"The {role} set of {type(datamodule).__name__}"
+        whose = (
+            f"the data's {num_classes} label groups"
+            if grouped
+            else f"the model's {num_classes} classes (`--model.init_args.backbone.init_args.num_classes={num_classes}`)"
+        )
+        raise UsageError(
+            f"{where} has the label {label} ({count} of {labels.size} samples outside 0..{num_classes - 1}), but "
+            f"{whose} have the ids 0..{num_classes - 1}: fix those labels or use data of these classes."
         )

@@ -1,15 +1,146 @@
 """The one way layerwise loads a module from a Lightning checkpoint written by ``layerwise fit``."""
 
 import importlib
+import io
 import sys
+import tempfile
+import zipfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 import torch
-from lightning.pytorch import LightningModule
+from lightning.fabric.plugins import TorchCheckpointIO
+from lightning.pytorch import LightningModule, Trainer
 from torch import nn
 
+from layerwise.errors import UsageError
+
 TRUSTED_PACKAGES = ("layerwise.",)
+ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format (a zip archive) since PyTorch 1.6
+DCP_METADATA = ".metadata"  # torch.distributed.checkpoint's index of a sharded checkpoint folder
+LIGHTNING_META = "meta.pt"  # what Lightning's ModelParallelStrategy saves beside the shards (all but the tensors)
+
+
+def is_sharded_checkpoint(path: Union[str, Path]) -> bool:
+    """Whether ``path`` is a sharded checkpoint folder (FSDP2 under Lightning's ``ModelParallelStrategy``)."""
+    return Path(path).is_dir() and (Path(path) / DCP_METADATA).is_file()
+
+
+def check_checkpoint(checkpoint: Union[str, Path], option: str = "--checkpoint") -> Path:
+    """``checkpoint`` as a Path, or one clear ValueError naming ``option`` and the file; reads no tensor.
+
+    A torch.save archive whose end (the zip index) is missing — a copy or a write cut short — is reported as
+    truncated (torch itself would answer ``OSError: [Errno 22] Invalid argument`` or a zip error). A sharded
+    checkpoint folder (:func:`is_sharded_checkpoint`) passes; any other folder does not.
+    """
+    path = Path(checkpoint)
+    if path.is_dir():
+        if is_sharded_checkpoint(path):
+            return path
+        raise UsageError(
+            f"`{option}={path}` is a folder, neither a checkpoint file nor a sharded checkpoint (it has no "
+            f"`{DCP_METADATA}` of torch.distributed.checkpoint)."
+        )
+    if not path.is_file():
+        raise UsageError(f"`{option}={path}`: no such file.")
+    with open(path, "rb") as file:
+        head = file.read(len(ZIP_MAGIC))
+    zipped = head == ZIP_MAGIC
+    if not zipped and not head.startswith(b"\x80"):  # neither torch.save's archive nor its legacy pickle
+        raise UsageError(f"`{option}={path}` is not a PyTorch checkpoint (neither a torch.save archive nor a pickle).")
+    if zipped and not zipfile.is_zipfile(path):
+        raise UsageError(
+            f"`{option}={path}` is truncated ({path.stat().st_size:,} bytes, the end of the archive is missing): "
+            "the copy or the save was cut short; copy it again or use another checkpoint."
+        )
+    return path
+
+
+def read_checkpoint(
+    checkpoint: Union[str, Path], option: str = "--checkpoint", weights_only: Optional[bool] = True
+) -> dict[str, Any]:
+    """The dict of a checkpoint file or of a sharded checkpoint folder, or one clear ValueError naming ``option``.
+
+    Checked first by :func:`check_checkpoint` (missing, truncated); anything else torch cannot read is reported as
+    not a PyTorch checkpoint. Tensors of a zip archive stay memory-mapped on disk. A sharded folder is consolidated
+    in memory (:func:`consolidate_sharded`), so one process reads what FSDP2 on many wrote.
+    """
+    path = check_checkpoint(checkpoint, option)
+    if path.is_dir():
+        return consolidate_sharded(path, option, weights_only)
+    try:
+        saved = torch.load(path, map_location="cpu", weights_only=weights_only, mmap=zipfile.is_zipfile(path))
+    except Exception as error:  # a foreign file: pickle and torch errors alike
+        reason = (str(error).strip().splitlines() or [""])[0][:200]  # torch's own advice runs over many lines
+        raise UsageError(f"`{option}={path}` is not a PyTorch checkpoint ({type(error).__name__}: {reason}).") from None
+    if not isinstance(saved, dict):
+        raise UsageError(f"`{option}={path}` holds a {type(saved).__name__}, not a Lightning checkpoint (a dict).")
+    return saved
+
+
+def consolidate_sharded(
+    folder: Union[str, Path], option: str = "--checkpoint", weights_only: Optional[bool] = True
+) -> dict[str, Any]:
+    """The whole checkpoint of a sharded folder, as Lightning's ``ModelParallelStrategy`` (FSDP2) saves one.
+
+    The shards are gathered by torch.distributed.checkpoint's public ``dcp_to_torch_save`` (on one process, no
+    process group; the whole model must fit in CPU memory), and the folder's ``meta.pt`` (epoch, step,
+    hyper-parameters, callback states) is merged in. The sharded optimizer states (``optimizer_N``, keyed by
+    parameter name) are left out: only a run with the same strategy can resume from them, and it reads the folder
+    itself. The same as Lightning's ``python -m lightning.fabric.utilities.consolidate_checkpoint FOLDER``.
+    """
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    path = Path(folder)
+    with tempfile.TemporaryDirectory(prefix="layerwise-consolidate-") as scratch:
+        whole = Path(scratch) / "whole.pt"
+        try:
+            dcp_to_torch_save(path, whole)
+        except Exception as error:  # a missing or damaged shard
+            raise UsageError(
+                f"`{option}={path}` is a sharded checkpoint folder whose shards cannot be read "
+                f"({type(error).__name__}: {error})."
+            ) from None
+        saved = torch.load(whole, map_location="cpu", weights_only=True, mmap=True)  # mapped: survives the unlink
+    if (path / LIGHTNING_META).is_file():
+        saved.update(read_checkpoint(path / LIGHTNING_META, option, weights_only))
+    return {key: value for key, value in saved.items() if not key.startswith("optimizer_")}
+
+
+class CheckpointReader(TorchCheckpointIO):
+    """Lightning's checkpoint IO, reading through :func:`read_checkpoint` (one clear error for a broken file).
+
+    :class:`~layerwise.lightning_modules.LayerwiseModule` puts it in place of the default ``TorchCheckpointIO`` in
+    its ``setup`` (before Lightning restores ``--ckpt_path``), so ``fit/validate/test/predict --ckpt_path`` answer a
+    truncated or foreign file in one line naming it, and ``validate/test/predict`` on one process (or under DDP) read
+    a sharded FSDP2 checkpoint folder. Resuming ``fit`` from such a folder needs its sharded optimizer state: that
+    is refused here in one line (run it under the strategy that wrote it). Writing is unchanged.
+
+    Args:
+        fitting: whether the trainer restores for ``fit`` (a resume).
+    """
+
+    def __init__(self, fitting: bool = False) -> None:
+        super().__init__()
+        self.fitting = fitting
+
+    def load_checkpoint(
+        self, path: Any, map_location: Optional[Callable] = lambda storage, loc: storage, weights_only: Any = None
+    ) -> dict[str, Any]:
+        if self.fitting and is_sharded_checkpoint(path):
+            raise UsageError(
+                f"`--ckpt_path={path}` is a sharded (FSDP2) checkpoint: resume `fit` from it with the strategy that "
+                "wrote it (`--config configs/trainer/fsdp_gpu.yaml`, the same number of processes); one process can "
+                "validate, test, predict and export from it."
+            )
+        return read_checkpoint(path, "--ckpt_path", weights_only=weights_only)
+
+
+def use_checkpoint_reader(trainer: Trainer, stage: str) -> None:
+    """Make ``trainer`` read checkpoints through :class:`CheckpointReader` unless it was given its own IO plugin."""
+    if type(trainer.strategy.checkpoint_io) in (TorchCheckpointIO, CheckpointReader):
+        trainer.strategy.checkpoint_io = CheckpointReader(fitting=stage == "fit")
 
 
 def load_module(
@@ -20,15 +151,11 @@ def load_module(
     The file is read with ``weights_only=True`` (no pickled code runs) and the class path is checked against
     ``trusted`` package prefixes (or modules the program has already imported) *before* anything is imported, so a
     checkpoint from elsewhere cannot make layerwise import a module from the current folder. Errors name ``option``.
+    ``checkpoint`` may also be the sharded folder an FSDP2 run writes (:func:`consolidate_sharded`).
     """
     path = Path(checkpoint)
-    if not path.is_file():
-        raise ValueError(f"`{option}={path}`: no such file.")
-    try:
-        saved = torch.load(path, map_location="cpu", weights_only=True, mmap=True)  # mmap: tensors stay on disk
-    except Exception as error:  # a truncated or foreign file: pickle, zip and torch errors alike
-        raise ValueError(f"`{option}={path}` is not a readable PyTorch checkpoint ({error}).") from None
-    class_path = saved.get("hyper_parameters", {}).get("_class_path") if isinstance(saved, dict) else None
+    saved = read_checkpoint(path, option)
+    class_path = saved.get("hyper_parameters", {}).get("_class_path")
     if not class_path:
         raise ValueError(
             f"`{option}={path}`: no hyper_parameters['_class_path'] (write checkpoints with `layerwise fit`)."
@@ -42,6 +169,11 @@ def load_module(
     module_class = getattr(importlib.import_module(module_name), class_name, None)
     if not (isinstance(module_class, type) and issubclass(module_class, LightningModule)):
         raise ValueError(f"`{option}={path}`: {class_path!r} is not a LightningModule class.")
+    if path.is_dir():  # a sharded folder, consolidated above: Lightning loads the whole checkpoint from memory
+        buffer = io.BytesIO()
+        torch.save(saved, buffer)
+        buffer.seek(0)
+        return module_class.load_from_checkpoint(buffer, map_location="cpu", weights_only=True)
     return module_class.load_from_checkpoint(path, map_location="cpu", weights_only=True)
 
 
@@ -63,7 +195,7 @@ def load_model(
 
     if isinstance(spec, nn.Module):
         return find_model(spec, option)
-    if str(spec).endswith(".ckpt"):
+    if str(spec).endswith(".ckpt") or is_sharded_checkpoint(spec):
         return find_model(load_module(spec, option), option)
     import transformers
 
