@@ -23,3 +23,30 @@ def built_by_lightning_cli() -> bool:
         return False
     value: Any = _given_hyperparameters.get()
     return value is not None
+
+
+CHECKED_TORCHMETRICS = "1.9"
+
+
+class Float64StatesOnCast:
+    """Mixin for a ``torchmetrics.Metric`` whose float64 sum states must survive a parent module's dtype cast.
+
+    Private use: ``torch.nn.Module._apply`` as overridden by ``torchmetrics.Metric._apply(fn, exclude_state)``. Every
+    ``.to``/``.cuda``/``.float`` of a parent module reaches the metric only through it, and torchmetrics guards just
+    ``.half()``/``.float()``/``.double()``/``.bfloat16()``: a parent's ``.to(torch.bfloat16)`` (Lightning's
+    "bf16-true" precision) would turn the float64 sums into bf16. No public hook sees the cast, so this override
+    probes where ``fn`` sends a float64 tensor and, for a cast, moves the states to that device only.
+    ``Metric.set_dtype`` (which sets ``_casting_dtype``) still casts. ``tests/test_compat.py`` checks the signature
+    and the behaviour on the installed torchmetrics.
+    """
+
+    _casting_dtype = False
+
+    def _apply(self, fn: Any, exclude_state: Any = "") -> Any:
+        import torch
+
+        probe = fn(torch.zeros((), dtype=torch.float64, device=self.device))  # type: ignore[attr-defined]
+        if probe.dtype != torch.float64 and not self._casting_dtype:
+            device = probe.device
+            return super()._apply(lambda tensor: tensor.to(device), exclude_state)  # type: ignore[misc]
+        return super()._apply(fn, exclude_state)  # type: ignore[misc]

@@ -17,6 +17,7 @@ PRIVATE = (
     r"\._(reductions|computed|is_synced|dtype_convert|pos_embed|from_config)\b"
     r"|_given_"
     r"hyperparameters|overrides\.distributed"  # split so that this file does not match itself
+    r"|def _app" r"ly\b"  # overriding torch/torchmetrics' Module._apply
 )
 
 
@@ -92,3 +93,21 @@ def test_cka_state_is_held_once_and_reset_restores_zeros():
     metric.reset()
     assert metric.cross.shape == (layers * dim, layers * dim) and metric.cross.dtype == torch.float64
     assert metric.cross.abs().sum() == 0 and tensor_elements_held(metric) < 1.1 * state
+
+
+def test_metric_apply_is_where_float64_states_meet_a_parent_cast():
+    import inspect
+
+    import torchmetrics
+
+    parameters = list(inspect.signature(torchmetrics.Metric._apply).parameters)
+    assert parameters == ["self", "fn", "exclude_state"], (
+        f"torchmetrics {torchmetrics.__version__} changed Metric._apply (checked on {_compat.CHECKED_TORCHMETRICS}): "
+        "update layerwise/_compat.py::Float64StatesOnCast"
+    )
+    metric = LayerCKA(num_layers=2, dim=3)
+    parent = torch.nn.ModuleList([metric]).to(torch.bfloat16)  # Lightning's "bf16-true" casts so
+    assert all(getattr(metric, name).dtype == torch.float64 for name in metric.sum_state_names)
+    metric.set_dtype(torch.float32)  # the metric's own public cast still casts
+    assert all(getattr(metric, name).dtype == torch.float32 for name in metric.sum_state_names)
+    assert isinstance(parent[0], _compat.Float64StatesOnCast)

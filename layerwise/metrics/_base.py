@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any, Optional, Union
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
-from torch.nn import Module
 from torchmetrics import Metric
+
+from layerwise._compat import Float64StatesOnCast
 
 
 def _world_size(process_group: Optional[Any] = None) -> int:
@@ -27,7 +28,7 @@ def _check_positive_int(name: str, value: Any) -> int:
     return value
 
 
-class _SumStateMetric(Metric):
+class _SumStateMetric(Float64StatesOnCast, Metric):
     """A Metric whose tensor states are all float64 sums, so they can be reduced by ``all_reduce_sum_states``.
 
     Built only on torchmetrics' public interface: states are registered with ``add_state(dist_reduce_fx="sum")``
@@ -75,18 +76,6 @@ class _SumStateMetric(Metric):
         finally:
             self._casting_dtype = False
 
-    def _apply(self, fn: Callable, exclude_state: Sequence[str] = "") -> Module:
-        """Move the states like torchmetrics, but keep them float64 under a dtype cast such as ``.to(torch.bfloat16)``.
-
-        torchmetrics only guards ``.half()``/``.float()``; a parent module's ``.to(dtype)`` (e.g. Lightning's
-        "bf16-true" precision) would otherwise turn the float64 sums into bf16. ``set_dtype`` still casts.
-        """
-        probe = fn(torch.zeros((), dtype=torch.float64, device=self.device))
-        if probe.dtype != torch.float64 and not self._casting_dtype:
-            device = probe.device
-            return super()._apply(lambda t: t.to(device), exclude_state)
-        return super()._apply(fn, exclude_state)
-
     def reset(self) -> None:
         """Reset the states to zeros of their shapes and forget that they were reduced."""
         super().reset()
@@ -105,11 +94,21 @@ class _SumStateMetric(Metric):
         self._sum_states_reduced = False
         self._sum_states_group = None
 
-    def sync(self, *args: Any, **kwargs: Any) -> None:
+    def sync(
+        self,
+        dist_sync_fn: Optional[Callable] = None,
+        process_group: Optional[Any] = None,
+        should_sync: bool = True,
+        distributed_available: Optional[Callable] = None,
+    ) -> None:
         """Torchmetrics' own sync (``sync_on_compute=True``); remembers its process group for collective computes."""
-        super().sync(*args, **kwargs)
-        should_sync = kwargs.get("should_sync", args[2] if len(args) > 2 else True)
-        group = kwargs.get("process_group", args[1] if len(args) > 1 else None) or self.process_group
+        super().sync(
+            dist_sync_fn=dist_sync_fn,
+            process_group=process_group,
+            should_sync=should_sync,
+            distributed_available=distributed_available,
+        )
+        group = process_group or self.process_group
         self._synced_by_torchmetrics = bool(should_sync) and _world_size(group) > 1
         self._synced_group = group
 
@@ -206,15 +205,23 @@ class _ShiftedSumStateMetric(_SumStateMetric):
         common = packed[:-1].view_as(self.shift) / total if total > 0 else torch.zeros_like(self.shift)
         self._move_shift(common)
 
-    def sync(self, *args: Any, **kwargs: Any) -> None:
+    def sync(
+        self,
+        dist_sync_fn: Optional[Callable] = None,
+        process_group: Optional[Any] = None,
+        should_sync: bool = True,
+        distributed_available: Optional[Callable] = None,
+    ) -> None:
         """Torchmetrics' sync, after aligning the ranks' shifts (so its sum of the states is exact)."""
-        should_sync = kwargs.get("should_sync", args[2] if len(args) > 2 else True)
-        group = kwargs.get("process_group", args[1] if len(args) > 1 else None) or self.process_group
-        distributed = kwargs.get("distributed_available", args[3] if len(args) > 3 else None)
-        distributed = distributed or self.distributed_available_fn
+        distributed = distributed_available or self.distributed_available_fn
         if should_sync and callable(distributed) and distributed():
-            self._align_shift(group)
-        super().sync(*args, **kwargs)
+            self._align_shift(process_group or self.process_group)
+        super().sync(
+            dist_sync_fn=dist_sync_fn,
+            process_group=process_group,
+            should_sync=should_sync,
+            distributed_available=distributed_available,
+        )
 
     def merge_state(self, incoming_state: Any) -> None:
         """Add another instance's states (or a state dict), re-expressed around this instance's shift."""
