@@ -24,6 +24,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from layerwise.callbacks.progress import ProgressLines
+from layerwise.figures.report import report
 from layerwise.inference.generation import Strategy, check_generation_options, generate_from_layer, num_blocks
 from layerwise.inference.models import load_causal_lm, load_tokenizer_spec
 from layerwise.lightning_modules import LayerwiseModule
@@ -1007,6 +1008,7 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "compare": compare,
     "stitch": stitch,
     "clip": clip,
+    "report": report,
 }
 _POSITIONAL = {"path", "runs"}
 
