@@ -5,6 +5,7 @@ import base64
 import html
 import io
 import json
+import os
 import re
 import shutil
 from html.parser import HTMLParser
@@ -148,48 +149,57 @@ def test_step_picks_the_validation_whose_figures_are_drawn(run, tmp_path):
     assert f"figures of epoch {first['epoch']}, step {first['global_step']}" in text
 
 
-def test_coupling_comparison_and_detection_sections_appear_when_the_run_has_them(run, tmp_path):
-    copy = tmp_path / "run"
+def with_sections(run: Path, copy: Path) -> Path:
+    """A copy of ``run`` whose val summaries also hold coupling, comparison and detection results (random values)."""
     shutil.copytree(run, copy)
-    last = [f for f in summary_files(copy) if f.name.startswith("val_epoch_")][-1]
-    summary = load_summary(last)
-    depth, rng = len(summary["layers"]), np.random.default_rng(0)
-    updates = {
-        "coupling": {
-            "num_prompts": 4,
-            "token": -1,
-            "ks": [1, 4],
-            "form": "jacobian",
-            "depth_coupling": rng.uniform(0, 1, (2, depth, depth)),
-            "coupling_score": [0.3, 0.5],
-            "sigma": np.sort(rng.uniform(0.1, 2, (depth, 15)))[:, ::-1],
-            "inverse_sigma_1": rng.uniform(0.5, 1, depth),
-            "linearisation_cosine": 0.8,
-            "trajectory_lss": 1.2,
-            "trajectory_expodistance": 0.1,
-            "trajectory_step_norm": rng.uniform(1, 2, depth),
-        },
-        "compare": {
-            "model_b": "b.ckpt",
-            "layers_a": summary["layers"],
-            "layers_b": summary["layers"],
-            "cka": rng.uniform(0, 1, (depth, depth)),
-            "arccos_distance": 0.7,
-        },
-        "detection_ap50": [0.1, 0.2, 0.4],
-    }
-    merge_summary(last, updates, summary["run_id"])
+    rng = np.random.default_rng(0)
+    for index, file in enumerate(f for f in summary_files(copy) if f.name.startswith("val_epoch_")):
+        summary = load_summary(file)
+        depth = len(summary["layers"])
+        updates = {
+            "coupling": {
+                "num_prompts": 4,
+                "token": -1,
+                "ks": [1, 4],
+                "form": "jacobian",
+                "depth_coupling": rng.uniform(0, 1, (2, depth, depth)),
+                "coupling_score": [0.3 + 0.1 * index, 0.5 - 0.1 * index],
+                "sigma": np.sort(rng.uniform(0.1, 2, (depth, 15)))[:, ::-1],
+                "inverse_sigma_1": rng.uniform(0.5, 1, depth),
+                "linearisation_cosine": 0.8,
+                "trajectory_lss": 1.2,
+                "trajectory_expodistance": 0.1,
+                "trajectory_step_norm": rng.uniform(1, 2, depth),
+            },
+            "compare": {
+                "model_b": "b.ckpt",
+                "layers_a": summary["layers"],
+                "layers_b": summary["layers"],
+                "cka": rng.uniform(0, 1, (depth, depth)),
+                "arccos_distance": 0.7 - 0.1 * index,
+            },
+            "detection_ap50": rng.uniform(0, 1, 3),
+        }
+        merge_summary(file, updates, summary["run_id"])
+    return copy
+
+
+def test_coupling_comparison_and_detection_sections_appear_when_the_run_has_them(run, tmp_path):
+    copy = with_sections(run, tmp_path / "run")
     out, _ = write_report(copy)
     assert out == copy / "report.html"
     text = out.read_text(encoding="utf-8")
     page = Page(text)
     assert {"coupling", "couplingcharts", "comparison", "comparisoncharts", "detection", "detectioncharts"} <= page.ids
-    for anchor, names in (("coupling", SECTION_FIGURES["coupling"]), ("comparison", ("compare_cka",))):
-        section = text.split(f"<section id={anchor}>")[1].split("</section>")[0]
-        assert [alt for alt in re.findall(r'alt="([^"]+)"', section)] == list(names)
-    assert json.loads(page.scripts["summaries"])[[f.name for f in summary_files(copy)].index(last.name)] == (
-        load_summary(last)
+    sections = (
+        ("coupling", SECTION_FIGURES["coupling"]),
+        ("comparison", ("compare_cka",)),
+        ("detection", ("detection_ap50",)),
     )
+    for anchor, names in sections:
+        section = text.split(f"<section id={anchor}>")[1].split("</section>")[0]
+        assert re.findall(r'alt="([^"]+)"', section) == list(names)
+    assert json.loads(page.scripts["summaries"]) == [load_summary(f) for f in summary_files(copy)]
 
 
 def test_bad_input_is_one_line_naming_the_option_and_writes_nothing(run, tmp_path, capsys):
@@ -201,7 +211,7 @@ def test_bad_input_is_one_line_naming_the_option_and_writes_nothing(run, tmp_pat
         ([str(empty)], f"path {empty}: no layerwise/"),
         ([str(summary_files(run)[0])], "is a file: give the run folder"),
         ([str(run), "--out", str(tmp_path)], f"`--out={tmp_path}` is a folder"),
-        ([str(run), "--step", "12345"], f"`--step=12345`: the run has no validation at that step (it has steps "),
+        ([str(run), "--step", "12345"], "`--step=12345`: the run has no validation at that step (it has steps "),
     ]
     for argv, message in cases:
         with pytest.raises(SystemExit) as raised:
@@ -233,9 +243,7 @@ def test_report_opens_in_headless_chromium_without_console_errors(run, tmp_path)
         pytest.skip("Chromium is absent (apt-get install chromium; .ci/run installs it)")
     sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is absent (pip install -e '.[dev]')")
     out, _ = write_report(run, tmp_path / "report.html")
-    files = summary_files(run)
-    first = load_summary(files[0])
-    assert files[0].name.startswith("val_epoch_000")
+    first = load_summary(next(f for f in summary_files(run) if f.name.startswith("val_epoch_000")))
     messages, requests = [], []
     with sync_api.sync_playwright() as playwright:
         context = playwright.chromium.launch_persistent_context(
@@ -263,16 +271,20 @@ def test_report_opens_in_headless_chromium_without_console_errors(run, tmp_path)
             charts = page.locator("#curvecharts svg")
             assert charts.count() >= 10  # 5+ per-layer values x 2 stages, one line per layer
             assert page.locator("#curvecharts svg").first.locator("path").count() == 3
-            assert page.locator("#curvecharts .legend").first.inner_text().split() == [
-                "layer",
-                "1",
-                "layer",
-                "2",
-                "layer",
-                "3",
-            ]
-            screenshot = tmp_path / "report.png"
+            legend = page.locator("#curvecharts .legend").first.locator("span").all_inner_texts()
+            assert [text.strip() for text in legend] == ["layer 1", "layer 2", "layer 3"]
+            screenshot = Path(os.environ.get("LAYERWISE_REPORT_SCREENSHOT", tmp_path / "report.png"))
             page.screenshot(path=str(screenshot), full_page=True)
+
+            sections, _ = write_report(with_sections(run, tmp_path / "sections"))
+            page.goto(sections.as_uri())
+            page.focus("#step")
+            page.keyboard.press("Home")
+            # one line per K, the LSS, one per block; the arccos distance, one per layer; one per decoder layer
+            for anchor, lines in (("coupling", [2, 1, 3]), ("comparison", [1, 3]), ("detection", [3])):
+                charts = page.locator(f"#{anchor}charts svg")
+                assert [charts.nth(i).locator("path").count() for i in range(charts.count())] == lines, anchor
+            page.screenshot(path=str(screenshot.with_name(screenshot.stem + "_sections.png")), full_page=True)
         finally:
             context.close()
     assert messages == []

@@ -105,7 +105,12 @@ def build_html(run: Path, files: list[Path], summaries: list[dict[str, Any]], ch
         else "<p>No config.yaml or hparams.yaml beside the summaries (not a <code>layerwise fit</code> run).</p>",
         "</section>",
         "<section id=table><h2>Per layer, at the validation the slider picks</h2><div id=tables></div></section>",
-        _figure_section("figures", "Figures", figures.get("general", [])),
+        _figure_section(
+            "figures",
+            "Figures",
+            figures.get("general", []),
+            note=f"Of epoch {chosen[0]}, step {chosen[1]} (layerwise report --step S draws another validation's).",
+        ),
         "<section id=curves><h2>Per-layer curves over training</h2>"
         "<p class=note>One colour per layer; the dashed line marks the validation the slider picks.</p>"
         "<div id=curvecharts></div></section>",
@@ -143,7 +148,7 @@ def _nav(sections: set[str], transfer: bool) -> str:
     return "<nav>" + " · ".join(f'<a href="#{anchor}">{text}</a>' for anchor, text in links) + "</nav>"
 
 
-def _figure_section(anchor: str, title: str, figures: list[Figure], charts: str = "") -> str:
+def _figure_section(anchor: str, title: str, figures: list[Figure], charts: str = "", note: str = "") -> str:
     """A section of PNG figures, one group per stage, and optionally a container for the script's charts."""
     groups: dict[str, list[str]] = {}
     for stage, name, caption, data in figures:
@@ -154,7 +159,8 @@ def _figure_section(anchor: str, title: str, figures: list[Figure], charts: str 
     items = "".join(f"<h3>{_e(stage)}</h3><div class=figs>{''.join(group)}</div>" for stage, group in groups.items())
     chart_div = f"<div id={charts} class=grid></div>" if charts else ""
     empty = "" if figures or charts else "<p>No figure for this validation.</p>"
-    return f"<section id={anchor}><h2>{_e(title)}</h2>{chart_div}{items}{empty}</section>"
+    note = f"<p class=note>{_e(note)}</p>" if note else ""
+    return f"<section id={anchor}><h2>{_e(title)}</h2>{note}{chart_div}{items}{empty}</section>"
 
 
 def _figures(
