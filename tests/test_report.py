@@ -11,6 +11,7 @@ import shutil
 from html.parser import HTMLParser
 from pathlib import Path
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 from PIL import Image
@@ -51,6 +52,7 @@ def run(tmp_path_factory) -> Path:
             "--trainer.max_epochs=2",
             "--trainer.limit_train_batches=3",
             "--trainer.limit_val_batches=2",
+            "--trainer.log_every_n_steps=1",
             "--trainer.enable_progress_bar=false",
             "--trainer.enable_model_summary=false",
             f"--trainer.logger.init_args.save_dir={root}",
@@ -130,7 +132,9 @@ def test_report_holds_the_config_every_summary_and_the_figures_of_the_latest_val
     # every figure of each stage's latest summary, as a PNG
     latest = [load_summary(f) for f in files if tuple(summary_order(f)) == steps[-1]]
     sectioned = {name for names in SECTION_FIGURES.values() for name in names}
-    expected = sum(len(set(summary_figures(s)) - sectioned) for s in latest)
+    drawn = [summary_figures(s) for s in latest]
+    expected = sum(len(set(figures) - sectioned) for figures in drawn)
+    plt.close("all")
     assert len(page.images) == expected >= 14
     for src in page.images:
         image = Image.open(io.BytesIO(base64.b64decode(src.split(",", 1)[1])))
@@ -138,6 +142,18 @@ def test_report_holds_the_config_every_summary_and_the_figures_of_the_latest_val
 
     config = (run / "config.yaml").read_text(encoding="utf-8")
     assert page.pre == [config] and "DigitsDataModule" in config
+    assert out.stat().st_size < 500_000  # the README's bound: the figures of one validation only
+
+
+def test_report_has_typed_options_and_help(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["report", "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert "usage: layerwise report" in text and "--out OUT" in text and "--step STEP" in text and " path" in text
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--help"])
+    assert "    report " in capsys.readouterr().out
 
 
 def test_step_picks_the_validation_whose_figures_are_drawn(run, tmp_path):

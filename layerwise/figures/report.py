@@ -167,31 +167,35 @@ def _figures(
     stages: list[str], records: list[dict[str, Any]], summaries: list[dict[str, Any]], chosen: tuple[int, int]
 ) -> dict[str, list[Figure]]:
     """PNG figures per section: each stage's figures at ``chosen``; a section's latest at or before it."""
-    import matplotlib.pyplot as plt
-
-    from layerwise.figures.summary import summary_figures
-
-    sectioned = {name: section for section, names in SECTION_FIGURES.items() for name in names}
     out: dict[str, list[Figure]] = {}
     for stage in stages:
         of_stage = [(tuple(r["order"]), s) for r, s in zip(records, summaries) if r["stage"] == stage]
         at = [s for order, s in of_stage if order == chosen]
         if at:
-            for name, figure in summary_figures(at[-1]).items():
-                if name not in sectioned:
-                    out.setdefault("general", []).append((stage, name, name, _png(figure)))
-                plt.close(figure)
-        for section, names in SECTION_FIGURES.items():
+            general = {key: value for key, value in at[-1].items() if key not in SECTION_FIGURES}
+            out.setdefault("general", []).extend((stage, name, name, png) for name, png in _encoded(general))
+        for section in SECTION_FIGURES:
             earlier = [(order, s) for order, s in of_stage if order <= chosen and s.get(section)]
-            if not earlier:
-                continue
-            order, summary = earlier[-1]
-            for name, figure in summary_figures({section: summary[section], "layers": summary.get("layers")}).items():
-                if name in names:
-                    caption = f"{name} (epoch {order[0]}, step {order[1]})"
-                    out.setdefault(section, []).append((stage, name, caption, _png(figure)))
-                plt.close(figure)
+            if earlier:
+                (epoch, step), summary = earlier[-1]
+                drawn = _encoded({section: summary[section], "layers": summary.get("layers")})
+                caption = f"(epoch {epoch}, step {step})"
+                out.setdefault(section, []).extend((stage, name, f"{name} {caption}", png) for name, png in drawn)
     return out
+
+
+def _encoded(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """Every figure of ``summary`` as ``(name, PNG as base64)``; the figures closed, whatever happens."""
+    import matplotlib.pyplot as plt
+
+    from layerwise.figures.summary import summary_figures
+
+    figures = summary_figures(summary)
+    try:
+        return [(name, _png(figure)) for name, figure in figures.items()]
+    finally:
+        for figure in figures.values():
+            plt.close(figure)
 
 
 def _png(figure: Any) -> str:
