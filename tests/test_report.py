@@ -276,8 +276,12 @@ def test_report_opens_in_headless_chromium_without_console_errors(run, tmp_path)
             page.on("request", lambda request: requests.append(request.url))
             page.goto(out.as_uri())
             assert page.inner_text("#steplabel") == "epoch 1, step 6 (2 of 2)"
+            curve = page.locator("#curvecharts svg").first
+            left, width = float(curve.get_attribute("data-left")), float(curve.get_attribute("data-width"))
+            assert float(curve.locator("line.marker").get_attribute("x1")) == pytest.approx(left + width)
             page.focus("#step")
             page.keyboard.press("Home")  # the slider to the first validation, as a user's key press
+            assert float(curve.locator("line.marker").get_attribute("x1")) == pytest.approx(left)
             assert page.inner_text("#steplabel") == f"epoch 0, step {first['global_step']} (1 of 2)"
             rows = page.locator("#tables table").first.locator("tr")
             header = rows.nth(0).locator("th").all_inner_texts()

@@ -41,8 +41,8 @@ function label(v, step) {
   return v.toFixed(decimals);
 }
 
-// series: [{name, color, xs, ys}]; null ys are gaps. marker: an x to mark with a dashed line.
-function chart(title, xlabel, series, marker) {
+// series: [{name, color, xs, ys}]; null ys are gaps. timeline: a dashed line marks the slider's step (moveMarkers).
+function chart(title, xlabel, series, timeline) {
   const W = 390, H = 240, L = 62, R = 12, T = 22, B = 38;
   const xs = series.flatMap((s) => s.xs), ys = series.flatMap((s) => s.ys).filter((v) => v !== null && isFinite(v));
   if (!xs.length || !ys.length) return "";
@@ -51,7 +51,8 @@ function chart(title, xlabel, series, marker) {
   if (y0 === y1) { const d = Math.abs(y0) * 0.05 || 0.5; y0 -= d; y1 += d; }
   const pad = (y1 - y0) * 0.05; y0 -= pad; y1 += pad;
   const X = (v) => L + ((v - x0) / (x1 - x0)) * (W - L - R), Y = (v) => H - B - ((v - y0) / (y1 - y0)) * (H - T - B);
-  let svg = `<svg class="chart" width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" xmlns="http://www.w3.org/2000/svg" font-size="11">`;
+  const scale = timeline ? ` data-x0="${x0}" data-x1="${x1}" data-left="${L}" data-width="${W - L - R}"` : "";
+  let svg = `<svg class="chart"${scale} width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" xmlns="http://www.w3.org/2000/svg" font-size="11">`;
   svg += `<text x="${W / 2}" y="14" text-anchor="middle" font-weight="bold">${esc(title)}</text>`;
   const yt = ticks(y0, y1, 5);
   for (const v of yt.values) svg += `<line x1="${L}" x2="${W - R}" y1="${Y(v)}" y2="${Y(v)}" stroke="#eee"/><text x="${L - 4}" y="${Y(v) + 4}" text-anchor="end">${label(v, yt.step)}</text>`;
@@ -61,14 +62,15 @@ function chart(title, xlabel, series, marker) {
   for (const v of xt.values) svg += `<line x1="${X(v)}" x2="${X(v)}" y1="${H - B}" y2="${H - B + 4}" stroke="#888"/><text x="${X(v)}" y="${H - B + 15}" text-anchor="middle">${label(v, xt.step)}</text>`;
   svg += `<rect x="${L}" y="${T}" width="${W - L - R}" height="${H - T - B}" fill="none" stroke="#888"/>`;
   svg += `<text x="${(L + W - R) / 2}" y="${H - 6}" text-anchor="middle">${esc(xlabel)}</text>`;
-  if (marker !== null && marker !== undefined && marker >= x0 && marker <= x1) svg += `<line class="marker" x1="${X(marker)}" x2="${X(marker)}" y1="${T}" y2="${H - B}" stroke="#d62728" stroke-dasharray="4 3"/>`;
+  if (timeline) svg += `<line class="marker" x1="${L}" x2="${L}" y1="${T}" y2="${H - B}" stroke="#d62728" stroke-dasharray="4 3" visibility="hidden"/>`;
+  const dots = Math.max(...series.map((s) => s.xs.length)) <= 60;
   for (const s of series) {
     let d = "", pen = false;
     s.xs.forEach((x, i) => {
       const y = s.ys[i];
       if (y === null || y === undefined || !isFinite(y)) { pen = false; return; }
       d += `${pen ? "L" : "M"}${X(x).toFixed(1)} ${Y(y).toFixed(1)}`; pen = true;
-      svg += `<circle cx="${X(x).toFixed(1)}" cy="${Y(y).toFixed(1)}" r="2" fill="${s.color}"/>`;
+      if (dots) svg += `<circle cx="${X(x).toFixed(1)}" cy="${Y(y).toFixed(1)}" r="2" fill="${s.color}"/>`;
     });
     if (d) svg += `<path d="${d}" fill="none" stroke="${s.color}" stroke-width="1.6"/>`;
   }
@@ -78,7 +80,7 @@ function chart(title, xlabel, series, marker) {
 }
 
 // one line per layer of a per-layer value over training (x: global step)
-function curves(stage, title, get, marker, names) {
+function curves(stage, title, get, names) {
   const rows = (byStage[stage] || []).map((x) => ({step: x.order[1], v: get(x.s)})).filter((r) => Array.isArray(r.v));
   if (!rows.length) return "";
   const width = Math.max(...rows.map((r) => r.v.length));
@@ -87,7 +89,7 @@ function curves(stage, title, get, marker, names) {
     series.push({name: names ? names(l) : `layer ${l + 1}`, color: layerColor(l), integer: true,
       xs: rows.map((r) => r.step), ys: rows.map((r) => (r.v[l] === undefined ? null : r.v[l]))});
   }
-  return chart(`${stage}: ${title}`, "global step", series, marker);
+  return chart(`${stage}: ${title}`, "global step", series, true);
 }
 
 function layerNames(stage) {
@@ -122,7 +124,7 @@ function profile(stage, s) {
   const series = [];
   [["accuracy", (t) => t.accuracy], ["COS to last", (t) => (t.cos ? t.cos.map(last) : null)], ["CKA to last", (t) => (t.cka ? t.cka.map(last) : null)]]
     .forEach(([name, get], i) => { const v = get(s); if (Array.isArray(v)) series.push({name, color: seriesColor(i), integer: true, xs: s.layers, ys: v}); });
-  return series.length ? chart(`${stage}: per layer`, "layer", series, null) : "";
+  return series.length ? chart(`${stage}: per layer`, "layer", series, false) : "";
 }
 
 function render(index) {
@@ -134,15 +136,7 @@ function render(index) {
     tables += `<h3>${esc(stage)}</h3>` + (x ? `<div class="grid"><div>${table(stage, x.s)}</div>${profile(stage, x.s)}</div>${scalars(x.s)}` : "<p class=note>no summary at this validation</p>");
   }
   document.getElementById("tables").innerHTML = tables;
-  const step = order[1];
-  let html = "";
-  for (const stage of META.stages) {
-    const names = layerNames(stage);
-    let charts = "";
-    for (const [, title, get] of COLUMNS) charts += curves(stage, title, get, step, names);
-    if (charts) html += `<h3>${esc(stage)}</h3><div class="grid">${charts}</div>`;
-  }
-  document.getElementById("curvecharts").innerHTML = html;
+  moveMarkers(order[1]);
   const transfer = document.getElementById("transfercharts");
   if (transfer) {
     const series = [];
@@ -154,16 +148,28 @@ function render(index) {
       series[0].xs.forEach((layer, i) => (rows += `<tr><td>${layer}</td>${series.map((s) => `<td>${fmt(s.ys[i])}</td>`).join("")}</tr>`));
       rows += "</table>";
     }
-    transfer.innerHTML = `<div>${rows}</div>` + chart("accuracy per layer", "layer", series, null);
+    transfer.innerHTML = `<div>${rows}</div>` + chart("accuracy per layer", "layer", series, false);
   }
+}
+
+// the curves over training: drawn once; the slider only moves their markers
+function drawCurves() {
+  let html = "";
+  for (const stage of META.stages) {
+    const names = layerNames(stage);
+    let charts = "";
+    for (const [, title, get] of COLUMNS) charts += curves(stage, title, get, names);
+    if (charts) html += `<h3>${esc(stage)}</h3><div class="grid">${charts}</div>`;
+  }
+  document.getElementById("curvecharts").innerHTML = html;
   const coupling = document.getElementById("couplingcharts");
   if (coupling) {
     let h = "";
     for (const stage of META.stages) {
       const ks = ((byStage[stage] || []).find((x) => x.s.coupling) || {s: {coupling: {ks: []}}}).s.coupling.ks;
-      h += curves(stage, "coupling score per K", (s) => (s.coupling ? s.coupling.coupling_score : null), step, (i) => `K = ${ks[i]}`);
-      h += curves(stage, "coupling: trajectory LSS", (s) => (s.coupling ? [s.coupling.trajectory_lss] : null), step, () => "LSS");
-      h += curves(stage, "coupling: 1/σ1 per block", (s) => (s.coupling ? s.coupling.inverse_sigma_1 : null), step, (i) => `block ${i + 1}`);
+      h += curves(stage, "coupling score per K", (s) => (s.coupling ? s.coupling.coupling_score : null), (i) => `K = ${ks[i]}`);
+      h += curves(stage, "coupling: trajectory LSS", (s) => (s.coupling ? [s.coupling.trajectory_lss] : null), () => "LSS");
+      h += curves(stage, "coupling: 1/σ1 per block", (s) => (s.coupling ? s.coupling.inverse_sigma_1 : null), (i) => `block ${i + 1}`);
     }
     coupling.innerHTML = h;
   }
@@ -171,16 +177,26 @@ function render(index) {
   if (compare) {
     let h = "";
     for (const stage of META.stages) {
-      h += curves(stage, "arccos distance to model B", (s) => (s.compare && s.compare.arccos_distance !== undefined ? [s.compare.arccos_distance] : null), step, () => "arccos distance");
-      h += curves(stage, "CKA(A layer l, B layer l)", (s) => (s.compare && JSON.stringify(s.compare.layers_a) === JSON.stringify(s.compare.layers_b) ? s.compare.cka.map((row, i) => row[i]) : null), step, (i) => `layer ${i + 1}`);
+      h += curves(stage, "arccos distance to model B", (s) => (s.compare && s.compare.arccos_distance !== undefined ? [s.compare.arccos_distance] : null), () => "arccos distance");
+      h += curves(stage, "CKA(A layer l, B layer l)", (s) => (s.compare && JSON.stringify(s.compare.layers_a) === JSON.stringify(s.compare.layers_b) ? s.compare.cka.map((row, i) => row[i]) : null), (i) => `layer ${((byStage[stage] || []).map((x) => x.s.compare).find(Boolean) || {layers_a: []}).layers_a[i]}`);
     }
     compare.innerHTML = h;
   }
   const detection = document.getElementById("detectioncharts");
   if (detection) {
     let h = "";
-    for (const stage of META.stages) h += curves(stage, "AP50 per decoder layer", (s) => s.detection_ap50, step, (i) => `decoder layer ${i + 1}`);
+    for (const stage of META.stages) h += curves(stage, "AP50 per decoder layer", (s) => s.detection_ap50, (i) => `decoder layer ${i + 1}`);
     detection.innerHTML = h;
+  }
+}
+
+function moveMarkers(step) {
+  for (const svg of document.querySelectorAll("svg.chart[data-x0]")) {
+    const x0 = Number(svg.dataset.x0), x1 = Number(svg.dataset.x1), line = svg.querySelector("line.marker");
+    const x = Number(svg.dataset.left) + ((step - x0) / (x1 - x0)) * Number(svg.dataset.width);
+    line.setAttribute("x1", x);
+    line.setAttribute("x2", x);
+    line.setAttribute("visibility", step >= x0 && step <= x1 ? "visible" : "hidden");
   }
 }
 
@@ -188,4 +204,5 @@ const slider = document.getElementById("step");
 slider.max = String(META.steps.length - 1);
 slider.value = String(Math.max(0, META.steps.findIndex((o) => sameOrder(o, META.chosen))));
 slider.addEventListener("input", () => render(Number(slider.value)));
+drawCurves();
 render(Number(slider.value));
