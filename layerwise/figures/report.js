@@ -35,7 +35,7 @@ function ticks(lo, hi, n) {
 
 // a tick label with as many decimals as the tick step needs (1.6115, 1.612, 1.6125 rather than 1.612 three times)
 function label(v, step) {
-  if (step >= 1 || v === 0) return String(Math.round(v * 1e6) / 1e6);
+  if (step >= 1) return String(Math.round(v * 1e6) / 1e6);
   let decimals = Math.ceil(-Math.log10(step) - 1e-9);
   while (decimals < 12 && Math.abs(Math.round(step * 10 ** decimals) - step * 10 ** decimals) > 1e-6) decimals++;
   return v.toFixed(decimals);
@@ -43,7 +43,7 @@ function label(v, step) {
 
 // series: [{name, color, xs, ys}]; null ys are gaps. timeline: a dashed line marks the slider's step (moveMarkers).
 function chart(title, xlabel, series, timeline) {
-  const W = 390, H = 240, L = 62, R = 12, T = 22, B = 38;
+  const W = 390, H = 240, L = 62, R = 22, T = 22, B = 38;
   const xs = series.flatMap((s) => s.xs), ys = series.flatMap((s) => s.ys).filter((v) => v !== null && isFinite(v));
   if (!xs.length || !ys.length) return "";
   let [x0, x1] = [Math.min(...xs), Math.max(...xs)], [y0, y1] = [Math.min(...ys), Math.max(...ys)];
