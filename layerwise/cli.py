@@ -25,6 +25,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from layerwise.callbacks.progress import ProgressLines
 from layerwise.figures.plot import plot
+from layerwise.figures.report import report
 from layerwise.inference.clip import clip
 from layerwise.inference.compare import compare
 from layerwise.inference.coupling import coupling
@@ -182,6 +183,7 @@ COMMANDS: dict[str, Callable[..., None]] = {
     "compare": compare,
     "stitch": stitch,
     "clip": clip,
+    "report": report,
 }
 _POSITIONAL = {"path", "runs"}
 

@@ -1,0 +1,208 @@
+// The script of `layerwise report` (layerwise/figures/report.py inlines it): the per-layer table, the per-layer
+// charts and the curves over training (inline SVG) of the validation the slider picks. Plain JS, no library.
+"use strict";
+const SUMMARIES = JSON.parse(document.getElementById("summaries").textContent);
+const META = JSON.parse(document.getElementById("meta").textContent);
+const last = (row) => (Array.isArray(row) ? row[row.length - 1] : null);
+const COLUMNS = [
+  ["accuracy", "accuracy", (s) => s.accuracy],
+  ["loss", "loss", (s) => s.loss],
+  ["perplexity", "perplexity", (s) => s.perplexity],
+  ["f1", "F1", (s) => s.f1],
+  ["exit_accuracy", "separate-head accuracy", (s) => s.exit_accuracy],
+  ["cos_to_last", "COS to last", (s) => (s.cos ? s.cos.map(last) : null)],
+  ["cka_to_last", "CKA to last", (s) => (s.cka ? s.cka.map(last) : null)],
+  ["nc1", "NC1", (s) => s.nc1],
+  ["saturation_counts", "saturating samples", (s) => s.saturation_counts, true],
+  ["saturation_cos", "saturation COS", (s) => s.saturation_cos],
+];
+const esc = (v) => String(v).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"})[c]);
+const fmt = (v, integer) => (v === null || v === undefined ? "–" : integer ? String(v) : Number(v).toPrecision(4));
+const sameOrder = (a, b) => a[0] === b[0] && a[1] === b[1];
+const byStage = {};
+META.records.forEach((r, i) => (byStage[r.stage] = byStage[r.stage] || []).push({order: r.order, s: SUMMARIES[i]}));
+const at = (stage, order) => (byStage[stage] || []).find((x) => sameOrder(x.order, order));
+const layerColor = (i) => META.layer_colors[i % META.layer_colors.length];
+const seriesColor = (i) => META.series_colors[i % META.series_colors.length];
+
+function ticks(lo, hi, n) {
+  const span = hi - lo, raw = span / n, mag = Math.pow(10, Math.floor(Math.log10(raw)));
+  const step = [1, 2, 2.5, 5, 10].map((m) => m * mag).find((m) => span / m <= n) || 10 * mag;
+  const out = [];
+  for (let v = Math.ceil(lo / step) * step; v <= hi + step * 1e-9; v += step) out.push(+v.toPrecision(12));
+  return {values: out, step};
+}
+
+// a tick label with as many decimals as the tick step needs (1.6115, 1.612, 1.6125 rather than 1.612 three times)
+function label(v, step) {
+  if (step >= 1) return String(Math.round(v * 1e6) / 1e6);
+  let decimals = Math.ceil(-Math.log10(step) - 1e-9);
+  while (decimals < 12 && Math.abs(Math.round(step * 10 ** decimals) - step * 10 ** decimals) > 1e-6) decimals++;
+  return v.toFixed(decimals);
+}
+
+// series: [{name, color, xs, ys}]; null ys are gaps. timeline: a dashed line marks the slider's step (moveMarkers).
+function chart(title, xlabel, series, timeline) {
+  const W = 390, H = 240, L = 62, R = 22, T = 22, B = 38;
+  const xs = series.flatMap((s) => s.xs), ys = series.flatMap((s) => s.ys).filter((v) => v !== null && isFinite(v));
+  if (!xs.length || !ys.length) return "";
+  let [x0, x1] = [Math.min(...xs), Math.max(...xs)], [y0, y1] = [Math.min(...ys), Math.max(...ys)];
+  if (x0 === x1) { x0 -= 1; x1 += 1; }
+  if (y0 === y1) { const d = Math.abs(y0) * 0.05 || 0.5; y0 -= d; y1 += d; }
+  const pad = (y1 - y0) * 0.05; y0 -= pad; y1 += pad;
+  const X = (v) => L + ((v - x0) / (x1 - x0)) * (W - L - R), Y = (v) => H - B - ((v - y0) / (y1 - y0)) * (H - T - B);
+  const scale = timeline ? ` data-x0="${x0}" data-x1="${x1}" data-left="${L}" data-width="${W - L - R}"` : "";
+  let svg = `<svg class="chart"${scale} width="${W}" height="${H}" viewBox="0 0 ${W} ${H}" xmlns="http://www.w3.org/2000/svg" font-size="11">`;
+  svg += `<text x="${W / 2}" y="14" text-anchor="middle" font-weight="bold">${esc(title)}</text>`;
+  const yt = ticks(y0, y1, 5);
+  for (const v of yt.values) svg += `<line x1="${L}" x2="${W - R}" y1="${Y(v)}" y2="${Y(v)}" stroke="#eee"/><text x="${L - 4}" y="${Y(v) + 4}" text-anchor="end">${label(v, yt.step)}</text>`;
+  const integer = series.every((s) => s.integer);
+  let xt = ticks(x0, x1, 6);
+  if (integer && xt.step < 1) xt = {values: xt.values.filter(Number.isInteger), step: 1};
+  for (const v of xt.values) svg += `<line x1="${X(v)}" x2="${X(v)}" y1="${H - B}" y2="${H - B + 4}" stroke="#888"/><text x="${X(v)}" y="${H - B + 15}" text-anchor="middle">${label(v, xt.step)}</text>`;
+  svg += `<rect x="${L}" y="${T}" width="${W - L - R}" height="${H - T - B}" fill="none" stroke="#888"/>`;
+  svg += `<text x="${(L + W - R) / 2}" y="${H - 6}" text-anchor="middle">${esc(xlabel)}</text>`;
+  if (timeline) svg += `<line class="marker" x1="${L}" x2="${L}" y1="${T}" y2="${H - B}" stroke="#d62728" stroke-dasharray="4 3" visibility="hidden"/>`;
+  const dots = Math.max(...series.map((s) => s.xs.length)) <= 60;
+  for (const s of series) {
+    let d = "", pen = false;
+    s.xs.forEach((x, i) => {
+      const y = s.ys[i];
+      if (y === null || y === undefined || !isFinite(y)) { pen = false; return; }
+      d += `${pen ? "L" : "M"}${X(x).toFixed(1)} ${Y(y).toFixed(1)}`; pen = true;
+      if (dots) svg += `<circle cx="${X(x).toFixed(1)}" cy="${Y(y).toFixed(1)}" r="2" fill="${s.color}"/>`;
+    });
+    if (d) svg += `<path d="${d}" fill="none" stroke="${s.color}" stroke-width="1.6"/>`;
+  }
+  svg += "</svg>";
+  const legend = series.map((s) => `<span><i class="sw" style="background:${s.color}"></i>${esc(s.name)}</span>`).join("");
+  return `<div>${svg}<div class="legend">${legend}</div></div>`;
+}
+
+// one line per layer of a per-layer value over training (x: global step)
+function curves(stage, title, get, names) {
+  const rows = (byStage[stage] || []).map((x) => ({step: x.order[1], v: get(x.s)})).filter((r) => Array.isArray(r.v));
+  if (!rows.length) return "";
+  const width = Math.max(...rows.map((r) => r.v.length));
+  const series = [];
+  for (let l = 0; l < width; l++) {
+    series.push({name: names ? names(l) : `layer ${l + 1}`, color: layerColor(l), integer: true,
+      xs: rows.map((r) => r.step), ys: rows.map((r) => (r.v[l] === undefined ? null : r.v[l]))});
+  }
+  return chart(`${stage}: ${title}`, "global step", series, true);
+}
+
+function layerNames(stage) {
+  const s = (byStage[stage] || []).map((x) => x.s).find((s) => Array.isArray(s.layers));
+  return (l) => `layer ${s ? s.layers[l] : l + 1}`;
+}
+
+function table(stage, s) {
+  const cols = COLUMNS.filter((c) => Array.isArray(c[2](s)));
+  if (!Array.isArray(s.layers) || !cols.length) return "";
+  let h = `<table><tr><th>layer</th>${cols.map((c) => `<th>${esc(c[1])}</th>`).join("")}</tr>`;
+  s.layers.forEach((layer, i) => (h += `<tr><td>${layer}</td>${cols.map((c) => `<td>${fmt(c[2](s)[i], c[3])}</td>`).join("")}</tr>`));
+  return h + "</table>";
+}
+
+function scalars(s) {
+  const parts = [];
+  for (const k of ["num_samples", "n_nonfinite", "depth"]) if (Number.isInteger(s[k])) parts.push(`${k} ${fmt(s[k], true)}`);
+  for (const k of ["trajectory_lss", "trajectory_expodistance"]) if (typeof s[k] === "number") parts.push(`${k} ${fmt(s[k])}`);
+  for (const k of ["effective_depth", "effective_depth_relative"]) if (s[k]) parts.push(`${k}: ` + Object.entries(s[k]).map(([e, d]) => `ε ${esc(e)} → ${d}`).join(", "));
+  let exits = "";
+  if (Array.isArray(s.early_exit) && s.early_exit.length) {
+    exits = `<table><tr><th>early exit τ</th><th>accuracy</th><th>speedup</th><th>exits per layer</th></tr>`;
+    for (const r of s.early_exit) exits += `<tr><td>${esc(r.threshold)}</td><td>${fmt(r.accuracy)}</td><td>×${fmt(r.speedup)}</td><td>${(r.exit_counts || []).join(" ")}</td></tr>`;
+    exits += "</table>";
+  }
+  return `<p class="scalars">${parts.join(" · ")}</p>${exits}`;
+}
+
+function profile(stage, s) {
+  if (!Array.isArray(s.layers)) return "";
+  const series = [];
+  [["accuracy", (t) => t.accuracy], ["COS to last", (t) => (t.cos ? t.cos.map(last) : null)], ["CKA to last", (t) => (t.cka ? t.cka.map(last) : null)]]
+    .forEach(([name, get], i) => { const v = get(s); if (Array.isArray(v)) series.push({name, color: seriesColor(i), integer: true, xs: s.layers, ys: v}); });
+  return series.length ? chart(`${stage}: per layer`, "layer", series, false) : "";
+}
+
+function render(index) {
+  const order = META.steps[index];
+  document.getElementById("steplabel").textContent = `epoch ${order[0]}, step ${order[1]} (${index + 1} of ${META.steps.length})`;
+  let tables = "";
+  for (const stage of META.stages) {
+    const x = at(stage, order);
+    tables += `<h3>${esc(stage)}</h3>` + (x ? `<div class="grid"><div>${table(stage, x.s)}</div>${profile(stage, x.s)}</div>${scalars(x.s)}` : "<p class=note>no summary at this validation</p>");
+  }
+  document.getElementById("tables").innerHTML = tables;
+  moveMarkers(order[1]);
+  const transfer = document.getElementById("transfercharts");
+  if (transfer) {
+    const series = [];
+    META.stages.forEach((stage, i) => { const x = at(stage, order); if (x && Array.isArray(x.s.accuracy)) series.push({name: stage, color: seriesColor(i), integer: true, xs: x.s.layers, ys: x.s.accuracy}); });
+    let rows = "";
+    const stages = series.map((s) => s.name);
+    if (series.length) {
+      rows = `<table><tr><th>layer</th>${stages.map((s) => `<th>${esc(s)}</th>`).join("")}</tr>`;
+      series[0].xs.forEach((layer, i) => (rows += `<tr><td>${layer}</td>${series.map((s) => `<td>${fmt(s.ys[i])}</td>`).join("")}</tr>`));
+      rows += "</table>";
+    }
+    transfer.innerHTML = `<div>${rows}</div>` + chart("accuracy per layer", "layer", series, false);
+  }
+}
+
+// the curves over training: drawn once; the slider only moves their markers
+function drawCurves() {
+  let html = "";
+  for (const stage of META.stages) {
+    const names = layerNames(stage);
+    let charts = "";
+    for (const [, title, get] of COLUMNS) charts += curves(stage, title, get, names);
+    if (charts) html += `<h3>${esc(stage)}</h3><div class="grid">${charts}</div>`;
+  }
+  document.getElementById("curvecharts").innerHTML = html;
+  const coupling = document.getElementById("couplingcharts");
+  if (coupling) {
+    let h = "";
+    for (const stage of META.stages) {
+      const ks = ((byStage[stage] || []).find((x) => x.s.coupling) || {s: {coupling: {ks: []}}}).s.coupling.ks;
+      h += curves(stage, "coupling score per K", (s) => (s.coupling ? s.coupling.coupling_score : null), (i) => `K = ${ks[i]}`);
+      h += curves(stage, "coupling: trajectory LSS", (s) => (s.coupling ? [s.coupling.trajectory_lss] : null), () => "LSS");
+      h += curves(stage, "coupling: 1/σ1 per block", (s) => (s.coupling ? s.coupling.inverse_sigma_1 : null), (i) => `block ${i + 1}`);
+    }
+    coupling.innerHTML = h;
+  }
+  const compare = document.getElementById("comparisoncharts");
+  if (compare) {
+    let h = "";
+    for (const stage of META.stages) {
+      h += curves(stage, "arccos distance to model B", (s) => (s.compare && s.compare.arccos_distance !== undefined ? [s.compare.arccos_distance] : null), () => "arccos distance");
+      h += curves(stage, "CKA(A layer l, B layer l)", (s) => (s.compare && JSON.stringify(s.compare.layers_a) === JSON.stringify(s.compare.layers_b) ? s.compare.cka.map((row, i) => row[i]) : null), (i) => `layer ${((byStage[stage] || []).map((x) => x.s.compare).find(Boolean) || {layers_a: []}).layers_a[i]}`);
+    }
+    compare.innerHTML = h;
+  }
+  const detection = document.getElementById("detectioncharts");
+  if (detection) {
+    let h = "";
+    for (const stage of META.stages) h += curves(stage, "AP50 per decoder layer", (s) => s.detection_ap50, (i) => `decoder layer ${i + 1}`);
+    detection.innerHTML = h;
+  }
+}
+
+function moveMarkers(step) {
+  for (const svg of document.querySelectorAll("svg.chart[data-x0]")) {
+    const x0 = Number(svg.dataset.x0), x1 = Number(svg.dataset.x1), line = svg.querySelector("line.marker");
+    const x = Number(svg.dataset.left) + ((step - x0) / (x1 - x0)) * Number(svg.dataset.width);
+    line.setAttribute("x1", x);
+    line.setAttribute("x2", x);
+    line.setAttribute("visibility", step >= x0 && step <= x1 ? "visible" : "hidden");
+  }
+}
+
+const slider = document.getElementById("step");
+slider.max = String(META.steps.length - 1);
+slider.value = String(Math.max(0, META.steps.findIndex((o) => sameOrder(o, META.chosen))));
+slider.addEventListener("input", () => render(Number(slider.value)));
+drawCurves();
+render(Number(slider.value));

@@ -1,0 +1,266 @@
+"""``layerwise report``: one self-contained HTML file of a run, to open in any browser or attach to a message.
+
+The file needs no server and no network: the run's config, every summary (an inline JSON blob), the figures of one
+validation (PNG data URIs) and a small inline script that draws the per-layer table and the curves over training
+(inline SVG) for the validation the slider picks. It reads the results files only (see :mod:`layerwise.results`).
+"""
+
+import base64
+import html
+import io
+import json
+from pathlib import Path
+from typing import Any, Optional
+
+from layerwise.results import find_summaries, load_summary, summary_order, write_text_atomic
+
+# figures of summary_figures() that belong to a section of their own, not to the general figures
+SECTION_FIGURES = {
+    "coupling": ("coupling_depth", "coupling_spectra", "coupling_trajectory"),
+    "compare": ("compare_cka",),
+    "detection_ap50": ("detection_ap50",),
+}
+CONFIG_FILES = ("config.yaml", "hparams.yaml")  # LightningCLI's copy of the config; a Python fit's hyper-parameters
+FIGURE_DPI = 80
+Figure = tuple[str, str, str, str]  # stage, name, caption, PNG as base64
+
+
+def report(path: Path, out: Optional[Path] = None, step: Optional[int] = None) -> None:
+    """Write one self-contained HTML report of a run (config, per-layer tables, figures, curves over training).
+
+    No server and no network: data, figures and script are inline. A slider picks the validation (epoch, step)
+    shown in the per-layer table and the per-layer charts; the PNG figures are those of one validation (--step);
+    the coupling, comparison, transfer and detection sections appear when the run has them.
+
+    Args:
+        path: a run folder (runs/NAME/version_N), or a folder holding runs (its run with the most validations).
+        out: the HTML file to write (default: <run folder>/report.html).
+        step: the global step whose figures are drawn (default: the latest validation).
+    """
+    written, run = write_report(path, out, step)
+    print(f"layerwise report: run {run}")
+    print(written)
+
+
+def write_report(path: Path, out: Optional[Path] = None, step: Optional[int] = None) -> tuple[Path, Path]:
+    """Check the options, read every summary of the run, write the HTML atomically; ``(file written, run folder)``."""
+    path = Path(path)
+    if path.is_file():
+        raise ValueError(f"path {path} is a file: give the run folder (the one holding layerwise/).")
+    files = sorted(find_summaries(path, all_epochs=True, option="path"), key=lambda f: (summary_order(f), f.name))
+    run = files[0].parent.parent
+    target = Path(out) if out is not None else run / "report.html"
+    if target.is_dir():
+        raise ValueError(f"`--out={target}` is a folder: give the HTML file to write (e.g. {target / 'report.html'}).")
+    summaries = [load_summary(file) for file in files]
+    steps = sorted({_order(file, summary) for file, summary in zip(files, summaries)})
+    chosen = steps[-1]
+    if step is not None:
+        matching = [order for order in steps if order[1] == step]
+        if not matching:
+            have = ", ".join(str(order[1]) for order in steps)
+            raise ValueError(f"`--step={step}`: the run has no validation at that step (it has steps {have}).")
+        chosen = matching[-1]
+    page = build_html(run, files, summaries, chosen)
+    return write_text_atomic(target, page), run
+
+
+def _order(file: Path, summary: dict[str, Any]) -> tuple[int, int]:
+    """``(epoch, step)`` of a summary: its own keys, else its file name's."""
+    epoch, step = summary_order(file)
+    return int(summary.get("epoch", epoch)), int(summary.get("global_step", step))
+
+
+def build_html(run: Path, files: list[Path], summaries: list[dict[str, Any]], chosen: tuple[int, int]) -> str:
+    """The report's HTML: ``summaries`` (read from ``files``, in order) drawn around the validation ``chosen``."""
+    stages = sorted({file.name.split("_epoch_")[0] for file in files}, key=lambda s: (s != "val", s))
+    records = [
+        {"file": file.name, "stage": file.name.split("_epoch_")[0], "order": list(_order(file, summary))}
+        for file, summary in zip(files, summaries)
+    ]
+    config_name, config_text = _config(run)
+    depth = max((len(s.get("layers") or []) for s in summaries), default=0)
+    meta = {
+        "run": str(run),
+        "stages": stages,
+        "records": records,
+        "steps": [list(order) for order in sorted({tuple(r["order"]) for r in records})],
+        "chosen": list(chosen),
+        "layer_colors": layer_colors(max(depth, *(len(s.get("detection_ap50") or []) for s in summaries), 1)),
+        "series_colors": [_hex(color) for color in _tab10()],
+        "probes": "LinearProbes" in config_text,
+    }
+    figures = _figures(stages, records, summaries, tuple(chosen))
+    sections = {name for summary in summaries for name in SECTION_FIGURES if summary.get(name)}
+    validation_stages = [s for s in stages if s.startswith("val")]
+    body = [
+        f"<h1>layerwise report</h1><p class=sub>{_e(run)} · {len(files)} summaries · stages "
+        f"{', '.join(_e(s) for s in stages)} · figures of epoch {chosen[0]}, step {chosen[1]}</p>",
+        _nav(sections, len(validation_stages) > 1 or meta["probes"]),
+        "<div id=bar><label for=step>validation</label> <input type=range id=step min=0 value=0> "
+        "<span id=steplabel></span></div>",
+        "<section id=config><h2>Config</h2>",
+        f"<details open><summary>{_e(config_name)}</summary><pre>{_e(config_text)}</pre></details>"
+        if config_text
+        else "<p>No config.yaml or hparams.yaml beside the summaries (not a <code>layerwise fit</code> run).</p>",
+        "</section>",
+        "<section id=table><h2>Per layer, at the validation the slider picks</h2><div id=tables></div></section>",
+        _figure_section(
+            "figures",
+            "Figures",
+            figures.get("general", []),
+            note=f"Of epoch {chosen[0]}, step {chosen[1]} (layerwise report --step S draws another validation's).",
+        ),
+        "<section id=curves><h2>Per-layer curves over training</h2>"
+        "<p class=note>One colour per layer; the dashed line marks the validation the slider picks.</p>"
+        "<div id=curvecharts></div></section>",
+    ]
+    if len(validation_stages) > 1 or meta["probes"]:
+        note = " Accuracy is that of the linear probes on the frozen layers." if meta["probes"] else ""
+        body.append(
+            "<section id=transfer><h2>Transfer</h2><p class=note>Accuracy per layer on every evaluation set, at the "
+            f"validation the slider picks.{note}</p><div id=transfercharts class=grid></div></section>"
+        )
+    titles = {"coupling": "Block coupling", "compare": "Comparison with model B", "detection_ap50": "Detection"}
+    anchors = {"coupling": "coupling", "compare": "comparison", "detection_ap50": "detection"}
+    for name in SECTION_FIGURES:
+        if name in sections:
+            body.append(
+                _figure_section(anchors[name], titles[name], figures.get(name, []), charts=f"{anchors[name]}charts")
+            )
+    return TEMPLATE.format(
+        title=_e(f"layerwise report: {run.parent.name}/{run.name}"),
+        style=STYLE,
+        body="\n".join(body),
+        summaries=_script_json(summaries),
+        meta=_script_json(meta),
+        script=(Path(__file__).parent / "report.js").read_text(encoding="utf-8"),
+    )
+
+
+def _nav(sections: set[str], transfer: bool) -> str:
+    links = [("config", "config"), ("table", "per layer"), ("figures", "figures"), ("curves", "curves")]
+    if transfer:
+        links.append(("transfer", "transfer"))
+    for name, anchor in (("coupling", "coupling"), ("compare", "comparison"), ("detection_ap50", "detection")):
+        if name in sections:
+            links.append((anchor, anchor))
+    return "<nav>" + " · ".join(f'<a href="#{anchor}">{text}</a>' for anchor, text in links) + "</nav>"
+
+
+def _figure_section(anchor: str, title: str, figures: list[Figure], charts: str = "", note: str = "") -> str:
+    """A section of PNG figures, one group per stage, and optionally a container for the script's charts."""
+    groups: dict[str, list[str]] = {}
+    for stage, name, caption, data in figures:
+        groups.setdefault(stage, []).append(
+            f'<figure><img alt="{_e(name)}" src="data:image/png;base64,{data}"><figcaption>{_e(caption)}'
+            "</figcaption></figure>"
+        )
+    items = "".join(f"<h3>{_e(stage)}</h3><div class=figs>{''.join(group)}</div>" for stage, group in groups.items())
+    chart_div = f"<div id={charts} class=grid></div>" if charts else ""
+    empty = "" if figures or charts else "<p>No figure for this validation.</p>"
+    note = f"<p class=note>{_e(note)}</p>" if note else ""
+    return f"<section id={anchor}><h2>{_e(title)}</h2>{note}{chart_div}{items}{empty}</section>"
+
+
+def _figures(
+    stages: list[str], records: list[dict[str, Any]], summaries: list[dict[str, Any]], chosen: tuple[int, int]
+) -> dict[str, list[Figure]]:
+    """PNG figures per section: each stage's figures at ``chosen``; a section's latest at or before it."""
+    out: dict[str, list[Figure]] = {}
+    for stage in stages:
+        of_stage = [(tuple(r["order"]), s) for r, s in zip(records, summaries) if r["stage"] == stage]
+        at = [s for order, s in of_stage if order == chosen]
+        if at:
+            general = {key: value for key, value in at[-1].items() if key not in SECTION_FIGURES}
+            out.setdefault("general", []).extend((stage, name, name, png) for name, png in _encoded(general))
+        for section in SECTION_FIGURES:
+            earlier = [(order, s) for order, s in of_stage if order <= chosen and s.get(section)]
+            if earlier:
+                (epoch, step), summary = earlier[-1]
+                drawn = _encoded({section: summary[section], "layers": summary.get("layers")})
+                caption = f"(epoch {epoch}, step {step})"
+                out.setdefault(section, []).extend((stage, name, f"{name} {caption}", png) for name, png in drawn)
+    return out
+
+
+def _encoded(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """Every figure of ``summary`` as ``(name, PNG as base64)``; the figures closed, whatever happens."""
+    import matplotlib.pyplot as plt
+
+    from layerwise.figures.summary import summary_figures
+
+    figures = summary_figures(summary)
+    try:
+        return [(name, _png(figure)) for name, figure in figures.items()]
+    finally:
+        for figure in figures.values():
+            plt.close(figure)
+
+
+def _png(figure: Any) -> str:
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=FIGURE_DPI)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _config(run: Path) -> tuple[str, str]:
+    """The run's config file name and text (LightningCLI's config.yaml, else hparams.yaml), or ``("", "")``."""
+    for name in CONFIG_FILES:
+        if (run / name).is_file():
+            return name, (run / name).read_text(encoding="utf-8", errors="replace")
+    return "", ""
+
+
+def layer_colors(count: int) -> list[str]:
+    """One colour per layer, shallow to deep (viridis, without its pale yellow end)."""
+    from matplotlib import colormaps
+
+    cmap = colormaps["viridis"]
+    return [_hex(cmap(0.9 * index / max(1, count - 1))) for index in range(count)]
+
+
+def _tab10() -> list[Any]:
+    from matplotlib import colormaps
+
+    return [colormaps["tab10"](index) for index in range(10)]
+
+
+def _hex(rgba: Any) -> str:
+    return "#" + "".join(f"{round(255 * channel):02x}" for channel in rgba[:3])
+
+
+def _e(value: Any) -> str:
+    return html.escape(str(value), quote=True)
+
+
+def _script_json(value: Any) -> str:
+    """JSON safe inside a ``<script>`` element: every ``<`` escaped as a JSON unicode escape (the same JSON)."""
+    return json.dumps(value, allow_nan=False, separators=(",", ":")).replace("<", "\\u003c")
+
+
+TEMPLATE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" href="data:,"><title>{title}</title><style>{style}</style></head>
+<body>
+{body}
+<script type="application/json" id="summaries">{summaries}</script>
+<script type="application/json" id="meta">{meta}</script>
+<script>{script}</script>
+</body></html>
+"""
+
+STYLE = """
+body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;max-width:1280px;padding:0 16px;
+color:#222;background:#fff}
+h1{font-size:1.5em;margin:16px 0 2px}h2{font-size:1.2em;border-bottom:1px solid #ddd;padding-bottom:3px;margin-top:28px}
+h3{font-size:1em;margin:14px 0 4px}.sub,.note{color:#555;font-size:.9em}nav{font-size:.9em;margin:6px 0}
+#bar{position:sticky;top:0;background:#f6f6f6;border:1px solid #ddd;padding:6px 10px;z-index:2;font-size:.95em}
+#step{width:50%;vertical-align:middle}pre{background:#f8f8f8;padding:8px;overflow:auto;max-height:420px;
+font-size:.8em}table{border-collapse:collapse;font-size:.85em;margin:4px 0 10px}
+th,td{border:1px solid #ddd;padding:2px 8px;text-align:right}th{background:#f0f0f0}
+.figs,.grid{display:flex;flex-wrap:wrap;gap:12px}figure{margin:0}figcaption{font-size:.8em;color:#555}
+.chart{border:1px solid #eee;padding:4px}.legend{font-size:.75em;max-width:400px}
+.legend span{display:inline-block;margin-right:8px}.sw{display:inline-block;width:10px;height:10px;margin-right:3px}
+.scalars{font-size:.85em;color:#333}
+"""
