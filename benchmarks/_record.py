@@ -1,0 +1,70 @@
+"""What a benchmark measured, kept where README's numbers are checked against it.
+
+Every number README states about speed, time or accuracy is produced by a script here. The script calls
+:func:`record` with what it measured; :func:`record` writes ``benchmarks/recorded/<name>.json`` with the values and
+the circumstances a reader needs to judge them: the date, the command, the commit, the machine (CPU model, cores
+the process may use, torch threads) and the load (the 1-minute load average before and after the run, since other
+processes on a shared machine slow a measurement down). ``tests/test_readme_claims.py`` reads these files and
+fails when a number in README that is marked ``<!-- claim: <name>.<key> -->`` differs from the recorded value.
+"""
+
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+RECORDED = Path(__file__).resolve().parent / "recorded"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _commit() -> str:
+    result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=RECORDED.parent)
+    return result.stdout.strip() or "unknown"
+
+
+def machine() -> dict[str, Any]:
+    """The machine a measurement ran on, and its load right now (1-minute load average)."""
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return {
+        "cpu": _cpu_model(),
+        "cores": cores,
+        "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "load_average_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
+    }
+
+
+def record(name: str, values: dict[str, Any], load_before: float | None = None) -> Path:
+    """Write ``benchmarks/recorded/<name>.json``: ``values`` with the date, command, commit, machine and load."""
+    RECORDED.mkdir(exist_ok=True)
+    entry = {
+        "values": values,
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "command": " ".join(["python", *[Path(sys.argv[0]).as_posix().split("/layerwise/")[-1], *sys.argv[1:]]]),
+        "commit": _commit(),
+        "machine": {**machine(), "load_average_1min_before": load_before},
+    }
+    path = RECORDED / f"{name}.json"
+    path.write_text(json.dumps(entry, indent=1) + "\n")
+    print(f"recorded -> {path.relative_to(RECORDED.parent.parent)}")
+    return path
+
+
+def load_now() -> float | None:
+    """The 1-minute load average, to pass to :func:`record` as ``load_before``."""
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
