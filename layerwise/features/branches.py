@@ -11,13 +11,14 @@ branches; for a post-LN block such as BERT's, the update after its LayerNorms).
 """
 
 from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from typing import Any, Optional, Union
+from contextlib import ExitStack, contextmanager
+from functools import partial
+from typing import Optional, Union
 
 import torch
 from torch import Tensor, nn
 
-from layerwise.features.hooks import _block_input, block_output
+from layerwise.features.hooks import hooked_blocks
 from layerwise.features.paths import Branch, LayerPaths, get_part
 
 BLOCK = "block"
@@ -78,6 +79,7 @@ class BranchNorms:
                 out = get_part(block, branch.out, f"{option} (block {index}, {name}.out)")
                 parts[name] = (skip, out, branch.skip_arg)
             self.modules.append(parts)
+        self.skip_args = {name: branch.skip_arg for name, branch in branches.items()}
         self.token: Union[int, Tensor, None] = None
         self._norms: dict[tuple[str, int, str], Tensor] = {}
         self._block_inputs: dict[int, Tensor] = {}
@@ -89,46 +91,32 @@ class BranchNorms:
 
     @contextmanager
     def attached(self) -> Iterator["BranchNorms"]:
-        """Hook the blocks and branches; the hooks are removed on exit, whatever happens."""
-        handles = []
+        """Hook the blocks and branches through ``hooked_blocks``; the hooks are removed on exit, whatever happens."""
 
-        def on_block_input(index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-            hidden = _block_input(args, kwargs)
+        def on_block_input(index: int, hidden: Tensor) -> None:
             self._block_inputs[index] = _at_token(hidden, self.token)
             self._norms[(BLOCK, index, "skip")] = torch.linalg.vector_norm(self._block_inputs[index], dim=-1)
 
-        def on_block_output(index: int, output: Any) -> None:
-            update = _at_token(block_output(output), self.token) - self._block_inputs.pop(index)
+        def on_block_output(index: int, hidden: Tensor) -> None:
+            update = _at_token(hidden, self.token) - self._block_inputs.pop(index)
             self._norms[(BLOCK, index, "branch")] = torch.linalg.vector_norm(update, dim=-1)
 
         try:
-            for index, (block, parts) in enumerate(zip(self.blocks, self.modules)):
-                handles.append(
-                    block.register_forward_pre_hook(
-                        lambda module, args, kwargs, i=index: on_block_input(i, args, kwargs), with_kwargs=True
-                    )
-                )
-                handles.append(
-                    block.register_forward_hook(lambda module, args, output, i=index: on_block_output(i, output))
-                )
-                for name, (skip, out, skip_arg) in parts.items():
-                    handles.append(
-                        skip.register_forward_pre_hook(
-                            lambda module, args, i=index, n=name, a=skip_arg: self._record((n, i, "skip"), args[a])
-                        )
-                    )
-                    handles.append(
-                        out.register_forward_hook(
-                            lambda module, args, output, i=index, n=name: self._record(
-                                (n, i, "branch"), block_output(output)
-                            )
-                        )
-                    )
-            yield self
+            with ExitStack() as hooks:
+                hooks.enter_context(hooked_blocks(self.blocks, on_output=on_block_output, on_input=on_block_input))
+                for name, skip_arg in self.skip_args.items():
+                    skips = [parts[name][0] for parts in self.modules]
+                    outs = [parts[name][1] for parts in self.modules]
+                    record_skip = partial(self._record_at, name, "skip")
+                    record_branch = partial(self._record_at, name, "branch")
+                    hooks.enter_context(hooked_blocks(skips, on_input=record_skip, input_arg=skip_arg))
+                    hooks.enter_context(hooked_blocks(outs, on_output=record_branch))
+                yield self
         finally:
-            for handle in handles:
-                handle.remove()
             self._block_inputs.clear()
+
+    def _record_at(self, name: str, part: str, index: int, hidden: Tensor) -> None:
+        self._record((name, index, part), hidden)
 
     def pop(self) -> tuple[Tensor, Tensor]:
         """The norms of the last forward pass: skip and branch, each (P, L, B) float64; cleared afterwards."""

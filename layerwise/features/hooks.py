@@ -26,8 +26,8 @@ def block_output(output: Any) -> Tensor:
     return output[0] if isinstance(output, (tuple, list)) else output
 
 
-def _block_input(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Tensor:
-    return args[0] if args else kwargs["hidden_states"]
+def _block_input(args: tuple[Any, ...], kwargs: dict[str, Any], position: int = 0) -> Tensor:
+    return args[position] if len(args) > position else kwargs["hidden_states"]
 
 
 def _output_hook(on_output: BlockCallback, index: int) -> Callable[..., None]:
@@ -40,14 +40,17 @@ def hooked_blocks(
     on_output: Optional[BlockCallback] = None,
     on_input: Optional[BlockCallback] = None,
     indices: Optional[Sequence[int]] = None,
+    input_arg: int = 0,
 ) -> Iterator[None]:
     """Call ``on_input``/``on_output`` with ``(block index, hidden states (B, T, d))`` at every call of the blocks.
 
     Args:
-        blocks: the block list (from :func:`~layerwise.features.paths.get_blocks`).
+        blocks: the block list (from :func:`~layerwise.features.paths.get_blocks`), or any list of modules called
+            once per forward pass (a branch's norm or output projection in every block, say).
         on_output: called with each block's output (the residual stream after the block).
         on_input: called with each block's input (the residual stream before it).
         indices: 0-based blocks to hook (default all).
+        input_arg: the position of the hidden states among the modules' arguments (``hidden_states=`` if absent).
 
     The hooks are removed on exit, whatever happens in the body.
     """
@@ -58,7 +61,8 @@ def hooked_blocks(
             if on_input is not None:
                 handles.append(
                     block.register_forward_pre_hook(
-                        lambda module, args, kwargs, i=index: on_input(i, _block_input(args, kwargs)), with_kwargs=True
+                        lambda module, args, kwargs, i=index: on_input(i, _block_input(args, kwargs, input_arg)),
+                        with_kwargs=True,
                     )
                 )
             if on_output is not None:
