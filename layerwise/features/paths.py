@@ -150,6 +150,36 @@ FAMILIES: dict[str, Family] = {
 
 
 @dataclass(frozen=True)
+class Tower:
+    """One tower of a two-tower model (CLIP), by paths relative to the whole model.
+
+    Attributes:
+        module: the tower, called alone on its own inputs.
+        blocks: its list of transformer blocks.
+        final_norm: the norm applied to a block output before the projection.
+        projection: the map into the joint image-text space.
+        readout: the token whose feature represents the input (``cls``: position 0; ``eos``: the end of text).
+    """
+
+    module: str
+    blocks: str
+    final_norm: tuple[str, ...]
+    projection: str
+    readout: Literal["cls", "eos"]
+
+
+# transformers' CLIPModel (App. D): each tower's blocks, its own final norm and its projection into the joint space.
+CLIP_TOWERS: dict[str, Tower] = {
+    "vision": Tower(
+        "vision_model", "vision_model.encoder.layers", ("vision_model.post_layernorm",), "visual_projection", "cls"
+    ),
+    "text": Tower(
+        "text_model", "text_model.encoder.layers", ("text_model.final_layer_norm",), "text_projection", "eos"
+    ),
+}
+
+
+@dataclass(frozen=True)
 class LayerPaths:
     """Dotted paths of one model's parts, relative to the module they were resolved against.
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.utils.data import Dataset
 
-from layerwise.features.clip import check_clip, clip_layers
+from layerwise.features.clip import check_clip, clip_depths, clip_layers
 from layerwise.metrics import LayerCosineSimilarity
 from layerwise.metrics.similarity import PairedCosine
 from layerwise.metrics.sync import all_reduce_sum_states
@@ -38,8 +38,7 @@ class CLIPAnalysis:
     def __init__(self, model: nn.Module, center: bool = True) -> None:
         check_clip(model)
         self.model = model.eval()
-        vision_layers = len(model.vision_model.encoder.layers)
-        text_layers = len(model.text_model.encoder.layers)
+        vision_layers, text_layers = clip_depths(model).values()
         self.metrics = {
             "vision_cos": LayerCosineSimilarity(vision_layers, center, sync_on_compute=False),
             "text_cos": LayerCosineSimilarity(text_layers, center, sync_on_compute=False),
