@@ -31,7 +31,9 @@ def _cpu_model() -> str:
 
 
 def _commit() -> str:
-    result = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=RECORDED.parent)
+    result = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=RECORDED.parent
+    )
     return result.stdout.strip() or "unknown"
 
 

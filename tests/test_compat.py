@@ -17,7 +17,7 @@ PRIVATE = (
     r"\._(reductions|computed|is_synced|dtype_convert|pos_embed|from_config)\b"
     r"|_given_"
     r"hyperparameters|overrides\.distributed"  # split so that this file does not match itself
-    r"|def _app" r"ly\b"  # overriding torch/torchmetrics' Module._apply
+    r"|def _app" + r"ly\b"  # overriding torch/torchmetrics' Module._apply
 )
 
 

@@ -17,7 +17,9 @@ REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
 RECORDED = REPO / "benchmarks" / "recorded"
 # a number, optionally its unit, then the marker
-CLAIM = re.compile(r"(-?\d[\d,]*(?:\.\d+)?)\s*(?:%|×|x|s|min|minutes|points|MiB|GB|MB)?\s*<!-- claim: ([\w]+)\.([\w]+) -->")
+CLAIM = re.compile(
+    r"(-?\d[\d,]*(?:\.\d+)?)\s*(?:%|×|x|s|min|minutes|points|MiB|GB|MB)?\s*<!-- claim: ([\w]+)\.([\w]+) -->"
+)
 
 
 def claims() -> list[tuple[str, str, str]]:
@@ -51,7 +53,9 @@ def test_stated_number_equals_the_recorded_measurement(stated, name, key):
 
 def test_every_record_is_cited_and_every_marker_is_well_formed():
     text = README.read_text()
-    malformed = [m for m in re.findall(r"<!-- claim:[^>]*-->", text) if not re.fullmatch(r"<!-- claim: \w+\.\w+ -->", m)]
+    malformed = [
+        m for m in re.findall(r"<!-- claim:[^>]*-->", text) if not re.fullmatch(r"<!-- claim: \w+\.\w+ -->", m)
+    ]
     assert not malformed, malformed
     unplaced = [m for m in re.findall(r"<!-- claim: \w+\.\w+ -->", text)]
     assert len(unplaced) == len(claims()), "a claim marker does not follow a number directly"

@@ -23,7 +23,6 @@ from layerwise.features.outputs import (
 )
 from layerwise.features.paths import FAMILIES, LayerPaths, find_layer_paths, get_blocks, layer_paths
 from layerwise.features.pooling import POOLINGS, pool_tokens
-from layerwise.features.readout import chunked_cross_entropy, chunked_kl_divergence, chunked_readout
 from layerwise.features.timm_vit import TimmViT
 from layerwise.features.truncate import truncated, truncated_copy
 
@@ -59,9 +58,6 @@ __all__ = [
     "HFCausalLM",
     "HFEncoder",
     "TimmViT",
-    "chunked_cross_entropy",
-    "chunked_kl_divergence",
-    "chunked_readout",
     "check_layer_outputs",
     "is_layer_outputs",
     "pool_tokens",

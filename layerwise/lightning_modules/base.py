@@ -25,12 +25,10 @@ from layerwise.features import (
     SAMPLE_INDEX,
     TARGETS,
     Backbone,
-    chunked_cross_entropy,
-    chunked_readout,
 )
-from layerwise.features.readout import DEFAULT_CHUNK_SIZE, Head
 from layerwise.inference.early_exit import EXIT_LAYERS, early_exit_predict
 from layerwise.lightning_modules.checkpoint import use_checkpoint_reader
+from layerwise.lightning_modules.readout import DEFAULT_CHUNK_SIZE, Head, chunked_cross_entropy, chunked_readout
 from layerwise.metrics import Readout, readout_from_logits
 from layerwise.metrics.functional import group_logits
 from layerwise.results import loader_stages
@@ -64,8 +62,8 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
     per input) and causal language models (every predicted token is a sample, its class the next token).
 
     Losses go through :meth:`layer_losses`, which applies a head to one layer at a time and, beyond ``chunk_size``
-    rows, in checkpointed token chunks (:func:`layerwise.features.chunked_cross_entropy`): the extra memory of even
-    the all-layer aligned loss over a 50,257-token vocabulary is about one chunk of logits.
+    rows, in checkpointed token chunks (:func:`~layerwise.lightning_modules.readout.chunked_cross_entropy`): the
+    extra memory of even the all-layer aligned loss over a 50,257-token vocabulary is about one chunk of logits.
 
     ``validation_step``, ``test_step`` and ``predict_step`` run the backbone once and return the dict of
     :mod:`layerwise.features.outputs`: ``features`` ``(L, N, d)``, the shared head's readout per layer

@@ -8,8 +8,8 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
 from layerwise.features import FEATURES, IGNORE_INDEX, TARGETS, Backbone
-from layerwise.features.readout import DEFAULT_CHUNK_SIZE
 from layerwise.lightning_modules.base import LayerwiseModule
+from layerwise.lightning_modules.readout import DEFAULT_CHUNK_SIZE
 
 
 class CosRegularized(LayerwiseModule):
