@@ -30,10 +30,11 @@ from layerwise.cli import main as cli_main
 from layerwise.datamodules.tokenizers import byte_tokenizer
 from layerwise.features.hooks import block_output
 from layerwise.features.paths import HeadSteps, get_blocks, layer_paths
+from layerwise.features.sentence_encoder import SentenceEncoder
 from layerwise.features.truncate import truncated
 from layerwise.inference.generation import generate_from_layer
 from layerwise.inference.lens import lens_markdown, lens_table, write_lens
-from layerwise.metrics.generation import SentenceEncoder, coherence, corpus_rep_n, diversity, rep_n
+from layerwise.metrics.generation import coherence, corpus_rep_n, diversity, rep_n
 
 hf_logging.set_verbosity_error()
 

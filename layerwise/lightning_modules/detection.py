@@ -10,6 +10,7 @@ from torch import Tensor
 
 from layerwise._compat import built_by_lightning_cli
 from layerwise.extras import require
+from layerwise.features.hf import build_model
 from layerwise.features.outputs import DETECTION_LABELS as LABELS
 from layerwise.features.outputs import LAYER_BOXES, LAYER_LOGITS
 from layerwise.lightning_modules.weights import LayerWeights, resolve_layer_weights
@@ -54,10 +55,14 @@ class DetrLayerwise(LightningModule):
         self.save_hyperparameters(ignore=[] if built_by_lightning_cli() else ["optimizer", "lr_scheduler"])
         transformers = require("transformers")
         overrides = dict(config_overrides or {})
-        if model_name_or_path is None:
-            self.model = transformers.DetrForObjectDetection(transformers.DetrConfig(**overrides))
-        else:
-            self.model = transformers.DetrForObjectDetection.from_pretrained(model_name_or_path, **overrides)
+        self.model = build_model(  # the one hub wrapper; without a name, DETR from its config (offline, random)
+            transformers.AutoModelForObjectDetection,
+            model_name_or_path,
+            None if model_name_or_path else "detr",
+            True,
+            overrides,
+            "--model.init_args",
+        )
         self.model.config.auxiliary_loss = True  # the decoder returns every layer's output
         self.num_layers = int(self.model.config.decoder_layers)
         weights = resolve_layer_weights(layer_weights, self.num_layers, "--model.init_args.layer_weights")

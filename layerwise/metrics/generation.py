@@ -16,7 +16,7 @@ continuations weigh more than short ones (it is not a mean of per-text ratios). 
 """
 
 from collections.abc import Callable, Sequence
-from typing import Literal, Optional, Union
+from typing import Union
 
 import torch
 from torch import Tensor
@@ -99,7 +99,8 @@ def coherence(prefixes: Sequence[str], continuations: Sequence[str], encoder: En
     Args:
         prefixes: the prompts, ``N`` strings.
         continuations: the generated text of each prompt, without the prompt, ``N`` strings.
-        encoder: maps a list of strings to embeddings ``(N, d)``, e.g. a :class:`SentenceEncoder`.
+        encoder: maps a list of strings to embeddings ``(N, d)``, e.g. a ``SentenceEncoder``
+            (``layerwise.features.sentence_encoder``).
 
     Returns:
         ``mean_i cos(encoder(prefixes)_i, encoder(continuations)_i)`` in ``[-1, 1]``.
@@ -120,66 +121,3 @@ def coherence(prefixes: Sequence[str], continuations: Sequence[str], encoder: En
         )
     cosine = torch.nn.functional.cosine_similarity(prefix_emb.double(), continuation_emb.double(), dim=-1)
     return float(cosine.mean())
-
-
-class SentenceEncoder:
-    """A SimCSE-style sentence encoder: ``list[str] -> (N, d)`` embeddings from a Hugging Face encoder.
-
-    SimCTG's coherence uses ``princeton-nlp/sup-simcse-bert-base-uncased``. SimCSE's own tool embeds a sentence with
-    the ``pooler_output`` (the [CLS] hidden state through BERT's dense + tanh pooler) for supervised models
-    (``pooling="cls"``) and with the raw [CLS] hidden state for unsupervised ones (``pooling="cls_before_pooler"``,
-    models named ``unsup-simcse-*``).
-
-    Args:
-        name_or_path: hub name or local folder holding an ``AutoModel`` and its tokenizer. Offline, give a local
-            folder; set ``HF_HUB_OFFLINE=1`` so that an uncached hub name fails at once instead of retrying.
-        pooling: ``"cls"`` (pooler output) or ``"cls_before_pooler"`` (last hidden state at the first position).
-        batch_size: texts encoded per forward.
-        max_length: longer texts are truncated to this many tokens.
-        device: where the encoder runs, e.g. ``"cpu"`` or ``"cuda"``.
-    """
-
-    def __init__(
-        self,
-        name_or_path: str = "princeton-nlp/sup-simcse-bert-base-uncased",
-        pooling: Literal["cls", "cls_before_pooler"] = "cls",
-        batch_size: int = 32,
-        max_length: int = 256,
-        device: Optional[str] = None,
-    ) -> None:
-        from transformers import AutoModel, AutoTokenizer
-
-        if pooling not in ("cls", "cls_before_pooler"):
-            raise ValueError(f"`pooling={pooling!r}`: choose 'cls' (supervised SimCSE) or 'cls_before_pooler'.")
-        try:
-            self.tokenizer = AutoTokenizer.from_pretrained(name_or_path)
-            self.model = AutoModel.from_pretrained(name_or_path)
-        except OSError as error:
-            raise ValueError(
-                f"`name_or_path={name_or_path!r}` could not be loaded ({error}). Offline, give a local folder with "
-                "a saved model and tokenizer (`save_pretrained`)."
-            ) from None
-        if pooling == "cls" and getattr(self.model, "pooler", None) is None:
-            raise ValueError(f"`pooling='cls'`: {type(self.model).__name__} has no pooler; use 'cls_before_pooler'.")
-        self.model.to(device or "cpu").eval()
-        self.pooling = pooling
-        self.batch_size = batch_size
-        self.max_length = max_length
-
-    @torch.no_grad()
-    def __call__(self, texts: list[str]) -> Tensor:
-        """Embeddings ``(N, d)`` of ``N`` texts, on the CPU in float32."""
-        device = next(self.model.parameters()).device
-        embeddings = []
-        for start in range(0, len(texts), self.batch_size):
-            batch = self.tokenizer(
-                list(texts[start : start + self.batch_size]),
-                padding=True,
-                truncation=True,
-                max_length=self.max_length,
-                return_tensors="pt",
-            ).to(device)
-            output = self.model(**batch)
-            pooled = output.pooler_output if self.pooling == "cls" else output.last_hidden_state[:, 0]
-            embeddings.append(pooled.float().cpu())
-        return torch.cat(embeddings) if embeddings else torch.empty(0, self.model.config.hidden_size)
