@@ -8,6 +8,7 @@ import json
 import math
 import os
 import re
+import shutil
 import tempfile
 import time
 import warnings
@@ -54,6 +55,34 @@ def write_atomic(path: Union[str, Path], write: Callable[[IO[bytes]], Any]) -> P
             os.unlink(temporary)
         raise
     return path
+
+
+def write_folder_atomic(folder: Union[str, Path], write: Callable[[Path], Any], keep_existing: bool = False) -> Path:
+    """Fill a folder through ``write(staging_folder)`` in a temporary sibling of ``folder``, then rename it into place.
+
+    Readers see the old folder or the whole new one, never a part; the staging folder is removed on any error.
+    An existing ``folder`` is replaced (moved aside, then removed), or, with ``keep_existing``, kept: another process
+    that wrote the same folder first (every rank training one tokenizer) wins, and this one's copy is dropped.
+    """
+    folder = Path(folder)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
+    staging, previous = root / folder.name, root / "previous"  # staging does not exist yet: ``write`` makes it
+    try:
+        write(staging)
+        if keep_existing:
+            try:
+                os.rename(staging, folder)
+            except OSError:
+                if not folder.is_dir():  # a real failure, not another process renaming the same folder first
+                    raise
+            return folder
+        if folder.exists():
+            os.replace(folder, previous)
+        os.replace(staging, folder)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return folder
 
 
 def write_text_atomic(path: Union[str, Path], text: str) -> Path:

@@ -20,9 +20,6 @@ loads the same files in ``setup``. Every returned tokenizer has a pad token.
 from __future__ import annotations
 
 import hashlib
-import os
-import shutil
-import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -32,6 +29,7 @@ from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers,
 from transformers import PreTrainedTokenizerFast
 
 from layerwise.datamodules import _hub
+from layerwise.results import write_folder_atomic
 
 TOKENIZER_FLAG = "--data.init_args.tokenizer"
 END_OF_TEXT = "<|endoftext|>"
@@ -256,18 +254,13 @@ def _frequent_characters(
 
 
 def _save_atomically(tokenizer: PreTrainedTokenizerFast, folder: Path) -> None:
-    """Save into a temporary sibling of ``folder``, then rename it; if another process won the race, keep theirs."""
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    temporary = Path(tempfile.mkdtemp(prefix=f".{folder.name}.tmp-", dir=folder.parent))
-    try:
-        tokenizer.save_pretrained(str(temporary))
-        try:
-            os.rename(temporary, folder)
-        except OSError:
-            if not folder.is_dir():  # a real failure, not "another rank renamed the same tokenizer first"
-                raise
-    finally:
-        shutil.rmtree(temporary, ignore_errors=True)
+    """Save through the one atomic folder writer; if another process saved the same tokenizer first, keep theirs."""
+
+    def save(staging: Path) -> None:
+        staging.mkdir()
+        tokenizer.save_pretrained(str(staging))
+
+    write_folder_atomic(folder, save, keep_existing=True)
 
 
 def _pretrained_tokenizer(spec: str, option: str) -> PreTrainedTokenizerFast:

@@ -33,9 +33,6 @@ written by ``layerwise fit`` (its hyper-parameters hold the module's and backbon
 """
 
 import math
-import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -49,7 +46,7 @@ from layerwise.features.timm_vit import TimmViT
 from layerwise.features.truncate import check_depth, truncated_copy
 from layerwise.lightning_modules.checkpoint import load_module
 from layerwise.metrics import effective_depth
-from layerwise.results import latest_summary, load_summary
+from layerwise.results import latest_summary, load_summary, write_atomic, write_folder_atomic
 
 
 @dataclass(frozen=True)
@@ -175,30 +172,17 @@ def check_truncated(backbone: Backbone, truncated: nn.Module, depth: int) -> flo
 
 
 def _write_atomically(out_dir: Path, truncated: nn.Module, names: dict[str, str]) -> dict[str, Path]:
-    """Write every artifact into a staging folder inside ``out_dir``, then rename each into place."""
+    """Write every artifact through the atomic writers of ``results`` (a file or a folder each: whole or absent)."""
     created = not out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".export-", dir=out_dir))
     try:
-        torch.save(truncated, staging / names["checkpoint"])
         if "hf_folder" in names:
-            truncated.save_pretrained(staging / names["hf_folder"])
-        for name in names.values():
-            _move_into_place(staging / name, out_dir / name, staging)
+            write_folder_atomic(out_dir / names["hf_folder"], truncated.save_pretrained)
+        write_atomic(out_dir / names["checkpoint"], lambda file: torch.save(truncated, file))
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        if created and not any(out_dir.iterdir()):
+        if created and out_dir.is_dir() and not any(out_dir.iterdir()):
             out_dir.rmdir()
         raise
-    shutil.rmtree(staging, ignore_errors=True)
     return {key: out_dir / name for key, name in names.items()}
-
-
-def _move_into_place(source: Path, target: Path, staging: Path) -> None:
-    """Atomic for a file; a folder replaces an existing one by moving the old one aside (into staging) first."""
-    if source.is_dir() and target.exists():
-        os.replace(target, staging / f"{target.name}.previous")
-    os.replace(source, target)
 
 
 # ------------------------------------------------------------------------------------------------------- the CLI
