@@ -80,3 +80,42 @@ def test_cos_box_plots_draw_the_summary_quantiles():
     assert list(negative.lines[0].get_ydata()) == pytest.approx(
         [100 * row[-1] for row in SUMMARY["cos_negative_fraction"]]
     )
+
+
+def test_figure_modules_share_only_the_style_module_and_form_no_cycle():
+    """figures/: every module draws through figures/style.py; none reaches into another's private helpers."""
+    import ast
+    from pathlib import Path
+
+    import layerwise.figures
+
+    folder = Path(layerwise.figures.__file__).parent
+    edges = {}
+    for path in folder.glob("*.py"):
+        imported = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("layerwise.figures."):
+                target = node.module.rsplit(".", 1)[1]
+                private = [alias.name for alias in node.names if alias.name.startswith("_")]
+                assert not private, f"figures/{path.name} imports private {private} from figures/{target}.py"
+                imported.add(target)
+        edges[path.stem] = imported
+
+    def reaches(start, goal, seen=()):
+        return any(
+            nxt == goal or (nxt not in seen and reaches(nxt, goal, (*seen, nxt))) for nxt in edges.get(start, ())
+        )
+
+    cycles = [name for name in edges if reaches(name, name)]
+    assert not cycles, f"import cycle among figures/: {cycles}"
+    assert "style" in edges and not edges["style"], "style.py is the root: it imports no other figure module"
+
+
+def test_lens_cells_show_spaces_and_newlines():
+    import numpy as np
+
+    from layerwise.figures.lens import lens_figure
+
+    figure = lens_figure(np.array([[0.2, 0.9]]), [[" the", "\n"]], [" the", "\n"], [1], "a prompt")
+    cells = [text.get_text() for text in figure.axes[0].texts]
+    assert cells == ["␣the", "↵"]

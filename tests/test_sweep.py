@@ -212,3 +212,20 @@ def test_threshold_labels_never_overlap():
     boxes = [text.get_window_extent(renderer) for text in figure.axes[0].texts]
     assert 1 <= len(boxes) < len(rows) + len(wide)  # crowded points: some labels left to the table
     assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
+
+
+def test_close_thresholds_both_keep_their_label():
+    """τ = 0.95 and 0.99 often exit at almost the same point: the 0.99 label moves aside instead of vanishing."""
+    from layerwise.inference.sweep import Curve
+
+    rows = [
+        {"threshold": 0.9, "accuracy": 0.95, "speedup": 1.60},
+        {"threshold": 0.95, "accuracy": 0.962, "speedup": 1.45},
+        {"threshold": 0.99, "accuracy": 0.963, "speedup": 1.44},
+    ]
+    figure = sweep_figure([Curve("run", "early_exit", rows)])
+    labels = sorted(text.get_text() for text in figure.axes[0].texts)
+    assert labels == ["0.9", "0.95", "0.99"]
+    renderer = figure.canvas.get_renderer()
+    boxes = [text.get_window_extent(renderer) for text in figure.axes[0].texts]
+    assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])

@@ -6,7 +6,8 @@ from torchmetrics import Metric
 
 from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor
 from layerwise.callbacks.family import per_layer, shaped
-from layerwise.figures.summary import cos_box_plots, heatmap
+from layerwise.figures.heatmap import heatmap
+from layerwise.figures.summary import cos_box_plots
 from layerwise.metrics import LayerCKA, LayerCosineSimilarity, MinibatchCKA
 from layerwise.metrics.functional_distribution import histogram_quantiles
 

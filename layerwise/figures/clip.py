@@ -5,13 +5,14 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from layerwise.figures.summary import _figure, heatmap
+from layerwise.figures.heatmap import heatmap
+from layerwise.figures.style import new_figure
 
 
 def cross_heatmap(matrix: Any, rows: list[int], columns: list[int], title: str) -> Figure:
     """A vision-layer (rows) by text-layer (columns) similarity matrix."""
     values = np.asarray(matrix, dtype=float)
-    fig, ax = _figure(4.8, 4.2, right=0.95)
+    fig, ax = new_figure(4.8, 4.2, right=0.95)
     image = ax.imshow(values, cmap="viridis", vmin=min(0.0, float(np.nanmin(values))), vmax=float(np.nanmax(values)))
     step_r, step_c = max(1, len(rows) // 12), max(1, len(columns) // 12)
     ax.set_yticks(range(0, len(rows), step_r), [str(layer) for layer in rows[::step_r]])

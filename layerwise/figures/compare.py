@@ -5,13 +5,13 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from layerwise.figures.summary import _figure
+from layerwise.figures.style import new_figure
 
 
 def cka_across_models(compare: dict[str, Any]) -> Figure:
     """CKA between every layer of model A (rows) and of model B (columns), with the arccos distance if defined."""
     values = np.asarray(compare["cka"], dtype=float)
-    fig, ax = _figure(4.8, 4.2, right=0.95)
+    fig, ax = new_figure(4.8, 4.2, right=0.95)
     image = ax.imshow(values, cmap="viridis", vmin=min(0.0, float(np.nanmin(values))), vmax=1.0)
     layers_a, layers_b = compare["layers_a"], compare["layers_b"]
     step_a, step_b = max(1, len(layers_a) // 12), max(1, len(layers_b) // 12)

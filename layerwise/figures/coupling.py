@@ -7,7 +7,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from layerwise.figures.summary import _figure, _ticks, plt
+from layerwise.figures.style import layer_ticks, new_figure, plt
 
 
 def depth_coupling(coupling: dict[str, Any]) -> Figure:
@@ -20,7 +20,7 @@ def depth_coupling(coupling: dict[str, Any]) -> Figure:
     vmax = max(1.0, float(np.nanmax(matrices))) if np.isfinite(matrices).any() else 1.0
     for ax, matrix, k, score in zip(axes[0], matrices, ks, scores):
         image = ax.imshow(matrix, cmap="magma_r", vmin=0.0, vmax=vmax)
-        _ticks(ax, layers)
+        layer_ticks(ax, layers)
         ax.set_xlabel("block j (basis)")
         ax.set_ylabel("block i")
         ax.set_title(f"K = {k}: coupling {score:.3f}" if score is not None else f"K = {k}", fontsize="medium")
@@ -33,7 +33,7 @@ def spectra(coupling: dict[str, Any]) -> Figure:
     """Top singular values of J^l_{tt} against depth (one line per rank k), and 1/sigma_1 on a twin axis."""
     sigma = np.asarray(coupling["sigma"], dtype=float)
     layers = np.arange(1, sigma.shape[0] + 1)
-    fig, ax = _figure(5.8, 3.8, right=0.84)
+    fig, ax = new_figure(5.8, 3.8, right=0.84)
     fig.subplots_adjust(left=0.17)
     colors = plt.cm.viridis(np.linspace(0, 1, sigma.shape[1]))
     for k in range(sigma.shape[1]):
@@ -57,7 +57,7 @@ def spectra(coupling: dict[str, Any]) -> Figure:
 def trajectory(coupling: dict[str, Any]) -> Figure:
     """Mean step norm ||x^l - x^{l-1}|| per block, with LSS, expodistance and linearisation cosine in the title."""
     norms = np.asarray(coupling["trajectory_step_norm"], dtype=float)
-    fig, ax = _figure(5.2, 3.6)
+    fig, ax = new_figure(5.2, 3.6)
     ax.plot(np.arange(1, len(norms) + 1), norms, "o-", lw=1.5)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel("block")
@@ -73,7 +73,7 @@ def trajectory(coupling: dict[str, Any]) -> Figure:
 def token_coupling(matrix: Any, blocks: Sequence[int], k: int, mode: str = "self") -> Figure:
     """T x T token-wise mis-coupling of two blocks (``self``, ``fixed_input`` or ``fixed_output``)."""
     values = np.asarray(matrix, dtype=float)
-    fig, ax = _figure(4.6, 4.0, right=0.95)
+    fig, ax = new_figure(4.6, 4.0, right=0.95)
     image = ax.imshow(values, cmap="magma_r", vmin=0.0)
     axis = {"self": "token", "fixed_input": "output token (input 0)", "fixed_output": "input token (output T)"}[mode]
     ax.set_xlabel(f"{axis} (block {blocks[1] + 1}, basis)")
@@ -90,7 +90,7 @@ def trajectory_pca(trajectory: Any) -> Figure:
     centred = flat - flat.mean(axis=0)
     _, _, vt = np.linalg.svd(centred, full_matrices=False)
     projected = (centred @ vt[:2].T).reshape(points.shape[0], points.shape[1], 2)
-    fig, ax = _figure(4.8, 4.2)
+    fig, ax = new_figure(4.8, 4.2)
     colors = plt.cm.plasma(np.linspace(0, 1, points.shape[1]))
     for t in range(points.shape[1]):
         ax.plot(projected[:, t, 0], projected[:, t, 1], "-", color=colors[t], lw=0.8, alpha=0.8)
@@ -107,7 +107,7 @@ def correlation(
     x: Sequence[float], y: Sequence[float], names: Sequence[str], fit: dict[str, float], xlabel: str, ylabel: str
 ) -> Figure:
     """Scatter of coupling score against a benchmark score, with the least-squares line, R² and p-value."""
-    fig, ax = _figure(5.2, 4.0)
+    fig, ax = new_figure(5.2, 4.0)
     ax.scatter(x, y, s=24)
     for xi, yi, name in zip(x, y, names):
         ax.annotate(name, (xi, yi), fontsize="x-small", xytext=(3, 3), textcoords="offset points")

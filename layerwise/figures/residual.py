@@ -4,14 +4,14 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from layerwise.figures.summary import _figure, finite_values, no_data_note
+from layerwise.figures.style import finite_values, new_figure, no_data_note
 
 
 def norm_ratio_figure(results: dict[str, Any]) -> Figure:
     """||x|| / ||F(x)|| per layer: one line per branch (the median), its interquartile band, the mean dashed."""
     layers = results["layers"]
     levels = [round(float(level), 6) for level in results["quantile_levels"]]
-    fig, ax = _figure(5.4, 3.8)
+    fig, ax = new_figure(5.4, 3.8)
     fig.subplots_adjust(bottom=0.3, top=0.86)
     for index, name in enumerate(results["branches"]):
         color = f"C{index}"

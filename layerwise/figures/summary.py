@@ -3,67 +3,14 @@
 from collections.abc import Sequence
 from typing import Any, Optional
 
-import matplotlib
+import numpy as np
+from matplotlib.ticker import MaxNLocator
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-
-def _figure(width: float, height: float, right: float = 0.88) -> tuple[Figure, Any]:
-    """One axes with fixed margins: a constrained layout costs a third of the drawing time at every epoch."""
-    fig, ax = plt.subplots(figsize=(width, height))
-    fig.subplots_adjust(left=0.14, right=right, bottom=0.14, top=0.9)
-    return fig, ax
-
-
-def finite_values(values: Any) -> np.ndarray:
-    """The finite entries of nested lists (``None`` = NaN in the summaries) as a flat float array."""
-
-    def flat(item: Any) -> Any:
-        if isinstance(item, (list, tuple)):
-            for inner in item:
-                yield from flat(inner)
-        else:
-            yield np.nan if item is None else float(item)
-
-    array = np.fromiter(flat(values), dtype=float)
-    return array[np.isfinite(array)]
-
-
-def no_data_note(ax: Any, what: str) -> None:
-    """Say on the axes that ``what`` has no finite value to draw (NaN inputs, or nothing analysed)."""
-    ax.text(0.5, 0.5, f"no finite {what} to draw", ha="center", va="center", transform=ax.transAxes, color="0.4")
-
-
-def _ticks(ax: Any, layers: Sequence[int], axis: str = "both") -> None:
-    step = max(1, len(layers) // 12)
-    positions = list(range(0, len(layers), step))
-    if axis in ("x", "both"):
-        ax.set_xticks(positions, [str(layers[i]) for i in positions])
-    if axis in ("y", "both"):
-        ax.set_yticks(positions, [str(layers[i]) for i in positions])
-
-
-def heatmap(matrix: Any, layers: Sequence[int], title: str) -> Figure:
-    """Layer-by-layer similarity matrix (COS or CKA) with layer 1 at the top left."""
-    values = np.asarray([[np.nan if v is None else v for v in row] for row in matrix], dtype=float)
-    fig, ax = _figure(4.6, 4.0, right=0.95)
-    finite = values[np.isfinite(values)]
-    if finite.size == 0:
-        no_data_note(ax, f"{title} values")
-    if values.ndim != 2 or values.size == 0:  # nothing analysed: no image to draw
-        ax.set_title(title)
-        return fig
-    image = ax.imshow(values, cmap="viridis", vmin=min(0.0, float(finite.min(initial=0.0))), vmax=1.0)
-    _ticks(ax, layers)
-    ax.set_xlabel("layer")
-    ax.set_ylabel("layer")
-    ax.set_title(title)
-    fig.colorbar(image, ax=ax, shrink=0.85)
-    return fig
+from layerwise.figures.compare import cka_across_models
+from layerwise.figures.coupling import coupling_figures
+from layerwise.figures.heatmap import heatmap
+from layerwise.figures.residual import norm_ratio_figure
+from layerwise.figures.style import Figure, finite_values, layer_ticks, new_figure, no_data_note
 
 
 def similarity_and_accuracy(summary: dict[str, Any]) -> Figure:
@@ -72,7 +19,7 @@ def similarity_and_accuracy(summary: dict[str, Any]) -> Figure:
     One legend for both axes, below them, so that it never covers a curve.
     """
     layers = summary["layers"]
-    fig, ax = _figure(5.2, 3.8)
+    fig, ax = new_figure(5.2, 3.8)
     fig.subplots_adjust(bottom=0.3, top=0.84)
     if summary.get("cos") is not None:
         ax.plot(layers, [row[-1] for row in summary["cos"]], marker="o", label="COS to last")
@@ -121,7 +68,7 @@ def cos_box_plots(
         }
         for row in (quantiles[index] for index in drawn)
     ]
-    fig, ax = _figure(5.6, 3.8)
+    fig, ax = new_figure(5.6, 3.8)
     ax.set_xlim(-0.5, len(layers) - 0.5)
     if stats:
         ax.bxp(stats, positions=drawn, widths=0.6, flierprops={"marker": ".", "markersize": 4})
@@ -129,7 +76,7 @@ def cos_box_plots(
         no_data_note(ax, "per-sample COS")
     ax.axhline(0.0, color="grey", linewidth=0.8, linestyle=":")
     ax.set_ylim(-1.05, 1.05)
-    _ticks(ax, layers, axis="x")
+    layer_ticks(ax, layers, axis="x")
     ax.set_xlabel("layer l")
     ax.set_ylabel("per-sample COS(h_l, h_L)")
     twin = ax.twinx()
@@ -144,7 +91,7 @@ def cos_box_plots(
 def ap50_per_layer(ap50: Sequence[float]) -> Figure:
     """AP at IoU 0.5 of every decoder layer's predictions (App. B.5, Fig. 18)."""
     layers = list(range(1, len(ap50) + 1))
-    fig, ax = _figure(4.8, 3.4)
+    fig, ax = new_figure(4.8, 3.4)
     ax.plot(layers, [float("nan") if value is None else value for value in ap50], marker="o")
     ax.set_xticks(layers)
     ax.set_xlabel("decoder layer")
@@ -161,7 +108,7 @@ def run_title(summary: dict[str, Any], what: str) -> str:
 
 def saturation_histogram(counts: Sequence[float], layers: Sequence[int], cos: Optional[Sequence] = None) -> Figure:
     """How many samples saturate at each layer; with the mean COS(h^l, h^L) of those samples on a twin axis."""
-    fig, ax = _figure(5.2, 3.4)
+    fig, ax = new_figure(5.2, 3.4)
     ax.bar(layers, counts, color="tab:blue")
     ax.set_xlabel("saturation layer")
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
@@ -177,7 +124,7 @@ def saturation_histogram(counts: Sequence[float], layers: Sequence[int], cos: Op
 
 def exits_per_layer(early_exit: Sequence[dict[str, Any]], layers: Sequence[int]) -> Figure:
     """Exit counts per layer for every confidence threshold, with accuracy and speedup in the legend."""
-    fig, ax = _figure(7.4, 3.4, right=0.97)
+    fig, ax = new_figure(7.4, 3.4, right=0.97)
     width = 0.8 / max(1, len(early_exit))
     for i, row in enumerate(early_exit):
         offset = (i - (len(early_exit) - 1) / 2) * width
@@ -195,7 +142,7 @@ def exits_per_layer(early_exit: Sequence[dict[str, Any]], layers: Sequence[int])
 
 def effective_depth(summary: dict[str, Any]) -> Figure:
     """ε-effective depth (absolute and relative to the last layer) against ε."""
-    fig, ax = _figure(4.6, 3.6, right=0.97)
+    fig, ax = new_figure(4.6, 3.6, right=0.97)
     fig.subplots_adjust(top=0.84)
     for key, label in (("effective_depth", "Acc ≥ 1−ε"), ("effective_depth_relative", "Acc ≥ Acc_L − ε")):
         depths = summary.get(key)
@@ -237,15 +184,9 @@ def summary_figures(summary: dict[str, Any]) -> dict[str, Figure]:
     if summary.get("detection_ap50"):
         figures["detection_ap50"] = ap50_per_layer(summary["detection_ap50"])
     if summary.get("residual_norm_ratio"):
-        from layerwise.figures.residual import norm_ratio_figure
-
         figures["residual_norm_ratio"] = norm_ratio_figure(summary["residual_norm_ratio"])
     if summary.get("compare"):
-        from layerwise.figures.compare import cka_across_models
-
         figures["compare_cka"] = cka_across_models(summary["compare"])
     if summary.get("coupling"):
-        from layerwise.figures.coupling import coupling_figures  # it draws with this module's helpers
-
         figures.update(coupling_figures(summary["coupling"]))
     return figures

@@ -12,22 +12,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
-import matplotlib
+import torch
+from torch import Tensor, nn
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from torch import Tensor, nn  # noqa: E402
-
-from layerwise.features.hf import input_device  # noqa: E402
-from layerwise.features.hooks import hooked_blocks  # noqa: E402
-from layerwise.features.layers import select_layers  # noqa: E402
-from layerwise.features.paths import HeadSteps, get_blocks, layer_paths  # noqa: E402
-from layerwise.inference._options import DeviceMap, DType, ModelSource, check_layer_numbers  # noqa: E402
-from layerwise.inference.generation import check_generation_options, eval_mode, generate_from_layer  # noqa: E402
-from layerwise.results import save_figure_atomic, write_text_atomic  # noqa: E402
+from layerwise.features.hf import input_device
+from layerwise.features.hooks import hooked_blocks
+from layerwise.features.layers import select_layers
+from layerwise.features.paths import HeadSteps, get_blocks, layer_paths
+from layerwise.figures.lens import lens_figure
+from layerwise.figures.style import plt
+from layerwise.inference._options import DeviceMap, DType, ModelSource, check_layer_numbers
+from layerwise.inference.generation import check_generation_options, eval_mode, generate_from_layer
+from layerwise.results import save_figure_atomic, write_text_atomic
 
 
 @dataclass
@@ -143,47 +139,13 @@ def lens_markdown(table: LensTable) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _figure_text(token: str, limit: int = 8) -> str:
-    """A token for a figure cell: visible, short, and with ``$`` escaped (matplotlib reads ``$...$`` as math)."""
-    text = _visible(token)
-    text = text if len(text) <= limit else text[: limit - 1] + "…"
-    return text.replace("$", r"\$")
-
-
-def lens_figure(table: LensTable) -> Figure:
-    """Heatmap of the head's probability per layer (rows, layer 1 at the top) and generated position (columns).
-
-    Each cell holds the predicted token; the x tick labels are the generated tokens. Fixed margins, no constrained
-    layout, as in :mod:`layerwise.figures.summary`.
-    """
-    probs = table.probs.numpy()
-    num_rows, num_positions = probs.shape
-    width, height = max(4.0, 0.75 * num_positions + 2.2), max(2.0, 0.32 * num_rows + 1.2)
-    fig, ax = plt.subplots(figsize=(width, height))
-    # margins in inches, so that long prompts or many layers do not squeeze the labels
-    fig.subplots_adjust(left=0.7 / width, right=1.0 - 0.3 / width, bottom=0.75 / height, top=1.0 - 0.4 / height)
-    image = ax.imshow(probs, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
-    for row in range(num_rows):
-        for col in range(num_positions):
-            color = "black" if probs[row, col] > 0.6 else "white"
-            ax.text(col, row, _figure_text(table.tokens[row][col]), ha="center", va="center", fontsize=7, color=color)
-    step = max(1, num_rows // 16)
-    ax.set_yticks(np.arange(0, num_rows, step), [str(table.layers[i]) for i in range(0, num_rows, step)])
-    ax.set_xticks(np.arange(num_positions), [_figure_text(token) for token in table.generated_tokens], fontsize=7)
-    ax.set_xlabel("generated token")
-    ax.set_ylabel("layer")
-    ax.set_title(f"shared head per layer: {_figure_text(table.prompt, limit=40)}", fontsize=9)
-    fig.colorbar(image, ax=ax, shrink=0.85, label="probability")
-    return fig
-
-
 def write_lens(table: LensTable, out_dir: Optional[Path] = None) -> list[Path]:
     """Write ``lens.md`` and ``lens.png`` to ``out_dir`` (default the current folder); returns their paths."""
     target = Path(out_dir or ".")
     target.mkdir(parents=True, exist_ok=True)
     markdown_path, figure_path = target / "lens.md", target / "lens.png"
     write_text_atomic(markdown_path, lens_markdown(table))
-    figure = lens_figure(table)
+    figure = lens_figure(table.probs.numpy(), table.tokens, table.generated_tokens, table.layers, table.prompt)
     try:
         save_figure_atomic(figure_path, figure)
     finally:

@@ -87,9 +87,8 @@ def stitch_markdown(rows: Sequence[dict[str, Any]]) -> str:
 
 def write_stitch(rows: Sequence[dict[str, Any]], record: dict[str, Any], out: Path) -> list[Path]:
     """``stitch.json``, ``stitch.md`` and ``stitch.png`` (the penalty against B per pair) in ``out``."""
-    import matplotlib.pyplot as plt
-
-    from layerwise.figures.summary import _figure
+    from layerwise.figures.stitch import stitch_figure
+    from layerwise.figures.style import plt
     from layerwise.results import save_figure_atomic, write_text_atomic
 
     out.mkdir(parents=True, exist_ok=True)
@@ -97,23 +96,7 @@ def write_stitch(rows: Sequence[dict[str, Any]], record: dict[str, Any], out: Pa
         write_text_atomic(out / "stitch.json", json.dumps({**record, "rows": list(rows)}, indent=1) + "\n"),
         write_text_atomic(out / "stitch.md", stitch_markdown(rows)),
     ]
-    fig, ax = _figure(5.4, 3.8)
-    labels = [f"{row['layer_a']}→{row['layer_b']}" for row in rows]
-    classifier = "acc_drop_b" in rows[0]  # classifiers: accuracy drops in points (HANS's too), else nats per token
-    task = f"{str(record.get('glue_task', '')).upper()} " if record.get("glue_task") else ""
-    series = [("acc_drop", task, "accuracy drop (points)")] if classifier else [("penalty", "", "nats / token")]
-    if classifier and "hans_acc_drop_b" in rows[0]:
-        series.append(("hans_acc_drop", "HANS ", ""))
-    scale = 100.0 if classifier else 1.0
-    for key, name, _ in series:
-        ax.plot(range(len(rows)), [scale * row[f"{key}_b"] for row in rows], "o-", label=f"{name}vs B")
-        ax.plot(range(len(rows)), [scale * row[f"{key}_a"] for row in rows], "s--", label=f"{name}vs A")
-    ax.axhline(0.0, color="grey", lw=0.8)
-    ax.set_xticks(range(len(rows)), labels)
-    ax.set_xlabel("stitched after block l of A → into block m+1 of B")
-    ax.set_ylabel(f"stitching penalty ({series[0][2]})")
-    ax.legend(loc="best", fontsize="small")
-    ax.set_title(f"Stitching penalty ({record.get('phi', 'learned')} φ, held-out)", fontsize="medium")
+    fig = stitch_figure(rows, record)
     try:
         paths.append(save_figure_atomic(out / "stitch.png", fig))
     finally:

@@ -27,10 +27,9 @@ from pathlib import Path
 from typing import Any, Optional
 
 import matplotlib.pyplot as plt
-from matplotlib.figure import Figure
 
 from layerwise.figures.plot import FigureFormat
-from layerwise.figures.summary import _figure
+from layerwise.figures.sweep import sweep_figure
 from layerwise.results import latest_summary, save_figure_atomic, write_text_atomic
 
 HEADS = {"early_exit": "shared head", "exit_early_exit": "separate heads"}
@@ -98,58 +97,6 @@ def sweep_csv(curves: Sequence[Curve]) -> str:
     for row in sweep_rows(curves):
         writer.writerow([row["curve"], *(repr(float(row[key])) for key in ("threshold", "accuracy", "speedup"))])
     return buffer.getvalue()
-
-
-def sweep_figure(curves: Sequence[Curve]) -> Figure:
-    """Accuracy against speedup, one line per curve: solid for the shared head, dashed for separate heads.
-
-    Curves of one run share a colour; every point is annotated with its threshold τ.
-    """
-    fig, ax = _figure(6.0, 4.0, right=0.97)
-    colours: dict[str, Any] = {}
-    for curve in curves:
-        colour = colours.setdefault(curve.label, f"C{len(colours) % 10}")
-        shared = curve.key == "early_exit"
-        speedup = [row["speedup"] for row in curve.rows]
-        accuracy = [row["accuracy"] for row in curve.rows]
-        ax.plot(
-            speedup,
-            accuracy,
-            color=colour,
-            linestyle="-" if shared else "--",
-            marker="o" if shared else "s",
-            markersize=4,
-            label=curve.name,
-        )
-    _label_thresholds(fig, ax, curves, colours)
-    ax.set_xlabel("speedup (L · samples / layers run)")
-    ax.set_ylabel("accuracy")
-    ax.set_title("early exit: accuracy vs speedup (τ at each point)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small", loc="best")
-    return fig
-
-
-def _label_thresholds(fig: Figure, ax: Any, curves: Sequence[Curve], colours: dict[str, Any]) -> None:
-    """Write τ beside each point unless the label would overlap one already written (the table has them all)."""
-    fig.canvas.draw()  # fixes the axis limits, so that label boxes are measured where they will be drawn
-    renderer = fig.canvas.get_renderer()
-    placed: list[Any] = []
-    for curve in curves:
-        for row in curve.rows:
-            text = ax.annotate(
-                f"{row['threshold']:g}",
-                (row["speedup"], row["accuracy"]),
-                textcoords="offset points",
-                xytext=(3, 3),
-                fontsize=6,
-                color=colours[curve.label],
-            )
-            box = text.get_window_extent(renderer)
-            if any(box.overlaps(other) for other in placed):
-                text.remove()
-            else:
-                placed.append(box)
 
 
 def write_sweep(curves: Sequence[Curve], out_dir: Path, formats: Sequence[str] = ("png", "pdf")) -> list[Path]:
