@@ -10,6 +10,7 @@ import torch
 from lightning.pytorch import Trainer
 from torch import Tensor
 
+from layerwise.callbacks._drawing import draw_later
 from layerwise.callbacks.family import Family, LayerBatch, LayerSpec
 from layerwise.results import merge_summary, summary_path, write_atomic
 
@@ -114,16 +115,17 @@ def write_charts(trainer: Trainer, layout: dict[str, dict[str, list]]) -> None:
 
 
 def log_figures(trainer: Trainer, stage: str, families: list[Family], results: dict[str, Any], spec: LayerSpec) -> None:
-    """Every family's figures as TensorBoard images at the trainer's global step."""
-    import matplotlib.pyplot as plt
-
+    """Every family's figures as TensorBoard images at the trainer's global step, drawn off the training loop."""
     experiment = tensorboard(trainer)
     if experiment is None:
         return
-    for family in families:
-        for tag, figure in family.figures(results, spec).items():
-            experiment.add_figure(f"{stage}/{tag}", figure, global_step=trainer.global_step)
-            plt.close(figure)
+
+    def figures() -> dict[str, Any]:
+        return {
+            f"{stage}/{tag}": figure for family in families for tag, figure in family.figures(results, spec).items()
+        }
+
+    draw_later(experiment, trainer.global_step, figures)
 
 
 class FeatureSaver:

@@ -11,6 +11,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import Metric
 
 from layerwise.callbacks._batch import layer_batch as make_layer_batch
+from layerwise.callbacks._drawing import wait_for_figures
 from layerwise.callbacks._output import (
     FeatureSaver,
     _log_dir,
@@ -73,8 +74,9 @@ class LayerwiseMonitor(Callback):
             the end of every analysed validation (global rank zero only).
         log_figures: draw heatmaps/histograms as TensorBoard images (global rank zero only).
         figures_every_n_epochs: while fitting, draw them only every n-th analysed epoch and at the last epoch
-            (drawing costs far more than the analysis of a small model; the JSON of every epoch holds everything
-            ``layerwise plot`` draws). ``validate``/``test`` always draw.
+            (default every epoch: the figures are drawn by a background thread off the training loop,
+            ``callbacks/_drawing.py``; the JSON of every epoch holds everything ``layerwise plot`` draws).
+            ``validate``/``test`` always draw.
         source: ``"outputs"`` reads the step's returned dict, ``"hooks"`` attaches forward hooks; ``"auto"`` uses hooks
             when paths are given or the module is not a layerwise module, else the outputs.
         blocks, final_norm, classifier: dotted paths, relative to the LightningModule, of the block list, the final
@@ -92,7 +94,7 @@ class LayerwiseMonitor(Callback):
         save_features: bool = False,
         print_table: bool = True,
         log_figures: bool = True,
-        figures_every_n_epochs: int = 10,
+        figures_every_n_epochs: int = 1,
         source: Source = "auto",
         blocks: Optional[str] = None,
         final_norm: Union[str, list[str], None] = None,
@@ -208,6 +210,7 @@ class LayerwiseMonitor(Callback):
         self._finish(trainer, pl_module)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        wait_for_figures()  # the figures already enqueued reach the logger before Lightning closes it
         self._source.detach()
         self._stage = None
         for state in self._states:
@@ -215,6 +218,7 @@ class LayerwiseMonitor(Callback):
                 metric.reset()
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        wait_for_figures()  # every figure of the run is logged before Lightning finalises the loggers
         self._source.detach()
 
     def _begin(self, trainer: Trainer, pl_module: LightningModule, stage: str, dataloaders: Any) -> None:

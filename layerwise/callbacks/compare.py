@@ -7,6 +7,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor, nn
 
+from layerwise.callbacks._drawing import draw_later, wait_for_figures
 from layerwise.callbacks._output import _log_dir, _run_id, show, tensorboard
 from layerwise.callbacks._sampling import evaluation_loaders, real_samples_on_rank, take_real
 from layerwise.callbacks._schedule import analyses_now
@@ -154,6 +155,7 @@ class CrossModelComparison(Callback):
             self._minibatch.update(features_a, features_b)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it
         if self._stack is not None:
             self._stack.close()
             self._stack = None
@@ -200,10 +202,9 @@ class CrossModelComparison(Callback):
         )
         experiment = tensorboard(trainer) if self.log_figures else None
         if experiment is not None:
-            import matplotlib.pyplot as plt
-
             from layerwise.figures.compare import cka_across_models
 
-            figure = cka_across_models(results)
-            experiment.add_figure("val/compare_cka", figure, global_step=trainer.global_step)
-            plt.close(figure)
+            draw_later(experiment, trainer.global_step, lambda: {"val/compare_cka": cka_across_models(results)})
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it

@@ -7,6 +7,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import move_data_to_device
 
+from layerwise.callbacks._drawing import draw_later, wait_for_figures
 from layerwise.callbacks._output import _log_dir, _run_id, show, tensorboard
 from layerwise.callbacks._sampling import evaluation_loaders
 from layerwise.callbacks._schedule import analyses_now
@@ -128,8 +129,15 @@ class BlockCoupling(Callback):
         )
         experiment = tensorboard(trainer) if self.log_figures else None
         if experiment is not None:
-            import matplotlib.pyplot as plt
+            drawn = to_json(results)
+            draw_later(
+                experiment,
+                trainer.global_step,
+                lambda: {f"{stage}/{tag}": figure for tag, figure in coupling_figures(drawn).items()},
+            )
 
-            for tag, figure in coupling_figures(to_json(results)).items():
-                experiment.add_figure(f"{stage}/{tag}", figure, global_step=trainer.global_step)
-                plt.close(figure)
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it

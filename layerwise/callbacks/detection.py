@@ -5,6 +5,7 @@ from typing import Any, Optional
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from layerwise.callbacks._drawing import draw_later, wait_for_figures
 from layerwise.callbacks._output import _log_dir, _run_id, show, tensorboard
 from layerwise.callbacks._sampling import evaluation_loaders, real_samples_on_rank, take_real
 from layerwise.callbacks._schedule import analyses_now
@@ -99,14 +100,16 @@ class DetectionLayerAP(Callback):
             show(trainer, f"AP50 per decoder layer: {', '.join(f'{value:.3f}' for value in ap50)} → {path}")
             experiment = tensorboard(trainer) if self.log_figures else None
             if experiment is not None:
-                import matplotlib.pyplot as plt
-
                 from layerwise.figures.summary import ap50_per_layer
 
-                figure = ap50_per_layer(ap50)
-                experiment.add_figure("val/detection_ap50", figure, global_step=trainer.global_step)
-                plt.close(figure)
+                draw_later(experiment, trainer.global_step, lambda: {"val/detection_ap50": ap50_per_layer(ap50)})
         self._kept = []
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it
 
 
 def _ap50(pairs: list[tuple[int, dict, dict]]) -> float:

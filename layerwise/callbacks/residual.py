@@ -7,6 +7,7 @@ from typing import Any, Literal, Optional
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
+from layerwise.callbacks._drawing import draw_later, wait_for_figures
 from layerwise.callbacks._output import _log_dir, _run_id, show, tensorboard
 from layerwise.callbacks._sampling import evaluation_loaders, real_samples_on_rank, take_real
 from layerwise.callbacks._schedule import analyses_now
@@ -135,10 +136,12 @@ class ResidualNormRatioMonitor(Callback):
             self._write(trainer, log_dir, to_json(results))
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it
         self._hooks.close()
         self._active = False
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it
         self._hooks.close()
 
     def _write(self, trainer: Trainer, log_dir: str, results: dict[str, Any]) -> None:
@@ -152,11 +155,9 @@ class ResidualNormRatioMonitor(Callback):
         show(trainer, f"residual norm ratio ||x||/||F(x)|| (layer 1 -> {len(results['layers'])}): {means} → {path}")
         experiment = tensorboard(trainer) if self.log_figures else None
         if experiment is not None:
-            import matplotlib.pyplot as plt
-
-            figure = norm_ratio_figure(results)
-            experiment.add_figure(f"{stage}/residual_norm_ratio", figure, global_step=trainer.global_step)
-            plt.close(figure)
+            draw_later(
+                experiment, trainer.global_step, lambda: {f"{stage}/residual_norm_ratio": norm_ratio_figure(results)}
+            )
 
 
 def _range(row: Sequence[Optional[float]]) -> str:

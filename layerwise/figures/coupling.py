@@ -7,7 +7,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from layerwise.figures.style import layer_ticks, new_figure, plt
+from layerwise.figures.style import FigureCanvasAgg, layer_ticks, new_figure, plt
 
 
 def depth_coupling(coupling: dict[str, Any]) -> Figure:
@@ -15,7 +15,9 @@ def depth_coupling(coupling: dict[str, Any]) -> Figure:
     matrices = np.asarray(coupling["depth_coupling"], dtype=float)
     ks, scores = coupling["ks"], coupling["coupling_score"]
     layers = list(range(1, matrices.shape[-1] + 1))
-    fig, axes = plt.subplots(1, len(ks), figsize=(3.6 * len(ks) + 0.8, 3.6), squeeze=False)
+    fig = Figure(figsize=(3.6 * len(ks) + 0.8, 3.6))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(ks), squeeze=False)
     fig.subplots_adjust(left=0.08, right=0.9, bottom=0.16, top=0.82, wspace=0.35)
     vmax = max(1.0, float(np.nanmax(matrices))) if np.isfinite(matrices).any() else 1.0
     for ax, matrix, k, score in zip(axes[0], matrices, ks, scores):

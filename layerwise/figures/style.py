@@ -13,14 +13,17 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-__all__ = ["Figure", "finite_values", "layer_ticks", "new_figure", "no_data_note", "plt"]
+__all__ = ["Figure", "FigureCanvasAgg", "finite_values", "layer_ticks", "new_figure", "no_data_note", "plt"]
 
 
 def new_figure(width: float, height: float, right: float = 0.88) -> tuple[Figure, Any]:
     """One axes with fixed margins: a constrained layout costs a third of the drawing time at every epoch."""
-    fig, ax = plt.subplots(figsize=(width, height))
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)  # no pyplot: figures may be drawn off the training loop, in a worker thread
+    ax = fig.subplots()
     fig.subplots_adjust(left=0.14, right=right, bottom=0.14, top=0.9)
     return fig, ax
 
