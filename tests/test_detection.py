@@ -2,14 +2,12 @@
 tiny random DETR and a few images with an annotation file written here."""
 
 import json
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 from helpers import read_summary, trainer
 from PIL import Image
-from torchmetrics.detection import MeanAveragePrecision
 from transformers.utils import logging as hf_logging
 
 from layerwise.callbacks import DetectionLayerAP
@@ -39,7 +37,7 @@ TINY = dict(
 
 @pytest.fixture(scope="module")
 def coco(tmp_path_factory):
-    """Nine images of different sizes with 1-3 coloured boxes each, in the COCO annotation format."""
+    """Nine images of different sizes with 1-3 coloured boxes each and three crowd regions, in the COCO format."""
     root = tmp_path_factory.mktemp("coco")
     (root / "images").mkdir()
     g = np.random.default_rng(0)
@@ -62,6 +60,11 @@ def coco(tmp_path_factory):
                     "iscrowd": 0,
                 }
             )
+        if index % 3 == 0:  # a crowd region (COCO's iscrowd): detections there are neither right nor wrong
+            w, h = int(g.integers(8, 16)), int(g.integers(8, 16))
+            x, y = int(g.integers(0, width - w)), int(g.integers(0, height - h))
+            annotation = {"id": len(annotations) + 1, "image_id": index + 10, "bbox": [x, y, w, h], "iscrowd": 1}
+            annotations.append({**annotation, "category_id": int(g.integers(1, 4)), "area": w * h})
         Image.fromarray(pixels).save(root / "images" / f"{index:03d}.png")
         images.append({"id": index + 10, "file_name": f"{index:03d}.png", "height": height, "width": width})
     categories = [{"id": i, "name": name} for i, name in ((1, "red"), (2, "green"), (3, "blue"))]
@@ -108,58 +111,114 @@ def test_uniform_weights_are_detrs_own_loss_and_linear_weights_weigh_the_same_la
     torch.testing.assert_close(boxes[-1], own.pred_boxes, rtol=0, atol=1e-6)
 
 
-class NearOracle(DetrLayerwise):
-    """The first queries of every image predict its true boxes, with box noise that shrinks with depth (layer 1:
-    far off, layer 3: exact), so AP50 spans the range; the other queries are random. Every prediction is a function
-    of the image alone (the model's own would depend on the padding of the batch it is in)."""
+class Oracle(DetrLayerwise):
+    """The first queries of every image predict its annotated boxes (crowd regions included) in DETR's convention
+    (normalised to the image), with box noise per layer (``noise``: zeros for a perfect detector); the other queries
+    are random and mostly "no object". Every prediction is a function of the image alone, never of its batch."""
+
+    def __init__(self, annotations, noise=(0.3, 0.08, 0.0), **kwargs):
+        super().__init__(**kwargs)
+        record = json.loads(annotations.read_text())
+        sizes = {image["id"]: (image["width"], image["height"]) for image in record["images"]}
+        self.truth = {image_id: ([], []) for image_id in sizes}
+        for annotation in record["annotations"]:
+            x, y, w, h = annotation["bbox"]
+            width, height = sizes[annotation["image_id"]]
+            boxes, labels = self.truth[annotation["image_id"]]
+            boxes.append([(x + w / 2) / width, (y + h / 2) / height, w / width, h / height])
+            labels.append(annotation["category_id"])
+        self.noise = noise
 
     def layer_predictions(self, batch):
         logits, boxes = super().layer_predictions(batch)
         logits, boxes = logits.clone(), boxes.clone()
         for image, target in enumerate(batch["labels"]):
             g = torch.Generator().manual_seed(int(target["image_id"]))  # the same noise whatever the batching
-            count = len(target["class_labels"])
+            true_boxes, true_labels = (torch.tensor(v) for v in self.truth[int(target["image_id"])])
+            count = len(true_labels)
             logits[:, image] = torch.randn(logits.shape[0], *logits.shape[2:], generator=g)
             logits[:, image, :, -1] += 3.0  # mostly "no object": low scores
             boxes[:, image] = 0.1 + 0.8 * torch.rand(boxes.shape[0], *boxes.shape[2:], generator=g)
-            for layer, noise in enumerate((0.3, 0.08, 0.0)):
+            for layer, noise in enumerate(self.noise):
                 jitter = noise * torch.randn(count, 4, generator=g)
-                boxes[layer, image, :count] = (target["boxes"] + jitter).clamp(0.01, 0.99)
-                logits[layer, image, :count] = torch.nn.functional.one_hot(target["class_labels"], 5).float() * 8.0
+                boxes[layer, image, :count] = (true_boxes.float() + jitter).clamp(0.0, 1.0)
+                logits[layer, image, :count] = torch.nn.functional.one_hot(true_labels, 5).float() * 8.0
         return logits, boxes
 
 
-def test_ap50_per_layer_equals_mean_average_precision_by_hand(coco, tmp_path):
-    from transformers import DetrImageProcessor
+def cocoeval_ap50(coco, module, data) -> list[float]:
+    """AP50 of every layer by pycocotools' own COCOeval against the annotation file, from the module's predictions."""
+    from contextlib import redirect_stdout
+    from io import StringIO
 
-    torch.manual_seed(0)
-    module = NearOracle(config_overrides=TINY)
-    data = datamodule(coco)
-    trainer(tmp_path, [DetectionLayerAP(log_figures=False)], max_epochs=3).fit(module, datamodule=data)
-    ap50 = read_summary(tmp_path, epoch=2)["detection_ap50"]
-    assert len(ap50) == 3
+    from pycocotools.coco import COCO
+    from pycocotools.cocoeval import COCOeval
 
-    processor = DetrImageProcessor(size={"shortest_edge": 48, "longest_edge": 80})
-    by_hand = [MeanAveragePrecision(iou_thresholds=[0.5]) for _ in range(3)]
+    with redirect_stdout(StringIO()):
+        truth = COCO(str(coco / "instances.json"))
+    sizes = {image["id"]: (image["width"], image["height"]) for image in truth.dataset["images"]}
+    found = [[] for _ in range(module.num_layers)]
     module.eval()
     for batch in data.val_dataloader():
         with torch.no_grad():
             logits, boxes = module.layer_predictions(batch)
-        sizes = torch.stack([target["orig_size"] for target in batch["labels"]])
-        targets = []
-        for target, (height, width) in zip(batch["labels"], sizes.tolist()):
-            cx, cy, w, h = target["boxes"].unbind(-1)
-            xyxy = torch.stack(
-                [(cx - w / 2) * width, (cy - h / 2) * height, (cx + w / 2) * width, (cy + h / 2) * height], -1
-            )
-            targets.append({"boxes": xyxy, "labels": target["class_labels"]})
-        for layer, metric in enumerate(by_hand):
-            outputs = SimpleNamespace(logits=logits[layer], pred_boxes=boxes[layer])
-            predictions = processor.post_process_object_detection(outputs, threshold=0.0, target_sizes=sizes)
-            metric.update(predictions, targets)
-    expected = [float(metric.compute()["map_50"]) for metric in by_hand]
+        for layer in range(module.num_layers):
+            probabilities = logits[layer].double().softmax(-1)[..., :-1].numpy()
+            for image, target in enumerate(batch["labels"]):
+                image_id = int(target["image_id"])
+                width, height = sizes[image_id]
+                for query, (cx, cy, w, h) in enumerate(boxes[layer, image].double().numpy()):
+                    label = int(probabilities[image, query].argmax())
+                    box = [(cx - w / 2) * width, (cy - h / 2) * height, w * width, h * height]
+                    score = float(probabilities[image, query, label])
+                    found[layer].append({"image_id": image_id, "category_id": label, "bbox": box, "score": score})
+    values = []
+    for detections in found:
+        with redirect_stdout(StringIO()):
+            evaluation = COCOeval(truth, truth.loadRes(detections), "bbox")
+            evaluation.evaluate(), evaluation.accumulate(), evaluation.summarize()
+        values.append(float(evaluation.stats[1]))  # AP at IoU 0.5, all areas, 100 detections
+    return values
+
+
+@pytest.mark.parametrize("batch_size", [1, 3, 4])
+def test_ap50_is_cocoevals_whatever_the_batch_size(coco, tmp_path, batch_size):
+    """Mixed image sizes (so padded batches) and crowd regions: a perfect detector scores 1 at every batch size,
+    and a noisy one scores what pycocotools' COCOeval gives on the same detections."""
+    torch.manual_seed(0)
+    data = datamodule(coco, batch_size=batch_size)
+    perfect = Oracle(coco / "instances.json", noise=(0.0, 0.0, 0.0), config_overrides=TINY)
+    trainer(tmp_path / "perfect", [DetectionLayerAP(log_figures=False)]).validate(perfect, data, verbose=False)
+    assert read_summary(tmp_path / "perfect")["detection_ap50"] == pytest.approx([1.0, 1.0, 1.0], abs=1e-9)
+
+    torch.manual_seed(0)
+    module = Oracle(coco / "instances.json", config_overrides=TINY)
+    trainer(tmp_path / "noisy", [DetectionLayerAP(log_figures=False)]).validate(module, data, verbose=False)
+    ap50 = read_summary(tmp_path / "noisy")["detection_ap50"]
+    expected = cocoeval_ap50(coco, module, data)
     np.testing.assert_allclose(ap50, expected, rtol=0, atol=1e-6)
     assert expected[0] < expected[1] < expected[2] == pytest.approx(1.0)  # not a comparison of zeros
+
+
+def test_collated_boxes_are_normalised_to_their_own_image(coco):
+    """Whatever the batch (and so the padding), an image's boxes are its annotations over its own size."""
+    record = json.loads((coco / "instances.json").read_text())
+    sizes = {image["id"]: (image["width"], image["height"]) for image in record["images"]}
+    data = datamodule(coco, batch_size=4)
+    data.setup("validate")
+    batches = list(data.val_dataloader())
+    assert [len(batch["labels"]) for batch in batches] == [4, 4, 1]
+    for batch in batches:
+        for label in batch["labels"]:
+            width, height = sizes[int(label["image_id"])]
+            kept = [a for a in record["annotations"] if a["image_id"] == label["image_id"] and not a["iscrowd"]]
+            expected = [
+                [(x + w / 2) / width, (y + h / 2) / height, w / width, h / height]
+                for x, y, w, h in (a["bbox"] for a in kept)
+            ]
+            torch.testing.assert_close(label["boxes"], torch.tensor(expected), rtol=0, atol=1e-5)
+            crowd = [a for a in record["annotations"] if a["image_id"] == label["image_id"] and a["iscrowd"]]
+            assert int(label["eval_iscrowd"].sum()) == len(crowd)
 
 
 def test_coco_datamodule_reads_the_annotations_and_refuses_bad_paths(coco, tmp_path):
@@ -169,9 +228,9 @@ def test_coco_datamodule_reads_the_annotations_and_refuses_bad_paths(coco, tmp_p
     image, target = data.val_set[0]
     assert image.mode == "RGB" and target["image_id"] == 10 and target["annotations"]
     batch = next(iter(data.train_dataloader()))
-    assert sum(len(t["class_labels"]) for t in batch["labels"]) == len(
-        json.loads((coco / "instances.json").read_text())["annotations"]
-    )
+    annotations = json.loads((coco / "instances.json").read_text())["annotations"]
+    assert sum(len(t["class_labels"]) for t in batch["labels"]) == sum(not a["iscrowd"] for a in annotations)
+    assert sum(len(t["eval_labels"]) for t in batch["labels"]) == len(annotations)  # crowd regions kept for AP
     with pytest.raises(FileNotFoundError, match="--data.init_args.val_annotations"):
         COCODetectionDataModule(val_annotations=str(tmp_path / "x.json"), val_images=str(tmp_path)).setup()
     (tmp_path / "bad.json").write_text(json.dumps({"images": []}))
@@ -219,10 +278,10 @@ def test_detr_configs_train_a_tiny_detr_on_coco_format_files(coco, tmp_path, nam
 def test_ap50_on_two_processes_equals_one(coco, tmp_path, single_thread):
     """9 images on 2 ranks: DistributedSampler repeats one, which the callback drops."""
     torch.manual_seed(0)
-    weights = NearOracle(config_overrides=TINY).state_dict()
+    weights = Oracle(coco / "instances.json", config_overrides=TINY).state_dict()
     results = {}
     for devices in (1, 2):
-        module = NearOracle(config_overrides=TINY)
+        module = Oracle(coco / "instances.json", config_overrides=TINY)
         module.load_state_dict(weights)
         options = dict(devices=2, strategy="ddp_fork") if devices == 2 else {}
         run = trainer(tmp_path / str(devices), [DetectionLayerAP(log_figures=False)], **options)

@@ -74,6 +74,8 @@ def build_metrics(**kwargs):
         "cross_cka": CrossModelCKA(L, D, L - 1, 3, **kwargs),
         "cross_cka_diagonal": CrossModelCKA(L - 1, D, L - 1, 3, pairs="diagonal", **kwargs),
         "residual_ratio": ResidualNormRatio(2, L, levels=(0.1, 0.5, 0.9), bins=50, **kwargs),
+        # a range narrower than the ratios: the counts below and above it are summed too
+        "residual_ratio_outside": ResidualNormRatio(2, L, (0.1, 0.5, 0.9), bins=50, low=0.3, high=0.5, **kwargs),
         "paired_cos": PairedCosine(L, L - 1, **kwargs),  # CLIP's image x caption COS
     }
 
@@ -88,7 +90,7 @@ def run_metrics(start: int, splits, **kwargs):
         for name, metric in metrics.items():
             if name == "paired_cos":
                 metric.update(h, h[1:] ** 2 - 3.0)
-            elif name == "residual_ratio":
+            elif name.startswith("residual_ratio"):
                 metric.update(h.norm(dim=-1).expand(2, -1, -1), (h - 10.0).norm(dim=-1).expand(2, -1, -1))
             elif name.startswith("cross_cka"):
                 other = h[1:, :, :3].double() ** 2 + 0.5 * h[:-1, :, 2:].double() - 1e6
@@ -117,7 +119,7 @@ def computed(metrics):
         name: metric.compute_distribution()._asdict()
         if name.startswith("cos_distribution")
         else metric.compute()._asdict()
-        if name == "residual_ratio"
+        if name.startswith("residual_ratio")
         else metric.compute()
         for name, metric in metrics.items()
     }
@@ -172,6 +174,8 @@ def test_two_ranks_equal_one_rank(tmp_path):
         single["cos_distribution"]["histogram"].sum() > 0
         and single["cos_distribution"]["negative_fraction"].gt(0).any()
     )
+    outside = single["residual_ratio_outside"]
+    assert outside["below"].sum() > 0 and outside["above"].sum() > 0 and outside["count"].sum() > 0
     assert not single["saturation_cos_centered"][:-1].isnan().all()  # some samples saturate early
     assert single["cross_cka"].shape == (L, L - 1) and single["cross_cka"].isfinite().all()
     for name in ("cka", "nc1", "cos_centered"):  # the offset costs nothing, on one rank or two

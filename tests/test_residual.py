@@ -146,7 +146,8 @@ def test_norm_ratio_metric_matches_numpy_mean_and_log_quantiles():
     metric = ResidualNormRatio(2, 3, levels)
     for part_skip, part_branch in zip(skip.split((100, 1, 249, 150), -1), branch.split((100, 1, 249, 150), -1)):
         metric.update(part_skip, part_branch)
-    mean, quantiles, count = metric.compute()
+    mean, quantiles, count, below, above = metric.compute()
+    assert below.sum() == above.sum() == 0
     ratio = (skip / branch).numpy()
     valid = np.isfinite(ratio)
     assert count[0, 0] == 493 and count[1, 2] == 500
@@ -198,3 +199,55 @@ def manual_norms_any_depth(vit, x):
             branch.append([torch.linalg.vector_norm(cls[4] - cls[0], dim=-1).numpy(), n[1], n[3]])
             h = out
     return np.array(skip).transpose(1, 0, 2), np.array(branch).transpose(1, 0, 2)
+
+
+def test_layerscale_ratios_above_1e4_are_measured_not_saturated(tmp_path):
+    """CaiT/DeiT-III LayerScale (1e-5) gives ratios near 1e5: quantiles within 0.005 decades of numpy's on the exact
+    ratios, nothing outside the range, the mean exact."""
+    module = fitted_module()
+    vit = timm.create_model(
+        "vit_tiny_patch16_224",
+        img_size=8,
+        patch_size=2,
+        in_chans=1,
+        embed_dim=16,
+        depth=4,
+        num_heads=2,
+        num_classes=10,
+        init_values=1e-5,
+    )
+    module.backbone.model = vit.eval()
+    loader = val_loader(40, batch_size=16)
+    # float64: in float32 the block's F(x) = block(x) - x loses ~3 digits to cancellation when F(x) ~ 1e-5 ||x||
+    fit = trainer(tmp_path, [ResidualNormRatioMonitor(log_figures=False)], precision="64-true")
+    fit.validate(module, loader, verbose=False)
+    result = read_summary(tmp_path)["residual_norm_ratio"]
+    skip, branch = zip(*(manual_norms_any_depth(vit.double(), x.double()) for x, _ in loader))
+    ratio = np.concatenate(skip, -1) / np.concatenate(branch, -1)
+    assert np.median(ratio[1:]) > 1e4  # the attention and MLP branches: far above the old 1e4 ceiling
+    log_exact = np.quantile(np.log10(ratio), result["quantile_levels"], axis=-1).transpose(1, 2, 0)
+    np.testing.assert_allclose(
+        np.log10(np.array(result["quantiles"], dtype=float)), log_exact, rtol=0, atol=0.005 + 1e-9
+    )
+    np.testing.assert_allclose(result["mean"], ratio.mean(-1), rtol=1e-9)
+    assert result["log10_range"] == [-10.0, 10.0]
+    assert np.array(result["below_range"]).sum() == np.array(result["above_range"]).sum() == 0
+
+
+def test_ratios_outside_the_histogram_are_counted_and_their_quantiles_null():
+    g = torch.Generator().manual_seed(4)
+    skip = 10.0 ** (torch.rand(1, 2, 300, generator=g, dtype=torch.float64) * 8 - 2)  # ratios 1e-2 .. 1e6
+    branch = torch.ones_like(skip)
+    levels = (0.05, 0.5, 0.95)
+    metric = ResidualNormRatio(1, 2, levels, bins=400, low=-1.0, high=3.0)
+    metric.update(skip, branch)
+    result = metric.compute()
+    log_ratio = torch.log10(skip).numpy()
+    below, above = (log_ratio < -1).sum(-1), (log_ratio > 3).sum(-1)
+    assert below.min() > 15 and above.min() > 15  # both tails hold more than 5 % of the ratios
+    np.testing.assert_array_equal(result.below.numpy(), below), np.testing.assert_array_equal(result.above, above)
+    exact = np.quantile(log_ratio, levels, axis=-1).transpose(1, 2, 0)  # (1, 2, Q)
+    outside = (exact < -1) | (exact > 3)
+    estimate = np.log10(result.quantiles.numpy())
+    assert outside.any() and np.isnan(estimate[outside]).all()  # absent, never the edge of the range
+    assert np.abs(estimate[~outside] - exact[~outside]).max() <= 0.005 + 1e-12

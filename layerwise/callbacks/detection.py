@@ -20,10 +20,14 @@ class DetectionLayerAP(Callback):
 
     Reads the per-layer predictions that :class:`~layerwise.lightning_modules.DetrLayerwise` returns from its
     validation step (no second forward pass); every query is a detection scored by its best non-background class
-    (DETR's post-processing with threshold 0), boxes scaled to each image's original size, as are the ground-truth
-    boxes. One ``MeanAveragePrecision(iou_thresholds=[0.5])`` per layer (COCO's 101-point interpolation,
-    pycocotools); under DDP torchmetrics gathers the detections and the sampler's padding is dropped, so the value
-    is the same on any number of processes.
+    (DETR's post-processing with threshold 0), boxes (normalised to each image, DETR's convention) scaled to the
+    image's original size. The ground truth is the annotation file's own, crowd regions included, which
+    :class:`~layerwise.datamodules.COCODetectionDataModule` passes along as ``eval_boxes``/``eval_labels``/
+    ``eval_iscrowd``/``eval_area`` (without them: the processor's ``boxes``, which must then be normalised to the
+    image itself, not to the padded batch). One ``MeanAveragePrecision(iou_thresholds=[0.5])`` per layer (COCO's
+    101-point interpolation, pycocotools): the value equals pycocotools' ``COCOeval`` AP50 on the same detections,
+    whatever the batch size; under DDP the detections are gathered and the sampler's padding is dropped, so the
+    value is the same on any number of processes.
 
     Outputs: ``detection_ap50`` (L) in the epoch's summary JSON, scalars ``val/ap50/layer_XX``, a figure.
 
@@ -65,14 +69,7 @@ class DetectionLayerAP(Callback):
         if rows == 0:
             return
         sizes = torch.stack([target["orig_size"] for target in labels[:rows]]).to(pl_module.device)
-        targets = [
-            {
-                "boxes": cxcywh_to_xyxy(target["boxes"].to(pl_module.device), size),
-                "labels": target["class_labels"].to(pl_module.device),
-            }
-            for target, size in zip(labels[:rows], sizes)
-        ]
-        targets = [{key: value.cpu() for key, value in target.items()} for target in targets]
+        targets = [_ground_truth(target) for target in labels[:rows]]
         ids = [int(target["image_id"]) for target in labels[:rows]]
         for kept, logits, boxes in zip(self._kept, outputs[LAYER_LOGITS], outputs[LAYER_BOXES]):
             found = detections(logits[:rows].float(), boxes[:rows].float(), sizes)
@@ -110,6 +107,19 @@ class DetectionLayerAP(Callback):
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it
+
+
+def _ground_truth(label: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The image's ground truth for the COCO evaluation (xyxy pixels of the original image).
+
+    The annotation file's own (crowd included) where the datamodule kept it (``eval_*``), else the processor's
+    boxes, normalised to the image, scaled to its original size.
+    """
+    if "eval_boxes" in label:
+        keys = ("boxes", "labels", "iscrowd", "area")
+        return {key: label[f"eval_{key}"].cpu() for key in keys}
+    boxes = cxcywh_to_xyxy(label["boxes"].float().cpu(), label["orig_size"].cpu())
+    return {"boxes": boxes, "labels": label["class_labels"].cpu()}
 
 
 def _ap50(pairs: list[tuple[int, dict, dict]]) -> float:

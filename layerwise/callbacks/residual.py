@@ -6,6 +6,7 @@ from typing import Any, Literal, Optional
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_warn
 
 from layerwise.callbacks._drawing import draw_later, wait_for_figures
 from layerwise.callbacks._output import _log_dir, _run_id, show, tensorboard
@@ -34,11 +35,13 @@ class ResidualNormRatioMonitor(Callback):
     residual input, F(x) the output dense layer (so the block ratio is the update after the LayerNorms).
 
     Exact over the validation set and under DDP: the mean is a float64 sum, the quantiles come from a fixed log10
-    histogram (see :class:`~layerwise.metrics.residual.ResidualNormRatio`: within 1.2 % by default), the sampler's
+    histogram (see :class:`~layerwise.metrics.residual.ResidualNormRatio`: within 1.2 % for ratios from 1e-10 to
+    1e10; ratios outside are counted, and a quantile that needs one is ``null`` with a warning), the sampler's
     padding is dropped, and the states are all-reduced. Only the first validation dataloader is analysed.
 
     Outputs: the ``residual_norm_ratio`` key of the epoch's summary JSON (``branches``, ``layers``, ``token``,
-    ``mean`` (P x L), ``quantile_levels``, ``quantiles`` (P x L x Q)), scalars
+    ``mean`` (P x L), ``quantile_levels``, ``quantiles`` (P x L x Q), ``log10_range`` (the histogram's [low,
+    high]), ``below_range`` and ``above_range`` (P x L: ratios outside it)), scalars
     ``val/residual_ratio/<branch>/layer_XX`` (the mean), and a figure (TensorBoard, ``layerwise plot``).
 
     Args:
@@ -112,9 +115,17 @@ class ResidualNormRatioMonitor(Callback):
         self._hooks.close()
         all_reduce_sum_states([self._metric])
         with torch.inference_mode(False):
-            mean, quantiles, count = self._metric.compute()
+            ratio = self._metric.compute()
         names, depth = self._norms.names, len(self._norms.blocks)
-        mean = mean.reshape(len(names), depth)
+        mean, count = ratio.mean.reshape(len(names), depth), ratio.count
+        below, above = ratio.below.reshape(len(names), depth), ratio.above.reshape(len(names), depth)
+        outside = int((below + above).sum())
+        if outside:
+            rank_zero_warn(
+                f"ResidualNormRatioMonitor: {outside} ratios ||x||/||F(x)|| fell outside [1e{self._metric.low:g}, "
+                f"1e{self._metric.high:g}] (counted as `below_range`/`above_range` in the JSON); the quantiles that "
+                "need them are null. The mean is exact."
+            )
         results = {
             "branches": list(names),
             "layers": list(range(1, depth + 1)),
@@ -122,7 +133,10 @@ class ResidualNormRatioMonitor(Callback):
             "num_samples": int(count.reshape(len(names), depth)[0, 0]),
             "mean": mean,
             "quantile_levels": list(LEVELS),
-            "quantiles": quantiles.reshape(len(names), depth, len(LEVELS)),
+            "quantiles": ratio.quantiles.reshape(len(names), depth, len(LEVELS)),
+            "log10_range": [self._metric.low, self._metric.high],
+            "below_range": below.round().long(),
+            "above_range": above.round().long(),
         }
         width = max(2, len(str(depth)))
         scalars = {

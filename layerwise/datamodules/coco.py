@@ -7,6 +7,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any, Optional
 
+import torch
 from lightning.pytorch import LightningDataModule
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
@@ -52,10 +53,17 @@ class COCODetection(Dataset):
 
 
 class DetectionCollate:
-    """Batches pairs through a DETR image processor.
+    """Batches pairs through a DETR image processor, with boxes in DETR's convention and COCO's ground truth kept.
 
-    The batch: ``pixel_values``, ``pixel_mask`` and ``labels`` (a list of dicts with ``class_labels``, normalised
-    ``boxes`` (cx, cy, w, h), ``orig_size``, ``size``, ...).
+    The batch: ``pixel_values``, ``pixel_mask`` and ``labels`` (a list of dicts with ``class_labels``, ``boxes``
+    (cx, cy, w, h), ``orig_size``, ``size``, ..., and the evaluation ground truth ``eval_boxes``, ``eval_labels``,
+    ``eval_iscrowd``, ``eval_area``).
+
+    ``boxes`` are normalised to each image itself (its resized size, ``size``, read from ``pixel_mask``), as DETR
+    predicts them and as its post-processing scales them: recent image processors normalise them to the padded batch
+    image instead, so a box's coordinates would depend on which images share its batch. The ``eval_*`` entries are
+    every annotation of the image as the file gives it — absolute (x0, y0, x1, y1) in the original pixels, crowd
+    regions included (the processor drops them; COCO's evaluation ignores detections that match them).
     """
 
     def __init__(self, processor: Any) -> None:
@@ -64,11 +72,40 @@ class DetectionCollate:
     def __call__(self, pairs: list[tuple[Image.Image, dict[str, Any]]]) -> dict[str, Any]:
         images, targets = zip(*pairs)
         encoded = self.processor(images=list(images), annotations=list(targets), return_tensors="pt")
-        return {
-            "pixel_values": encoded["pixel_values"],
-            "pixel_mask": encoded["pixel_mask"],
-            "labels": encoded["labels"],
-        }
+        labels = list(encoded["labels"])
+        mask = encoded.get("pixel_mask")
+        for index, (label, target) in enumerate(zip(labels, targets)):
+            if mask is not None:
+                _normalise_to_own_image(label, mask[index])
+            label.update(_evaluation_ground_truth(target["annotations"]))
+        return {"pixel_values": encoded["pixel_values"], "pixel_mask": mask, "labels": labels}
+
+
+def _normalise_to_own_image(label: dict[str, Any], mask: torch.Tensor) -> None:
+    """Boxes normalised to ``label["size"]`` (the padded batch image) -> to the image's own resized size."""
+    height, width = int(mask.any(dim=1).sum()), int(mask.any(dim=0).sum())
+    normalised_to = label["size"].to(torch.float64)
+    scale = torch.stack([normalised_to[1] / width, normalised_to[0] / height] * 2)
+    label["boxes"] = (label["boxes"].to(torch.float64) * scale).to(label["boxes"].dtype)
+    label["size"] = torch.tensor([height, width], dtype=label["size"].dtype)
+
+
+def _evaluation_ground_truth(annotations: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    """COCO annotations as torchmetrics' ``MeanAveragePrecision`` targets: xyxy pixels, labels, iscrowd, area."""
+    boxes = torch.tensor([annotation["bbox"] for annotation in annotations], dtype=torch.float64).reshape(-1, 4)
+    boxes[:, 2:] += boxes[:, :2]
+    return {
+        "eval_boxes": boxes.float(),
+        "eval_labels": torch.tensor([int(a["category_id"]) for a in annotations], dtype=torch.long),
+        "eval_iscrowd": torch.tensor([int(a.get("iscrowd", 0)) for a in annotations], dtype=torch.long),
+        "eval_area": torch.tensor(
+            [
+                float(a["area"]) if "area" in a else float((b[2] - b[0]) * (b[3] - b[1]))
+                for a, b in zip(annotations, boxes)
+            ],
+            dtype=torch.float32,
+        ),
+    }
 
 
 class COCODetectionDataModule(LightningDataModule):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import functools
 from collections.abc import Callable
 from typing import Any, Optional, Union
 
@@ -10,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 from torchmetrics import Metric
+from torchmetrics.utilities.data import apply_to_collection
 
 from layerwise._compat import Float64StatesOnCast
 
@@ -56,6 +58,33 @@ class _SumStateMetric(Float64StatesOnCast, Metric):
         self._synced_by_torchmetrics = False
         self._synced_group: Optional[Any] = None
         self._casting_dtype = False
+
+    def _wrap_compute(self, compute: Callable) -> Callable:
+        """The compute wrapper of torchmetrics (sync, clone), but every result keeps the shape ``compute`` gave it.
+
+        torchmetrics squeezes each one-element tensor to 0-dim, so a per-layer or per-step vector of length 1 (two
+        blocks, one selected layer) would reach the JSON as a bare number instead of a one-element list.
+        """
+        shapes: list[torch.Size] = []
+
+        def recording(*args: Any, **kwargs: Any) -> Any:
+            value = compute(*args, **kwargs)
+            shapes.clear()
+            apply_to_collection(value, Tensor, lambda tensor: shapes.append(tensor.shape))
+            return value
+
+        squeezed = super()._wrap_compute(recording)
+
+        @functools.wraps(compute)
+        def shaped(*args: Any, **kwargs: Any) -> Any:
+            shapes.clear()
+            value = squeezed(*args, **kwargs)
+            if not shapes:  # nothing computed (a cached value)
+                return value
+            original = iter(list(shapes))
+            return apply_to_collection(value, Tensor, lambda tensor: tensor.reshape(next(original)))
+
+        return shaped
 
     @property
     def sum_state_names(self) -> list[str]:
