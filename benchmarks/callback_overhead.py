@@ -31,17 +31,22 @@ import logging
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader, Subset, TensorDataset
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _record import load_now, record  # noqa: E402
 
 from layerwise.callbacks import (
     EffectiveDepthMonitor,
@@ -137,6 +142,7 @@ class Config:
     marks: list[float] = field(default_factory=list)
     hook_seconds: dict[str, dict[str, float]] = field(default_factory=dict)
     epochs: list[float] = field(default_factory=list)
+    totals: list[float] = field(default_factory=list)
     hooks: dict[str, list[dict[str, float]]] = field(default_factory=dict)
 
     def build(self, device: str, root_dir: str) -> None:
@@ -160,8 +166,10 @@ class Config:
         self.marks.clear()
         for seconds in self.hook_seconds.values():
             seconds.update(dict.fromkeys(PARTS, 0.0))
+        start = time.perf_counter()
         self.trainer.validate(model, loader, verbose=False)
         if record:
+            self.totals.append(time.perf_counter() - start)
             self.epochs.append(self.marks[1] - self.marks[0])
             for label, seconds in self.hook_seconds.items():
                 self.hooks.setdefault(label, []).append(dict(seconds))
@@ -234,6 +242,24 @@ def quickstart_case(args: argparse.Namespace) -> None:
         f"batch {loader.batch_size}, {args.device}, median of {args.quickstart_repeats} rounds"
     )
     print_table(title, configs)
+    analysis, drawing = (statistics.median(config.epochs) for config in configs[1::2])
+    totals = statistics.median(configs[3].totals)
+    print(
+        f"a validation that draws its figures / one that does not: {drawing / analysis:.3f}x (epoch as the training "
+        f"loop sees it; the drawing itself runs in a background thread: validate() incl. waiting for it {totals:.3f} s)"
+    )
+    if not args.quick:
+        record(
+            "callback_overhead",
+            {
+                "draw_vs_no_draw_epoch_ratio": round(drawing / analysis, 3),
+                "epoch_seconds_no_draw": round(analysis, 4),
+                "epoch_seconds_draw": round(drawing, 4),
+                "validate_seconds_draw_incl_background": round(totals, 4),
+                "rounds": args.quickstart_repeats,
+            },
+            LOAD_BEFORE,
+        )
 
 
 def _fit_quickstart(epochs: int, analysis: bool, root: str) -> float:
@@ -276,13 +302,20 @@ def quickstart_fit_case(args: argparse.Namespace) -> None:
     off = statistics.median(times[False])
     print(
         f"\n(d) quickstart fit, {args.fit_epochs} epochs, TensorBoard logger both ways, LayerwiseAnalysis() with "
-        f"figures every 10 epochs and at the last, median of {args.fit_repeats} interleaved rounds"
+        f"figures every epoch (drawn in a background thread), median of {args.fit_repeats} interleaved rounds"
     )
     print(f"{'configuration':<38}{'fit s':>9}{'(min-max)':>17}{'ratio':>8}")
     for name, runs in (("off", times[False]), ("LayerwiseAnalysis(), TensorBoard", times[True])):
         print(
             f"{name:<38}{statistics.median(runs):>9.2f}{f'({min(runs):.1f}-{max(runs):.1f})':>17}"
             f"{statistics.median(runs) / off:>7.3f}x"
+        )
+    if not args.quick:
+        on = statistics.median(times[True])
+        record(
+            "callback_overhead_fit",
+            {"fit_seconds_off": round(off, 1), "fit_seconds_analysis": round(on, 1), "ratio": round(on / off, 3)},
+            LOAD_BEFORE,
         )
 
 
@@ -395,10 +428,13 @@ def main() -> None:
         f"{time.strftime('%Y-%m-%d %H:%M')}, torch {torch.__version__}, {os.cpu_count()} CPUs, "
         f"{torch.get_num_threads()} torch threads, device {args.device}{gpu}"
     )
+    global LOAD_BEFORE
+    LOAD_BEFORE = load_now()
     for case in args.cases:
         CASES[case](args)
 
 
+LOAD_BEFORE: Optional[float] = None
 CASES: dict[str, Callable[[argparse.Namespace], None]] = {
     "quickstart": quickstart_case,
     "quickstart_fit": quickstart_fit_case,
