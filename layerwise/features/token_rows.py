@@ -62,8 +62,10 @@ _ACTIVE: list[_State] = []
 
 
 def _one_query(query: Tensor, key: Tensor, value: Tensor, keys: _Keys, token: int) -> Tensor:
-    """Token ``token``'s attention output (B, H, 1, h): its query (B, H, 1, h) against the fixed keys of the others
-    and its own key/value (B, H_kv, 1, h), with the whole-prompt run's mask row and causality."""
+    """Token ``token``'s attention output (B, H, 1, h) against the fixed keys of the others and its own key/value.
+
+    Its query is (B, H, 1, h), its own key/value (B, H_kv, 1, h); the whole-prompt run's mask row and causality apply.
+    """
     num_tokens = keys.key.shape[-2]
     others = torch.arange(token if keys.causal else num_tokens, device=query.device)
     others = others[others != token]
