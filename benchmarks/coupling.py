@@ -1,16 +1,23 @@
 """Seconds per prompt for the depth-wise coupling matrix: layerwise's block Jacobians against the authors' method.
 
-layerwise (``layerwise.features.jacobian``): trace the blocks once, then re-run each block alone with
-``torch.func.jacfwd`` (d vmapped JVPs, math SDPA). The authors' method, re-implemented here: one forward pass that
-keeps the whole graph, then d ``torch.autograd.grad`` calls per block (one per output coordinate of the last token,
-``retain_graph=True``), each giving one row of J. Both then compute the same mis-coupling matrices
-(``depth_coupling``, K = 10, 30, 50, float64 SVDs): the table gives the whole and the Jacobians alone.
+Three ways to the Jacobians J^l_{tt} of the last token, each followed by the same mis-coupling matrices
+(``depth_coupling``, K = 10, 30, 50, float64 SVDs):
 
-The two are run alternately (A, B, A, B, ...) in one process; the table gives medians, the largest difference of
-the Jacobians, and the peak memory of each (CUDA: ``max_memory_allocated``; CPU: the exact allocator tracker).
+- ``authors``: the authors' method, re-implemented here: one forward pass that keeps the whole graph, then d
+  ``torch.autograd.grad`` calls per block (one per output coordinate of the last token, ``retain_graph=True``), each
+  giving one row of J;
+- ``whole``: layerwise's path before the one-token split (``method="full"``): trace the blocks once, then re-run
+  each block on the whole prompt with d vmapped JVPs (math SDPA);
+- ``layerwise``: today's default (``method="auto"``): trace once, then each block once on the whole prompt (its
+  keys/values kept) and d vmapped JVPs through the block run on the last token alone
+  (``layerwise.features.token_rows``).
+
+Timings: every thread count of ``--threads`` in one run (``torch.set_num_threads``), the methods alternated
+(A, B, C, A, B, C, ...), medians. Peak memory: one further run of each method inside the exact allocator tracker
+(CPU) or ``max_memory_allocated`` (CUDA), outside the timed runs (the tracker slows every op).
 
     python benchmarks/coupling.py                                   # GPT-2-small shape, 64 tokens, GPU if any
-    python benchmarks/coupling.py --device cpu --layers 4 --dim 256 --heads 4   # a shape that runs fast on a CPU
+    python benchmarks/coupling.py --device cpu --layers 4 --dim 256 --heads 4 --threads 1 2   # the issue's shape
 """
 
 import argparse
@@ -40,10 +47,14 @@ def build(layers: int, dim: int, heads: int, device: str) -> torch.nn.Module:
 CHUNK = {"size": None}
 
 
-def layerwise_jacobians(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+def layerwise_jacobians(model: torch.nn.Module, ids: torch.Tensor, method: str = "auto") -> torch.Tensor:
     blocks = model.transformer.h
     trace = trace_blocks(blocks, lambda: model(input_ids=ids, use_cache=False))
-    return diagonal_jacobians(blocks, trace, -1, chunk_size=CHUNK["size"])
+    return diagonal_jacobians(blocks, trace, -1, chunk_size=CHUNK["size"], method=method)
+
+
+def whole_prompt_jacobians(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    return layerwise_jacobians(model, ids, method="full")
 
 
 def authors_jacobians(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
@@ -74,34 +85,40 @@ def authors_jacobians(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor
     return torch.stack(jacobians).detach()
 
 
+METHODS = {"authors": authors_jacobians, "whole": whole_prompt_jacobians, "layerwise": layerwise_jacobians}
+
+
 def _sync(device: str) -> None:
     if device.startswith("cuda"):
         torch.cuda.synchronize()
 
 
-def measure(function, model, ids, device: str) -> tuple[float, float, torch.Tensor, int]:
-    """Seconds for the whole depth-wise matrix and for the Jacobians alone, the Jacobians, the peak memory."""
+def timed(function, model, ids, device: str) -> tuple[float, float, torch.Tensor]:
+    """Seconds for the whole depth-wise matrix and for the Jacobians alone, and the Jacobians."""
+    _sync(device)
+    start = time.perf_counter()
+    jacobians = function(model, ids)
+    _sync(device)
+    middle = time.perf_counter()
+    depth_coupling(jacobians, KS)
+    _sync(device)
+    return time.perf_counter() - start, middle - start, jacobians
+
+
+def peak_memory(function, model, ids, device: str) -> int:
+    """Peak bytes allocated above the start while the Jacobians and the matrices are computed."""
     if device.startswith("cuda"):
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
         base = torch.cuda.memory_allocated()
-        start = time.perf_counter()
-        jacobians = function(model, ids)
-        _sync(device)
-        middle = time.perf_counter()
-        depth_coupling(jacobians, KS)
-        _sync(device)
-        end = time.perf_counter()
-        return end - start, middle - start, jacobians, torch.cuda.max_memory_allocated() - base
+        depth_coupling(function(model, ids), KS)
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - base
     from _memory import MemoryTracker
 
     with MemoryTracker() as tracker:
-        start = time.perf_counter()
-        jacobians = function(model, ids)
-        middle = time.perf_counter()
-        depth_coupling(jacobians, KS)
-        end = time.perf_counter()
-    return end - start, middle - start, jacobians, tracker.peak_bytes
+        depth_coupling(function(model, ids), KS)
+    return tracker.peak_bytes
 
 
 def main() -> None:
@@ -112,43 +129,48 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, nargs="+", default=[torch.get_num_threads()], help="CPU threads")
     parser.add_argument("--chunk-size", type=int, default=None, help="JVPs at once (default: all d)")
+    parser.add_argument("--skip-whole", action="store_true", help="leave out the whole-prompt JVPs")
     args = parser.parse_args()
     CHUNK["size"] = args.chunk_size
+    names = [name for name in METHODS if not (args.skip_whole and name == "whole")]
     print(
         f"layerwise from {layerwise.__file__}; torch {torch.__version__}; device {args.device}"
-        + (
-            f" ({torch.cuda.get_device_name()})"
-            if args.device.startswith("cuda")
-            else f", {torch.get_num_threads()} threads"
-        )
+        + (f" ({torch.cuda.get_device_name()})" if args.device.startswith("cuda") else "")
     )
     model = build(args.layers, args.dim, args.heads, args.device)
     ids = torch.randint(0, 50257, (1, args.tokens), generator=torch.Generator().manual_seed(1)).to(args.device)
-    measure(layerwise_jacobians, model, ids, args.device)  # warm-up (kernels, allocator)
-    times = {"layerwise": [], "authors": []}
-    jacobian_times = {"layerwise": [], "authors": []}
-    peaks = {}
-    results = {}
-    for _ in range(args.repeats):
-        for name, function in (("layerwise", layerwise_jacobians), ("authors", authors_jacobians)):
-            seconds, jacobian_seconds, jacobians, peak = measure(function, model, ids, args.device)
-            times[name].append(seconds)
-            jacobian_times[name].append(jacobian_seconds)
-            peaks[name] = max(peaks.get(name, 0), peak)
-            results[name] = jacobians
-    difference = (results["layerwise"] - results["authors"]).abs().max().item()
-    scale = results["authors"].abs().max().item()
     shape = f"{args.layers} x {args.dim}, {args.heads} heads, {args.tokens} tokens, chunk {args.chunk_size or 'all'}"
-    print(f"\n{shape}; medians of {args.repeats}; Jacobians max |diff| {difference:.2e} (max |J| {scale:.2f})")
-    print(f"{'method':<12}{'s / prompt':>12}{'speedup':>10}{'Jacobians s':>13}{'speedup':>10}{'peak MiB':>12}")
-    base, jacobian_base = statistics.median(times["authors"]), statistics.median(jacobian_times["authors"])
-    for name in ("authors", "layerwise"):
-        median, jacobian_median = statistics.median(times[name]), statistics.median(jacobian_times[name])
-        print(
-            f"{name:<12}{median:>12.3f}{base / median:>9.1f}x{jacobian_median:>13.3f}"
-            f"{jacobian_base / jacobian_median:>9.1f}x{peaks[name] / 2**20:>12.1f}"
+    torch.set_num_threads(min(args.threads))
+    peaks = {name: peak_memory(METHODS[name], model, ids, args.device) for name in names}  # also warms up
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        for name in names:  # warm-up at this thread count
+            timed(METHODS[name], model, ids, args.device)
+        times = {name: [] for name in names}
+        jacobian_times = {name: [] for name in names}
+        results = {}
+        for _ in range(args.repeats):
+            for name in names:
+                seconds, jacobian_seconds, results[name] = timed(METHODS[name], model, ids, args.device)
+                times[name].append(seconds)
+                jacobian_times[name].append(jacobian_seconds)
+        scale = results["authors"].abs().max().item()
+        differences = ", ".join(
+            f"{name} {(results[name] - results['authors']).abs().max().item():.1e}" for name in names[1:]
         )
+        print(f"\n{shape}; {torch.get_num_threads()} thread(s); medians of {args.repeats}")
+        print(f"Jacobians max |diff| from the authors': {differences} (max |J| {scale:.2f})")
+        print(f"{'method':<12}{'s / prompt':>12}{'speedup':>10}{'Jacobians s':>13}{'speedup':>10}{'peak MiB':>12}")
+        base, jacobian_base = statistics.median(times["authors"]), statistics.median(jacobian_times["authors"])
+        for name in names:
+            median, jacobian_median = statistics.median(times[name]), statistics.median(jacobian_times[name])
+            print(
+                f"{name:<12}{median:>12.3f}{base / median:>9.1f}x{jacobian_median:>13.3f}"
+                f"{jacobian_base / jacobian_median:>9.1f}x{peaks[name] / 2**20:>12.1f}"
+            )
+        print(f"(each time: {', '.join(f'{name} ' + ' '.join(f'{t:.3f}' for t in times[name]) for name in names)})")
 
 
 if __name__ == "__main__":

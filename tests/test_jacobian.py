@@ -200,3 +200,24 @@ def test_jacobian_memory_is_bounded_by_the_chunk_size():
     activations = 128 * 48 * 4 * 128  # d tangents x one (T, 4d) float32 MLP activation: 3 MiB
     assert peaks[None] < 40 * activations  # the tangents through the block, no graph on top (158 MB before)
     assert peaks[8] < peaks[None] / 6  # 8 of 128 tangents at a time
+
+
+@pytest.mark.parametrize(("family", "task"), FAMILIES, ids=[f for f, _ in FAMILIES])
+def test_one_token_jacobian_equals_autograd_of_the_whole_forward(family, task, recwarn):
+    """J_tt from the block run on token t alone, the other tokens' keys/values fixed (issue 24.2): last, middle and
+    first token, every family (RoPE and grouped KV in LLaMA/Mistral/Qwen2, bidirectional BERT and ViT)."""
+    from layerwise.features.jacobian import diagonal_block_jacobian
+
+    model = build(family, task).double().eval()
+    blocks = get_blocks(model, layer_paths(model))
+    batch = one_prompt(family)
+    trace = trace_blocks(blocks, lambda: run(model, batch))
+    num_tokens = trace.calls[0].inputs.shape[0]
+    for layer, token in ((0, num_tokens - 1), (1, num_tokens // 2), (2, 0)):
+        one_token = diagonal_block_jacobian(blocks[layer], trace.calls[layer], token)
+        whole = block_jacobian(blocks[layer], trace.calls[layer], token, [token], method="full")[0]
+        torch.testing.assert_close(one_token, whole, rtol=0, atol=1e-12)
+        expected = reference_jacobian(model, blocks, layer, batch, token, token)
+        torch.testing.assert_close(one_token, expected, rtol=0, atol=1e-6)  # HF's eager softmax runs in float32
+        assert one_token.abs().max() > 1e-5
+    assert not [w for w in recwarn.list if "Jacobian on the whole prompt" in str(w.message)]  # no fallback taken

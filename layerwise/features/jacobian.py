@@ -22,17 +22,20 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 import torch
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from layerwise.features.hooks import _block_input, block_output
+from layerwise.features.token_rows import split_attention, split_block
 
+JacobianMethod = Literal["auto", "full"]
 _NO_CACHE = {"past_key_values": None, "past_key_value": None, "layer_past": None, "use_cache": False}
 
 
@@ -173,6 +176,7 @@ def block_jacobian(
     out_tokens: Optional[Sequence[int]] = None,
     dtype: Optional[torch.dtype] = None,
     chunk_size: Optional[int] = None,
+    method: JacobianMethod = "auto",
 ) -> Tensor:
     """Jacobians ``J_{token -> t2}`` of the block's residual update for every output token t2 (or ``out_tokens``).
 
@@ -184,6 +188,10 @@ def block_jacobian(
         dtype: computation dtype (default: :func:`jacobian_dtype` of the block input).
         chunk_size: JVPs run at once (default all d): memory grows with it, d times one block's activations at
             most.
+        method: ``"auto"``: when the only output token is ``token`` itself (``J_{tt}``), the block runs on that one
+            token against the other tokens' fixed keys/values (:mod:`layerwise.features.token_rows`, about T times
+            less work), falling back to the whole prompt with a warning where the block cannot be split so;
+            ``"full"``: always the whole prompt (every output token at once).
 
     Returns:
         ``(len(out_tokens), d, d)``: ``[k, i, j] = d f(X)_{t2_k, i} / d x_{t1, j}``.
@@ -194,6 +202,10 @@ def block_jacobian(
     token = range(num_tokens)[token]
     rows = torch.arange(num_tokens, device=x0.device) if out_tokens is None else torch.as_tensor(out_tokens)
     rows = rows.to(x0.device)
+    if method not in ("auto", "full"):
+        raise ValueError(f"`method={method!r}` must be 'auto' or 'full'.")
+    if method == "auto" and rows.tolist() == [token]:
+        return diagonal_block_jacobian(block, call, token, dtype, chunk_size).unsqueeze(0)
     with materialized(block) as loaded, exact_block(loaded, dtype) as work:
         device = next(work.parameters(), x0).device
         base = x0.to(device=device, dtype=dtype)
@@ -218,12 +230,59 @@ def block_jacobian(
                 columns = torch.func.vmap(column, chunk_size=chunk_size, randomness="error")(basis)  # (d_in, T, d)
                 return columns.permute(1, 2, 0).detach()
         except RuntimeError as error:
-            if "forward AD" in str(error) or "forward-mode" in str(error):
-                raise RuntimeError(
-                    f"{type(block).__name__} uses an attention kernel without forward-mode AD ({error}). Load the "
-                    "model with attn_implementation='eager' or 'sdpa'."
-                ) from None
+            _explain(block, error)
             raise
+
+
+def _explain(block: nn.Module, error: RuntimeError) -> None:
+    if "forward AD" in str(error) or "forward-mode" in str(error):
+        raise RuntimeError(
+            f"{type(block).__name__} uses an attention kernel without forward-mode AD ({error}). Load the "
+            "model with attn_implementation='eager' or 'sdpa'."
+        ) from None
+
+
+def diagonal_block_jacobian(
+    block: nn.Module,
+    call: BlockCall,
+    token: int,
+    dtype: Optional[torch.dtype] = None,
+    chunk_size: Optional[int] = None,
+) -> Tensor:
+    """``J_{token -> token}`` (d, d) of one block, from the block run on that one token (the row it needs).
+
+    The other tokens' keys/values come from one run of the block on the whole prompt and are constants
+    (:func:`~layerwise.features.token_rows.split_block`); the d JVPs then run on one token instead of T. Where the
+    block cannot be split so (its one-token row differs from the whole prompt's row, or it does not run on one
+    token), a one-line warning says why and :func:`block_jacobian` with ``method="full"`` answers.
+    """
+    x0 = call.inputs
+    dtype = dtype or jacobian_dtype(x0.dtype)
+    token = range(x0.shape[0])[token]
+    with materialized(block) as loaded, exact_block(loaded, dtype) as work:
+        device = next(work.parameters(), x0).device
+        base = x0.to(device=device, dtype=dtype)
+        args, kwargs = _cast(call.args, dtype), {key: _cast(value, dtype) for key, value in call.kwargs.items()}
+        split = split_block(work, base, args, kwargs, token)
+        if isinstance(split, str):
+            warnings.warn(
+                f"{type(block).__name__}: Jacobian on the whole prompt, not on token {token} alone: {split}.",
+                stacklevel=2,
+            )
+        else:
+            try:
+                with split_attention(work, split), torch.no_grad():
+                    basis = torch.eye(base.shape[1], dtype=dtype, device=device)
+
+                    def column(tangent: Tensor) -> Tensor:
+                        return torch.func.jvp(split, (base[token],), (tangent,))[1]
+
+                    columns = torch.func.vmap(column, chunk_size=chunk_size, randomness="error")(basis)  # (d_in, d)
+                    return columns.T.detach()
+            except RuntimeError as error:
+                _explain(block, error)
+                raise
+    return block_jacobian(block, call, token, [token], dtype, chunk_size, method="full")[0]
 
 
 def diagonal_jacobians(
@@ -232,10 +291,15 @@ def diagonal_jacobians(
     token: int = -1,
     dtype: Optional[torch.dtype] = None,
     chunk_size: Optional[int] = None,
+    method: JacobianMethod = "auto",
 ) -> Tensor:
-    """``J^l_{tt}`` of every block at one token: ``(L, d, d)`` on the device of the first block's input."""
+    """``J^l_{tt}`` of every block at one token: ``(L, d, d)`` on the device of the first block's input.
+
+    ``method`` as for :func:`block_jacobian`: ``"auto"`` runs each block on the one token
+    (:func:`diagonal_block_jacobian`), ``"full"`` on the whole prompt.
+    """
     out = [
-        block_jacobian(block, call, token, [range(call.inputs.shape[0])[token]], dtype, chunk_size)[0]
+        block_jacobian(block, call, token, [range(call.inputs.shape[0])[token]], dtype, chunk_size, method)[0]
         for block, call in zip(blocks, trace.calls)
     ]
     return torch.stack([jacobian.to(trace.calls[0].inputs.device) for jacobian in out])
