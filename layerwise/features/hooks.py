@@ -41,6 +41,7 @@ def hooked_blocks(
     on_input: Optional[BlockCallback] = None,
     indices: Optional[Sequence[int]] = None,
     input_arg: int = 0,
+    on_call: Optional[Callable[[int, tuple[Any, ...], dict[str, Any]], None]] = None,
 ) -> Iterator[None]:
     """Call ``on_input``/``on_output`` with ``(block index, hidden states (B, T, d))`` at every call of the blocks.
 
@@ -51,6 +52,8 @@ def hooked_blocks(
         on_input: called with each block's input (the residual stream before it).
         indices: 0-based blocks to hook (default all).
         input_arg: the position of the hidden states among the modules' arguments (``hidden_states=`` if absent).
+        on_call: called with ``(block index, args, kwargs)`` of every call, before the block runs (all of its
+            inputs: masks, position embeddings, caches).
 
     The hooks are removed on exit, whatever happens in the body.
     """
@@ -63,6 +66,12 @@ def hooked_blocks(
                     block.register_forward_pre_hook(
                         lambda module, args, kwargs, i=index: on_input(i, _block_input(args, kwargs, input_arg)),
                         with_kwargs=True,
+                    )
+                )
+            if on_call is not None:
+                handles.append(
+                    block.register_forward_pre_hook(
+                        lambda module, args, kwargs, i=index: on_call(i, args, kwargs), with_kwargs=True
                     )
                 )
             if on_output is not None:

@@ -32,7 +32,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from layerwise.features.hooks import _block_input, block_output
+from layerwise.features.hooks import _block_input, block_output, hooked_blocks
 from layerwise.features.token_rows import split_attention, split_block
 
 JacobianMethod = Literal["auto", "full"]
@@ -86,7 +86,6 @@ def trace_blocks(blocks: Sequence[nn.Module], run: Callable[[], Any]) -> BlockTr
         ValueError: the batch has more than one prompt.
     """
     calls: dict[int, BlockCall] = {}
-    handles = []
 
     def before(index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         hidden = _block_input(args, kwargs)
@@ -96,17 +95,11 @@ def trace_blocks(blocks: Sequence[nn.Module], run: Callable[[], Any]) -> BlockTr
         kwargs = {key: value for key, value in kwargs.items() if key != "hidden_states" or args}
         calls[index] = BlockCall(hidden[0].detach().clone(), hidden[0], rest, _no_cache(kwargs))
 
-    def after(index: int, output: Any) -> None:
-        calls[index].outputs = block_output(output)[0].detach().clone()
+    def after(index: int, hidden: Tensor) -> None:
+        calls[index].outputs = hidden[0].detach().clone()
 
-    try:
-        for index, block in enumerate(blocks):
-            handles.append(block.register_forward_pre_hook(lambda m, a, k, i=index: before(i, a, k), with_kwargs=True))
-            handles.append(block.register_forward_hook(lambda m, a, o, i=index: after(i, o)))
+    with hooked_blocks(blocks, on_output=after, on_call=before):
         run()
-    finally:
-        for handle in handles:
-            handle.remove()
     if len(calls) != len(blocks):
         raise RuntimeError(f"Expected one call of each of the {len(blocks)} blocks, got {len(calls)}.")
     return BlockTrace([calls[index] for index in range(len(blocks))])
