@@ -3,7 +3,7 @@
 from collections.abc import Mapping
 from typing import Any, Optional
 
-from lightning.fabric.utilities.distributed import _DatasetSamplerWrapper
+from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 from torch.utils.data import DistributedSampler
 
 
@@ -39,11 +39,11 @@ def real_samples_on_rank(dataloader: Any) -> Optional[int]:
 def rank_indices(dataloader: Any) -> Optional[list[int]]:
     """Dataset indices of this rank's real samples in order, when the sampler can say (``DistributedSampler``).
 
-    ``None`` also for Lightning's ``DistributedSamplerWrapper`` (a user sampler wrapped for DDP: its ``dataset`` is a
-    ``_DatasetSamplerWrapper``): iterating it again re-draws the inner sampler, so the order would not be the loader's.
+    ``None`` also for Lightning's ``DistributedSamplerWrapper`` (a user sampler wrapped for DDP): iterating it again
+    re-draws the inner sampler, so the order would not be the loader's.
     """
     sampler = _sampler(dataloader)
-    if not isinstance(sampler, DistributedSampler) or isinstance(sampler.dataset, _DatasetSamplerWrapper):
+    if not isinstance(sampler, DistributedSampler) or isinstance(sampler, DistributedSamplerWrapper):
         return None
     budget = real_samples_on_rank(dataloader)
     indices = list(iter(sampler))
