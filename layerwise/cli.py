@@ -24,6 +24,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from layerwise.callbacks.progress import ProgressLines
+from layerwise.errors import UsageError
 from layerwise.figures.plot import plot
 from layerwise.figures.report import report
 from layerwise.inference.clip import clip
@@ -40,23 +41,53 @@ from layerwise.lightning_modules.base import check_data_compatible
 DEBUG_VARIABLE = "LAYERWISE_DEBUG"
 
 
-def concise_error(message: str) -> str:
-    """The one line of a jsonargparse error that a user needs: the option and what was wrong with its value."""
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    own = [line.lstrip("- ") for line in lines if "`--" in line]  # layerwise's own messages name the flag
+_HEADERS = ("Does not validate against any", "Subtypes:", "Errors:", "Given value", "Expected a <class 'NoneType'>")
+_KEY = re.compile(r'^Parser key "([^"]+)":\s*(.*)$')
+_CLASS = re.compile(r"^Problem with given class_path '([^']+)':\s*(.*)$")
+
+
+def concise_error(message: str, class_options: Optional[dict[str, str]] = None) -> str:
+    """The one line of a jsonargparse error that a user needs: the option and the innermost cause.
+
+    jsonargparse nests its message: ``Parser key "model":`` / ``Problem with given class_path '...':`` headers, each
+    indented under the last, down to the cause (no such file, no such class, an option not accepted, a constructor's
+    own message). The deepest line is the cause; the headers above it name the option
+    (``--model.init_args.backbone``). ``class_options`` maps a class path to its option for a message without parser
+    keys (a constructor's error, raised when the classes are instantiated).
+    """
+    lines = [line.rstrip() for line in message.splitlines() if line.strip()]
+    own = [line.strip().lstrip("- ") for line in lines if "`--" in line]  # layerwise's own messages name the flag
     if own:
         return own[0]
-    keys = re.findall(r'Parser key "([^"]+)"', message)
-    reasons = [line for line in lines if not line.startswith(("Parser key", "Does not validate", "Subtypes", "Errors"))]
-    reasons = [line.lstrip("- ") for line in reasons if not line.startswith(("- Expected a <class 'NoneType'>",))]
-    reason = next(
-        (line for line in reasons if "Expected" in line or "Got value" in line), reasons[0] if reasons else ""
-    )
-    if not keys:
-        return reason or lines[0]
-    nested = len(keys) > 1 and "class_path" in message
-    option = f"--{keys[0]}.init_args.{'.'.join(keys[1:])}" if nested else f"--{'.'.join(keys)}"
-    return f"{option}: {reason}"
+    stack: list[tuple[int, str, str]] = []  # (indent, "key" or "class", name) of the headers above the current line
+    causes: list[tuple[int, str, tuple[tuple[int, str, str], ...]]] = []
+    for line in lines:
+        text = line.lstrip(" -")
+        indent = len(line) - len(text)
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        header = _KEY.match(text) or _CLASS.match(text)
+        if header:
+            stack.append((indent, "key" if header.re is _KEY else "class", header.group(1)))
+            text = header.group(2)
+        if text and not text.startswith(_HEADERS):
+            causes.append((indent, text, tuple(stack)))
+    if not causes:
+        return lines[0].strip() if lines else message
+    depth = max(indent for indent, _, _ in causes)
+    _, cause, path = next(cause for cause in causes if cause[0] == depth)
+    option, last_class = "", None
+    for _, kind, name in path:
+        if kind == "key":
+            option = f"{option}.init_args.{name}" if last_class else f"{option}.{name}" if option else name
+            last_class = None
+        else:
+            last_class = name
+    if not option:
+        option = (class_options or {}).get(last_class or "", "")
+        if not option:
+            return f"class_path '{last_class}': {cause}" if last_class else cause
+    return f"--{option}={last_class}: {cause}" if last_class else f"--{option}: {cause}"
 
 
 class _ConciseArgumentParser(LightningArgumentParser):
@@ -87,14 +118,17 @@ def _bad_config_file() -> str:
     return ""
 
 
-def exit_concisely(prog: str, message: str, parsed: bool = True) -> NoReturn:
+def exit_concisely(
+    prog: str, message: str, parsed: bool = True, class_options: Optional[dict[str, str]] = None
+) -> NoReturn:
     """Print the one line of ``message`` that names the option, and where the rest is; exit with code 2.
 
     ``parsed=False`` for a command's own error (already one sentence naming the flag): its first line as it is.
+    ``class_options``: see :func:`concise_error`.
     """
     lines = [line for line in message.strip().splitlines() if line.strip()] or [message]
     sys.stderr.write(
-        f"{prog}: error: {concise_error(message) if parsed else lines[0]}\n"
+        f"{prog}: error: {concise_error(message, class_options) if parsed else lines[0]}\n"
         f"(options: {prog} --help; the whole message: {DEBUG_VARIABLE}=1 {prog} ...)\n"
     )
     sys.exit(2)
@@ -129,20 +163,64 @@ class LayerwiseCLI(LightningCLI):
         if self.subcommand == "fit" and not any(isinstance(c, ProgressLines) for c in trainer.callbacks):
             trainer.callbacks.append(ProgressLines())
 
+    def _class_options(self) -> dict[str, str]:
+        """Each ``class_path`` given in the config -> its option (``--model.init_args.backbone``).
+
+        Names the flag in a constructor's error (jsonargparse names only the class there).
+        """
+        subcommand = self.config.get("subcommand")
+        config = self.config.get(subcommand) if subcommand else self.config
+        options: dict[str, str] = {}
+        for key, value in config.items(branches=False) if config is not None else ():
+            if key.endswith(".class_path") and isinstance(value, str):
+                options.setdefault(value, key[: -len(".class_path")])
+        return options
+
     @contextmanager
-    def _errors_in_one_line(self, kinds: tuple[type[Exception], ...]) -> Iterator[None]:
-        """A bad value found by a class itself (not by the parser) ends in one line naming the flag, too."""
+    def _errors_in_one_line(self, kinds: tuple[type[Exception], ...], parsed: bool = True) -> Iterator[None]:
+        """A bad value found by a class itself (not by the parser) ends in one line naming the flag, too.
+
+        ``parsed=False``: the package's own messages (:class:`~layerwise.errors.UsageError`, a missing
+        ``--ckpt_path``), one sentence already, printed as they are. The traceback with LAYERWISE_DEBUG=1.
+        """
         try:
             yield
         except kinds as error:
             if os.environ.get(DEBUG_VARIABLE):
                 raise
-            exit_concisely(f"layerwise {self.subcommand or ''}".strip(), str(error))
+            prog = f"layerwise {self.subcommand or ''}".strip()
+            exit_concisely(prog, str(error), parsed=parsed, class_options=self._class_options() if parsed else None)
 
     def instantiate_classes(self) -> None:
         """Instantiate as LightningCLI does; a bad value found by a class itself ends in one line naming the flag."""
         with self._errors_in_one_line((ValueError, TypeError)):
             super().instantiate_classes()
+
+    def _parse_ckpt_path(self) -> None:
+        """``--ckpt_path`` checked before LightningCLI reads it: a truncated or foreign file in one line naming it."""
+        subcommand = self.config.get("subcommand")
+        ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+        lightnings = (
+            ckpt_path in ("best", "last", "hpc") or str(ckpt_path).startswith("registry") or "://" in str(ckpt_path)
+        )  # Lightning resolves these itself
+        if ckpt_path and (Path(ckpt_path).exists() or not lightnings):  # a missing file: "no such file", naming it
+            from layerwise.lightning_modules.checkpoint import check_checkpoint
+
+            try:
+                check_checkpoint(ckpt_path, "--ckpt_path")
+            except ValueError as error:
+                if os.environ.get(DEBUG_VARIABLE):
+                    raise
+                exit_concisely(f"layerwise {subcommand}", str(error), parsed=False)
+        super()._parse_ckpt_path()
+
+    def _run_subcommand(self, subcommand: str) -> None:
+        """A mistake found once the run started (a label, a checkpoint: UsageError) ends in one line, too.
+
+        So does a ``FileNotFoundError`` (a file a module or Lightning opens). A bug keeps its traceback.
+        """
+        with self._errors_in_one_line((UsageError, FileNotFoundError), parsed=False):
+            super()._run_subcommand(subcommand)
 
     def _check_before_run(self) -> None:
         # Before the Trainer creates log folders or touches data: a bad combination leaves nothing behind.

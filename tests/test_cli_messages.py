@@ -1,0 +1,162 @@
+"""Issue 23: the CLI's one-line errors name the option and the innermost cause; the package's own checks end in one
+line (exit 2) in the LightningCLI commands too, with the traceback on demand (LAYERWISE_DEBUG=1); a bug keeps its
+traceback; ``layerwise --help`` answers without importing Lightning."""
+
+from pathlib import Path
+
+import pytest
+from lightning.pytorch import Callback
+
+from layerwise.cli import LayerwiseCLI, concise_error, main
+from layerwise.errors import UsageError
+
+ROOT = Path(__file__).resolve().parent.parent
+QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
+QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+
+
+def quickstart(tmp_path, *overrides, command="fit"):
+    return LayerwiseCLI(
+        args=[
+            command,
+            "--config",
+            QUICKSTART,
+            f"--trainer.logger.init_args.save_dir={tmp_path}",
+            "--trainer.max_epochs=1",
+            "--trainer.limit_train_batches=1",
+            "--trainer.limit_val_batches=1",
+            *QUIET,
+            *overrides,
+        ]
+    )
+
+
+def one_line(capsys, exit_info) -> str:
+    """Exit code 2, one `error:` line, no traceback and no jsonargparse dump."""
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "Traceback" not in err and "Given value" not in err, err
+    return lines[0]
+
+
+# ------------------------------------------------------------------------------ 1: the innermost cause, named
+
+
+def test_a_missing_config_file_says_so(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--config", "configs/quickstrat.yaml"])
+    line = one_line(capsys, exit_info)
+    assert "--config: File does not exist" in line and "quickstrat.yaml" in line, line
+
+
+@pytest.mark.parametrize(
+    ("override", "option", "cause"),
+    [
+        (
+            "--model.class_path=layerwise.lightning_modules.AlternatingAligend",
+            "--model=layerwise.lightning_modules.AlternatingAligend",
+            "has no attribute 'AlternatingAligend'",
+        ),
+        (
+            "--model.init_args.x=1",
+            "--model=layerwise.lightning_modules.AlternatingAligned",
+            "Option 'x' is not accepted",
+        ),
+        (
+            "--model.init_args.backbone.init_args.x=1",
+            "--model.init_args.backbone=layerwise.features.TimmViT",
+            "Option 'x' is not accepted",
+        ),
+        (  # the constructor's own error, raised when the classes are instantiated
+            "--model.init_args.backbone.init_args.num_heads=5",
+            "--model.init_args.backbone=layerwise.features.TimmViT",
+            "dim should be divisible by num_heads",
+        ),
+    ],
+)
+def test_a_nested_error_names_the_option_and_the_innermost_cause(tmp_path, capsys, override, option, cause):
+    with pytest.raises(SystemExit) as exit_info:
+        quickstart(tmp_path, override)
+    line = one_line(capsys, exit_info)
+    assert option in line and cause in line, line
+    assert not line.rstrip().endswith(":"), line
+
+
+def test_a_missing_required_backbone_is_named(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--model.class_path=layerwise.lightning_modules.AlternatingAligned"])
+    line = one_line(capsys, exit_info)
+    assert "--model=layerwise.lightning_modules.AlternatingAligned" in line and "required: backbone" in line, line
+
+
+def test_concise_error_takes_the_deepest_line_and_builds_the_option():
+    message = """Parser key "model":
+  Does not validate against any of the Union subtypes
+  Errors:
+    - Problem with given class_path 'a.B':
+        Parser key "backbone":
+          Problem with given class_path 'a.C':
+            Parser key "pooling":
+              Expected a typing.Literal['cls']. Got value: max
+    - Expected a <class 'NoneType'>
+  Given value: NestedArg(key='backbone.init_args.pooling', val='max')"""
+    assert concise_error(message) == (
+        "--model.init_args.backbone.init_args.pooling: Expected a typing.Literal['cls']. Got value: max"
+    )
+
+
+# ------------------------------------------------------------------------------ 2: the package's own checks
+
+
+LAYERS_7 = """trainer:
+  callbacks:
+    - class_path: layerwise.callbacks.LayerwiseAnalysis
+      init_args:
+        layers: 7
+"""
+
+
+def test_layers_beyond_the_model_end_in_one_line_and_a_traceback_on_demand(tmp_path, capsys, monkeypatch):
+    config = tmp_path / "layers.yaml"
+    config.write_text(LAYERS_7)
+    with pytest.raises(SystemExit) as exit_info:
+        quickstart(tmp_path, "--config", str(config))
+    line = one_line(capsys, exit_info)
+    assert line.startswith("layerwise fit: error: LayerwiseAnalysis: `layers=7`") and "6-layer model" in line, line
+    assert not any(tmp_path.rglob("*.ckpt"))
+    monkeypatch.setenv("LAYERWISE_DEBUG", "1")
+    with pytest.raises(UsageError, match="layers=7"):
+        quickstart(tmp_path, "--config", str(config))
+
+
+@pytest.mark.parametrize("command", ["validate", "test"])
+def test_a_ckpt_path_that_does_not_exist_ends_in_one_line(tmp_path, capsys, monkeypatch, command):
+    missing = tmp_path / "nope.ckpt"
+    with pytest.raises(SystemExit) as exit_info:
+        quickstart(tmp_path, f"--ckpt_path={missing}", command=command)
+    line = one_line(capsys, exit_info)
+    assert line == f"layerwise {command}: error: `--ckpt_path={missing}`: no such file.", line
+    monkeypatch.setenv("LAYERWISE_DEBUG", "1")
+    with pytest.raises(UsageError, match="no such file"):
+        quickstart(tmp_path, f"--ckpt_path={missing}", command=command)
+
+
+class Boom(Callback):
+    """A bug: an exception the package did not raise on purpose."""
+
+    def setup(self, trainer, pl_module, stage):
+        raise RuntimeError("a bug in a callback")
+
+
+def test_a_bug_keeps_its_traceback(tmp_path):
+    with pytest.raises(RuntimeError, match="a bug in a callback"):
+        quickstart(tmp_path, "--trainer.callbacks+=test_cli_messages.Boom")
+
+
+def test_a_usage_error_from_the_package_is_a_value_error():
+    from layerwise.features import select_layers
+
+    with pytest.raises(UsageError, match="`layers=7` asks for the last 7 layers of a 2-layer model"):
+        select_layers(7, 2)
+    assert issubclass(UsageError, ValueError)
