@@ -2,12 +2,16 @@
 line (exit 2) in the LightningCLI commands too, with the traceback on demand (LAYERWISE_DEBUG=1); a bug keeps its
 traceback; ``layerwise --help`` answers without importing Lightning."""
 
+import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
 from lightning.pytorch import Callback
 
-from layerwise.cli import LayerwiseCLI, concise_error, main
+from layerwise.cli import COMMANDS, TRAINER_COMMANDS, LayerwiseCLI, command_function, concise_error, main
 from layerwise.errors import UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -160,3 +164,51 @@ def test_a_usage_error_from_the_package_is_a_value_error():
     with pytest.raises(UsageError, match="`layers=7` asks for the last 7 layers of a 2-layer model"):
         select_layers(7, 2)
     assert issubclass(UsageError, ValueError)
+
+
+# ------------------------------------------------------------------------------ 14: --help without Lightning
+
+
+def run_python(code: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2"}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, timeout=300)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["plot", "--help"], ["report", "--help"]])
+def test_help_imports_neither_lightning_nor_the_other_commands(argv):
+    code = (
+        f"import sys\nfrom layerwise.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
+        "heavy = sorted(m for m in ('lightning', 'torch', 'transformers', 'timm', 'layerwise.inference.lens') "
+        "if m in sys.modules)\nprint('IMPORTED', heavy)"
+    )
+    result = run_python(code)
+    assert "IMPORTED []" in result.stdout, result.stdout[-2000:] + result.stderr[-2000:]
+
+
+def test_layerwise_help_answers_quickly():
+    """A generous bound (the measurement itself: benchmarks/startup.py): was 4-14 s when it imported Lightning."""
+    started = time.perf_counter()
+    result = subprocess.run(
+        [sys.executable, "-m", "layerwise", "--help"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert result.returncode == 0 and "plot" in result.stdout and "fit" in result.stdout
+    assert time.perf_counter() - started < 6
+
+
+def test_the_static_help_table_is_each_commands_docstring():
+    for name, (_, _, summary) in COMMANDS.items():
+        assert (command_function(name).__doc__ or "").strip().splitlines()[0] == summary, name
+
+
+def test_every_command_description_is_a_sentence_and_help_shows_no_lambda(capsys):
+    for summary in [*TRAINER_COMMANDS.values(), *(entry[2] for entry in COMMANDS.values())]:
+        assert summary[0].isupper() and summary.endswith("."), summary
+    with pytest.raises(SystemExit):
+        main(["plot", "--help"])
+    out = capsys.readouterr().out
+    assert "--format {png,pdf,svg}" in out and "<lambda>" not in out and "<locals>" not in out
