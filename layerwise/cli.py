@@ -108,6 +108,23 @@ def exit_concisely(
     sys.exit(2)
 
 
+def _check_output_folders(trainer: Any) -> None:
+    """Raise a UsageError naming the option when the Trainer's or a logger's output folder lies under a file."""
+    from layerwise.errors import UsageError
+
+    folders = [("--trainer.default_root_dir", trainer.default_root_dir)]
+    option = "--trainer.logger.init_args.save_dir"
+    folders += [(option, logger.save_dir) for logger in trainer.loggers if logger.save_dir]
+    for option, folder in folders:
+        if "://" in str(folder):  # a remote folder: fsspec's to check
+            continue
+        for part in (Path(folder), *Path(folder).parents):
+            if part.exists():
+                if not part.is_dir():
+                    raise UsageError(f"`{option}={folder}`: {part} is a file, not a folder.")
+                break
+
+
 @functools.cache
 def _trainer_classes() -> tuple[type, type]:
     """``(_ConciseArgumentParser, LayerwiseCLI)``, defined on first use.
@@ -131,7 +148,8 @@ def _trainer_classes() -> tuple[type, type]:
                 super().error(message, ex)
             if "Problems parsing config" in message:
                 message = f"{_bad_config_file()}{message}"
-            exit_concisely(self.prog.replace(" [options]", ""), message)
+            prog = re.sub(r"^\S+", "layerwise", self.prog.replace(" [options]", ""))  # not __main__.py (python -m)
+            exit_concisely(prog, message)
 
     class LayerwiseCLI(LightningCLI):
         """LightningCLI over any LightningModule and any LightningDataModule.
@@ -226,6 +244,7 @@ def _trainer_classes() -> tuple[type, type]:
             if isinstance(self.model, LayerwiseModule):
                 with self._errors_in_one_line((ValueError,)):
                     check_data_compatible(self.model, self.datamodule)
+            _check_output_folders(self.trainer)
 
         def before_fit(self) -> None:
             self._check_before_run()

@@ -212,3 +212,25 @@ def test_every_command_description_is_a_sentence_and_help_shows_no_lambda(capsys
         main(["plot", "--help"])
     out = capsys.readouterr().out
     assert "--format {png,pdf,svg}" in out and "<lambda>" not in out and "<locals>" not in out
+
+
+def test_an_output_folder_under_a_file_ends_in_one_line(tmp_path, capsys):
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(SystemExit) as exit_info:
+        quickstart(tmp_path / "runs", f"--trainer.logger.init_args.save_dir={afile}")
+    line = one_line(capsys, exit_info)
+    assert f"`--trainer.logger.init_args.save_dir={afile}`: {afile} is a file, not a folder." in line, line
+
+
+def test_a_parser_error_names_layerwise_not_main_py():
+    result = subprocess.run(
+        [sys.executable, "-m", "layerwise", "fit", "--config", "configs/quickstrat.yaml"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "2"},
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert result.returncode == 2
+    assert result.stderr.startswith("layerwise fit: error: --config: File does not exist"), result.stderr
