@@ -7,6 +7,8 @@ flags, ``--help``, ``--config FILE`` and ``--print_config`` for every command, a
 ``error: ...`` naming the flag, exit code 2). This module holds only that error style, the parsers and ``main``.
 """
 
+import functools
+import importlib
 import inspect
 import logging
 import os
@@ -20,54 +22,57 @@ from pathlib import Path
 from typing import Any, Literal, NoReturn, Optional
 
 from jsonargparse import ActionConfigFile, ArgumentParser
-from lightning.pytorch import LightningModule
-from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
-
-from layerwise.callbacks.progress import ProgressLines
-from layerwise.figures.plot import plot
-from layerwise.figures.report import report
-from layerwise.inference.clip import clip
-from layerwise.inference.compare import compare
-from layerwise.inference.coupling import coupling
-from layerwise.inference.export import export
-from layerwise.inference.generation import generate
-from layerwise.inference.lens import lens
-from layerwise.inference.stitch import stitch
-from layerwise.inference.sweep import sweep
-from layerwise.lightning_modules import LayerwiseModule
-from layerwise.lightning_modules.base import check_data_compatible
 
 DEBUG_VARIABLE = "LAYERWISE_DEBUG"
 
 
-def concise_error(message: str) -> str:
-    """The one line of a jsonargparse error that a user needs: the option and what was wrong with its value."""
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    own = [line.lstrip("- ") for line in lines if "`--" in line]  # layerwise's own messages name the flag
+_HEADERS = ("Does not validate against any", "Subtypes:", "Errors:", "Given value", "Expected a <class 'NoneType'>")
+_KEY = re.compile(r'^Parser key "([^"]+)":\s*(.*)$')
+_CLASS = re.compile(r"^Problem with given class_path '([^']+)':\s*(.*)$")
+
+
+def concise_error(message: str, class_options: Optional[dict[str, str]] = None) -> str:
+    """The one line of a jsonargparse error that a user needs: the option and the innermost cause.
+
+    jsonargparse nests its message: ``Parser key "model":`` / ``Problem with given class_path '...':`` headers, each
+    indented under the last, down to the cause (no such file, no such class, an option not accepted, a constructor's
+    own message). The deepest line is the cause; the headers above it name the option
+    (``--model.init_args.backbone``). ``class_options`` maps a class path to its option for a message without parser
+    keys (a constructor's error, raised when the classes are instantiated).
+    """
+    lines = [line.rstrip() for line in message.splitlines() if line.strip()]
+    own = [line.strip().lstrip("- ") for line in lines if "`--" in line]  # layerwise's own messages name the flag
     if own:
         return own[0]
-    keys = re.findall(r'Parser key "([^"]+)"', message)
-    reasons = [line for line in lines if not line.startswith(("Parser key", "Does not validate", "Subtypes", "Errors"))]
-    reasons = [line.lstrip("- ") for line in reasons if not line.startswith(("- Expected a <class 'NoneType'>",))]
-    reason = next(
-        (line for line in reasons if "Expected" in line or "Got value" in line), reasons[0] if reasons else ""
-    )
-    if not keys:
-        return reason or lines[0]
-    nested = len(keys) > 1 and "class_path" in message
-    option = f"--{keys[0]}.init_args.{'.'.join(keys[1:])}" if nested else f"--{'.'.join(keys)}"
-    return f"{option}: {reason}"
-
-
-class _ConciseArgumentParser(LightningArgumentParser):
-    """LightningCLI's parser, with errors cut to one line naming the option (the whole of it with LAYERWISE_DEBUG=1)."""
-
-    def error(self, message: str, ex: Optional[Exception] = None) -> NoReturn:
-        if os.environ.get(DEBUG_VARIABLE) or not getattr(self, "exit_on_error", True):
-            super().error(message, ex)
-        if "Problems parsing config" in message:
-            message = f"{_bad_config_file()}{message}"
-        exit_concisely(self.prog.replace(" [options]", ""), message)
+    stack: list[tuple[int, str, str]] = []  # (indent, "key" or "class", name) of the headers above the current line
+    causes: list[tuple[int, str, tuple[tuple[int, str, str], ...]]] = []
+    for line in lines:
+        text = line.lstrip(" -")
+        indent = len(line) - len(text)
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        header = _KEY.match(text) or _CLASS.match(text)
+        if header:
+            stack.append((indent, "key" if header.re is _KEY else "class", header.group(1)))
+            text = header.group(2)
+        if text and not text.startswith(_HEADERS):
+            causes.append((indent, text, tuple(stack)))
+    if not causes:
+        return lines[0].strip() if lines else message
+    depth = max(indent for indent, _, _ in causes)
+    _, cause, path = next(cause for cause in causes if cause[0] == depth)
+    option, last_class = "", None
+    for _, kind, name in path:
+        if kind == "key":
+            option = f"{option}.init_args.{name}" if last_class else f"{option}.{name}" if option else name
+            last_class = None
+        else:
+            last_class = name
+    if not option:
+        option = (class_options or {}).get(last_class or "", "")
+        if not option:
+            return f"class_path '{last_class}': {cause}" if last_class else cause
+    return f"--{option}={last_class}: {cause}" if last_class else f"--{option}: {cause}"
 
 
 def _bad_config_file() -> str:
@@ -87,104 +92,253 @@ def _bad_config_file() -> str:
     return ""
 
 
-def exit_concisely(prog: str, message: str, parsed: bool = True) -> NoReturn:
+def exit_concisely(
+    prog: str, message: str, parsed: bool = True, class_options: Optional[dict[str, str]] = None
+) -> NoReturn:
     """Print the one line of ``message`` that names the option, and where the rest is; exit with code 2.
 
     ``parsed=False`` for a command's own error (already one sentence naming the flag): its first line as it is.
+    ``class_options``: see :func:`concise_error`.
     """
     lines = [line for line in message.strip().splitlines() if line.strip()] or [message]
     sys.stderr.write(
-        f"{prog}: error: {concise_error(message) if parsed else lines[0]}\n"
+        f"{prog}: error: {concise_error(message, class_options) if parsed else lines[0]}\n"
         f"(options: {prog} --help; the whole message: {DEBUG_VARIABLE}=1 {prog} ...)\n"
     )
     sys.exit(2)
 
 
-class LayerwiseCLI(LightningCLI):
-    """LightningCLI over any LightningModule and any LightningDataModule.
+def _check_output_folders(trainer: Any) -> None:
+    """Raise a UsageError naming the option when the Trainer's or a logger's output folder lies under a file."""
+    from layerwise.errors import UsageError
 
-    The modules are every :class:`~layerwise.lightning_modules.LayerwiseModule` strategy,
-    :class:`~layerwise.lightning_modules.Stitched`, or your own.
+    folders = [("--trainer.default_root_dir", trainer.default_root_dir)]
+    option = "--trainer.logger.init_args.save_dir"
+    folders += [(option, logger.save_dir) for logger in trainer.loggers if logger.save_dir]
+    for option, folder in folders:
+        if "://" in str(folder):  # a remote folder: fsspec's to check
+            continue
+        for part in (Path(folder), *Path(folder).parents):
+            if part.exists():
+                if not part.is_dir():
+                    raise UsageError(f"`{option}={folder}`: {part} is a file, not a folder.")
+                break
 
-    ``--model`` and ``--data`` take a ``class_path`` (e.g. ``layerwise.lightning_modules.AlternatingAligned``,
-    ``layerwise.datamodules.DigitsDataModule``) with ``init_args``; several ``--config`` files compose.
+
+@functools.cache
+def _trainer_classes() -> tuple[type, type]:
+    """``(_ConciseArgumentParser, LayerwiseCLI)``, defined on first use.
+
+    Lightning is imported only when a LightningCLI command runs: ``layerwise --help`` and the other commands answer
+    without it.
     """
+    from lightning.pytorch import LightningModule
+    from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        kwargs.setdefault("model_class", LightningModule)  # LayerwiseModule strategies, Stitched, any other module
-        kwargs.setdefault("subclass_mode_model", True)
-        kwargs.setdefault("subclass_mode_data", True)
-        kwargs.setdefault("save_config_kwargs", {"overwrite": True})
-        kwargs.setdefault("parser_class", _ConciseArgumentParser)
-        if not sys.stdout.isatty():  # a log file shows a bar only at the end: plain lines instead (see after_...)
-            kwargs["trainer_defaults"] = {"enable_progress_bar": False, **(kwargs.get("trainer_defaults") or {})}
-        super().__init__(*args, **kwargs)
+    from layerwise.callbacks.progress import ProgressLines
+    from layerwise.errors import UsageError
+    from layerwise.lightning_modules import LayerwiseModule
+    from layerwise.lightning_modules.base import check_data_compatible
 
-    def after_instantiate_classes(self) -> None:
-        """Without a terminal and without a progress bar, a fit prints progress as plain lines."""
-        super().after_instantiate_classes()
-        trainer = getattr(self, "trainer", None)
-        if trainer is None or sys.stdout.isatty() or trainer.progress_bar_callback is not None:
-            return
-        if self.subcommand == "fit" and not any(isinstance(c, ProgressLines) for c in trainer.callbacks):
-            trainer.callbacks.append(ProgressLines())
+    class _ConciseArgumentParser(LightningArgumentParser):
+        """LightningCLI's parser, errors cut to one line naming the option (the whole of it with LAYERWISE_DEBUG=1)."""
 
-    @contextmanager
-    def _errors_in_one_line(self, kinds: tuple[type[Exception], ...]) -> Iterator[None]:
-        """A bad value found by a class itself (not by the parser) ends in one line naming the flag, too."""
-        try:
-            yield
-        except kinds as error:
-            if os.environ.get(DEBUG_VARIABLE):
-                raise
-            exit_concisely(f"layerwise {self.subcommand or ''}".strip(), str(error))
+        def error(self, message: str, ex: Optional[Exception] = None) -> NoReturn:
+            if os.environ.get(DEBUG_VARIABLE) or not getattr(self, "exit_on_error", True):
+                super().error(message, ex)
+            if "Problems parsing config" in message:
+                message = f"{_bad_config_file()}{message}"
+            prog = re.sub(r"^\S+", "layerwise", self.prog.replace(" [options]", ""))  # not __main__.py (python -m)
+            exit_concisely(prog, message)
 
-    def instantiate_classes(self) -> None:
-        """Instantiate as LightningCLI does; a bad value found by a class itself ends in one line naming the flag."""
-        with self._errors_in_one_line((ValueError, TypeError)):
-            super().instantiate_classes()
+    class LayerwiseCLI(LightningCLI):
+        """LightningCLI over any LightningModule and any LightningDataModule.
 
-    def _check_before_run(self) -> None:
-        # Before the Trainer creates log folders or touches data: a bad combination leaves nothing behind.
-        if isinstance(self.model, LayerwiseModule):
-            with self._errors_in_one_line((ValueError,)):
-                check_data_compatible(self.model, self.datamodule)
+        The modules are every :class:`~layerwise.lightning_modules.LayerwiseModule` strategy,
+        :class:`~layerwise.lightning_modules.Stitched`, or your own.
 
-    def before_fit(self) -> None:
-        self._check_before_run()
+        ``--model`` and ``--data`` take a ``class_path`` (e.g. ``layerwise.lightning_modules.AlternatingAligned``,
+        ``layerwise.datamodules.DigitsDataModule``) with ``init_args``; several ``--config`` files compose.
+        """
 
-    def before_validate(self) -> None:
-        self._check_before_run()
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs.setdefault("model_class", LightningModule)  # LayerwiseModule strategies, Stitched, any other module
+            kwargs.setdefault("subclass_mode_model", True)
+            kwargs.setdefault("subclass_mode_data", True)
+            kwargs.setdefault("save_config_kwargs", {"overwrite": True})
+            kwargs.setdefault("parser_class", _ConciseArgumentParser)
+            if not sys.stdout.isatty():  # a log file shows a bar only at the end: plain lines instead (see after_...)
+                kwargs["trainer_defaults"] = {"enable_progress_bar": False, **(kwargs.get("trainer_defaults") or {})}
+            super().__init__(*args, **kwargs)
 
-    def before_test(self) -> None:
-        self._check_before_run()
+        def after_instantiate_classes(self) -> None:
+            """Without a terminal and without a progress bar, a fit prints progress as plain lines."""
+            super().after_instantiate_classes()
+            trainer = getattr(self, "trainer", None)
+            if trainer is None or sys.stdout.isatty() or trainer.progress_bar_callback is not None:
+                return
+            if self.subcommand == "fit" and not any(isinstance(c, ProgressLines) for c in trainer.callbacks):
+                trainer.callbacks.append(ProgressLines())
 
-    def before_predict(self) -> None:
-        self._check_before_run()
+        def _class_options(self) -> dict[str, str]:
+            """Each ``class_path`` given in the config -> its option (``--model.init_args.backbone``).
+
+            Names the flag in a constructor's error (jsonargparse names only the class there).
+            """
+            subcommand = self.config.get("subcommand")
+            config = self.config.get(subcommand) if subcommand else self.config
+            options: dict[str, str] = {}
+            for key, value in config.items(branches=False) if config is not None else ():
+                if key.endswith(".class_path") and isinstance(value, str):
+                    options.setdefault(value, key[: -len(".class_path")])
+            return options
+
+        @contextmanager
+        def _errors_in_one_line(self, kinds: tuple[type[Exception], ...], parsed: bool = True) -> Iterator[None]:
+            """A bad value found by a class itself (not by the parser) ends in one line naming the flag, too.
+
+            ``parsed=False``: the package's own messages (:class:`~layerwise.errors.UsageError`, a missing
+            ``--ckpt_path``), one sentence already, printed as they are. The traceback with LAYERWISE_DEBUG=1.
+            """
+            try:
+                yield
+            except kinds as error:
+                if os.environ.get(DEBUG_VARIABLE):
+                    raise
+                prog = f"layerwise {self.subcommand or ''}".strip()
+                exit_concisely(prog, str(error), parsed=parsed, class_options=self._class_options() if parsed else None)
+
+        def instantiate_classes(self) -> None:
+            """Instantiate as LightningCLI does; a bad value found by a class itself ends in one line naming it."""
+            with self._errors_in_one_line((ValueError, TypeError)):
+                super().instantiate_classes()
+
+        def _parse_ckpt_path(self) -> None:
+            """``--ckpt_path`` checked before LightningCLI reads it: a truncated or foreign file, in one line."""
+            subcommand = self.config.get("subcommand")
+            ckpt_path = self.config[subcommand].get("ckpt_path") if subcommand else None
+            lightnings = (
+                ckpt_path in ("best", "last", "hpc") or str(ckpt_path).startswith("registry") or "://" in str(ckpt_path)
+            )  # Lightning resolves these itself
+            if ckpt_path and (Path(ckpt_path).exists() or not lightnings):  # a missing file: "no such file", naming it
+                from layerwise.lightning_modules.checkpoint import check_checkpoint
+
+                try:
+                    check_checkpoint(ckpt_path, "--ckpt_path")
+                except ValueError as error:
+                    if os.environ.get(DEBUG_VARIABLE):
+                        raise
+                    exit_concisely(f"layerwise {subcommand}", str(error), parsed=False)
+            super()._parse_ckpt_path()
+
+        def _run_subcommand(self, subcommand: str) -> None:
+            """A mistake found once the run started (a label, a checkpoint: UsageError) ends in one line, too.
+
+            So does a ``FileNotFoundError`` (a file a module or Lightning opens). A bug keeps its traceback.
+            """
+            with self._errors_in_one_line((UsageError, FileNotFoundError), parsed=False):
+                super()._run_subcommand(subcommand)
+
+        def _check_before_run(self) -> None:
+            # Before the Trainer creates log folders or touches data: a bad combination leaves nothing behind.
+            if isinstance(self.model, LayerwiseModule):
+                with self._errors_in_one_line((ValueError,)):
+                    check_data_compatible(self.model, self.datamodule)
+            _check_output_folders(self.trainer)
+
+        def before_fit(self) -> None:
+            self._check_before_run()
+
+        def before_validate(self) -> None:
+            self._check_before_run()
+
+        def before_test(self) -> None:
+            self._check_before_run()
+
+        def before_predict(self) -> None:
+            self._check_before_run()
+
+    for cls in (_ConciseArgumentParser, LayerwiseCLI):
+        cls.__qualname__ = cls.__name__  # layerwise.cli.LayerwiseCLI, as if defined at the top (module __getattr__)
+    return _ConciseArgumentParser, LayerwiseCLI
+
+
+def __getattr__(name: str) -> Any:
+    """``LayerwiseCLI`` (and its parser class) on first use, importing Lightning then."""
+    classes = {"_ConciseArgumentParser": 0, "LayerwiseCLI": 1}
+    if name in classes:
+        return _trainer_classes()[classes[name]]
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 TRAINER_COMMANDS = {
-    "fit": "train a model, analysing every validation (LightningCLI)",
-    "validate": "analyse a model on the validation set (LightningCLI)",
-    "test": "analyse a model on the test set (LightningCLI)",
-    "predict": "predict, optionally with early exit (LightningCLI)",
+    "fit": "Train a model, analysing every validation (LightningCLI).",
+    "validate": "Analyse a model on the validation set (LightningCLI).",
+    "test": "Analyse a model on the test set (LightningCLI).",
+    "predict": "Predict, optionally with early exit (LightningCLI).",
 }
 
 
 # ------------------------------------------------------------------------------------- the other commands
 # Each is a typed function next to what it runs; its signature and Google docstring are its parser and --help.
-COMMANDS: dict[str, Callable[..., None]] = {
-    "plot": plot,
-    "export": export,
-    "sweep": sweep,
-    "generate": generate,
-    "lens": lens,
-    "coupling": coupling,
-    "compare": compare,
-    "stitch": stitch,
-    "clip": clip,
-    "report": report,
+# Named here, not imported: a command's module (torch, matplotlib, transformers...) is imported only when that command
+# runs or its --help is asked for. The one-line help is the function docstring's first line (a test keeps them equal).
+COMMANDS: dict[str, tuple[str, str, str]] = {
+    "plot": ("layerwise.figures.plot", "plot", "Render the paper-style figures of layerwise summaries to PNG/PDF/SVG."),
+    "export": (
+        "layerwise.inference.export",
+        "export",
+        "Export the first d blocks plus the shared head of a layerwise checkpoint as a standalone model.",
+    ),
+    "sweep": (
+        "layerwise.inference.sweep",
+        "sweep",
+        "Accuracy against speedup of confidence-threshold early exit, from the latest validation summary of each run.",
+    ),
+    "generate": (
+        "layerwise.inference.generation",
+        "generate",
+        "Continue a prompt with blocks 1..l and the model's own final norm + LM head (Hugging Face's generate).",
+    ),
+    "lens": (
+        "layerwise.inference.lens",
+        "lens",
+        "What the shared head predicts from every layer at every position the full model generates greedily.",
+    ),
+    "coupling": (
+        "layerwise.inference.coupling",
+        "coupling",
+        "Block coupling of a causal LM over prompts (Aristide et al., 2024), or the regression of scores on it.",
+    ),
+    "compare": (
+        "layerwise.inference.compare",
+        "compare",
+        "CKA between every layer of two models on the same tokens, and their arccos distance (Brown et al., 2023).",
+    ),
+    "stitch": (
+        "layerwise.inference.stitch",
+        "stitch",
+        "Stitching penalties of two causal LMs or two classifiers over a grid of layers (Brown et al., 2023).",
+    ),
+    "clip": (
+        "layerwise.inference.clip",
+        "clip",
+        "Layer-wise COS of a CLIP model within and across modalities (App. D of Jiang et al.).",
+    ),
+    "report": (
+        "layerwise.figures.report",
+        "report",
+        "Write one self-contained HTML report of a run (config, per-layer tables, figures, curves over training).",
+    ),
 }
+
+
+def command_function(name: str) -> Callable[..., None]:
+    """The function of command ``name``, its module imported now."""
+    module, function, _ = COMMANDS[name]
+    return getattr(importlib.import_module(module), function)
+
+
 _POSITIONAL = {"path", "runs"}
 
 
@@ -218,12 +372,13 @@ def command_parser(name: str, function: Callable[..., None]) -> ArgumentParser:
             continue
         item = _list_item(hints[key])
         choices = list(typing.get_args(item)) if typing.get_origin(item) is Literal else None
-        kind = str if choices else item
         flag = key if key in _POSITIONAL else f"--{key}"
         extra = {} if key in _POSITIONAL else {"default": parameter.default}
-        if choices:
+        if choices:  # argparse's own str (no type=: jsonargparse would show its wrapper, a lambda, in --help)
             extra["choices"] = choices
-        parser.add_argument(flag, nargs="+" if item else None, type=kind or hints[key], help=help_of.get(key), **extra)
+        else:
+            extra["type"] = item or hints[key]
+        parser.add_argument(flag, nargs="+" if item else None, help=help_of.get(key), **extra)
     return parser
 
 
@@ -237,19 +392,19 @@ def build_parser() -> ArgumentParser:
     subcommands = parser.add_subcommands(dest="command", required=True)
     for name, help_text in TRAINER_COMMANDS.items():
         subcommands.add_subcommand(name, ArgumentParser(prog=f"layerwise {name}"), help=help_text)
-    for name, function in COMMANDS.items():
-        summary = (function.__doc__ or "").strip().splitlines()[0]
-        subcommands.add_subcommand(name, command_parser(name, function), help=summary)
+    for name, (_, _, summary) in COMMANDS.items():  # names and one line each: nothing imported for --help
+        subcommands.add_subcommand(name, ArgumentParser(prog=f"layerwise {name}"), help=summary)
     return parser
 
 
 def run_command(name: str, argv: list[str]) -> None:
     """Parse ``argv`` for command ``name`` and run it; a bad value ends in one ``error:`` line naming the flag."""
-    parser = command_parser(name, COMMANDS[name])
+    function = command_function(name)
+    parser = command_parser(name, function)
     config = parser.parse_args(argv)
     arguments = {key: value for key, value in vars(config).items() if key != "config"}
     try:
-        COMMANDS[name](**arguments)
+        function(**arguments)
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as error:
         if os.environ.get(DEBUG_VARIABLE):
             raise
@@ -284,6 +439,6 @@ def main(args: Optional[list[str]] = None) -> None:
     if argv and argv[0] in COMMANDS:
         run_command(argv[0], argv[1:])
     elif argv and argv[0] in TRAINER_COMMANDS or argv[:1] and argv[0].startswith("--config"):
-        LayerwiseCLI(args=args)  # None: LightningCLI reads sys.argv itself
+        _trainer_classes()[1](args=args)  # None: LightningCLI reads sys.argv itself
     else:
         build_parser().parse_args(argv)  # --help lists every command; anything else is an error naming the choices

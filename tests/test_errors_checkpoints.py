@@ -50,11 +50,6 @@ def test_a_foreign_file_is_not_a_pytorch_checkpoint(tmp_path):
         trainer(tmp_path / "run", []).validate(fitted_module(), val_loader(), ckpt_path=path)
 
 
-@pytest.mark.xfail(
-    "_parse_ckpt_path" not in LayerwiseCLI.__dict__,
-    strict=True,
-    reason="LightningCLI reads --ckpt_path itself in __init__ (torch.load): LayerwiseCLI must check it first",
-)
 def test_the_cli_answers_a_truncated_ckpt_path_in_one_line(tmp_path, truncated, capsys):
     with pytest.raises(SystemExit) as exit_info:
         LayerwiseCLI(

@@ -70,11 +70,6 @@ def test_labels_in_range_pass_and_fit_runs(tmp_path):
     assert job.global_step == 1
 
 
-@pytest.mark.xfail(
-    "_run_subcommand" not in LayerwiseCLI.__dict__,
-    strict=True,
-    reason="the label check runs inside Lightning's fit (module setup): LayerwiseCLI must print UsageError in one line",
-)
 def test_the_cli_names_the_label_in_one_line_before_training(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         LayerwiseCLI(

@@ -26,6 +26,7 @@ from layerwise.callbacks._sampling import evaluation_loaders, rank_indices, real
 from layerwise.callbacks._schedule import analyses_now, last_step_unvalidated
 from layerwise.callbacks._source import FeatureSource
 from layerwise.callbacks.family import Family, LayerBatch, LayerSpec, per_layer
+from layerwise.errors import UsageError
 from layerwise.features.layers import LayerSelection, select_layers
 from layerwise.metrics import NonFiniteRows, SampleCount, all_reduce_sum_states
 from layerwise.results import loader_stages
@@ -145,7 +146,7 @@ class LayerwiseMonitor(Callback):
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         for other in trainer.callbacks:
             if isinstance(other, LayerwiseMonitor) and other is not self and other.layers != self.layers:
-                raise ValueError(
+                raise UsageError(
                     f"{type(self).__name__}(layers={self.layers!r}) and {type(other).__name__}(layers="
                     f"{other.layers!r}) would write one summary with different layers: give every layerwise callback "
                     "the same `layers`, or use one LayerwiseAnalysis."
@@ -154,7 +155,7 @@ class LayerwiseMonitor(Callback):
         try:
             select_layers(self.layers, depth)
         except ValueError as error:
-            raise ValueError(f"{type(self).__name__}: {error}") from None
+            raise UsageError(f"{type(self).__name__}: {error}") from None
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         last = last_step_unvalidated(trainer)

@@ -21,6 +21,7 @@ from transformers import PreTrainedTokenizerFast
 from layerwise.datamodules import _hub
 from layerwise.datamodules._base import check_positive_int, flag
 from layerwise.datamodules.tokenizers import TRAINED_KINDS, load_tokenizer, parse_spec
+from layerwise.errors import UsageError
 
 USER_TOKENIZER_CACHE = "~/.cache/layerwise/tokenizers"
 TEXT_COLUMN = "text"
@@ -276,7 +277,7 @@ class TextDataModule(LightningDataModule):
         """Consecutive ``block_size`` blocks of ``stream`` (remainder dropped, at most ``max_blocks``)."""
         num_blocks = len(stream) // self.block_size
         if num_blocks == 0:
-            raise ValueError(
+            raise UsageError(
                 f"The {split} split has {len(stream)} tokens, fewer than {flag('block_size')}={self.block_size}"
             )
         if max_blocks is not None and max_blocks < num_blocks:

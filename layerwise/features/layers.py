@@ -3,6 +3,8 @@
 from collections.abc import Sequence
 from typing import Union
 
+from layerwise.errors import UsageError
+
 LayerSelection = Union[int, Sequence[int], None]
 
 
@@ -21,15 +23,15 @@ def select_layers(layers: LayerSelection, num_layers: int) -> list[int]:
         return list(range(num_layers))
     if isinstance(layers, int):
         if not 1 <= layers <= num_layers:
-            raise ValueError(f"`layers={layers}` asks for the last {layers} layers of a {num_layers}-layer model.")
+            raise UsageError(f"`layers={layers}` asks for the last {layers} layers of a {num_layers}-layer model.")
         return list(range(num_layers - layers, num_layers))
     resolved = set()
     for index in layers:
         if not -num_layers <= index < num_layers:
-            raise ValueError(
+            raise UsageError(
                 f"`layers` holds {index}, outside the {num_layers} blocks (use 0..{num_layers - 1} or negatives)."
             )
         resolved.add(index % num_layers)
     if not resolved:
-        raise ValueError("`layers` is an empty list; give None for all layers.")
+        raise UsageError("`layers` is an empty list; give None for all layers.")
     return sorted(resolved)

@@ -3,9 +3,6 @@
 from pathlib import Path
 from typing import Literal, Optional
 
-import matplotlib.pyplot as plt
-
-from layerwise.figures.summary import summary_figures
 from layerwise.results import find_summaries, load_summary, save_figure_atomic
 
 FigureFormat = Literal["png", "pdf", "svg"]
@@ -15,6 +12,10 @@ def plot_summary(
     summary_file: Path, out_dir: Optional[Path] = None, formats: tuple[str, ...] = ("png", "pdf")
 ) -> list[Path]:
     """Write every figure of one summary; returns the written paths."""
+    import matplotlib.pyplot as plt  # here, not at the top: `layerwise plot --help` answers without matplotlib
+
+    from layerwise.figures.summary import summary_figures
+
     summary = load_summary(str(summary_file))
     target = out_dir or summary_file.parent / "figures"
     target.mkdir(parents=True, exist_ok=True)

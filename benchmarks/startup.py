@@ -1,0 +1,53 @@
+"""How long ``layerwise --help`` and ``layerwise plot --help`` take, each a fresh process (issue 23.14).
+
+The commands are named in a static table in ``layerwise/cli.py`` and their modules imported on demand, so the top
+help and a command's help answer without importing Lightning (which alone takes 8-17 s to import on a loaded 2-core
+machine). Each command runs ``--repeats`` times (interleaved, so background load hits both alike); the median wall
+time of each, in seconds, is recorded with the machine and its load.
+
+    .venv/bin/python benchmarks/startup.py              # 5 runs each, a few seconds
+    .venv/bin/python benchmarks/startup.py --repeats 9
+"""
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _record import load_now, record  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+COMMANDS = {"help": ["--help"], "plot_help": ["plot", "--help"]}
+
+
+def seconds(argv: list[str]) -> float:
+    """Wall time of ``python -m layerwise ARGV`` in a fresh process (it must succeed)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "layerwise", *argv], check=True, capture_output=True, cwd=ROOT, env=env)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    load_before = load_now()
+    times: dict[str, list[float]] = {name: [] for name in COMMANDS}
+    for _ in range(args.repeats):
+        for name, argv in COMMANDS.items():
+            times[name].append(seconds(argv))
+    values = {f"{name}_median_s": round(statistics.median(runs), 2) for name, runs in times.items()}
+    values.update({f"{name}_max_s": round(max(runs), 2) for name, runs in times.items()})
+    values["repeats"] = args.repeats
+    for name, argv in COMMANDS.items():
+        print(f"layerwise {' '.join(argv)}: median {values[f'{name}_median_s']} s, max {values[f'{name}_max_s']} s")
+    record("startup", values, load_before)
+
+
+if __name__ == "__main__":
+    main()
