@@ -165,3 +165,49 @@ def test_coupling_prompts_from_a_dataset_folder(model_folder, tmp_path):
     )
     record = json.loads((out / "coupling.json").read_text())
     assert record["num_prompts"] == 2 and record["prompts"].endswith(":validation:text")
+
+
+def _prompts_file(tmp_path, texts) -> str:
+    path = tmp_path / "prompts.txt"
+    path.write_text("\n".join(texts) + "\n")
+    return str(path)
+
+
+def test_coupling_command_in_bfloat16_writes_results_and_figures(model_folder, tmp_path):
+    out = tmp_path / "out"
+    argv = ["coupling", "--model", model_folder, "--tokenizer", "byte", "--prompts", _prompts_file(tmp_path, PROMPTS)]
+    cli_main([*argv, "--ks", "2", "--max_tokens", "8", "--dtype", "bfloat16", "--device", "cpu", "--out", str(out)])
+    record = json.loads((out / "coupling.json").read_text())
+    assert record["num_prompts"] == 2 and record["complete"] is True
+    assert np.isfinite(np.asarray(record["depth_coupling"], dtype=float)).all()
+    for stem in ("coupling_depth", "coupling_tokens", "coupling_pca"):
+        assert (out / f"{stem}.png").stat().st_size > 1000
+
+
+def test_coupling_crash_at_prompt_3_keeps_prompts_1_and_2(model_folder, tmp_path, monkeypatch):
+    from layerwise.inference.coupling import CouplingAnalysis
+
+    add, calls = CouplingAnalysis.add, []
+
+    def failing_add(self, batch):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("CUDA out of memory (simulated)")
+        add(self, batch)
+
+    monkeypatch.setattr(CouplingAnalysis, "add", failing_add)
+    out = tmp_path / "out"
+    texts = [*PROMPTS, "A third prompt that will never finish."]
+    argv = ["coupling", "--model", model_folder, "--tokenizer", "byte", "--prompts", _prompts_file(tmp_path, texts)]
+    with pytest.raises(SystemExit):  # the CLI prints the error in one line
+        cli_main([*argv, "--ks", "2", "--max_tokens", "8", "--device", "cpu", "--out", str(out)])
+    record = json.loads((out / "coupling.json").read_text())
+    assert record["num_prompts"] == 2 and record["complete"] is False
+    model = AutoModelForCausalLM.from_pretrained(model_folder).eval()
+    tokenizer = load_tokenizer("byte")
+    matrices = []
+    for text in PROMPTS:
+        ids = tokenizer(text, return_tensors="pt", truncation=True, max_length=8)["input_ids"]
+        trace = trace_blocks(model.transformer.h, lambda ids=ids: model(input_ids=ids, use_cache=False))
+        matrices.append(depth_coupling(diagonal_jacobians(model.transformer.h, trace), (2,)))
+    np.testing.assert_allclose(record["depth_coupling"], torch.stack(matrices).mean(0).numpy(), rtol=1e-6, atol=1e-6)
