@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
+from layerwise.errors import UsageError
 from layerwise.inference.models import load_causal_lm, load_tokenizer_spec
 
 # accelerate's placement of a Hugging Face model: "auto", or module name -> "cpu", a GPU index or "disk"
@@ -22,6 +23,37 @@ def model_tokenizer(model: Optional[str]) -> Optional[str]:
 
     legacy = legacy_config(model) if model else None
     return str(legacy["tokenizer_name"]) if legacy and legacy.get("tokenizer_name") else model
+
+
+def check_model_path(spec: Optional[str], flag: str) -> None:
+    """Refuse, naming ``flag``, a model written as a local path that is not there.
+
+    A local path starts with ``/``, ``.`` or ``~``, ends with ``.ckpt`` or holds more than one ``/``; a hub id
+    (``name`` or ``owner/name``) is left to the loader.
+    """
+    if spec is None:
+        return
+    text = str(spec)
+    pathlike = text.startswith(("/", ".", "~")) or text.endswith(".ckpt") or text.count("/") > 1 or "\\" in text
+    if pathlike and not Path(text).expanduser().exists():
+        raise UsageError(f"`{flag}={text}` does not exist (give a model folder, a layerwise .ckpt or a hub id).")
+
+
+def load_model_as(spec: str, flag: str, *args: Any, **kwargs: Any) -> Any:
+    """``load_model(spec, flag, ...)``, its errors naming ``flag`` itself (not the training CLI's sub-options)."""
+    from layerwise.lightning_modules.checkpoint import load_model
+
+    check_model_path(spec, flag)
+    try:
+        return load_model(spec, flag, *args, **kwargs)
+    except ValueError as error:
+        if f"{flag}.model_name_or_path" not in str(error):
+            raise
+        reason = str(error).split(" could not be loaded (", 1)[-1].split(". Offline,", 1)[0].splitlines()[0]
+        raise UsageError(
+            f"`{flag}={spec}` could not be loaded ({reason.rstrip(').')}): give a local model folder, a layerwise "
+            ".ckpt, or a hub id (offline: only one in the Hugging Face cache)."
+        ) from None
 
 
 def check_layer_numbers(flag: str, layers: list[int], total: Optional[int] = None) -> None:
@@ -61,8 +93,20 @@ class ModelSource:
             raise ValueError(
                 "--tokenizer is required with --checkpoint (e.g. --tokenizer byte, as the model was trained)."
             )
-        tokenizer_object = load_tokenizer_spec(tokenizer or model_tokenizer(model), self.tokenizer_dir)
-        lm = load_causal_lm(checkpoint, model, self.dtype, self.device_map, self.offload_folder)
+        check_model_path(model, "--model")
+        check_model_path(None if checkpoint is None else str(checkpoint), "--checkpoint")
+        try:
+            tokenizer_object = load_tokenizer_spec(tokenizer or model_tokenizer(model), self.tokenizer_dir)
+        except ValueError as error:
+            if tokenizer is not None:
+                raise
+            raise UsageError(
+                f"`--model={model}`: its tokenizer could not be loaded (give --tokenizer, e.g. byte): {error}"
+            ) from None
+        if model is not None:
+            lm = load_model_as(model, "--model", "causal_lm", self.dtype, self.device_map, self.offload_folder)
+        else:
+            lm = load_causal_lm(checkpoint, model, self.dtype, self.device_map, self.offload_folder)
         return lm, tokenizer_object, num_blocks(lm, "--checkpoint" if checkpoint is not None else "--model")
 
     def load_on(self, device: Optional[str]) -> tuple[Any, Any, int]:
