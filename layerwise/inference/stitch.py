@@ -43,11 +43,14 @@ def stitch_sweep(
     trainer_options: dict[str, Any],
     report: Any = print,
     extra: Optional[Mapping[str, Any]] = None,
+    seed: Optional[int] = None,
 ) -> list[dict[str, Any]]:
     """Fit and validate one stitched model per pair; one row of held-out losses and penalties per pair.
 
     ``extra``: more evaluation datamodules by name (e.g. ``{"hans": HANSDataModule(...)}``), each validated after
-    the main held-out data, its values in the row as ``<name>_<key>`` (its ``label_groups`` applied).
+    the main held-out data, its values in the row as ``<name>_<key>`` (its ``label_groups`` applied). ``seed``:
+    every pair starts from this seed (phi's initialisation, the order of the training data), so a pair's penalty
+    does not depend on the run or on the pairs before it.
     """
     import lightning.pytorch as pl
 
@@ -55,6 +58,8 @@ def stitch_sweep(
 
     rows = []
     for l_a, m_b in pairs:
+        if seed is not None:
+            pl.seed_everything(seed, workers=True, verbose=False)
         module = Stitched(model_a, model_b, l_a, m_b, **module_options)
         trainer = pl.Trainer(**trainer_options)
         if module.phi.linear is not None:
@@ -154,6 +159,7 @@ def stitch(
     max_train_blocks: Optional[int] = None,
     max_val_blocks: int = 64,
     accelerator: str = "auto",
+    seed: int = 0,
     out: Path = Path("stitch"),
 ) -> None:
     """Stitching penalties of two causal LMs or two classifiers over a grid of layers (Brown et al., 2023).
@@ -199,6 +205,7 @@ def stitch(
         max_train_blocks: at most this many training blocks (causal_lm) or examples (classification).
         max_val_blocks: at most this many held-out blocks or examples (HANS too).
         accelerator: Lightning accelerator (auto, cpu, gpu).
+        seed: random seed of every pair's fit (phi's initialisation and the order of the training data).
         out: output folder.
     """
     from layerwise.lightning_modules.checkpoint import load_model
@@ -281,7 +288,15 @@ def stitch(
     )
     train_loader = data.train_dataloader() if stage == "fit" else None
     rows = stitch_sweep(
-        first, second, chosen, train_loader, data.val_dataloader(), module_options, trainer_options, extra=extra
+        first,
+        second,
+        chosen,
+        train_loader,
+        data.val_dataloader(),
+        module_options,
+        trainer_options,
+        extra=extra,
+        seed=seed,
     )
     record = {
         "model_a": model_a,
@@ -295,6 +310,7 @@ def stitch(
         ),  # fmt: skip
         **module_options,
         "steps": steps,
+        "seed": seed,
     }
     print(stitch_markdown(rows), end="")
     for path in write_stitch(rows, record, out):
