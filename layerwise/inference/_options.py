@@ -119,6 +119,70 @@ class ModelSource:
         return lm, tokenizer_object, total
 
 
+def model_positions(model: Any) -> Optional[int]:
+    """The positions a model reads (its config's ``max_position_embeddings``, ``n_positions`` or ``n_ctx``), or None."""
+    config = getattr(model, "config", None)
+    for name in ("max_position_embeddings", "n_positions", "n_ctx"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def check_block_size(block_size: int, models: dict[str, Any], flag: str = "--block_size") -> None:
+    """Refuse ``block_size`` longer than the positions of any of ``models`` (flag -> loaded model), before a forward."""
+    for model_flag, model in models.items():
+        positions = model_positions(model)
+        if positions is not None and block_size > positions:
+            raise UsageError(f"`{flag}={block_size}` exceeds the {positions} positions `{model_flag}` reads.")
+
+
+def vocab_size(model: Any) -> Optional[int]:
+    """The number of token ids a model reads: the rows of its input embedding (else its config's ``vocab_size``)."""
+    get = getattr(model, "get_input_embeddings", None)
+    embedding = get() if callable(get) else None
+    weight = getattr(embedding, "weight", None)
+    if weight is not None and weight.dim() == 2:
+        return int(weight.shape[0])
+    value = getattr(getattr(model, "config", None), "vocab_size", None)
+    return value if isinstance(value, int) else None
+
+
+def check_same_vocab(model_a: Any, model_b: Any) -> None:
+    """Refuse two models that read different token ids (one tokenizer feeds both), before any forward."""
+    size_a, size_b = vocab_size(model_a), vocab_size(model_b)
+    if size_a is not None and size_b is not None and size_a != size_b:
+        raise UsageError(
+            f"`--model_b` reads {size_b} token ids, `--model_a` {size_a}: the two models must read the same ids."
+        )
+
+
+# the TextDataModule options' names in its messages -> the flags of `compare` and `stitch`
+_TEXT_FLAGS = {
+    "--data.init_args.train_files": "--text",
+    "--data.init_args.val_files": "--text",
+    "--data.init_args.dataset_config": "--dataset_config",
+    "--data.init_args.dataset": "--dataset",
+    "--data.init_args.block_size": "--block_size",
+    "--data.init_args.batch_size": "--batch_size",
+    "--data.init_args.tokenizer_dir": "--tokenizer_dir",
+    "--data.init_args.tokenizer": "--tokenizer",
+}
+
+
+def text_flags(message: str) -> str:
+    """A TextDataModule message with this command's own flags (``--text``, ``--block_size``, ...)."""
+    import re
+
+    message = re.sub(
+        r"cannot be split by --data\.init_args\.val_fraction=\S+", "are too few to hold out its last 10 %", message
+    )
+    message = re.sub(r"--data\.init_args\.max_(train|val)_blocks", "--max_blocks", message)
+    for old, new in _TEXT_FLAGS.items():
+        message = message.replace(old, new)
+    return message
+
+
 @dataclass(frozen=True)
 class TextSource:
     """A text to read in packed blocks, the options ``compare`` and ``stitch`` share.
@@ -152,17 +216,24 @@ class TextSource:
         from layerwise.datamodules import TextDataModule
 
         self.check()
-        data = TextDataModule(
-            dataset=self.dataset,
-            dataset_config=self.dataset_config,
-            train_files=[str(path) for path in self.text] if self.text else None,
-            tokenizer=tokenizer,
-            tokenizer_dir=str(tokenizer_dir) if tokenizer_dir else None,
-            block_size=block_size,
-            batch_size=batch_size,
-            max_train_blocks=max_train_blocks,
-            max_val_blocks=max_val_blocks,
-        )
-        data.prepare_data()
-        data.setup(stage)
+        try:
+            data = TextDataModule(
+                dataset=self.dataset,
+                dataset_config=self.dataset_config,
+                train_files=[str(path) for path in self.text] if self.text else None,
+                tokenizer=tokenizer,
+                tokenizer_dir=str(tokenizer_dir) if tokenizer_dir else None,
+                block_size=block_size,
+                batch_size=batch_size,
+                max_train_blocks=max_train_blocks,
+                max_val_blocks=max_val_blocks,
+            )
+            data.prepare_data()
+            data.setup(stage)
+        except (ValueError, FileNotFoundError) as error:
+            message = text_flags(str(error))
+            if message == str(error) and not isinstance(error, ValueError):
+                raise
+            source = "--text" if self.text else "--dataset"
+            raise UsageError(message if source in message else f"`{source}`: {message}") from None
         return data

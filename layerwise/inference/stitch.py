@@ -10,7 +10,7 @@ from typing import Any, Literal, Optional
 
 from torch import nn
 
-from layerwise.inference._options import TextSource, model_tokenizer
+from layerwise.inference._options import TextSource, check_block_size, check_same_vocab, load_model_as, model_tokenizer
 from layerwise.inference.generation import num_blocks
 
 
@@ -208,8 +208,6 @@ def stitch(
         seed: random seed of every pair's fit (phi's initialisation and the order of the training data).
         out: output folder.
     """
-    from layerwise.lightning_modules.checkpoint import load_model
-
     if steps < 1 or warmup_steps < 0 or warmup_steps > steps:
         raise ValueError(f"`--steps={steps}` must be >= 1 and `--warmup_steps={warmup_steps}` in 0..steps.")
     if task == "causal_lm":
@@ -223,7 +221,10 @@ def stitch(
     if hans and glue_task != "mnli":
         raise ValueError(f"`--hans` evaluates MNLI classifiers; --glue_task is {glue_task!r}.")
     load_as = "causal_lm" if task == "causal_lm" else "classification"
-    first, second = load_model(model_a, "--model_a", load_as), load_model(model_b, "--model_b", load_as)
+    first, second = load_model_as(model_a, "--model_a", load_as), load_model_as(model_b, "--model_b", load_as)
+    check_same_vocab(first, second)
+    if task == "causal_lm":
+        check_block_size(block_size, {"--model_a": first, "--model_b": second})
     depth_a, depth_b = num_blocks(first, "--model_a"), num_blocks(second, "--model_b")
     chosen = parse_pairs(layers, pairs, depth_a, depth_b)
     stage = "validate" if phi == "identity" else "fit"
