@@ -165,3 +165,94 @@ def test_coupling_prompts_from_a_dataset_folder(model_folder, tmp_path):
     )
     record = json.loads((out / "coupling.json").read_text())
     assert record["num_prompts"] == 2 and record["prompts"].endswith(":validation:text")
+
+
+def _prompts_file(tmp_path, texts) -> str:
+    path = tmp_path / "prompts.txt"
+    path.write_text("\n".join(texts) + "\n")
+    return str(path)
+
+
+def test_coupling_command_in_bfloat16_writes_results_and_figures(model_folder, tmp_path):
+    out = tmp_path / "out"
+    argv = ["coupling", "--model", model_folder, "--tokenizer", "byte", "--prompts", _prompts_file(tmp_path, PROMPTS)]
+    cli_main([*argv, "--ks", "2", "--max_tokens", "8", "--dtype", "bfloat16", "--device", "cpu", "--out", str(out)])
+    record = json.loads((out / "coupling.json").read_text())
+    assert record["num_prompts"] == 2 and record["complete"] is True
+    assert np.isfinite(np.asarray(record["depth_coupling"], dtype=float)).all()
+    for stem in ("coupling_depth", "coupling_tokens", "coupling_pca"):
+        assert (out / f"{stem}.png").stat().st_size > 1000
+
+
+def test_coupling_crash_at_prompt_3_keeps_prompts_1_and_2(model_folder, tmp_path, monkeypatch):
+    from layerwise.inference.coupling import CouplingAnalysis
+
+    add, calls = CouplingAnalysis.add, []
+
+    def failing_add(self, batch):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("CUDA out of memory (simulated)")
+        add(self, batch)
+
+    monkeypatch.setattr(CouplingAnalysis, "add", failing_add)
+    out = tmp_path / "out"
+    texts = [*PROMPTS, "A third prompt that will never finish."]
+    argv = ["coupling", "--model", model_folder, "--tokenizer", "byte", "--prompts", _prompts_file(tmp_path, texts)]
+    with pytest.raises(SystemExit):  # the CLI prints the error in one line
+        cli_main([*argv, "--ks", "2", "--max_tokens", "8", "--device", "cpu", "--out", str(out)])
+    record = json.loads((out / "coupling.json").read_text())
+    assert record["num_prompts"] == 2 and record["complete"] is False
+    model = AutoModelForCausalLM.from_pretrained(model_folder).eval()
+    tokenizer = load_tokenizer("byte")
+    matrices = []
+    for text in PROMPTS:
+        ids = tokenizer(text, return_tensors="pt", truncation=True, max_length=8)["input_ids"]
+        trace = trace_blocks(model.transformer.h, lambda ids=ids: model(input_ids=ids, use_cache=False))
+        matrices.append(depth_coupling(diagonal_jacobians(model.transformer.h, trace), (2,)))
+    np.testing.assert_allclose(record["depth_coupling"], torch.stack(matrices).mean(0).numpy(), rtol=1e-6, atol=1e-6)
+
+
+def _one_error_line(capsys) -> str:
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("layerwise coupling: error:")]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
+def test_coupling_checks_every_prompt_before_any_jacobian(model_folder, tmp_path, capsys, monkeypatch):
+    from layerwise.inference.coupling import CouplingAnalysis
+
+    def no_work(self, batch):
+        raise AssertionError("a Jacobian was taken before every prompt was checked")
+
+    monkeypatch.setattr(CouplingAnalysis, "add", no_work)
+    texts = [*PROMPTS, "x"]  # the third prompt is one byte token
+    argv = ["coupling", "--model", model_folder, "--tokenizer", "byte", "--prompts", _prompts_file(tmp_path, texts)]
+    with pytest.raises(SystemExit):
+        cli_main([*argv, "--ks", "2", "--device", "cpu", "--out", str(tmp_path / "never")])
+    line = _one_error_line(capsys)
+    assert "--prompts" in line and "prompt 3" in line
+    assert not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize("tokenizer", [[], ["--tokenizer", "byte"]])
+def test_coupling_missing_model_names_model(tmp_path, capsys, tokenizer):
+    argv = ["coupling", "--model", str(tmp_path / "no_such_model"), *tokenizer]
+    with pytest.raises(SystemExit):
+        cli_main(
+            [*argv, "--prompts", _prompts_file(tmp_path, PROMPTS), "--device", "cpu", "--out", str(tmp_path / "o")]
+        )
+    line = _one_error_line(capsys)
+    assert "`--model=" in line and "--tokenizer" not in line and "model_name_or_path" not in line
+    assert "config_overrides" not in line and "model_type" not in line
+
+
+def test_depth_and_mis_coupling_refuse_k_above_width():
+    from layerwise.metrics.functional_dynamics import mis_coupling
+
+    jacobians = torch.randn(3, 4, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"K=5.*d=4"):
+        depth_coupling(jacobians, (2, 5))
+    with pytest.raises(ValueError, match=r"K=6.*d=4"):
+        mis_coupling(jacobians[0], jacobians[1], 6)
+    assert depth_coupling(jacobians, (4,)).shape == (1, 3, 3)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
+from layerwise.errors import UsageError
 from layerwise.inference.models import load_causal_lm, load_tokenizer_spec
 
 # accelerate's placement of a Hugging Face model: "auto", or module name -> "cpu", a GPU index or "disk"
@@ -22,6 +23,37 @@ def model_tokenizer(model: Optional[str]) -> Optional[str]:
 
     legacy = legacy_config(model) if model else None
     return str(legacy["tokenizer_name"]) if legacy and legacy.get("tokenizer_name") else model
+
+
+def check_model_path(spec: Optional[str], flag: str) -> None:
+    """Refuse, naming ``flag``, a model written as a local path that is not there.
+
+    A local path starts with ``/``, ``.`` or ``~``, ends with ``.ckpt`` or holds more than one ``/``; a hub id
+    (``name`` or ``owner/name``) is left to the loader.
+    """
+    if spec is None:
+        return
+    text = str(spec)
+    pathlike = text.startswith(("/", ".", "~")) or text.endswith(".ckpt") or text.count("/") > 1 or "\\" in text
+    if pathlike and not Path(text).expanduser().exists():
+        raise UsageError(f"`{flag}={text}` does not exist (give a model folder, a layerwise .ckpt or a hub id).")
+
+
+def load_model_as(spec: str, flag: str, *args: Any, **kwargs: Any) -> Any:
+    """``load_model(spec, flag, ...)``, its errors naming ``flag`` itself (not the training CLI's sub-options)."""
+    from layerwise.lightning_modules.checkpoint import load_model
+
+    check_model_path(spec, flag)
+    try:
+        return load_model(spec, flag, *args, **kwargs)
+    except ValueError as error:
+        if f"{flag}.model_name_or_path" not in str(error):
+            raise
+        reason = str(error).split(" could not be loaded (", 1)[-1].split(". Offline,", 1)[0].splitlines()[0]
+        raise UsageError(
+            f"`{flag}={spec}` could not be loaded ({reason.rstrip(').')}): give a local model folder, a layerwise "
+            ".ckpt, or a hub id (offline: only one in the Hugging Face cache)."
+        ) from None
 
 
 def check_layer_numbers(flag: str, layers: list[int], total: Optional[int] = None) -> None:
@@ -61,8 +93,20 @@ class ModelSource:
             raise ValueError(
                 "--tokenizer is required with --checkpoint (e.g. --tokenizer byte, as the model was trained)."
             )
-        tokenizer_object = load_tokenizer_spec(tokenizer or model_tokenizer(model), self.tokenizer_dir)
-        lm = load_causal_lm(checkpoint, model, self.dtype, self.device_map, self.offload_folder)
+        check_model_path(model, "--model")
+        check_model_path(None if checkpoint is None else str(checkpoint), "--checkpoint")
+        try:
+            tokenizer_object = load_tokenizer_spec(tokenizer or model_tokenizer(model), self.tokenizer_dir)
+        except ValueError as error:
+            if tokenizer is not None:
+                raise
+            raise UsageError(
+                f"`--model={model}`: its tokenizer could not be loaded (give --tokenizer, e.g. byte): {error}"
+            ) from None
+        if model is not None:
+            lm = load_model_as(model, "--model", "causal_lm", self.dtype, self.device_map, self.offload_folder)
+        else:
+            lm = load_causal_lm(checkpoint, model, self.dtype, self.device_map, self.offload_folder)
         return lm, tokenizer_object, num_blocks(lm, "--checkpoint" if checkpoint is not None else "--model")
 
     def load_on(self, device: Optional[str]) -> tuple[Any, Any, int]:
@@ -73,6 +117,70 @@ class ModelSource:
         if self.device_map is None:
             lm = lm.to(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         return lm, tokenizer_object, total
+
+
+def model_positions(model: Any) -> Optional[int]:
+    """The positions a model reads (its config's ``max_position_embeddings``, ``n_positions`` or ``n_ctx``), or None."""
+    config = getattr(model, "config", None)
+    for name in ("max_position_embeddings", "n_positions", "n_ctx"):
+        value = getattr(config, name, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def check_block_size(block_size: int, models: dict[str, Any], flag: str = "--block_size") -> None:
+    """Refuse ``block_size`` longer than the positions of any of ``models`` (flag -> loaded model), before a forward."""
+    for model_flag, model in models.items():
+        positions = model_positions(model)
+        if positions is not None and block_size > positions:
+            raise UsageError(f"`{flag}={block_size}` exceeds the {positions} positions `{model_flag}` reads.")
+
+
+def vocab_size(model: Any) -> Optional[int]:
+    """The number of token ids a model reads: the rows of its input embedding (else its config's ``vocab_size``)."""
+    get = getattr(model, "get_input_embeddings", None)
+    embedding = get() if callable(get) else None
+    weight = getattr(embedding, "weight", None)
+    if weight is not None and weight.dim() == 2:
+        return int(weight.shape[0])
+    value = getattr(getattr(model, "config", None), "vocab_size", None)
+    return value if isinstance(value, int) else None
+
+
+def check_same_vocab(model_a: Any, model_b: Any) -> None:
+    """Refuse two models that read different token ids (one tokenizer feeds both), before any forward."""
+    size_a, size_b = vocab_size(model_a), vocab_size(model_b)
+    if size_a is not None and size_b is not None and size_a != size_b:
+        raise UsageError(
+            f"`--model_b` reads {size_b} token ids, `--model_a` {size_a}: the two models must read the same ids."
+        )
+
+
+# the TextDataModule options' names in its messages -> the flags of `compare` and `stitch`
+_TEXT_FLAGS = {
+    "--data.init_args.train_files": "--text",
+    "--data.init_args.val_files": "--text",
+    "--data.init_args.dataset_config": "--dataset_config",
+    "--data.init_args.dataset": "--dataset",
+    "--data.init_args.block_size": "--block_size",
+    "--data.init_args.batch_size": "--batch_size",
+    "--data.init_args.tokenizer_dir": "--tokenizer_dir",
+    "--data.init_args.tokenizer": "--tokenizer",
+}
+
+
+def text_flags(message: str) -> str:
+    """A TextDataModule message with this command's own flags (``--text``, ``--block_size``, ...)."""
+    import re
+
+    message = re.sub(
+        r"cannot be split by --data\.init_args\.val_fraction=\S+", "are too few to hold out its last 10 %", message
+    )
+    message = re.sub(r"--data\.init_args\.max_(train|val)_blocks", "--max_blocks", message)
+    for old, new in _TEXT_FLAGS.items():
+        message = message.replace(old, new)
+    return message
 
 
 @dataclass(frozen=True)
@@ -108,17 +216,24 @@ class TextSource:
         from layerwise.datamodules import TextDataModule
 
         self.check()
-        data = TextDataModule(
-            dataset=self.dataset,
-            dataset_config=self.dataset_config,
-            train_files=[str(path) for path in self.text] if self.text else None,
-            tokenizer=tokenizer,
-            tokenizer_dir=str(tokenizer_dir) if tokenizer_dir else None,
-            block_size=block_size,
-            batch_size=batch_size,
-            max_train_blocks=max_train_blocks,
-            max_val_blocks=max_val_blocks,
-        )
-        data.prepare_data()
-        data.setup(stage)
+        try:
+            data = TextDataModule(
+                dataset=self.dataset,
+                dataset_config=self.dataset_config,
+                train_files=[str(path) for path in self.text] if self.text else None,
+                tokenizer=tokenizer,
+                tokenizer_dir=str(tokenizer_dir) if tokenizer_dir else None,
+                block_size=block_size,
+                batch_size=batch_size,
+                max_train_blocks=max_train_blocks,
+                max_val_blocks=max_val_blocks,
+            )
+            data.prepare_data()
+            data.setup(stage)
+        except (ValueError, FileNotFoundError) as error:
+            message = text_flags(str(error))
+            if message == str(error) and not isinstance(error, ValueError):
+                raise
+            source = "--text" if self.text else "--dataset"
+            raise UsageError(message if source in message else f"`{source}`: {message}") from None
         return data

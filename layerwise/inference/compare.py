@@ -13,7 +13,14 @@ from torch import Tensor, nn
 from layerwise.features.hf import input_device
 from layerwise.features.hooks import hooked_blocks
 from layerwise.features.paths import get_blocks, layer_paths
-from layerwise.inference._options import DeviceMap, TextSource, model_tokenizer
+from layerwise.inference._options import (
+    DeviceMap,
+    TextSource,
+    check_block_size,
+    check_same_vocab,
+    load_model_as,
+    model_tokenizer,
+)
 from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
 from layerwise.metrics.functional_compare import arccos_distance
 
@@ -189,10 +196,17 @@ def compare(
     import torch
     from tqdm.auto import tqdm
 
-    from layerwise.lightning_modules.checkpoint import load_model
-
     if block_size < 2 or batch_size < 1 or max_blocks < 1 or chunk < 4:
         raise ValueError("`--block_size` must be >= 2, `--batch_size` and `--max_blocks` >= 1, `--chunk` >= 4.")
+    TextSource(text, dataset, dataset_config).check()
+    target = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    loaded = []
+    for spec, name in ((model_a, "a"), (model_b, "b")):
+        folder = None if offload_folder is None else Path(offload_folder) / name
+        model_x = load_model_as(spec, f"--model_{name}", dtype=dtype, device_map=device_map, offload_folder=folder)
+        loaded.append(model_x.eval() if device_map is not None else model_x.eval().to(target))
+    check_same_vocab(*loaded)
+    check_block_size(block_size, {"--model_a": loaded[0], "--model_b": loaded[1]})
     data = TextSource(text, dataset, dataset_config).datamodule(
         tokenizer or model_tokenizer(model_a),
         tokenizer_dir,
@@ -202,12 +216,6 @@ def compare(
         max_blocks,
         "validate",
     )
-    target = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    loaded = []
-    for spec, name in ((model_a, "a"), (model_b, "b")):
-        folder = None if offload_folder is None else Path(offload_folder) / name
-        model_x = load_model(spec, f"--model_{name}", dtype=dtype, device_map=device_map, offload_folder=folder)
-        loaded.append(model_x.eval() if device_map is not None else model_x.eval().to(target))
     first, second = loaded
     loader = data.val_dataloader()
     with tqdm(total=len(loader), desc="batches", unit="batch") as bar:

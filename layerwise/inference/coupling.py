@@ -17,6 +17,7 @@ from typing import Any, Literal, Optional, Union
 import torch
 from torch import Tensor, nn
 
+from layerwise.errors import UsageError
 from layerwise.features.hf import input_device, no_cache
 from layerwise.features.jacobian import BlockTrace, block_jacobian, diagonal_jacobians, trace_blocks
 from layerwise.features.paths import find_model, get_blocks, layer_paths
@@ -284,34 +285,58 @@ def load_dataset_prompts(
     return prompts
 
 
-def coupling_files(analysis: CouplingAnalysis, results: dict[str, Any], out: Any) -> list[Any]:
-    """Write ``coupling.json`` and the figures into ``out``; returns the written paths."""
-    import json
-    from pathlib import Path
+def coupling_record(analysis: CouplingAnalysis, results: dict[str, Any]) -> dict[str, Any]:
+    """The JSON record of ``results``, with the first prompt's token-wise coupling when kept."""
+    from layerwise.results import to_json
 
-    import matplotlib.pyplot as plt
-
-    from layerwise.figures import coupling as figures
-    from layerwise.results import save_figure_atomic, to_json, write_text_atomic
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     record = to_json(results)
-    drawn = figures.coupling_figures(record)
     if analysis.token_coupling is not None:
         record["token_coupling"] = {
             "mode": analysis.token_mode,
             "blocks": [block + 1 for block in analysis.token_pair_blocks],
             "k": min(analysis.ks),
             "prompt": 0,
-            "matrix": to_json(analysis.token_coupling),
+            "matrix": to_json(analysis.token_coupling.float()),
         }
+    return record
+
+
+def write_coupling_json(analysis: CouplingAnalysis, results: dict[str, Any], out: Any) -> Any:
+    """Write ``coupling.json`` (atomically) into ``out``; returns its path."""
+    import json
+    from pathlib import Path
+
+    from layerwise.results import write_text_atomic
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    record = coupling_record(analysis, results)
+    return write_text_atomic(out / "coupling.json", json.dumps(record, indent=1) + "\n")
+
+
+def coupling_files(analysis: CouplingAnalysis, results: dict[str, Any], out: Any) -> list[Any]:
+    """Write ``coupling.json``, then the figures, into ``out``; returns the written paths.
+
+    The results are on disk before any figure is drawn; the figures read float32 (a bfloat16 model's trajectory
+    is converted here, numpy has no bfloat16).
+    """
+    from pathlib import Path
+
+    import matplotlib.pyplot as plt
+
+    from layerwise.figures import coupling as figures
+    from layerwise.results import save_figure_atomic
+
+    out = Path(out)
+    written = [write_coupling_json(analysis, results, out)]
+    record = coupling_record(analysis, results)
+    drawn = figures.coupling_figures(record)
+    if analysis.token_coupling is not None:
         drawn["coupling_tokens"] = figures.token_coupling(
-            analysis.token_coupling, analysis.token_pair_blocks, min(analysis.ks), analysis.token_mode
+            analysis.token_coupling.float(), analysis.token_pair_blocks, min(analysis.ks), analysis.token_mode
         )
     if analysis.example_trajectory is not None:
-        drawn["coupling_pca"] = figures.trajectory_pca(analysis.example_trajectory)
-    written = [write_text_atomic(out / "coupling.json", json.dumps(record, indent=1) + "\n")]
+        drawn["coupling_pca"] = figures.trajectory_pca(analysis.example_trajectory.float())
     for stem, figure in drawn.items():
         try:
             written.append(save_figure_atomic(out / f"{stem}.png", figure))
@@ -469,14 +494,22 @@ def coupling(
     analysis = CouplingAnalysis(
         lm, ks, tokens, form, method, token_pair_blocks=pair_blocks, chunk_size=chunk_size, token_mode=token_mode
     )
-    for text in tqdm(texts, desc="prompts", unit="prompt"):
+    batches = []
+    for number, text in enumerate(texts, 1):  # every prompt checked before any Jacobian
         batch = tokenizer_object(text, return_tensors="pt", truncation=True, max_length=max_tokens)
         if batch["input_ids"].shape[1] < 2:
-            raise ValueError(f"The prompt {text!r} has fewer than 2 tokens; remove it from --prompts.")
-        analysis.add(dict(batch))
-    results = analysis.results()
+            flag = "--prompts" if prompts is not None else "--dataset"
+            raise UsageError(f"`{flag}`: prompt {number} ({text!r}) has fewer than 2 tokens; remove it.")
+        batches.append(dict(batch))
     source = str(prompts) if prompts is not None else f"{dataset}:{split}:{column}"
-    record = {"model": model or str(checkpoint), "prompts": source, "max_tokens": max_tokens, **results}
+    header = {"model": model or str(checkpoint), "prompts": source, "max_tokens": max_tokens}
+    for number, batch in enumerate(tqdm(batches, desc="prompts", unit="prompt"), 1):
+        analysis.add(batch)
+        done = number == len(batches)
+        # the running mean is on disk after every prompt: a crash at prompt n keeps the first n - 1
+        write_coupling_json(analysis, {**header, **analysis.results(), "complete": done}, out)
+    results = analysis.results()
+    record = {**header, **results, "complete": True}
     scores = ", ".join(f"K={kk}: {float(v):.4f}" for kk, v in zip(ks, results["coupling_score"]))
     print(f"coupling score over {results['num_prompts']} prompts: {scores}")
     print(

@@ -10,7 +10,7 @@ from typing import Any, Literal, Optional
 
 from torch import nn
 
-from layerwise.inference._options import TextSource, model_tokenizer
+from layerwise.inference._options import TextSource, check_block_size, check_same_vocab, load_model_as, model_tokenizer
 from layerwise.inference.generation import num_blocks
 
 
@@ -43,11 +43,14 @@ def stitch_sweep(
     trainer_options: dict[str, Any],
     report: Any = print,
     extra: Optional[Mapping[str, Any]] = None,
+    seed: Optional[int] = None,
 ) -> list[dict[str, Any]]:
     """Fit and validate one stitched model per pair; one row of held-out losses and penalties per pair.
 
     ``extra``: more evaluation datamodules by name (e.g. ``{"hans": HANSDataModule(...)}``), each validated after
-    the main held-out data, its values in the row as ``<name>_<key>`` (its ``label_groups`` applied).
+    the main held-out data, its values in the row as ``<name>_<key>`` (its ``label_groups`` applied). ``seed``:
+    every pair starts from this seed (phi's initialisation, the order of the training data), so a pair's penalty
+    does not depend on the run or on the pairs before it.
     """
     import lightning.pytorch as pl
 
@@ -55,6 +58,8 @@ def stitch_sweep(
 
     rows = []
     for l_a, m_b in pairs:
+        if seed is not None:
+            pl.seed_everything(seed, workers=True, verbose=False)
         module = Stitched(model_a, model_b, l_a, m_b, **module_options)
         trainer = pl.Trainer(**trainer_options)
         if module.phi.linear is not None:
@@ -137,6 +142,7 @@ def stitch(
     max_train_blocks: Optional[int] = None,
     max_val_blocks: int = 64,
     accelerator: str = "auto",
+    seed: int = 0,
     out: Path = Path("stitch"),
 ) -> None:
     """Stitching penalties of two causal LMs or two classifiers over a grid of layers (Brown et al., 2023).
@@ -182,10 +188,9 @@ def stitch(
         max_train_blocks: at most this many training blocks (causal_lm) or examples (classification).
         max_val_blocks: at most this many held-out blocks or examples (HANS too).
         accelerator: Lightning accelerator (auto, cpu, gpu).
+        seed: random seed of every pair's fit (phi's initialisation and the order of the training data).
         out: output folder.
     """
-    from layerwise.lightning_modules.checkpoint import load_model
-
     if steps < 1 or warmup_steps < 0 or warmup_steps > steps:
         raise ValueError(f"`--steps={steps}` must be >= 1 and `--warmup_steps={warmup_steps}` in 0..steps.")
     if task == "causal_lm":
@@ -199,7 +204,10 @@ def stitch(
     if hans and glue_task != "mnli":
         raise ValueError(f"`--hans` evaluates MNLI classifiers; --glue_task is {glue_task!r}.")
     load_as = "causal_lm" if task == "causal_lm" else "classification"
-    first, second = load_model(model_a, "--model_a", load_as), load_model(model_b, "--model_b", load_as)
+    first, second = load_model_as(model_a, "--model_a", load_as), load_model_as(model_b, "--model_b", load_as)
+    check_same_vocab(first, second)
+    if task == "causal_lm":
+        check_block_size(block_size, {"--model_a": first, "--model_b": second})
     depth_a, depth_b = num_blocks(first, "--model_a"), num_blocks(second, "--model_b")
     chosen = parse_pairs(layers, pairs, depth_a, depth_b)
     stage = "validate" if phi == "identity" else "fit"
@@ -264,7 +272,15 @@ def stitch(
     )
     train_loader = data.train_dataloader() if stage == "fit" else None
     rows = stitch_sweep(
-        first, second, chosen, train_loader, data.val_dataloader(), module_options, trainer_options, extra=extra
+        first,
+        second,
+        chosen,
+        train_loader,
+        data.val_dataloader(),
+        module_options,
+        trainer_options,
+        extra=extra,
+        seed=seed,
     )
     record = {
         "model_a": model_a,
@@ -278,6 +294,7 @@ def stitch(
         ),  # fmt: skip
         **module_options,
         "steps": steps,
+        "seed": seed,
     }
     print(stitch_markdown(rows), end="")
     for path in write_stitch(rows, record, out):

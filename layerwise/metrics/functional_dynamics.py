@@ -117,10 +117,18 @@ def coupling_matrix(j1: Tensor, u2: Tensor, v2: Tensor) -> Tensor:
     return u2.transpose(-1, -2).to(_F64) @ j1.to(_F64) @ v2.to(_F64)
 
 
+def _check_ks(ks: Sequence[int], width: int) -> None:
+    """Every K in 1..d: the top-K bases of a d x d Jacobian have at most d vectors (no silent clamp)."""
+    for k in ks:
+        if k < 1 or k > width:
+            raise ValueError(f"K={k}: every K must be in 1..d, the Jacobians' width d={width}.")
+
+
 def mis_coupling(j1: Tensor, j2: Tensor, k: int, form: CouplingForm = "code") -> Tensor:
     """Mis-coupling m_K(J1, J2) of J1 in the top-K singular bases of J2 (module docstring); batched over (...)."""
     _check_square(j1, "j1")
     _check_square(j2, "j2")
+    _check_ks((k,), j2.shape[-1])
     top2 = top_singular(j2, k)
     s1 = torch.linalg.svdvals(j1.to(_F64))[..., : top2.s.shape[-1]]
     return _mis_coupling_from(coupling_matrix(j1, top2.u, top2.v), s1, form)
@@ -146,6 +154,7 @@ def pairwise_mis_coupling(
             f"Expected stacks of Jacobians (n, d, d) and (m, d, d), got {tuple(jacobians_a.shape)} and "
             f"{tuple(jacobians_b.shape)}."
         )
+    _check_ks(ks, jacobians_b.shape[-1])
     k_max = max(ks)
     basis = top_singular(jacobians_b, k_max, method=method)
     same = jacobians_a is jacobians_b and basis.method == "full"
@@ -153,7 +162,6 @@ def pairwise_mis_coupling(
     a = jacobians_a.to(_F64)
     out = []
     for k in ks:
-        k = min(k, basis.s.shape[-1])
         u, v = basis.u[..., :k], basis.v[..., :k]  # (m, d, k)
         projected = torch.einsum("ide,jek->ijdk", a, v)  # J_i V_j: (n, m, d, k)
         coupled = torch.einsum("jdl,ijdk->ijlk", u, projected)  # U_j^T J_i V_j: (n, m, k, k)
