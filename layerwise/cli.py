@@ -4,7 +4,8 @@
 (:data:`COMMANDS`) are typed functions next to what they run (``plot`` in ``figures/plot.py``, the others in
 ``inference/<module>.py``), each turned into a jsonargparse parser from its signature and docstring: ``--snake_case``
 flags, ``--help``, ``--config FILE`` and ``--print_config`` for every command, and one error style (usage, then
-``error: ...`` naming the flag, exit code 2). This module holds only that error style, the parsers and ``main``.
+``error: ...`` naming the flag, exit code 2; written in ``layerwise/errors.py``). This module holds only the
+parsers, the registry and ``main``.
 """
 
 import functools
@@ -23,106 +24,7 @@ from typing import Any, Literal, NoReturn, Optional
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
-DEBUG_VARIABLE = "LAYERWISE_DEBUG"
-
-
-_HEADERS = ("Does not validate against any", "Subtypes:", "Errors:", "Given value", "Expected a <class 'NoneType'>")
-_KEY = re.compile(r'^Parser key "([^"]+)":\s*(.*)$')
-_CLASS = re.compile(r"^Problem with given class_path '([^']+)':\s*(.*)$")
-
-
-def concise_error(message: str, class_options: Optional[dict[str, str]] = None) -> str:
-    """The one line of a jsonargparse error that a user needs: the option and the innermost cause.
-
-    jsonargparse nests its message: ``Parser key "model":`` / ``Problem with given class_path '...':`` headers, each
-    indented under the last, down to the cause (no such file, no such class, an option not accepted, a constructor's
-    own message). The deepest line is the cause; the headers above it name the option
-    (``--model.init_args.backbone``). ``class_options`` maps a class path to its option for a message without parser
-    keys (a constructor's error, raised when the classes are instantiated).
-    """
-    lines = [line.rstrip() for line in message.splitlines() if line.strip()]
-    own = [line.strip().lstrip("- ") for line in lines if "`--" in line]  # layerwise's own messages name the flag
-    if own:
-        return own[0]
-    stack: list[tuple[int, str, str]] = []  # (indent, "key" or "class", name) of the headers above the current line
-    causes: list[tuple[int, str, tuple[tuple[int, str, str], ...]]] = []
-    for line in lines:
-        text = line.lstrip(" -")
-        indent = len(line) - len(text)
-        while stack and stack[-1][0] >= indent:
-            stack.pop()
-        header = _KEY.match(text) or _CLASS.match(text)
-        if header:
-            stack.append((indent, "key" if header.re is _KEY else "class", header.group(1)))
-            text = header.group(2)
-        if text and not text.startswith(_HEADERS):
-            causes.append((indent, text, tuple(stack)))
-    if not causes:
-        return lines[0].strip() if lines else message
-    depth = max(indent for indent, _, _ in causes)
-    _, cause, path = next(cause for cause in causes if cause[0] == depth)
-    option, last_class = "", None
-    for _, kind, name in path:
-        if kind == "key":
-            option = f"{option}.init_args.{name}" if last_class else f"{option}.{name}" if option else name
-            last_class = None
-        else:
-            last_class = name
-    if not option:
-        option = (class_options or {}).get(last_class or "", "")
-        if not option:
-            return f"class_path '{last_class}': {cause}" if last_class else cause
-    return f"--{option}={last_class}: {cause}" if last_class else f"--{option}: {cause}"
-
-
-def _bad_config_file() -> str:
-    """``--config FILE: `` for the first config file on the command line that is not valid YAML, else ``""``."""
-    import yaml
-
-    argv = sys.argv[1:]
-    for flag, value in zip(argv, argv[1:] + [""]):
-        path = value if flag in ("--config", "-c") else flag.partition("=")[2] if flag.startswith("--config=") else ""
-        if path and Path(path).is_file():
-            try:
-                yaml.safe_load(Path(path).read_text())
-            except yaml.YAMLError as error:
-                mark = getattr(error, "problem_mark", None)
-                where = f" (line {mark.line + 1})" if mark is not None else ""
-                return f"`--config {path}` is not valid YAML{where}: "
-    return ""
-
-
-def exit_concisely(
-    prog: str, message: str, parsed: bool = True, class_options: Optional[dict[str, str]] = None
-) -> NoReturn:
-    """Print the one line of ``message`` that names the option, and where the rest is; exit with code 2.
-
-    ``parsed=False`` for a command's own error (already one sentence naming the flag): its first line as it is.
-    ``class_options``: see :func:`concise_error`.
-    """
-    lines = [line for line in message.strip().splitlines() if line.strip()] or [message]
-    sys.stderr.write(
-        f"{prog}: error: {concise_error(message, class_options) if parsed else lines[0]}\n"
-        f"(options: {prog} --help; the whole message: {DEBUG_VARIABLE}=1 {prog} ...)\n"
-    )
-    sys.exit(2)
-
-
-def _check_output_folders(trainer: Any) -> None:
-    """Raise a UsageError naming the option when the Trainer's or a logger's output folder lies under a file."""
-    from layerwise.errors import UsageError
-
-    folders = [("--trainer.default_root_dir", trainer.default_root_dir)]
-    option = "--trainer.logger.init_args.save_dir"
-    folders += [(option, logger.save_dir) for logger in trainer.loggers if logger.save_dir]
-    for option, folder in folders:
-        if "://" in str(folder):  # a remote folder: fsspec's to check
-            continue
-        for part in (Path(folder), *Path(folder).parents):
-            if part.exists():
-                if not part.is_dir():
-                    raise UsageError(f"`{option}={folder}`: {part} is a file, not a folder.")
-                break
+from layerwise.errors import DEBUG_VARIABLE, bad_config_file, check_output_folders, exit_concisely
 
 
 @functools.cache
@@ -147,7 +49,7 @@ def _trainer_classes() -> tuple[type, type]:
             if os.environ.get(DEBUG_VARIABLE) or not getattr(self, "exit_on_error", True):
                 super().error(message, ex)
             if "Problems parsing config" in message:
-                message = f"{_bad_config_file()}{message}"
+                message = f"{bad_config_file()}{message}"
             prog = re.sub(r"^\S+", "layerwise", self.prog.replace(" [options]", ""))  # not __main__.py (python -m)
             exit_concisely(prog, message)
 
@@ -244,7 +146,7 @@ def _trainer_classes() -> tuple[type, type]:
             if isinstance(self.model, LayerwiseModule):
                 with self._errors_in_one_line((ValueError,)):
                     check_data_compatible(self.model, self.datamodule)
-            _check_output_folders(self.trainer)
+            check_output_folders(self.trainer)
 
         def before_fit(self) -> None:
             self._check_before_run()

@@ -1,4 +1,14 @@
-"""The package's own error for a mistake in what the user gave, found when a run starts, before any step."""
+"""The error style of layerwise: its own error for a mistake in what the user gave, and the one-line message.
+
+:class:`UsageError` is what the package's own checks raise; :func:`concise_error` cuts a jsonargparse message to the
+option and its innermost cause; :func:`exit_concisely` prints that one line (the traceback only with
+``LAYERWISE_DEBUG=1``) and exits with code 2. ``layerwise.cli`` uses them for every command.
+"""
+
+import re
+import sys
+from pathlib import Path
+from typing import Any, NoReturn, Optional
 
 
 class UsageError(ValueError):
@@ -8,3 +18,103 @@ class UsageError(ValueError):
     answers; ``layerwise`` prints it in one line naming the option, like a parser error. A ValueError, so callers
     that catch ValueError still do.
     """
+
+
+DEBUG_VARIABLE = "LAYERWISE_DEBUG"
+
+
+_HEADERS = ("Does not validate against any", "Subtypes:", "Errors:", "Given value", "Expected a <class 'NoneType'>")
+_KEY = re.compile(r'^Parser key "([^"]+)":\s*(.*)$')
+_CLASS = re.compile(r"^Problem with given class_path '([^']+)':\s*(.*)$")
+
+
+def concise_error(message: str, class_options: Optional[dict[str, str]] = None) -> str:
+    """The one line of a jsonargparse error that a user needs: the option and the innermost cause.
+
+    jsonargparse nests its message: ``Parser key "model":`` / ``Problem with given class_path '...':`` headers, each
+    indented under the last, down to the cause (no such file, no such class, an option not accepted, a constructor's
+    own message). The deepest line is the cause; the headers above it name the option
+    (``--model.init_args.backbone``). ``class_options`` maps a class path to its option for a message without parser
+    keys (a constructor's error, raised when the classes are instantiated).
+    """
+    lines = [line.rstrip() for line in message.splitlines() if line.strip()]
+    own = [line.strip().lstrip("- ") for line in lines if "`--" in line]  # layerwise's own messages name the flag
+    if own:
+        return own[0]
+    stack: list[tuple[int, str, str]] = []  # (indent, "key" or "class", name) of the headers above the current line
+    causes: list[tuple[int, str, tuple[tuple[int, str, str], ...]]] = []
+    for line in lines:
+        text = line.lstrip(" -")
+        indent = len(line) - len(text)
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        header = _KEY.match(text) or _CLASS.match(text)
+        if header:
+            stack.append((indent, "key" if header.re is _KEY else "class", header.group(1)))
+            text = header.group(2)
+        if text and not text.startswith(_HEADERS):
+            causes.append((indent, text, tuple(stack)))
+    if not causes:
+        return lines[0].strip() if lines else message
+    depth = max(indent for indent, _, _ in causes)
+    _, cause, path = next(cause for cause in causes if cause[0] == depth)
+    option, last_class = "", None
+    for _, kind, name in path:
+        if kind == "key":
+            option = f"{option}.init_args.{name}" if last_class else f"{option}.{name}" if option else name
+            last_class = None
+        else:
+            last_class = name
+    if not option:
+        option = (class_options or {}).get(last_class or "", "")
+        if not option:
+            return f"class_path '{last_class}': {cause}" if last_class else cause
+    return f"--{option}={last_class}: {cause}" if last_class else f"--{option}: {cause}"
+
+
+def bad_config_file() -> str:
+    """``--config FILE: `` for the first config file on the command line that is not valid YAML, else ``""``."""
+    import yaml
+
+    argv = sys.argv[1:]
+    for flag, value in zip(argv, argv[1:] + [""]):
+        path = value if flag in ("--config", "-c") else flag.partition("=")[2] if flag.startswith("--config=") else ""
+        if path and Path(path).is_file():
+            try:
+                yaml.safe_load(Path(path).read_text())
+            except yaml.YAMLError as error:
+                mark = getattr(error, "problem_mark", None)
+                where = f" (line {mark.line + 1})" if mark is not None else ""
+                return f"`--config {path}` is not valid YAML{where}: "
+    return ""
+
+
+def exit_concisely(
+    prog: str, message: str, parsed: bool = True, class_options: Optional[dict[str, str]] = None
+) -> NoReturn:
+    """Print the one line of ``message`` that names the option, and where the rest is; exit with code 2.
+
+    ``parsed=False`` for a command's own error (already one sentence naming the flag): its first line as it is.
+    ``class_options``: see :func:`concise_error`.
+    """
+    lines = [line for line in message.strip().splitlines() if line.strip()] or [message]
+    sys.stderr.write(
+        f"{prog}: error: {concise_error(message, class_options) if parsed else lines[0]}\n"
+        f"(options: {prog} --help; the whole message: {DEBUG_VARIABLE}=1 {prog} ...)\n"
+    )
+    sys.exit(2)
+
+
+def check_output_folders(trainer: Any) -> None:
+    """Raise a UsageError naming the option when the Trainer's or a logger's output folder lies under a file."""
+    folders = [("--trainer.default_root_dir", trainer.default_root_dir)]
+    option = "--trainer.logger.init_args.save_dir"
+    folders += [(option, logger.save_dir) for logger in trainer.loggers if logger.save_dir]
+    for option, folder in folders:
+        if "://" in str(folder):  # a remote folder: fsspec's to check
+            continue
+        for part in (Path(folder), *Path(folder).parents):
+            if part.exists():
+                if not part.is_dir():
+                    raise UsageError(f"`{option}={folder}`: {part} is a file, not a folder.")
+                break

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from lightning.pytorch import Callback
 
-from layerwise.cli import COMMANDS, TRAINER_COMMANDS, LayerwiseCLI, command_function, concise_error, main
-from layerwise.errors import UsageError
+from layerwise.cli import COMMANDS, TRAINER_COMMANDS, LayerwiseCLI, command_function, main
+from layerwise.errors import UsageError, concise_error
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")
