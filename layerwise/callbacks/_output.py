@@ -3,6 +3,7 @@
 import re
 import uuid
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -114,18 +115,25 @@ def write_charts(trainer: Trainer, layout: dict[str, dict[str, list]]) -> None:
         experiment.add_custom_scalars(layout)
 
 
-def log_figures(trainer: Trainer, stage: str, families: list[Family], results: dict[str, Any], spec: LayerSpec) -> None:
-    """Every family's figures as TensorBoard images at the trainer's global step, drawn off the training loop."""
+def log_figures_later(trainer: Trainer, figures: Callable[[], dict[str, Any]]) -> None:
+    """Log ``figures()`` (tag -> matplotlib figure) as images at the trainer's global step, drawn off the loop.
+
+    The one door from the callbacks to the loggers' images: which loggers receive them is decided here.
+    """
     experiment = tensorboard(trainer)
-    if experiment is None:
-        return
+    if experiment is not None:
+        draw_later(experiment, trainer.global_step, figures)
+
+
+def log_figures(trainer: Trainer, stage: str, families: list[Family], results: dict[str, Any], spec: LayerSpec) -> None:
+    """Every family's figures as images at the trainer's global step, drawn off the training loop."""
 
     def figures() -> dict[str, Any]:
         return {
             f"{stage}/{tag}": figure for family in families for tag, figure in family.figures(results, spec).items()
         }
 
-    draw_later(experiment, trainer.global_step, figures)
+    log_figures_later(trainer, figures)
 
 
 class FeatureSaver:

@@ -7,8 +7,8 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torch import Tensor, nn
 
-from layerwise.callbacks._drawing import draw_later, wait_for_figures
-from layerwise.callbacks._output import _log_dir, _run_id, show, tensorboard
+from layerwise.callbacks._drawing import wait_for_figures
+from layerwise.callbacks._output import _log_dir, _run_id, log_figures_later, show
 from layerwise.callbacks._sampling import evaluation_loaders, real_samples_on_rank, take_real
 from layerwise.callbacks._schedule import analyses_now
 from layerwise.features.hooks import hooked_blocks
@@ -200,11 +200,10 @@ class CrossModelComparison(Callback):
             + (f", arccos distance {distance:.4f}" if distance is not None else "")
             + f" → {path}",
         )
-        experiment = tensorboard(trainer) if self.log_figures else None
-        if experiment is not None:
+        if self.log_figures:
             from layerwise.figures.compare import cka_across_models
 
-            draw_later(experiment, trainer.global_step, lambda: {"val/compare_cka": cka_across_models(results)})
+            log_figures_later(trainer, lambda: {"val/compare_cka": cka_across_models(results)})
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it

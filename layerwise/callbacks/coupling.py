@@ -7,8 +7,8 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import move_data_to_device
 
-from layerwise.callbacks._drawing import draw_later, wait_for_figures
-from layerwise.callbacks._output import _log_dir, _run_id, show, tensorboard
+from layerwise.callbacks._drawing import wait_for_figures
+from layerwise.callbacks._output import _log_dir, _run_id, log_figures_later, show
 from layerwise.callbacks._sampling import evaluation_loaders
 from layerwise.callbacks._schedule import analyses_now
 from layerwise.inference.coupling import CouplingAnalysis, Token
@@ -127,13 +127,10 @@ class BlockCoupling(Callback):
             f"block coupling ({results['num_prompts']} prompts): {score}; LSS "
             f"{float(results['trajectory_lss']):.3f} → {path}",
         )
-        experiment = tensorboard(trainer) if self.log_figures else None
-        if experiment is not None:
+        if self.log_figures:
             drawn = to_json(results)
-            draw_later(
-                experiment,
-                trainer.global_step,
-                lambda: {f"{stage}/{tag}": figure for tag, figure in coupling_figures(drawn).items()},
+            log_figures_later(
+                trainer, lambda: {f"{stage}/{tag}": figure for tag, figure in coupling_figures(drawn).items()}
             )
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:

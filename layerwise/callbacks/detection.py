@@ -5,8 +5,8 @@ from typing import Any, Optional
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 
-from layerwise.callbacks._drawing import draw_later, wait_for_figures
-from layerwise.callbacks._output import _log_dir, _run_id, show, tensorboard
+from layerwise.callbacks._drawing import wait_for_figures
+from layerwise.callbacks._output import _log_dir, _run_id, log_figures_later, show
 from layerwise.callbacks._sampling import evaluation_loaders, real_samples_on_rank, take_real
 from layerwise.callbacks._schedule import analyses_now
 from layerwise.features.outputs import DETECTION_LABELS as LABELS
@@ -95,11 +95,10 @@ class DetectionLayerAP(Callback):
             path = summary_path(log_dir, "val", trainer.current_epoch, trainer.global_step)
             merge_summary(path, {**header, "detection_ap50": ap50}, _run_id(trainer))
             show(trainer, f"AP50 per decoder layer: {', '.join(f'{value:.3f}' for value in ap50)} → {path}")
-            experiment = tensorboard(trainer) if self.log_figures else None
-            if experiment is not None:
+            if self.log_figures:
                 from layerwise.figures.summary import ap50_per_layer
 
-                draw_later(experiment, trainer.global_step, lambda: {"val/detection_ap50": ap50_per_layer(ap50)})
+                log_figures_later(trainer, lambda: {"val/detection_ap50": ap50_per_layer(ap50)})
         self._kept = []
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:

@@ -8,8 +8,8 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
 
-from layerwise.callbacks._drawing import draw_later, wait_for_figures
-from layerwise.callbacks._output import _log_dir, _run_id, show, tensorboard
+from layerwise.callbacks._drawing import wait_for_figures
+from layerwise.callbacks._output import _log_dir, _run_id, log_figures_later, show
 from layerwise.callbacks._sampling import evaluation_loaders, real_samples_on_rank, take_real
 from layerwise.callbacks._schedule import analyses_now
 from layerwise.features.branches import BranchNorms, default_token, token_positions
@@ -167,11 +167,8 @@ class ResidualNormRatioMonitor(Callback):
         merge_summary(path, {**header, "residual_norm_ratio": results}, _run_id(trainer))
         means = ", ".join(f"{name} {_range(row)}" for name, row in zip(results["branches"], results["mean"]))
         show(trainer, f"residual norm ratio ||x||/||F(x)|| (layer 1 -> {len(results['layers'])}): {means} → {path}")
-        experiment = tensorboard(trainer) if self.log_figures else None
-        if experiment is not None:
-            draw_later(
-                experiment, trainer.global_step, lambda: {f"{stage}/residual_norm_ratio": norm_ratio_figure(results)}
-            )
+        if self.log_figures:
+            log_figures_later(trainer, lambda: {f"{stage}/residual_norm_ratio": norm_ratio_figure(results)})
 
 
 def _range(row: Sequence[Optional[float]]) -> str:
