@@ -176,6 +176,22 @@ def test_clip_analysis_refuses_other_models_and_the_command_bad_data(tmp_path):
         main(["clip", "--data", str(tmp_path / "nowhere"), "--model", "x"])
 
 
+def test_clip_command_names_its_own_options_in_one_line(tmp_path, capsys):
+    """A missing --model is refused before any data is read, naming --model (not the training CLI's sub-options);
+    a folder with no images gets one short line, not torchvision's list of every sub-folder."""
+    for name in ["cat", "dog", *(f"class_with_a_long_name_{i}" for i in range(20))]:
+        (tmp_path / name).mkdir()
+    with pytest.raises(SystemExit) as exit_info:
+        main(["clip", "--data", str(tmp_path), "--model", str(tmp_path / "no_model")])
+    error = capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert f"`--model={tmp_path / 'no_model'}` does not exist" in error and "model_name_or_path" not in error
+    with pytest.raises(SystemExit):
+        main(["clip", "--data", str(tmp_path), "--model", str(tmp_path)])
+    error = capsys.readouterr().err
+    assert "no class sub-folder holds an image file" in error and "class_with_a_long_name" not in error
+
+
 def test_clip_config_parses_with_the_command_parser(tmp_path):
     from pathlib import Path
 

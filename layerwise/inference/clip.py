@@ -145,15 +145,18 @@ def clip(
     """
     import torch
     from torch.utils.data import DataLoader, Subset
-    from transformers import AutoProcessor, CLIPModel
+    from transformers import AutoProcessor
+
+    from layerwise.inference._options import check_model_path, load_model_as
 
     if batch_size < 1 or max_pairs < 1:
         raise ValueError("`--batch_size` and `--max_pairs` must be >= 1.")
+    check_model_path(model, "--model")
     images, classes = _image_dataset(data)
     pairs = CaptionedImages(images, classes, template)
     pairs = Subset(pairs, range(min(max_pairs, len(pairs))))
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    analysis = CLIPAnalysis(CLIPModel.from_pretrained(model).to(device), center=center)
+    analysis = CLIPAnalysis(load_model_as(model, "--model", "clip").to(device), center=center)
     loader = DataLoader(pairs, batch_size=batch_size, collate_fn=pair_collate(AutoProcessor.from_pretrained(model)))
     for batch in loader:
         analysis.add({key: value.to(device) for key, value in batch.items()})
@@ -176,5 +179,9 @@ def _image_dataset(data: Path) -> tuple[Any, list[str]]:
     try:
         dataset = datasets.ImageFolder(str(data))
     except (FileNotFoundError, RuntimeError) as error:
-        raise ValueError(f"`--data={data}`: neither CIFAR-10's python folder nor an image folder ({error}).") from None
+        cause = str(error) if len(str(error)) <= 160 else "no class sub-folder holds an image file"
+        raise ValueError(
+            f"`--data={data}`: neither CIFAR-10's python folder (test_batch, batches.meta) nor an image folder with "
+            f"one sub-folder of images per class ({cause})."
+        ) from None
     return dataset, list(dataset.classes)

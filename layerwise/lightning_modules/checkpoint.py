@@ -180,16 +180,17 @@ def load_module(
 def load_model(
     spec: Union[str, nn.Module],
     option: str,
-    task: Literal["base", "causal_lm", "classification"] = "base",
+    task: Literal["base", "causal_lm", "classification", "clip"] = "base",
     dtype: Optional[str] = None,
     device_map: Optional[Union[str, dict[str, Union[str, int]]]] = None,
     offload_folder: Optional[Union[str, Path]] = None,
 ) -> nn.Module:
     """The table-known model of a layerwise checkpoint (``.ckpt``), of a hub id / folder, or inside a module.
 
-    A hub id or folder is loaded with the Auto class of ``task`` (``base``: ``AutoModel``), in ``dtype`` if given,
-    and spread over devices by ``device_map`` (``"auto"`` or a dict from module to ``"cpu"``, a GPU index or
-    ``"disk"``; accelerate's placement, offloaded weights stored in ``offload_folder``) if given.
+    A hub id or folder is loaded with the Auto class of ``task`` (``base``: ``AutoModel``; ``clip``:
+    ``CLIPModel``), in ``dtype`` if given, and spread over devices by ``device_map`` (``"auto"`` or a dict from
+    module to ``"cpu"``, a GPU index or ``"disk"``; accelerate's placement, offloaded weights stored in
+    ``offload_folder``) if given.
     """
     from layerwise.features.paths import find_model
 
@@ -205,6 +206,7 @@ def load_model(
         "base": "AutoModel",
         "causal_lm": "AutoModelForCausalLM",
         "classification": "AutoModelForSequenceClassification",
+        "clip": "CLIPModel",
     }
     options: dict[str, Any] = {"dtype": getattr(torch, dtype)} if dtype and dtype != "auto" else {}
     if device_map is not None:
