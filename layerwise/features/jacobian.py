@@ -78,14 +78,23 @@ def _no_cache(kwargs: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+class _AllBlocksTraced(Exception):
+    """Raised after the last block's call: the final norm and the head (a vocabulary-sized matmul) are not needed."""
+
+
 @torch.no_grad()
 def trace_blocks(blocks: Sequence[nn.Module], run: Callable[[], Any]) -> BlockTrace:
     """Run ``run()`` (one forward pass on ONE prompt, batch size 1) and record every block's call.
+
+    The forward pass stops once the last block has returned: what follows (the final norm, the head: for a language
+    model a matmul with the whole vocabulary, often the largest of the pass) is never needed by a Jacobian, so
+    ``run()``'s own result is not computed.
 
     Raises:
         ValueError: the batch has more than one prompt.
     """
     calls: dict[int, BlockCall] = {}
+    returned: set[int] = set()
 
     def before(index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         hidden = _block_input(args, kwargs)
@@ -97,9 +106,15 @@ def trace_blocks(blocks: Sequence[nn.Module], run: Callable[[], Any]) -> BlockTr
 
     def after(index: int, hidden: Tensor) -> None:
         calls[index].outputs = hidden[0].detach().clone()
+        returned.add(index)
+        if len(returned) == len(blocks):
+            raise _AllBlocksTraced
 
-    with hooked_blocks(blocks, on_output=after, on_call=before):
-        run()
+    try:
+        with hooked_blocks(blocks, on_output=after, on_call=before):
+            run()
+    except _AllBlocksTraced:
+        pass
     if len(calls) != len(blocks):
         raise RuntimeError(f"Expected one call of each of the {len(blocks)} blocks, got {len(calls)}.")
     return BlockTrace([calls[index] for index in range(len(blocks))])
