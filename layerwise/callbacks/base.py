@@ -6,7 +6,6 @@ from typing import Any, Literal, Optional, Union
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import Metric
 
@@ -19,13 +18,13 @@ from layerwise.callbacks._output import (
     layer_table,
     log_figures,
     show,
-    write_charts,
     write_summary,
 )
 from layerwise.callbacks._sampling import evaluation_loaders, rank_indices, real_samples_on_rank
-from layerwise.callbacks._schedule import analyses_now, last_step_unvalidated
+from layerwise.callbacks._schedule import analyses_now, draws_figures, last_step_unvalidated
 from layerwise.callbacks._source import FeatureSource
 from layerwise.callbacks.family import Family, LayerBatch, LayerSpec, per_layer
+from layerwise.callbacks.lifecycle import add_charts
 from layerwise.errors import UsageError
 from layerwise.features.layers import LayerSelection, select_layers
 from layerwise.metrics import NonFiniteRows, SampleCount, all_reduce_sum_states
@@ -136,12 +135,7 @@ class LayerwiseMonitor(Callback):
         return analyses_now(trainer, self.every_n_epochs)
 
     def _draws_figures(self, trainer: Trainer) -> bool:
-        if not self.log_figures or trainer.state.fn != TrainerFn.FITTING:
-            return self.log_figures
-        max_epochs, max_steps = trainer.max_epochs, trainer.max_steps
-        last_epoch = max_epochs is not None and max_epochs > 0 and trainer.current_epoch + 1 >= max_epochs
-        last = last_epoch or (max_steps is not None and max_steps > 0 and trainer.global_step >= max_steps)
-        return last or trainer.should_stop or (trainer.current_epoch + 1) % self.figures_every_n_epochs == 0
+        return draws_figures(trainer, self.log_figures, self.figures_every_n_epochs)
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         for other in trainer.callbacks:
@@ -334,4 +328,4 @@ class LayerwiseMonitor(Callback):
         stage = next(iter(scalars), "val").split("/")[0]
         if trainer.is_global_zero and stage not in self._charts_logged:
             self._charts_logged[stage] = list(scalars)
-            write_charts(trainer, chart_layout(self._charts_logged, self.families))
+            add_charts(trainer, chart_layout(self._charts_logged, self.families))
