@@ -47,7 +47,8 @@ class AnalysisCallback(Callback):
        (how many of this rank's samples are real, not the ``DistributedSampler``'s repeats) and :meth:`start`.
     2. every validation batch: :meth:`before_batch` and :meth:`after_batch`; :meth:`real_rows` says how many rows
        of a batch count (none of any dataloader but the first: only the first is analysed).
-    3. ``on_validation_epoch_end``: :meth:`stop`, one all-reduce of the float64 sum states of :meth:`metrics`,
+    3. ``on_validation_epoch_end``: :meth:`stop`, one all-reduce of the float64 sum states of :meth:`metrics`
+       (layerwise's sum-state metrics; a plain torchmetrics ``Metric`` syncs itself in its ``compute``),
        :meth:`compute` (the global results), the :meth:`scalars` logged through Lightning as ``val/<name>``
        (already global: no sync) with their Custom Scalars :meth:`charts`; then on global rank zero the results,
        made JSON, merged under :attr:`key` into the epoch's summary (``<log_dir>/layerwise/val_epoch_..._step_....
@@ -94,7 +95,11 @@ class AnalysisCallback(Callback):
         """Release what :meth:`start` attached (end of the epoch, an exception, teardown; also when nothing is)."""
 
     def metrics(self) -> Sequence[Metric]:
-        """The float64 sum-state metrics (``sync_on_compute=False``) summed over processes before :meth:`compute`."""
+        """The package's float64 sum-state metrics (``sync_on_compute=False``), summed in one all-reduce.
+
+        A plain torchmetrics ``Metric`` need not be listed: it syncs its own states when :meth:`compute` calls its
+        ``compute`` (``sync_on_compute=True``, torchmetrics' default), on every rank.
+        """
         return ()
 
     def compute(self, trainer: Trainer, pl_module: LightningModule) -> Any:
