@@ -11,6 +11,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from helpers import (
     assert_json_close,
@@ -116,3 +117,24 @@ def test_residual_ratio_charts_share_the_runs_layout_and_its_figure_the_schedule
 
     drawn = {tag: [event.step for event in accumulator.Images(tag)] for tag in ("val/cos", "val/residual_norm_ratio")}
     assert drawn["val/residual_norm_ratio"] == drawn["val/cos"] == [4, 6]  # epoch 2 and the last, epoch 3
+
+
+def test_only_the_first_validation_dataloader_is_analysed(tmp_path):
+    callbacks = [ResidualNormRatioMonitor(log_figures=False), example_module().FeatureNormMonitor(log_figures=False)]
+    loaders = [val_loader(48), val_loader(N)]
+    trainer(tmp_path, callbacks).validate(fitted_module(), loaders, verbose=False)
+    alone = tmp_path / "alone"
+    trainer(alone, [example_module().FeatureNormMonitor(log_figures=False)]).validate(
+        fitted_module(), val_loader(48), verbose=False
+    )
+    summary = read_summary(tmp_path)
+    assert summary["residual_norm_ratio"]["num_samples"] == 48
+    assert_json_close(summary["feature_norm"], read_summary(alone)["feature_norm"], rtol=1e-12)
+
+
+def test_an_analysis_without_a_json_key_is_refused():
+    class Nameless(AnalysisCallback):
+        pass
+
+    with pytest.raises(TypeError, match="sets no `key`"):
+        Nameless()

@@ -58,7 +58,7 @@ class AnalysisCallback(Callback):
 
     A subclass sets :attr:`key` and overrides what it needs of :meth:`start`, :meth:`before_batch`,
     :meth:`after_batch`, :meth:`stop`, :meth:`metrics`, :meth:`compute`, :meth:`scalars`, :meth:`charts`,
-    :meth:`line` and :meth:`figures`; ``README.md`` ("Add your own analysis") shows one in 50 lines.
+    :meth:`line` and :meth:`figures`; ``README.md`` ("Add your own analysis") shows one, ``examples/feature_norm.py``.
 
     Args:
         every_n_epochs: analyse every n-th validation epoch while fitting (``validate`` always analyses).
@@ -71,6 +71,8 @@ class AnalysisCallback(Callback):
     stage: ClassVar[str] = "val"
 
     def __init__(self, every_n_epochs: int = 1, log_figures: bool = True, figures_every_n_epochs: int = 1) -> None:
+        if not self.key:
+            raise TypeError(f"{type(self).__name__} sets no `key`: the JSON key its results are written under.")
         _positive_int("every_n_epochs", every_n_epochs)
         _positive_int("figures_every_n_epochs", figures_every_n_epochs)
         self.every_n_epochs = every_n_epochs
