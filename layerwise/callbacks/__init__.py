@@ -7,6 +7,7 @@ from layerwise.callbacks.coupling import BlockCoupling
 from layerwise.callbacks.detection import DetectionLayerAP
 from layerwise.callbacks.early_exit_writer import EarlyExitPredictionWriter
 from layerwise.callbacks.effective_depth import EffectiveDepthMonitor
+from layerwise.callbacks.lifecycle import AnalysisCallback
 from layerwise.callbacks.logit_lens import LogitLensMonitor
 from layerwise.callbacks.neural_collapse import NeuralCollapseMonitor
 from layerwise.callbacks.progress import ProgressLines
@@ -14,6 +15,7 @@ from layerwise.callbacks.residual import ResidualNormRatioMonitor
 from layerwise.callbacks.similarity import LayerSimilarityMonitor
 
 __all__ = [
+    "AnalysisCallback",
     "BlockCoupling",
     "CrossModelComparison",
     "DetectionLayerAP",

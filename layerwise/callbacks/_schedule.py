@@ -1,4 +1,4 @@
-"""When the callbacks analyse: every n-th validation epoch while fitting, and whether a fit ends on a validation."""
+"""When the callbacks analyse and draw: every n-th validation epoch while fitting, and whether a fit ends on one."""
 
 import math
 from typing import Optional
@@ -14,6 +14,16 @@ def analyses_now(trainer: Trainer, every_n_epochs: int) -> bool:
     if trainer.state.fn == TrainerFn.FITTING:
         return (trainer.current_epoch + 1) % every_n_epochs == 0
     return True
+
+
+def draws_figures(trainer: Trainer, log_figures: bool, figures_every_n_epochs: int) -> bool:
+    """While fitting: every ``figures_every_n_epochs``-th epoch and the last one; always in validate/test."""
+    if not log_figures or trainer.state.fn != TrainerFn.FITTING:
+        return log_figures
+    max_epochs, max_steps = trainer.max_epochs, trainer.max_steps
+    last_epoch = max_epochs is not None and max_epochs > 0 and trainer.current_epoch + 1 >= max_epochs
+    last = last_epoch or (max_steps is not None and max_steps > 0 and trainer.global_step >= max_steps)
+    return last or trainer.should_stop or (trainer.current_epoch + 1) % figures_every_n_epochs == 0
 
 
 def last_step_unvalidated(trainer: Trainer) -> Optional[int]:

@@ -1,50 +1,37 @@
-"""The orchestration every analysis callback shares: where features come from, when to update, compute, log."""
+"""LayerwiseMonitor, the callback of the per-layer metric families: when to analyse, what to feed, what to report.
+
+What one evaluation dataloader accumulates and how it reduces lives in ``_loader.py``, where the features come from
+in ``_source.py``, where the results go in ``_output.py``.
+"""
 
 import copy
-from dataclasses import dataclass, field
 from typing import Any, Literal, Optional, Union
 
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
-from torchmetrics import Metric
 
-from layerwise.callbacks._batch import layer_batch as make_layer_batch
 from layerwise.callbacks._drawing import wait_for_figures
+from layerwise.callbacks._loader import LoaderState
 from layerwise.callbacks._output import (
-    FeatureSaver,
     _log_dir,
     chart_layout,
     layer_table,
     log_figures,
     show,
-    write_charts,
     write_summary,
 )
-from layerwise.callbacks._sampling import evaluation_loaders, rank_indices, real_samples_on_rank
-from layerwise.callbacks._schedule import analyses_now, last_step_unvalidated
+from layerwise.callbacks._sampling import evaluation_loaders
+from layerwise.callbacks._schedule import analyses_now, draws_figures, last_step_unvalidated
 from layerwise.callbacks._source import FeatureSource
 from layerwise.callbacks.family import Family, LayerBatch, LayerSpec, per_layer
+from layerwise.callbacks.lifecycle import add_charts
 from layerwise.errors import UsageError
 from layerwise.features.layers import LayerSelection, select_layers
-from layerwise.metrics import NonFiniteRows, SampleCount, all_reduce_sum_states
 from layerwise.results import loader_stages
 
 Source = Literal["auto", "outputs", "hooks"]
 __all__ = ["Family", "LayerBatch", "LayerSpec", "LayerwiseMonitor", "per_layer"]
-
-
-@dataclass
-class _LoaderState:
-    """What one evaluation dataloader accumulates: its own families, metrics, padding budget and saved features."""
-
-    families: list[Family]
-    metrics: list[Metric]
-    count: SampleCount
-    nonfinite: NonFiniteRows
-    budget: Optional[int] = None
-    saver: FeatureSaver = field(default_factory=FeatureSaver)
 
 
 class LayerwiseMonitor(Callback):
@@ -126,7 +113,7 @@ class LayerwiseMonitor(Callback):
         self.families: list[Family] = []
         self._stage: Optional[str] = None
         self._spec: Optional[LayerSpec] = None
-        self._states: list[_LoaderState] = []  # one per evaluation dataloader
+        self._states: list[LoaderState] = []  # one per evaluation dataloader
         self._stages: list[str] = []
         self._charts_logged: dict[str, list[str]] = {}
 
@@ -136,12 +123,7 @@ class LayerwiseMonitor(Callback):
         return analyses_now(trainer, self.every_n_epochs)
 
     def _draws_figures(self, trainer: Trainer) -> bool:
-        if not self.log_figures or trainer.state.fn != TrainerFn.FITTING:
-            return self.log_figures
-        max_epochs, max_steps = trainer.max_epochs, trainer.max_steps
-        last_epoch = max_epochs is not None and max_epochs > 0 and trainer.current_epoch + 1 >= max_epochs
-        last = last_epoch or (max_steps is not None and max_steps > 0 and trainer.global_step >= max_steps)
-        return last or trainer.should_stop or (trainer.current_epoch + 1) % self.figures_every_n_epochs == 0
+        return draws_figures(trainer, self.log_figures, self.figures_every_n_epochs)
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         for other in trainer.callbacks:
@@ -215,8 +197,7 @@ class LayerwiseMonitor(Callback):
         self._source.detach()
         self._stage = None
         for state in self._states:
-            for metric in state.metrics:
-                metric.reset()
+            state.reset()
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         wait_for_figures()  # every figure of the run is logged before Lightning finalises the loggers
@@ -232,9 +213,7 @@ class LayerwiseMonitor(Callback):
         self._source.attach(pl_module)
         self._build(pl_module, len(loaders))
         for state, loader in zip(self._states, loaders):
-            state.budget = real_samples_on_rank(loader)
-            state.saver = FeatureSaver()
-            state.saver.indices = rank_indices(loader) if self.save_features and trainer.world_size > 1 else None
+            state.start(loader, keep_indices=self.save_features and trainer.world_size > 1)
 
     def _build(self, pl_module: LightningModule, num_loaders: int) -> None:
         depth, dim, num_classes, token_level = self._source.dims(pl_module)
@@ -249,10 +228,7 @@ class LayerwiseMonitor(Callback):
                 # the first loader feeds the callback's own families; every other one a copy (a deep copy of the
                 # list keeps the links between families, e.g. effective depth reading the logit lens's accuracy)
                 families = self.families if index == 0 else copy.deepcopy(self.families)
-                count = SampleCount(sync_on_compute=False)
-                nonfinite = NonFiniteRows(len(numbers), sync_on_compute=False)
-                metrics = [count, nonfinite] + [metric for family in families for metric in family.build(spec)]
-                self._states.append(_LoaderState(families, metrics, count, nonfinite))
+                self._states.append(LoaderState.build(families, spec))
             self._selection = torch.tensor([number - 1 for number in numbers])
         for state in self._states:  # already zero: fresh, or reset when the last epoch finished or failed
             for metric in state.metrics:
@@ -261,26 +237,8 @@ class LayerwiseMonitor(Callback):
     def _collect(self, outputs: Any, batch: Any, dataloader_idx: int) -> None:
         if self._stage is None:
             return
-        state = self._states[dataloader_idx]
         outputs = self._source.outputs(outputs, batch)
-        layer_batch, used = make_layer_batch(outputs, self._selection, state.budget, self.token_stride)
-        if state.budget is not None:
-            state.budget -= used
-        if layer_batch.features.shape[1] == 0:
-            return
-        if layer_batch.targets is None or layer_batch.readout.nll is None:
-            raise ValueError("The batch holds no targets: the analysis needs labels ('labels' key or batch[1]).")
-        bad = layer_batch.nonfinite_rows()
-        if bool(bad.any()):  # skipped and counted: one NaN sample must not abort training or poison the others
-            state.nonfinite.update(bad)
-            layer_batch = layer_batch.keep(~bad.any(dim=0))
-            if layer_batch.features.shape[1] == 0:
-                return
-        state.count.update(layer_batch.features.shape[1])
-        for family in state.families:
-            family.update(layer_batch)
-        if self.save_features:
-            state.saver.keep(layer_batch)
+        self._states[dataloader_idx].collect(outputs, self._selection, self.token_stride, self.save_features)
 
     # -- results --------------------------------------------------------------------------------------------------
 
@@ -294,22 +252,11 @@ class LayerwiseMonitor(Callback):
             self._report(trainer, pl_module, name, state, log_dir)
 
     def _report(
-        self, trainer: Trainer, pl_module: LightningModule, stage: str, state: _LoaderState, log_dir: str
+        self, trainer: Trainer, pl_module: LightningModule, stage: str, state: LoaderState, log_dir: str
     ) -> None:
         """Reduce, compute, log and write the results of one evaluation dataloader (collectives: every rank)."""
         spec = self._spec
-        all_reduce_sum_states(state.metrics)
-        num_samples = int(state.count.compute().item())
-        nonfinite = state.nonfinite.per_layer  # the reduced state: compute() would warn when nothing was updated
-        if bool(nonfinite.any()):
-            layers = {number: int(count) for number, count in zip(spec.layer_numbers, nonfinite.tolist()) if count}
-            rank_zero_warn(
-                f"{type(self).__name__}: skipped {int(state.nonfinite.rows)} {stage} samples with non-finite values "
-                f"(NaN/inf rows per layer: {layers}); `n_nonfinite` in the summary counts them."
-            )
-        results: dict[str, Any] = {}
-        for family in state.families:
-            results.update(family.compute(spec))
+        num_samples, results = state.reduce(spec, stage, type(self).__name__)
         scalars = {
             f"{stage}/{key}": value for family in state.families for key, value in family.scalars(results, spec).items()
         }
@@ -324,8 +271,7 @@ class LayerwiseMonitor(Callback):
                 log_figures(trainer, stage, state.families, results, spec)
         if self.save_features:
             state.saver.write(trainer, stage, log_dir)
-        for metric in state.metrics:
-            metric.reset()
+        state.reset()
 
     def _log_scalars(self, trainer: Trainer, pl_module: LightningModule, scalars: dict[str, float]) -> None:
         # Through Lightning, so that ModelCheckpoint(monitor=...), EarlyStopping and every logger see the values by
@@ -334,4 +280,4 @@ class LayerwiseMonitor(Callback):
         stage = next(iter(scalars), "val").split("/")[0]
         if trainer.is_global_zero and stage not in self._charts_logged:
             self._charts_logged[stage] = list(scalars)
-            write_charts(trainer, chart_layout(self._charts_logged, self.families))
+            add_charts(trainer, chart_layout(self._charts_logged, self.families))

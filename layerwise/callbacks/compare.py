@@ -4,39 +4,35 @@ from contextlib import ExitStack
 from typing import Any, Literal, Optional
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from torch import Tensor, nn
+from torchmetrics import Metric
 
-from layerwise.callbacks._drawing import wait_for_figures
-from layerwise.callbacks._output import _log_dir, _run_id, log_figures_later, show
-from layerwise.callbacks._sampling import evaluation_loaders, real_samples_on_rank, take_real
-from layerwise.callbacks._schedule import analyses_now
+from layerwise.callbacks.lifecycle import AnalysisCallback
 from layerwise.features.hooks import hooked_blocks
 from layerwise.features.paths import find_model, get_blocks, layer_paths, model_width
 from layerwise.inference.compare import hidden_states, model_inputs, token_features
 from layerwise.lightning_modules.checkpoint import load_model
-from layerwise.metrics import all_reduce_sum_states
 from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
 from layerwise.metrics.functional_compare import arccos_distance
-from layerwise.results import merge_summary, summary_path, to_json
 
 _OPTION = "--trainer.callbacks.model_b"
 
 
-class CrossModelComparison(Callback):
+class CrossModelComparison(AnalysisCallback):
     """CKA between every layer of the trained model (A) and every layer of a frozen model B, on the same tokens.
 
     Model B (a Hugging Face hub id or folder, or a layerwise ``.ckpt``) is loaded frozen, in eval mode, on the
-    module's device. For every validation batch, the outputs of A's blocks are taken with hooks during the module's
-    own forward pass, B runs on the same batch, and the block outputs (the residual stream after each block; with
-    ``include_embeddings`` also the input of block 1 as layer 0) at every real token (padding masked by the
-    batch's ``attention_mask``; ``mask_padding=False`` keeps every position, the paper's behaviour) feed
-    ``CrossModelCKA`` (exact, identical on 1 or n DDP processes, memory independent of the number of tokens) and,
-    with ``minibatch``, ``MinibatchCrossCKA`` (chunks of ``chunk`` tokens, both aggregations).
+    module's device. For every batch of the first validation dataloader, the outputs of A's blocks are taken with
+    hooks during the module's own forward pass, B runs on the same batch, and the block outputs (the residual stream
+    after each block; with ``include_embeddings`` also the input of block 1 as layer 0) at every real token (padding
+    masked by the batch's ``attention_mask``; ``mask_padding=False`` keeps every position, the paper's behaviour)
+    feed ``CrossModelCKA`` (exact, identical on 1 or n DDP processes, memory independent of the number of tokens)
+    and, with ``minibatch``, ``MinibatchCrossCKA`` (chunks of ``chunk`` tokens, both aggregations).
 
     Writes the ``compare`` object of the epoch's summary JSON (``cka`` L_A x L_B, ``arccos_distance`` for models of
     equal depth, the minibatch matrices), logs ``val/compare/arccos_distance`` and ``val/compare/cka_diagonal_mean``,
-    and draws the heatmap to TensorBoard (``log_figures``).
+    and draws the heatmap to TensorBoard (``log_figures``, on the figure schedule of the other callbacks).
 
     Args:
         model_b: hub id, local folder or layerwise checkpoint of model B (same tokenizer / inputs as A).
@@ -49,7 +45,10 @@ class CrossModelComparison(Callback):
         log_figures: draw the CKA heatmap to TensorBoard (global rank zero).
         pairs: ``all`` layer pairs (the heatmap), or ``diagonal``: layer i of A with layer i of B only (equal depths;
             the arccos distance needs nothing else), L times less work and memory than all pairs.
+        figures_every_n_epochs: while fitting, draw the heatmap only every n-th epoch and at the last one.
     """
+
+    key = "compare"
 
     def __init__(
         self,
@@ -62,22 +61,22 @@ class CrossModelComparison(Callback):
         dtype: Optional[Literal["float32", "bfloat16", "float16", "float64"]] = None,
         log_figures: bool = True,
         pairs: Literal["all", "diagonal"] = "all",
+        figures_every_n_epochs: int = 1,
     ) -> None:
-        if every_n_epochs < 1 or chunk < 4:
-            raise ValueError(f"`every_n_epochs={every_n_epochs}` must be >= 1 and `chunk={chunk}` >= 4.")
+        super().__init__(every_n_epochs, log_figures, figures_every_n_epochs)
+        if chunk < 4:
+            raise ValueError(f"`chunk={chunk}` must be >= 4.")
         if pairs not in ("all", "diagonal"):
             raise ValueError(f"`pairs={pairs!r}` must be 'all' or 'diagonal'.")
         self.pairs = pairs
         self.model_b_name = model_b
         self.include_embeddings, self.mask_padding, self.minibatch = include_embeddings, mask_padding, minibatch
-        self.chunk, self.every_n_epochs, self.dtype, self.log_figures = chunk, every_n_epochs, dtype, log_figures
+        self.chunk, self.dtype = chunk, dtype
         self._model_b: Optional[nn.Module] = None
         self._exact: Optional[CrossModelCKA] = None
         self._minibatch: Optional[MinibatchCrossCKA] = None
         self._stack: Optional[ExitStack] = None
         self._outputs_a: dict[int, Tensor] = {}
-        self._active = False
-        self._budget: Optional[int] = None
 
     # -- set-up --------------------------------------------------------------------------------------------------
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -102,26 +101,14 @@ class CrossModelComparison(Callback):
         if self.minibatch:
             self._minibatch = MinibatchCrossCKA(layers_a, layers_b, self.chunk, sync_on_compute=False).to(device)
 
-    # -- when ----------------------------------------------------------------------------------------------------
-    def _should_run(self, trainer: Trainer) -> bool:
-        return analyses_now(trainer, self.every_n_epochs)
-
-    def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._active = self._should_run(trainer)
-        if self._active:
-            self._model_b.to(pl_module.device)
-            self._build(pl_module.device)
-            loaders = trainer.val_dataloaders
-            self._budget = real_samples_on_rank(evaluation_loaders(loaders)[0])
+    def start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._model_b.to(pl_module.device)
+        self._build(pl_module.device)
 
     def _collect(self, store: dict[int, Tensor], offset: int) -> Any:
         return lambda index, hidden: store.__setitem__(index + offset, hidden.detach())
 
-    def on_validation_batch_start(
-        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
-        if not self._active:
-            return
+    def before_batch(self, trainer: Trainer, pl_module: LightningModule, batch: Any) -> None:
         self._outputs_a = {}
         self._stack = ExitStack()
         extra = int(self.include_embeddings)
@@ -131,42 +118,33 @@ class CrossModelComparison(Callback):
                 hooked_blocks(self._blocks_a, on_input=self._collect(self._outputs_a, 0), indices=[0])
             )
 
-    def on_validation_batch_end(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        if not self._active or self._stack is None:
+    def after_batch(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any) -> None:
+        if self._stack is None:
             return
         self._stack.close()
         self._stack = None
         args, kwargs, mask = model_inputs(batch)
         outputs_b = hidden_states(self._model_b, self._blocks_b, args, kwargs, self.include_embeddings)
         # DistributedSampler's repeated samples at the end of this rank's stream are dropped
-        rows, self._budget = take_real(self._budget, next(iter(outputs_b.values())).shape[0])
+        rows = self.real_rows(next(iter(outputs_b.values())).shape[0])
+        if not rows:
+            return
         features_a = token_features(self._outputs_a, mask, self.mask_padding, rows)
         features_b = token_features(outputs_b, mask, self.mask_padding, rows)
         self._exact.update(features_a, features_b)
         if self._minibatch is not None:
             self._minibatch.update(features_a, features_b)
 
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it
+    def stop(self) -> None:
         if self._stack is not None:
             self._stack.close()
             self._stack = None
 
     # -- results -------------------------------------------------------------------------------------------------
-    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if not self._active:
-            return
-        self._active = False
-        metrics = [self._exact] + ([self._minibatch] if self._minibatch is not None else [])
-        all_reduce_sum_states(metrics)
+    def metrics(self) -> list[Metric]:
+        return [self._exact] + ([self._minibatch] if self._minibatch is not None else [])
+
+    def compute(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
         cka = self._exact.compute()
         results: dict[str, Any] = {
             "model_b": self.model_b_name,
@@ -181,29 +159,23 @@ class CrossModelComparison(Callback):
         if self._minibatch is not None:
             minibatch = self._minibatch.compute()
             results.update(minibatch_cka_mean=minibatch["mean"], minibatch_cka_sum=minibatch["sum"], chunk=self.chunk)
-        scalars = {"val/compare/cka_diagonal_mean": float(cka.diagonal().mean())}
+        return results
+
+    def scalars(self, results: dict[str, Any]) -> dict[str, float]:
+        scalars = {"compare/cka_diagonal_mean": float(results["cka"].diagonal().mean())}
         if results["arccos_distance"] is not None:
-            scalars["val/compare/arccos_distance"] = float(results["arccos_distance"])
-        pl_module.log_dict(scalars, sync_dist=False)
-        log_dir = _log_dir(trainer)  # a broadcast under DDP: every rank asks
-        if trainer.is_global_zero:
-            self._write(trainer, log_dir, to_json(results), scalars["val/compare/cka_diagonal_mean"])
+            scalars["compare/arccos_distance"] = float(results["arccos_distance"])
+        return scalars
 
-    def _write(self, trainer: Trainer, log_dir: str, results: dict[str, Any], diagonal: float) -> None:
-        header = {"stage": "val", "epoch": trainer.current_epoch, "global_step": trainer.global_step}
-        path = summary_path(log_dir, "val", trainer.current_epoch, trainer.global_step)
-        merge_summary(path, {**header, "compare": results}, _run_id(trainer))
+    def line(self, results: dict[str, Any]) -> str:
+        diagonal = [row[index] for index, row in enumerate(results["cka"]) if index < len(row)]
+        mean = sum(float("nan") if value is None else value for value in diagonal) / len(diagonal)
         distance = results["arccos_distance"]
-        show(
-            trainer,
-            f"compare with {self.model_b_name}: mean diagonal CKA {diagonal:.4f}"
-            + (f", arccos distance {distance:.4f}" if distance is not None else "")
-            + f" → {path}",
+        return f"compare with {self.model_b_name}: mean diagonal CKA {mean:.4f}" + (
+            f", arccos distance {distance:.4f}" if distance is not None else ""
         )
-        if self.log_figures:
-            from layerwise.figures.compare import cka_across_models
 
-            log_figures_later(trainer, lambda: {"val/compare_cka": cka_across_models(results)})
+    def figures(self, results: dict[str, Any]) -> dict[str, Any]:
+        from layerwise.figures.compare import cka_across_models
 
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it
+        return {"compare_cka": cka_across_models(results)}

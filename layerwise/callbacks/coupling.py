@@ -4,18 +4,15 @@ from collections.abc import Sequence
 from typing import Any, Literal, Optional, Union
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import move_data_to_device
 
-from layerwise.callbacks._drawing import wait_for_figures
-from layerwise.callbacks._output import _log_dir, _run_id, log_figures_later, show
 from layerwise.callbacks._sampling import evaluation_loaders
-from layerwise.callbacks._schedule import analyses_now
+from layerwise.callbacks.lifecycle import AnalysisCallback
 from layerwise.inference.coupling import CouplingAnalysis, Token
-from layerwise.results import merge_summary, summary_path
 
 
-class BlockCoupling(Callback):
+class BlockCoupling(AnalysisCallback):
     """Depth-wise coupling of the block Jacobians on the first ``n_samples`` validation samples, every n epochs.
 
     At the end of an analysed validation epoch, each of the first ``n_samples`` samples of the first validation
@@ -26,7 +23,8 @@ class BlockCoupling(Callback):
 
     Under DDP the samples are split over the ranks (sample i on rank i % world size) and the float64 sums are
     all-reduced, so the result is the same on 1 or n processes. The model must fit on one device per process
-    (each rank runs its own samples).
+    (each rank runs its own samples). Unlike the other analyses it feeds on no validation batch: the whole analysis
+    runs in :meth:`compute`, at the end of the validation epoch.
 
     Outputs: the ``coupling`` key of the epoch's summary JSON (``<log_dir>/layerwise/val_epoch_..._step_....json``),
     the scalars ``val/coupling/score_k<K>``, ``val/coupling/lss``, ``val/coupling/expodistance`` and
@@ -41,7 +39,10 @@ class BlockCoupling(Callback):
         method: ``"full"`` SVD or ``"randomized"`` (checked against a residual bound; falls back with a warning).
         log_figures: draw the heatmap and spectra as TensorBoard images (global rank zero).
         chunk_size: JVPs run at once per block (default all d); lower it to bound the memory of wide models.
+        figures_every_n_epochs: while fitting, draw the figures only every n-th epoch and at the last one.
     """
+
+    key = "coupling"
 
     def __init__(
         self,
@@ -53,22 +54,21 @@ class BlockCoupling(Callback):
         method: Literal["full", "randomized"] = "full",
         log_figures: bool = True,
         chunk_size: Optional[int] = None,
+        figures_every_n_epochs: int = 1,
     ) -> None:
-        for name, value in (("every_n_epochs", every_n_epochs), ("n_samples", n_samples)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"`{name}={value!r}` must be a positive int.")
+        super().__init__(every_n_epochs, log_figures, figures_every_n_epochs)
+        if isinstance(n_samples, bool) or not isinstance(n_samples, int) or n_samples < 1:
+            raise ValueError(f"`n_samples={n_samples!r}` must be a positive int.")
         if not ks or any(isinstance(k, bool) or not isinstance(k, int) or k < 1 for k in ks):
             raise ValueError(f"`ks={ks!r}` must be a non-empty list of positive ints.")
         if form not in ("code", "offdiag"):
             raise ValueError(f"`form={form!r}` must be 'code' or 'offdiag'.")
         if method not in ("full", "randomized"):
             raise ValueError(f"`method={method!r}` must be 'full' or 'randomized'.")
-        self.every_n_epochs = every_n_epochs
         self.n_samples = n_samples
         self.tokens: Union[str, int] = tokens
         self.ks = tuple(ks)
         self.form, self.method = form, method
-        self.log_figures = log_figures
         if chunk_size is not None and (
             isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1
         ):
@@ -81,22 +81,16 @@ class BlockCoupling(Callback):
             pl_module, self.ks, self.tokens, self.form, self.method, chunk_size=self.chunk_size
         )
 
-    def _should_run(self, trainer: Trainer) -> bool:
-        return analyses_now(trainer, self.every_n_epochs)
-
-    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if not self._should_run(trainer) or self._analysis is None:
-            return
+    def compute(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
         with torch.inference_mode(False):  # Lightning evaluates in inference mode; states must be normal tensors
-            results = self._analyse(trainer, pl_module)
-        scalars = {f"val/coupling/score_k{k}": float(score) for k, score in zip(self.ks, results["coupling_score"])}
-        scalars["val/coupling/lss"] = float(results["trajectory_lss"])
-        scalars["val/coupling/expodistance"] = float(results["trajectory_expodistance"])
-        scalars["val/coupling/linearisation_cosine"] = float(results["linearisation_cosine"])
-        pl_module.log_dict(scalars, sync_dist=False)
-        log_dir = _log_dir(trainer)  # a broadcast under DDP: every rank asks
-        if trainer.is_global_zero:
-            self._write(trainer, log_dir, results)
+            return self._analyse(trainer, pl_module)
+
+    def scalars(self, results: dict[str, Any]) -> dict[str, float]:
+        scalars = {f"coupling/score_k{k}": float(score) for k, score in zip(self.ks, results["coupling_score"])}
+        scalars["coupling/lss"] = float(results["trajectory_lss"])
+        scalars["coupling/expodistance"] = float(results["trajectory_expodistance"])
+        scalars["coupling/linearisation_cosine"] = float(results["linearisation_cosine"])
+        return scalars
 
     def _analyse(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
         analysis = self._analysis
@@ -112,29 +106,11 @@ class BlockCoupling(Callback):
         analysis.reduce()
         return analysis.results()
 
-    def _write(self, trainer: Trainer, log_dir: str, results: dict[str, Any]) -> None:
-        from layerwise.figures.coupling import coupling_figures
-        from layerwise.results import to_json
-
-        stage = "val"
-        # No "layers"/"depth": they are the analysis callbacks' layer selection, which this must not overwrite.
-        header = {"stage": stage, "epoch": trainer.current_epoch, "global_step": trainer.global_step}
-        path = summary_path(log_dir, stage, trainer.current_epoch, trainer.global_step)
-        merge_summary(path, {**header, "coupling": to_json(results)}, _run_id(trainer))
+    def line(self, results: dict[str, Any]) -> str:
         score = ", ".join(f"K={k}: {float(s):.3f}" for k, s in zip(self.ks, results["coupling_score"]))
-        show(
-            trainer,
-            f"block coupling ({results['num_prompts']} prompts): {score}; LSS "
-            f"{float(results['trajectory_lss']):.3f} → {path}",
-        )
-        if self.log_figures:
-            drawn = to_json(results)
-            log_figures_later(
-                trainer, lambda: {f"{stage}/{tag}": figure for tag, figure in coupling_figures(drawn).items()}
-            )
+        return f"block coupling ({results['num_prompts']} prompts): {score}; LSS {float(results['trajectory_lss']):.3f}"
 
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it
+    def figures(self, results: dict[str, Any]) -> dict[str, Any]:
+        from layerwise.figures.coupling import coupling_figures
 
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it
+        return coupling_figures(results)

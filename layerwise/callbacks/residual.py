@@ -5,24 +5,20 @@ from contextlib import ExitStack
 from typing import Any, Literal, Optional
 
 import torch
-from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_warn
+from torchmetrics import Metric
 
-from layerwise.callbacks._drawing import wait_for_figures
-from layerwise.callbacks._output import _log_dir, _run_id, log_figures_later, show
-from layerwise.callbacks._sampling import evaluation_loaders, real_samples_on_rank, take_real
-from layerwise.callbacks._schedule import analyses_now
+from layerwise.callbacks.lifecycle import AnalysisCallback
 from layerwise.features.branches import BranchNorms, default_token, token_positions
 from layerwise.features.paths import find_layer_paths, get_blocks
 from layerwise.metrics.residual import ResidualNormRatio
-from layerwise.metrics.sync import all_reduce_sum_states
-from layerwise.results import merge_summary, summary_path, to_json
 
 Token = Literal["auto", "cls", "last"]
 LEVELS = (0.05, 0.25, 0.5, 0.75, 0.95)
 
 
-class ResidualNormRatioMonitor(Callback):
+class ResidualNormRatioMonitor(AnalysisCallback):
     """||x|| / ||F(x)|| of every block and of its attention and MLP branches, at one token per validation sample.
 
     x is the residual stream a branch adds to, F(x) the branch's output just before the addition, both read at
@@ -42,28 +38,35 @@ class ResidualNormRatioMonitor(Callback):
     Outputs: the ``residual_norm_ratio`` key of the epoch's summary JSON (``branches``, ``layers``, ``token``,
     ``mean`` (P x L), ``quantile_levels``, ``quantiles`` (P x L x Q), ``log10_range`` (the histogram's [low,
     high]), ``below_range`` and ``above_range`` (P x L: ratios outside it)), scalars
-    ``val/residual_ratio/<branch>/layer_XX`` (the mean), and a figure (TensorBoard, ``layerwise plot``).
+    ``val/residual_ratio/<branch>/layer_XX`` (the mean) with one TensorBoard Custom Scalars chart per branch (all
+    its layers), and a figure (TensorBoard, ``layerwise plot``) on the figure schedule of the other callbacks.
 
     Args:
         every_n_epochs: analyse every n-th validation epoch while fitting (``validate`` always analyses).
         token: ``"auto"`` ([CLS] where the model has one — BERT-like encoders, ViTs with a class token — else the
             last real token, as for decoders), ``"cls"`` or ``"last"``.
         log_figures: draw the figure as a TensorBoard image (global rank zero).
+        figures_every_n_epochs: while fitting, draw it only every n-th epoch and at the last one (as
+            ``LayerwiseAnalysis(figures_every_n_epochs=...)``; default every analysed epoch); ``validate`` always
+            draws. The JSON of every analysed epoch holds what ``layerwise plot`` draws.
     """
 
-    def __init__(self, every_n_epochs: int = 1, token: Token = "auto", log_figures: bool = True) -> None:
-        if isinstance(every_n_epochs, bool) or not isinstance(every_n_epochs, int) or every_n_epochs < 1:
-            raise ValueError(f"`every_n_epochs={every_n_epochs!r}` must be a positive int.")
+    key = "residual_norm_ratio"
+
+    def __init__(
+        self,
+        every_n_epochs: int = 1,
+        token: Token = "auto",
+        log_figures: bool = True,
+        figures_every_n_epochs: int = 1,
+    ) -> None:
+        super().__init__(every_n_epochs, log_figures, figures_every_n_epochs)
         if token not in ("auto", "cls", "last"):
             raise ValueError(f"`token={token!r}` must be 'auto', 'cls' or 'last'.")
-        self.every_n_epochs = every_n_epochs
         self.token = token
-        self.log_figures = log_figures
         self._norms: Optional[BranchNorms] = None
         self._metric: Optional[ResidualNormRatio] = None
         self._hooks = ExitStack()
-        self._active = False
-        self._budget: Optional[int] = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         paths = find_layer_paths(pl_module, option="ResidualNormRatioMonitor")
@@ -72,48 +75,28 @@ class ResidualNormRatioMonitor(Callback):
         self._token = self.token if self.token != "auto" else default_token(paths)
         self._metric = ResidualNormRatio(len(self._norms.names), len(blocks), LEVELS, sync_on_compute=False)
 
-    def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._hooks.close()
-        self._active = analyses_now(trainer, self.every_n_epochs) and self._norms is not None
-        if not self._active:
-            return
-        loaders = trainer.val_dataloaders
-        self._budget = real_samples_on_rank(evaluation_loaders(loaders)[0])
+    def start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._metric.reset()
         self._metric.to(pl_module.device)
         self._hooks.enter_context(self._norms.attached())
 
-    def on_validation_batch_start(
-        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
-        if self._active:
-            mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
-            self._norms.token = token_positions(mask, self._token)
+    def before_batch(self, trainer: Trainer, pl_module: LightningModule, batch: Any) -> None:
+        mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
+        self._norms.token = token_positions(mask, self._token)
 
-    def on_validation_batch_end(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        if not self._active:
-            return
+    def after_batch(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any) -> None:
         skip, branch = self._norms.pop()
-        if dataloader_idx != 0:
-            return
-        rows, self._budget = take_real(self._budget, skip.shape[-1])
+        rows = self.real_rows(skip.shape[-1])
         if rows:
             self._metric.update(skip[..., :rows], branch[..., :rows])
 
-    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        if not self._active:
-            return
-        self._active = False
+    def stop(self) -> None:
         self._hooks.close()
-        all_reduce_sum_states([self._metric])
+
+    def metrics(self) -> list[Metric]:
+        return [self._metric]
+
+    def compute(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
         with torch.inference_mode(False):
             ratio = self._metric.compute()
         names, depth = self._norms.names, len(self._norms.blocks)
@@ -126,7 +109,7 @@ class ResidualNormRatioMonitor(Callback):
                 f"1e{self._metric.high:g}] (counted as `below_range`/`above_range` in the JSON); the quantiles that "
                 "need them are null. The mean is exact."
             )
-        results = {
+        return {
             "branches": list(names),
             "layers": list(range(1, depth + 1)),
             "token": self._token,
@@ -138,37 +121,27 @@ class ResidualNormRatioMonitor(Callback):
             "below_range": below.round().long(),
             "above_range": above.round().long(),
         }
-        width = max(2, len(str(depth)))
-        scalars = {
-            f"val/residual_ratio/{name}/layer_{layer + 1:0{width}d}": float(mean[p, layer])
-            for p, name in enumerate(names)
-            for layer in range(depth)
+
+    def scalars(self, results: dict[str, Any]) -> dict[str, float]:
+        mean, width = results["mean"], max(2, len(str(len(results["layers"]))))
+        return {
+            f"residual_ratio/{name}/layer_{layer:0{width}d}": float(mean[p, layer - 1])
+            for p, name in enumerate(results["branches"])
+            for layer in results["layers"]
         }
-        pl_module.log_dict(scalars, sync_dist=False, add_dataloader_idx=False)
-        log_dir = _log_dir(trainer)  # a broadcast under DDP: every rank asks
-        if trainer.is_global_zero:
-            self._write(trainer, log_dir, to_json(results))
 
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it
-        self._hooks.close()
-        self._active = False
+    def charts(self) -> dict[str, str]:
+        names = self._norms.names if self._norms is not None else ()
+        return {f"residual ratio {name} per layer": rf"residual_ratio/{name}/layer_\d+" for name in names}
 
-    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it
-        self._hooks.close()
+    def line(self, results: dict[str, Any]) -> str:
+        means = ", ".join(f"{name} {_range(row)}" for name, row in zip(results["branches"], results["mean"]))
+        return f"residual norm ratio ||x||/||F(x)|| (layer 1 -> {len(results['layers'])}): {means}"
 
-    def _write(self, trainer: Trainer, log_dir: str, results: dict[str, Any]) -> None:
+    def figures(self, results: dict[str, Any]) -> dict[str, Any]:
         from layerwise.figures.residual import norm_ratio_figure
 
-        stage = "val"
-        header = {"stage": stage, "epoch": trainer.current_epoch, "global_step": trainer.global_step}
-        path = summary_path(log_dir, stage, trainer.current_epoch, trainer.global_step)
-        merge_summary(path, {**header, "residual_norm_ratio": results}, _run_id(trainer))
-        means = ", ".join(f"{name} {_range(row)}" for name, row in zip(results["branches"], results["mean"]))
-        show(trainer, f"residual norm ratio ||x||/||F(x)|| (layer 1 -> {len(results['layers'])}): {means} → {path}")
-        if self.log_figures:
-            log_figures_later(trainer, lambda: {f"{stage}/residual_norm_ratio": norm_ratio_figure(results)})
+        return {"residual_norm_ratio": norm_ratio_figure(results)}
 
 
 def _range(row: Sequence[Optional[float]]) -> str:

@@ -1,0 +1,82 @@
+"""What one evaluation dataloader accumulates for a LayerwiseMonitor, and its reduction to global results."""
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+from lightning.pytorch.utilities import rank_zero_warn
+from torch import Tensor
+from torchmetrics import Metric
+
+from layerwise.callbacks._batch import layer_batch as make_layer_batch
+from layerwise.callbacks._output import FeatureSaver
+from layerwise.callbacks._sampling import rank_indices, real_samples_on_rank
+from layerwise.callbacks.family import Family, LayerSpec
+from layerwise.metrics import NonFiniteRows, SampleCount, all_reduce_sum_states
+
+
+@dataclass
+class LoaderState:
+    """One evaluation dataloader's own families, metrics, padding budget and saved features."""
+
+    families: list[Family]
+    metrics: list[Metric]
+    count: SampleCount
+    nonfinite: NonFiniteRows
+    budget: Optional[int] = None
+    saver: FeatureSaver = field(default_factory=FeatureSaver)
+
+    @classmethod
+    def build(cls, families: list[Family], spec: LayerSpec) -> "LoaderState":
+        """Fresh metrics of ``families`` for ``spec``, with the sample count and the non-finite rows."""
+        count = SampleCount(sync_on_compute=False)
+        nonfinite = NonFiniteRows(len(spec.layer_numbers), sync_on_compute=False)
+        metrics = [count, nonfinite] + [metric for family in families for metric in family.build(spec)]
+        return cls(families, metrics, count, nonfinite)
+
+    def start(self, loader: Any, keep_indices: bool) -> None:
+        """A new epoch over ``loader``: this rank's padding budget and a fresh feature saver (with sample indices)."""
+        self.budget = real_samples_on_rank(loader)
+        self.saver = FeatureSaver()
+        self.saver.indices = rank_indices(loader) if keep_indices else None
+
+    def collect(self, outputs: dict[str, Any], selection: Tensor, token_stride: int, save_features: bool) -> None:
+        """Feed one batch's real samples (the sampler's padding dropped, non-finite rows counted and skipped)."""
+        layer_batch, used = make_layer_batch(outputs, selection, self.budget, token_stride)
+        if self.budget is not None:
+            self.budget -= used
+        if layer_batch.features.shape[1] == 0:
+            return
+        if layer_batch.targets is None or layer_batch.readout.nll is None:
+            raise ValueError("The batch holds no targets: the analysis needs labels ('labels' key or batch[1]).")
+        bad = layer_batch.nonfinite_rows()
+        if bool(bad.any()):  # skipped and counted: one NaN sample must not abort training or poison the others
+            self.nonfinite.update(bad)
+            layer_batch = layer_batch.keep(~bad.any(dim=0))
+            if layer_batch.features.shape[1] == 0:
+                return
+        self.count.update(layer_batch.features.shape[1])
+        for family in self.families:
+            family.update(layer_batch)
+        if save_features:
+            self.saver.keep(layer_batch)
+
+    def reduce(self, spec: LayerSpec, stage: str, owner: str) -> tuple[int, dict[str, Any]]:
+        """One all-reduce, then the number of samples and every family's results (a collective: every rank)."""
+        all_reduce_sum_states(self.metrics)
+        num_samples = int(self.count.compute().item())
+        nonfinite = self.nonfinite.per_layer  # the reduced state: compute() would warn when nothing was updated
+        if bool(nonfinite.any()):
+            layers = {number: int(count) for number, count in zip(spec.layer_numbers, nonfinite.tolist()) if count}
+            rank_zero_warn(
+                f"{owner}: skipped {int(self.nonfinite.rows)} {stage} samples with non-finite values "
+                f"(NaN/inf rows per layer: {layers}); `n_nonfinite` in the summary counts them."
+            )
+        results: dict[str, Any] = {}
+        for family in self.families:
+            results.update(family.compute(spec))
+        return num_samples, results
+
+    def reset(self) -> None:
+        """Zero every metric for the next epoch (also after a failed one)."""
+        for metric in self.metrics:
+            metric.reset()

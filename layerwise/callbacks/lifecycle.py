@@ -1,0 +1,203 @@
+"""The one lifecycle of an analysis callback: its metric, its JSON key and its figure; the rest happens here."""
+
+import weakref
+from collections.abc import Sequence
+from typing import Any, ClassVar, Optional
+
+from lightning.pytorch import Callback, LightningModule, Trainer
+from torchmetrics import Metric
+
+from layerwise.callbacks._drawing import wait_for_figures
+from layerwise.callbacks._output import _log_dir, _run_id, log_figures_later, show, write_charts
+from layerwise.callbacks._sampling import evaluation_loaders, real_samples_on_rank, take_real
+from layerwise.callbacks._schedule import analyses_now, draws_figures
+from layerwise.metrics.sync import all_reduce_sum_states
+from layerwise.results import merge_summary, summary_path, to_json
+
+Layout = dict[str, dict[str, list]]
+# One Custom Scalars layout per Trainer: TensorBoard shows the last one a run wrote, so every callback adds to it.
+_LAYOUTS: "weakref.WeakKeyDictionary[Trainer, Layout]" = weakref.WeakKeyDictionary()
+
+
+def add_charts(trainer: Trainer, layout: Layout) -> None:
+    """Merge ``layout`` (category -> chart title -> chart) into the run's Custom Scalars and write it when it grew."""
+    merged = _LAYOUTS.setdefault(trainer, {})
+    grown = False
+    for category, charts in layout.items():
+        known = merged.setdefault(category, {})
+        for title, chart in charts.items():
+            grown |= known.get(title) != chart
+            known[title] = chart
+    if grown:
+        write_charts(trainer, merged)
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"`{name}={value!r}` must be a positive int.")
+
+
+class AnalysisCallback(Callback):
+    """Base of the analysis callbacks that report one JSON key per analysed validation epoch.
+
+    The lifecycle, in order, on every rank unless said otherwise:
+
+    1. ``on_validation_epoch_start``: is this epoch analysed (never the sanity check; every ``every_n_epochs``-th
+       epoch while fitting; always in ``validate``)? If so, the padding budget of the first validation dataloader
+       (how many of this rank's samples are real, not the ``DistributedSampler``'s repeats) and :meth:`start`.
+    2. every validation batch: :meth:`before_batch` and :meth:`after_batch`; :meth:`real_rows` says how many rows
+       of a batch count (none of any dataloader but the first: only the first is analysed).
+    3. ``on_validation_epoch_end``: :meth:`stop`, one all-reduce of the float64 sum states of :meth:`metrics`
+       (layerwise's sum-state metrics; a plain torchmetrics ``Metric`` syncs itself in its ``compute``),
+       :meth:`compute` (the global results), the :meth:`scalars` logged through Lightning as ``val/<name>``
+       (already global: no sync) with their Custom Scalars :meth:`charts`; then on global rank zero the results,
+       made JSON, merged under :attr:`key` into the epoch's summary (``<log_dir>/layerwise/val_epoch_..._step_....
+       json``), the console :meth:`line` with the summary's path, and the :meth:`figures`, drawn from the JSON
+       results off the training loop, when ``log_figures`` and the figure schedule say so.
+    4. ``on_exception`` and ``teardown``: :meth:`stop`, and the figures already enqueued reach the logger first.
+
+    A subclass sets :attr:`key` and overrides what it needs of :meth:`start`, :meth:`before_batch`,
+    :meth:`after_batch`, :meth:`stop`, :meth:`metrics`, :meth:`compute`, :meth:`scalars`, :meth:`charts`,
+    :meth:`line` and :meth:`figures`; ``README.md`` ("Add your own analysis") shows one, ``examples/feature_norm.py``.
+
+    Args:
+        every_n_epochs: analyse every n-th validation epoch while fitting (``validate`` always analyses).
+        log_figures: draw the figures as TensorBoard images (global rank zero).
+        figures_every_n_epochs: while fitting, draw them only every n-th epoch and at the last one (the schedule of
+            :class:`~layerwise.callbacks.LayerwiseMonitor`); ``validate`` always draws.
+    """
+
+    key: ClassVar[str] = ""  # the JSON key of the results in the epoch's summary
+    stage: ClassVar[str] = "val"
+
+    def __init__(self, every_n_epochs: int = 1, log_figures: bool = True, figures_every_n_epochs: int = 1) -> None:
+        if not self.key:
+            raise TypeError(f"{type(self).__name__} sets no `key`: the JSON key its results are written under.")
+        _positive_int("every_n_epochs", every_n_epochs)
+        _positive_int("figures_every_n_epochs", figures_every_n_epochs)
+        self.every_n_epochs = every_n_epochs
+        self.log_figures = log_figures
+        self.figures_every_n_epochs = figures_every_n_epochs
+        self._active = False
+        self._budget: Optional[int] = None
+        self._first_loader = True
+
+    # -- what an analysis implements ----------------------------------------------------------------------------
+
+    def start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """An analysed epoch begins: build or reset the metrics on the module's device, attach hooks."""
+
+    def before_batch(self, trainer: Trainer, pl_module: LightningModule, batch: Any) -> None:
+        """Before the module's validation step on ``batch``."""
+
+    def after_batch(self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any) -> None:
+        """After it: feed the metrics with the :meth:`real_rows` of the batch."""
+
+    def stop(self) -> None:
+        """Release what :meth:`start` attached (end of the epoch, an exception, teardown; also when nothing is)."""
+
+    def metrics(self) -> Sequence[Metric]:
+        """The package's float64 sum-state metrics (``sync_on_compute=False``), summed in one all-reduce.
+
+        A plain torchmetrics ``Metric`` need not be listed: it syncs its own states when :meth:`compute` calls its
+        ``compute`` (``sync_on_compute=True``, torchmetrics' default), on every rank.
+        """
+        return ()
+
+    def compute(self, trainer: Trainer, pl_module: LightningModule) -> Any:
+        """The global results, stored under :attr:`key` as JSON: a dict of tensors, numbers and lists, or a list.
+
+        Runs on every rank after the all-reduce of :meth:`metrics`; a collective of its own may run here.
+        """
+        raise NotImplementedError
+
+    def scalars(self, results: Any) -> dict[str, float]:
+        """Scalars to log, named without the stage (``"residual_ratio/block/layer_01"``)."""
+        return {}
+
+    def charts(self) -> dict[str, str]:
+        """TensorBoard multi-line charts: title -> regex of scalar names without the stage (all layers of one)."""
+        return {}
+
+    def line(self, results: Any) -> str:
+        """One console line on the JSON results (global rank zero; the summary's path is appended)."""
+        return f"{self.key} of {type(self).__name__}"
+
+    def figures(self, results: Any) -> dict[str, Any]:
+        """Tag (without the stage) -> matplotlib figure of the JSON results, drawn off the training loop."""
+        return {}
+
+    # -- the lifecycle ------------------------------------------------------------------------------------------
+
+    def real_rows(self, size: int) -> int:
+        """How many of the ``size`` rows of the current batch count: this rank's real samples of the first loader."""
+        if not self._first_loader:
+            return 0
+        rows, self._budget = take_real(self._budget, size)
+        return rows
+
+    def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self.stop()
+        self._active = analyses_now(trainer, self.every_n_epochs)
+        if self._active:
+            self._budget = real_samples_on_rank(evaluation_loaders(trainer.val_dataloaders)[0])
+            self.start(trainer, pl_module)
+
+    def on_validation_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        if self._active:
+            self._first_loader = dataloader_idx == 0
+            self.before_batch(trainer, pl_module, batch)
+
+    def on_validation_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if self._active:
+            self._first_loader = dataloader_idx == 0
+            self.after_batch(trainer, pl_module, outputs, batch)
+
+    def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        if not self._active:
+            return
+        self._active = False
+        self.stop()
+        self._report(trainer, pl_module)
+
+    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
+        wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it
+        self.stop()
+        self._active = False
+
+    def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it
+        self.stop()
+
+    def _report(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        """Reduce, compute, log (every rank: collectives); write, print and draw (global rank zero)."""
+        all_reduce_sum_states(list(self.metrics()))
+        results = self.compute(trainer, pl_module)
+        scalars = {f"{self.stage}/{name}": value for name, value in self.scalars(results).items()}
+        if scalars:  # already global (the states were reduced above): no sync, no collective per scalar
+            pl_module.log_dict(scalars, sync_dist=False, on_step=False, on_epoch=True, add_dataloader_idx=False)
+        log_dir = _log_dir(trainer)  # a broadcast under DDP: every rank asks
+        if not trainer.is_global_zero:
+            return
+        stage = self.stage
+        charts = {f"{stage} {title}": ["Multiline", [f"{stage}/{regex}"]] for title, regex in self.charts().items()}
+        if charts:
+            add_charts(trainer, {f"layerwise {stage}": charts})
+        written = to_json(results)
+        # No "layers"/"depth": they are the LayerwiseMonitors' layer selection, which this must not overwrite.
+        header = {"stage": self.stage, "epoch": trainer.current_epoch, "global_step": trainer.global_step}
+        path = summary_path(log_dir, self.stage, trainer.current_epoch, trainer.global_step)
+        merge_summary(path, {**header, self.key: written}, _run_id(trainer))
+        show(trainer, f"{self.line(written)} → {path}")
+        if draws_figures(trainer, self.log_figures, self.figures_every_n_epochs):
+            log_figures_later(trainer, lambda: {f"{stage}/{tag}": fig for tag, fig in self.figures(written).items()})

@@ -1,0 +1,140 @@
+"""The one lifecycle of the analysis callbacks (callbacks/lifecycle.py), and the README's example written on it.
+
+The README's "Add your own analysis" quotes ``examples/feature_norm.py`` verbatim; the example runs on 1 and on 2
+gloo processes (``ddp_fork``, 101 samples: one padded) and gives the same JSON, equal to a float64 reference taken
+from the backbone directly. The residual norm ratio, ported onto the lifecycle, gets its Custom Scalars charts in
+the run's one layout (next to LayerwiseAnalysis's) and draws on the figure schedule of the other callbacks.
+"""
+
+import importlib.util
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import (
+    assert_json_close,
+    digits,
+    fitted_backbone,
+    fitted_module,
+    read_summary,
+    train_loader,
+    trainer,
+    val_loader,
+)
+from lightning.pytorch.loggers import TensorBoardLogger
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.plugins.custom_scalar import layout_pb2
+
+from layerwise.callbacks import AnalysisCallback, LayerwiseAnalysis, ResidualNormRatioMonitor
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "examples" / "feature_norm.py"
+N = 101
+
+
+def example_module():
+    spec = importlib.util.spec_from_file_location("feature_norm_example", EXAMPLE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def events(log_dir: str) -> EventAccumulator:
+    accumulator = EventAccumulator(log_dir, size_guidance={"images": 0, "scalars": 0, "tensors": 0})
+    accumulator.Reload()
+    return accumulator
+
+
+def layout(accumulator: EventAccumulator) -> dict[str, str]:
+    """The run's Custom Scalars as TensorBoard shows them (the last layout written): title -> tag regex."""
+    config = accumulator.Tensors("custom_scalars__config__")[-1]
+    written = layout_pb2.Layout.FromString(config.tensor_proto.string_val[0])
+    return {chart.title: chart.multiline.tag[0] for category in written.category for chart in category.chart}
+
+
+def test_the_readme_quotes_the_example_verbatim():
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("### Add your own analysis", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+    assert EXAMPLE.read_text() in blocks, "README's 'Add your own analysis' block differs from examples/feature_norm.py"
+    assert issubclass(example_module().FeatureNormMonitor, AnalysisCallback)
+
+
+def feature_norms(root: Path, weights: Path, **options) -> dict:
+    module = fitted_module()
+    module.load_state_dict(torch.load(weights))
+    callback = example_module().FeatureNormMonitor()
+    trainer(root, [callback], **options).validate(module, val_loader(N, batch_size=16), verbose=False)
+    return read_summary(root)["feature_norm"]
+
+
+def test_the_example_on_two_processes_equals_one_and_a_float64_reference(tmp_path, single_thread):
+    weights = tmp_path / "weights.pt"
+    torch.save(fitted_module().state_dict(), weights)
+    one = feature_norms(tmp_path / "one", weights)
+    many = feature_norms(tmp_path / "many", weights, devices=2, strategy="ddp_fork")
+    assert_json_close(many, one, rtol=1e-12)
+
+    _, _, x, _ = digits()
+    with torch.no_grad():
+        features = fitted_backbone()(x[:N]).double().numpy()  # (L, N, d): the residual stream after each block
+    reference = np.linalg.norm(features, axis=-1).mean(axis=1)
+    assert one["layers"] == [1, 2, 3, 4]
+    np.testing.assert_allclose(one["mean"], reference, rtol=1e-6)
+
+
+def test_the_example_logs_its_scalars_chart_and_figure(tmp_path, capsys):
+    logger = TensorBoardLogger(str(tmp_path), name="tb")
+    callback = example_module().FeatureNormMonitor()
+    trainer(tmp_path, [callback], logger=logger).validate(fitted_module(), val_loader(N), verbose=False)
+    summary = read_summary(logger.log_dir)
+    accumulator = events(logger.log_dir)
+    for layer, mean in zip(summary["feature_norm"]["layers"], summary["feature_norm"]["mean"]):
+        (event,) = accumulator.Scalars(f"val/feature_norm/layer_{layer:02d}")
+        assert event.value == np.float32(mean)
+    assert layout(accumulator) == {"val feature norm per layer": r"val/feature_norm/layer_\d+"}
+    assert accumulator.Tags()["images"] == ["val/feature_norm"]
+    assert "mean feature norm (layer 1 -> 4)" in capsys.readouterr().out
+
+
+def test_residual_ratio_charts_share_the_runs_layout_and_its_figure_the_schedule(tmp_path):
+    logger = TensorBoardLogger(str(tmp_path), name="tb")
+    callbacks = [LayerwiseAnalysis(figures_every_n_epochs=2), ResidualNormRatioMonitor(figures_every_n_epochs=2)]
+    fit = trainer(tmp_path, callbacks, logger=logger, max_epochs=3, limit_train_batches=2, limit_val_batches=2)
+    fit.fit(fitted_module(), train_loader(), val_loader(N))
+    accumulator = events(logger.log_dir)
+
+    charts = layout(accumulator)
+    scalars = accumulator.Tags()["scalars"]
+    for branch in ("block", "attention", "mlp"):
+        pattern = charts[f"val residual ratio {branch} per layer"]
+        assert sorted(tag for tag in scalars if re.fullmatch(pattern, tag)) == [
+            f"val/residual_ratio/{branch}/layer_{layer:02d}" for layer in range(1, 5)
+        ]
+    assert "val accuracy per layer" in charts  # the monitor's charts stay in the one layout
+
+    drawn = {tag: [event.step for event in accumulator.Images(tag)] for tag in ("val/cos", "val/residual_norm_ratio")}
+    assert drawn["val/residual_norm_ratio"] == drawn["val/cos"] == [4, 6]  # epoch 2 and the last, epoch 3
+
+
+def test_only_the_first_validation_dataloader_is_analysed(tmp_path):
+    callbacks = [ResidualNormRatioMonitor(log_figures=False), example_module().FeatureNormMonitor(log_figures=False)]
+    loaders = [val_loader(48), val_loader(N)]
+    trainer(tmp_path, callbacks).validate(fitted_module(), loaders, verbose=False)
+    alone = tmp_path / "alone"
+    trainer(alone, [example_module().FeatureNormMonitor(log_figures=False)]).validate(
+        fitted_module(), val_loader(48), verbose=False
+    )
+    summary = read_summary(tmp_path)
+    assert summary["residual_norm_ratio"]["num_samples"] == 48
+    assert_json_close(summary["feature_norm"], read_summary(alone)["feature_norm"], rtol=1e-12)
+
+
+def test_an_analysis_without_a_json_key_is_refused():
+    class Nameless(AnalysisCallback):
+        pass
+
+    with pytest.raises(TypeError, match="sets no `key`"):
+        Nameless()
