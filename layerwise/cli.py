@@ -37,7 +37,7 @@ def _trainer_classes() -> tuple[type, type]:
     from lightning.pytorch import LightningModule
     from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-    from layerwise.callbacks._runs import evaluated_split, place_logger, read_position, take_position
+    from layerwise.callbacks._runs import evaluation_line, place_logger, read_position, take_position, test_split_line
     from layerwise.callbacks.progress import ProgressLines, fit_closing_line
     from layerwise.errors import UsageError
     from layerwise.lightning_modules import LayerwiseModule
@@ -184,16 +184,8 @@ def _trainer_classes() -> tuple[type, type]:
                 take_position(self.trainer, self._position)
 
         def _after_evaluation(self) -> None:
-            """One line: which model was evaluated, and where its results went."""
-            if not self.trainer.is_global_zero:
-                return
-            position = self._position
-            if position is not None:
-                model = f"checkpoint {position.path} (epoch {position.epoch}, step {position.global_step})"
-            else:
-                model = f"checkpoint {self.trainer.ckpt_path}" if self.trainer.ckpt_path else "the untrained model"
-
-            print(f"layerwise {self.subcommand}: {model} -> {self.trainer.log_dir}", flush=True)
+            if self.trainer.is_global_zero:
+                print(evaluation_line(self.trainer, str(self.subcommand), self._position), flush=True)
 
         def before_validate(self) -> None:
             self._before_evaluation()
@@ -203,13 +195,9 @@ def _trainer_classes() -> tuple[type, type]:
 
         def before_test(self) -> None:
             self._before_evaluation()
-            split = evaluated_split(self.datamodule, "test")
-            if split != "test" and self.trainer.is_global_zero:
-                print(
-                    f"layerwise test: {type(self.datamodule).__name__} has no test split; testing its {split} split "
-                    f'(recorded as "split": "{split}" in the summary).',
-                    flush=True,
-                )
+            line = test_split_line(self.datamodule)
+            if line and self.trainer.is_global_zero:
+                print(line, flush=True)
 
         def after_test(self) -> None:
             self._after_evaluation()

@@ -123,3 +123,23 @@ def evaluated_split(datamodule: Any, stage: str) -> str:
     if stage == "test":
         return str(getattr(datamodule, "test_split", None) or "test")
     return stage.split("_", 1)[1] if "_" in stage else stage
+
+
+def evaluation_line(trainer: Trainer, command: str, position: Optional[CheckpointPosition]) -> str:
+    """The line ``validate``/``test`` end with: which model was evaluated, and where its results went."""
+    if position is not None:
+        model = f"checkpoint {position.path} (epoch {position.epoch}, step {position.global_step})"
+    else:
+        model = f"checkpoint {trainer.ckpt_path}" if trainer.ckpt_path else "the model as configured (no --ckpt_path)"
+    return f"layerwise {command}: {model} -> {trainer.log_dir or trainer.default_root_dir}"
+
+
+def test_split_line(datamodule: Any) -> Optional[str]:
+    """What ``layerwise test`` says before it evaluates another split than a test split, else None."""
+    split = evaluated_split(datamodule, "test")
+    if split == "test":
+        return None
+    return (
+        f"layerwise test: {type(datamodule).__name__} has no test split; testing its {split} split "
+        f'(recorded as "split": "{split}" in the summary).'
+    )
