@@ -56,11 +56,12 @@ def fit_closing_line(trainer: Trainer, start_step: int = 0) -> str:
     """
     run = Path(trainer.log_dir or trainer.default_root_dir)
     if trainer.global_step <= start_step:
-        where = f"resumed at step {start_step}, " if start_step else ""
-        return (
-            f"layerwise fit: nothing was trained ({where}max_epochs={trainer.max_epochs}, max_steps={trainer.max_steps}"
-            f", {trainer.num_training_batches} training batches per epoch); {run} holds no new results."
-        )
+        limits = [f"resumed at step {start_step}"] if start_step else []
+        limits += [
+            f"{name}={value}" for name, value in (("max_epochs", trainer.max_epochs), ("max_steps", trainer.max_steps))
+        ]
+        limits = [limit for limit in limits if not limit.endswith(("=-1", "=None"))]
+        return f"layerwise fit: nothing was trained ({', '.join(limits)}); {run} holds no new results."
     parts = [f"layerwise fit: {trainer.current_epoch} epochs, step {trainer.global_step}"]
     last = trainer.callback_metrics.get("val/acc")
     monitored = [c for c in trainer.checkpoint_callbacks if getattr(c, "monitor", None) == "val/acc"]

@@ -48,7 +48,7 @@ def plot(path: Path, out: Optional[Path] = None, all_epochs: bool = False, forma
     if path.is_dir():
         run = files[0].parent.parent
         runs = {p.parent for p in path.rglob("*_epoch_*.json") if is_summary(p)}
-        latest = f" (the latest fit run of the {len(runs)} runs under {path})" if len(runs) > 1 else ""
+        latest = f" (the latest fit run of the {len(runs)} runs under {path})" if len(runs) > 1 and run != path else ""
         print(f"layerwise plot: drawing run {run}{latest}")
     for summary_file in files:
         for written in plot_summary(summary_file, out, tuple(format or ("png", "pdf"))):
