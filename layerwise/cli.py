@@ -37,7 +37,8 @@ def _trainer_classes() -> tuple[type, type]:
     from lightning.pytorch import LightningModule
     from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-    from layerwise.callbacks.progress import ProgressLines
+    from layerwise.callbacks._runs import evaluation_line, place_logger, read_position, take_position, test_split_line
+    from layerwise.callbacks.progress import ProgressLines, fit_closing_line
     from layerwise.errors import UsageError
     from layerwise.lightning_modules import LayerwiseModule
     from layerwise.lightning_modules.base import check_data_compatible
@@ -72,6 +73,21 @@ def _trainer_classes() -> tuple[type, type]:
             if not sys.stdout.isatty():  # a log file shows a bar only at the end: plain lines instead (see after_...)
                 kwargs["trainer_defaults"] = {"enable_progress_bar": False, **(kwargs.get("trainer_defaults") or {})}
             super().__init__(*args, **kwargs)
+
+        def before_instantiate_classes(self) -> None:
+            """``validate``/``test --ckpt_path``: log beside the checkpoint's run; ``predict``: no log folder at all."""
+            super().before_instantiate_classes()
+            self._position = None
+            subcommand = self.config.get("subcommand")
+            if subcommand not in ("validate", "test", "predict"):
+                return
+            config = self.config[subcommand]
+            self._position = read_position(config.get("ckpt_path")) if config.get("ckpt_path") else None
+            if subcommand == "predict":  # it logs nothing (the predictions go to Python or a writer callback)
+                config.trainer.logger = False
+                self.save_config_callback = None
+            elif self._position is not None:
+                place_logger(config.trainer, subcommand, self._position)
 
         def after_instantiate_classes(self) -> None:
             """Without a terminal and without a progress bar, a fit prints progress as plain lines."""
@@ -150,15 +166,44 @@ def _trainer_classes() -> tuple[type, type]:
 
         def before_fit(self) -> None:
             self._check_before_run()
+            for option in ("max_epochs", "max_steps"):
+                if getattr(self.trainer, option) == 0:  # Lightning would return at once, leaving an empty run folder
+                    raise UsageError(
+                        f"`--trainer.{option}=0` trains nothing: give 1 or more (to analyse a checkpoint without "
+                        "training: `layerwise validate --ckpt_path …`)."
+                    )
+
+        def after_fit(self) -> None:
+            if self.trainer.is_global_zero:
+                resumed = read_position(self.config.fit.get("ckpt_path") or "")
+                print(fit_closing_line(self.trainer, resumed.global_step if resumed else 0), flush=True)
+
+        def _before_evaluation(self) -> None:
+            self._check_before_run()
+            if self._position is not None:
+                take_position(self.trainer, self._position)
+
+        def _after_evaluation(self) -> None:
+            if self.trainer.is_global_zero:
+                print(evaluation_line(self.trainer, str(self.subcommand), self._position), flush=True)
 
         def before_validate(self) -> None:
-            self._check_before_run()
+            self._before_evaluation()
+
+        def after_validate(self) -> None:
+            self._after_evaluation()
 
         def before_test(self) -> None:
-            self._check_before_run()
+            self._before_evaluation()
+            line = test_split_line(self.datamodule)
+            if line and self.trainer.is_global_zero:
+                print(line, flush=True)
+
+        def after_test(self) -> None:
+            self._after_evaluation()
 
         def before_predict(self) -> None:
-            self._check_before_run()
+            self._before_evaluation()
 
     for cls in (_ConciseArgumentParser, LayerwiseCLI):
         cls.__qualname__ = cls.__name__  # layerwise.cli.LayerwiseCLI, as if defined at the top (module __getattr__)

@@ -188,19 +188,36 @@ def load_summary(path: Union[str, Path]) -> dict[str, Any]:
     return summary
 
 
-def choose_run(found: list[Path]) -> Path:
-    """The log folder (``.../layerwise``) a user means among several: the fit run with the most validation epochs.
+EVALUATION_FOLDER = re.compile(r"^(validate|test)_epoch_\d+_step_\d+(-v\d+)?$")
+"""The sub-folder of a run where ``layerwise validate/test --ckpt_path <run>/checkpoints/…`` writes its results."""
 
-    A ``layerwise validate`` run writes one ``val_epoch`` file, a fit run one per analysed epoch; ties go to the
-    newest folder. Modification times alone would pick the validation run made after a fit.
+
+def is_evaluation(folder: Path, found: list[Path]) -> bool:
+    """Whether the log folder ``folder`` (``.../layerwise``) holds an evaluation of a checkpoint, not a fit.
+
+    An evaluation's run folder is named like :data:`EVALUATION_FOLDER`; an older one (a ``version_N`` of its own)
+    has summaries at step 0 only, as no fit writes them.
+    """
+    if EVALUATION_FOLDER.match(folder.parent.name):
+        return True
+    return all(summary_order(p)[1] == 0 for p in found if p.parent == folder)
+
+
+def choose_run(found: list[Path]) -> Path:
+    """The log folder (``.../layerwise``) a user means among several: the latest fit run.
+
+    Latest: the run whose newest summary was written last (ties: the later folder name). Evaluations by ``validate``
+    and ``test`` are not fit runs and are chosen only when there is nothing else; name their folder to draw them.
     """
     folders = sorted({p.parent for p in found})
+    fits = [folder for folder in folders if not is_evaluation(folder, found)] or folders
 
-    def rank(folder: Path) -> tuple[int, float]:
-        epochs = sum(1 for p in found if p.parent == folder and p.name.startswith("val_epoch_"))
-        return epochs, folder.stat().st_mtime
+    def written(folder: Path) -> tuple[float, list[tuple[int, str]]]:
+        newest = max(p.stat().st_mtime for p in found if p.parent == folder)
+        natural = [(int(part), "") if part.isdigit() else (-1, part) for part in re.split(r"(\d+)", str(folder))]
+        return newest, natural
 
-    return max(folders, key=rank)
+    return max(fits, key=written)
 
 
 def find_summaries(path: Path, all_epochs: bool = False, stage: str = "*", option: str = "path") -> list[Path]:

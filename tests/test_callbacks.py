@@ -50,7 +50,7 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 N = 101  # validation samples: 6 batches of 16 and a ragged one of 5
 THRESHOLDS = [0.3, 0.5, 0.7, 0.9]
 EPSILONS = [0.01, 0.05, 0.1]
-HEADER = {"stage", "epoch", "global_step", "num_samples", "depth", "layers", "run_id", "n_nonfinite"}
+HEADER = {"stage", "split", "epoch", "global_step", "num_samples", "depth", "layers", "run_id", "n_nonfinite"}
 
 
 # ---------------------------------------------------------------------------------------- float64 references
@@ -237,6 +237,7 @@ def test_analysis_json_equals_float64_reference(analysis_run):
 
     assert {key: summary[key] for key in HEADER - {"run_id"}} == {
         "stage": "val",
+        "split": "validation",
         "epoch": 0,
         "global_step": 0,
         "num_samples": N,

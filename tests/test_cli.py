@@ -204,9 +204,11 @@ def test_quickstart_config_one_short_epoch(tmp_path):
     LayerwiseCLI(args=["test", *common, checkpoint])
     predict = LayerwiseCLI(args=["predict", *common, checkpoint, "--trainer.limit_predict_batches=1"])
     assert predict.trainer.predict_loop.predictions[0]["predictions"].shape[0] == 6
-    validated = read_summary(tmp_path / "quickstart" / "version_1")
+    label = summary_file(log_dir).stem.removeprefix("val_")  # the checkpoint's epoch and step: its evaluations' too
+    validated = read_summary(log_dir / f"validate_{label}")
     assert validated["accuracy"] == pytest.approx(summary["accuracy"], abs=1e-12)  # same weights, same numbers
-    assert read_summary(tmp_path / "quickstart" / "version_2", stage="test")["stage"] == "test"
+    assert read_summary(log_dir / f"test_{label}", stage="test")["stage"] == "test"
+    assert sorted(p.name for p in (tmp_path / "quickstart").iterdir()) == ["version_0"]  # no run of their own
 
     # `layerwise plot` renders the figures of the latest epoch to PNG and PDF
     main(["plot", str(log_dir), "--out", str(tmp_path / "figures")])

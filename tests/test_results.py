@@ -63,8 +63,12 @@ def test_the_fit_run_is_chosen_over_a_later_validation_run(tmp_path, capsys):
     for epoch in range(3):
         write_text_atomic(fit_run / "layerwise" / f"val_epoch_{epoch:03d}.json", json.dumps({"epoch": epoch}))
     time.sleep(0.01)
-    write_text_atomic(validate_run / "layerwise" / "val_epoch_002.json", json.dumps({"epoch": 2}))
+    # an evaluation in the checkpoint's run, and one of an older layerwise in a version of its own (at step 0)
+    evaluation = fit_run / "validate_epoch_002_step_0000030" / "layerwise" / "val_epoch_002_step_0000030.json"
+    write_text_atomic(evaluation, json.dumps({"epoch": 2}))
+    write_text_atomic(validate_run / "layerwise" / "val_epoch_000_step_0000000.json", json.dumps({"epoch": 0}))
     assert find_summaries(tmp_path / "exp") == [fit_run / "layerwise" / "val_epoch_002.json"]
     assert len(find_summaries(tmp_path / "exp", all_epochs=True)) == 3
-    assert find_summaries(validate_run) == [validate_run / "layerwise" / "val_epoch_002.json"]  # asked explicitly
+    assert find_summaries(validate_run) == [validate_run / "layerwise" / "val_epoch_000_step_0000000.json"]
+    assert find_summaries(evaluation.parent.parent) == [evaluation]  # asked explicitly
     assert latest_summary(tmp_path / "exp").parent.parent == fit_run

@@ -12,6 +12,7 @@ from lightning.pytorch import Trainer
 from torch import Tensor
 
 from layerwise.callbacks._drawing import draw_later
+from layerwise.callbacks._runs import evaluated_split
 from layerwise.callbacks.family import Family, LayerBatch, LayerSpec
 from layerwise.results import merge_summary, summary_path, write_atomic
 
@@ -31,6 +32,7 @@ def write_summary(
     """Add this callback's results to the epoch's summary JSON (global rank zero only)."""
     header = {
         "stage": stage,
+        "split": evaluated_split(trainer.datamodule, stage),
         "epoch": trainer.current_epoch,
         "global_step": trainer.global_step,
         "num_samples": num_samples,

@@ -1,6 +1,7 @@
 """Progress as plain lines, for runs whose output is a log file or a batch job's, not a terminal."""
 
 import time
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch import Callback, LightningModule, Trainer
@@ -45,3 +46,41 @@ class ProgressLines(Callback):
         print(
             f"epoch {trainer.current_epoch} done, step {trainer.global_step}  {self._metrics(trainer, '')}", flush=True
         )
+
+
+def fit_closing_line(trainer: Trainer, start_step: int = 0) -> str:
+    """The line a fit ends with: how far it trained, best and last ``val/acc``, the checkpoints, summaries and figures.
+
+    ``start_step``: the global step the fit resumed from (0 for a new one); a fit that stepped no further says that
+    nothing was trained.
+    """
+    run = Path(trainer.log_dir or trainer.default_root_dir)
+    if trainer.global_step <= start_step:
+        limits = [f"resumed at step {start_step}"] if start_step else []
+        limits += [
+            f"{name}={value}" for name, value in (("max_epochs", trainer.max_epochs), ("max_steps", trainer.max_steps))
+        ]
+        limits = [limit for limit in limits if not limit.endswith(("=-1", "=None"))]
+        return f"layerwise fit: nothing was trained ({', '.join(limits)}); {run} holds no new results."
+    parts = [f"layerwise fit: {trainer.current_epoch} epochs, step {trainer.global_step}"]
+    last = trainer.callback_metrics.get("val/acc")
+    monitored = [c for c in trainer.checkpoint_callbacks if getattr(c, "monitor", None) == "val/acc"]
+    best = monitored[0].best_model_score if monitored else None
+    if last is not None:
+        parts.append(f"val/acc {'' if best is None else f'best {float(best):.4f}, '}last {float(last):.4f}")
+    saved = [Path(c.best_model_path).name for c in monitored if c.best_model_path]
+    saved += [
+        Path(path).name
+        for c in trainer.checkpoint_callbacks
+        if c not in monitored
+        for path in (getattr(c, "last_model_path", ""), getattr(c, "best_model_path", ""))
+        if path
+    ]
+    folders = {str(Path(c.dirpath)) for c in trainer.checkpoint_callbacks if getattr(c, "dirpath", None)}
+    if saved and len(folders) == 1:
+        parts.append(f"checkpoints {folders.pop()}/ ({', '.join(dict.fromkeys(saved))})")
+    if (run / "layerwise").is_dir():
+        parts.append(f"summaries {run / 'layerwise'}/, figures in TensorBoard ({run}) and by `layerwise plot {run}`")
+    elif trainer.loggers:
+        parts.append(f"logs {run}/")
+    return "; ".join(parts) + "."

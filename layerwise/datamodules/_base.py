@@ -35,8 +35,10 @@ class ImageDataModule(LightningDataModule):
     ``fit``) and ``val_set`` in ``setup``. Train loader: shuffle=True, drop_last=False; every other loader:
     shuffle=False, drop_last=False. ``test_dataloader`` and ``predict_dataloader`` return the validation split.
     Subclasses may add named validation sets under a distribution shift to ``shifted_val_sets`` in ``setup``.
+    ``test_split`` names the split ``test_dataloader`` serves (recorded as ``split`` in a test summary).
     """
 
+    test_split = "validation"
     num_classes: int
     img_size: int
     in_chans: int

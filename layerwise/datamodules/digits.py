@@ -23,7 +23,8 @@ class DigitsDataModule(ImageDataModule):
     Split: a fixed, stratified train/validation split (``train_test_split(stratify=labels, random_state=seed)``),
     so every class keeps its proportion in both parts; the same ``seed`` always gives the same split. The index
     lists are kept, sorted, in ``train_indices`` / ``val_indices`` (positions in ``load_digits()``).
-    There is no separate test split: ``test_dataloader`` and ``predict_dataloader`` return the validation split.
+    There is no separate test split: ``test_dataloader`` and ``predict_dataloader`` return the validation split
+    (``test_split = "validation"``: ``layerwise test`` says so, and its summary records ``"split": "validation"``).
 
     Preprocessing: pixels 0..16 are divided by 16 to [0, 1], then standardised with one scalar mean and std
     computed over all pixels of the *training* split (exposed as ``mean`` / ``std`` after ``setup``), so no

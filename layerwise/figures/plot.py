@@ -3,7 +3,7 @@
 from pathlib import Path
 from typing import Literal, Optional
 
-from layerwise.results import find_summaries, load_summary, save_figure_atomic
+from layerwise.results import find_summaries, is_summary, load_summary, save_figure_atomic
 
 FigureFormat = Literal["png", "pdf", "svg"]
 
@@ -37,14 +37,19 @@ def plot(path: Path, out: Optional[Path] = None, all_epochs: bool = False, forma
     layer and the ε-effective depth.
 
     Args:
-        path: a val_epoch_EEE.json file, or a log directory to search (its latest run).
+        path: a summary JSON, a run folder, or a folder of runs (``runs/quickstart``): then its latest fit run, the
+            one whose summary was written last (evaluations by validate/test, in their run's sub-folders, only when
+            there is no fit run; name a run's folder to draw another).
         out: output folder (default: <json folder>/figures).
         all_epochs: plot every epoch, not only the latest.
         format: figure formats (default png pdf).
     """
     files = find_summaries(path, all_epochs, option="path")
     if path.is_dir():
-        print(f"layerwise plot: run {files[0].parent.parent}")
+        run = files[0].parent.parent
+        runs = {p.parent for p in path.rglob("*_epoch_*.json") if is_summary(p)}
+        latest = f" (the latest fit run of the {len(runs)} runs under {path})" if len(runs) > 1 and run != path else ""
+        print(f"layerwise plot: drawing run {run}{latest}")
     for summary_file in files:
         for written in plot_summary(summary_file, out, tuple(format or ("png", "pdf"))):
             print(written)
