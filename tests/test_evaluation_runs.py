@@ -170,3 +170,18 @@ def test_plot_draws_the_latest_fit_run_and_says_which(tmp_path, capsys, monkeypa
     main(["plot", str(older)])  # a run named: that run, not its evaluation
     assert [file.parent.parent for file in drawn] == [older]
     assert capsys.readouterr().out == f"layerwise plot: drawing run {older}\n"
+
+
+def test_every_datamodule_without_a_test_split_names_the_split_it_tests():
+    """COCO and HANS test their validation images; a text source tests its test split only when it has one."""
+    from types import SimpleNamespace
+
+    from layerwise.callbacks._runs import evaluated_split
+    from layerwise.datamodules.coco import COCODetectionDataModule
+    from layerwise.datamodules.hans import HANSDataModule
+    from layerwise.datamodules.text import TextDataModule
+
+    assert evaluated_split(COCODetectionDataModule, "test") == "validation"
+    assert evaluated_split(HANSDataModule, "test") == "validation"
+    assert TextDataModule.test_split.fget(SimpleNamespace(test_blocks=None)) == "validation"
+    assert TextDataModule.test_split.fget(SimpleNamespace(test_blocks=[1])) == "test"

@@ -125,6 +125,8 @@ class COCODetectionDataModule(LightningDataModule):
         num_workers: DataLoader worker processes.
     """
 
+    test_split = "validation"  # no test annotations: `layerwise test` evaluates the validation images and says so
+
     def __init__(
         self,
         val_annotations: str,

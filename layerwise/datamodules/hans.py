@@ -58,6 +58,8 @@ class HANSDataModule(LightningDataModule):
         grouping: how a group's logits become one (``max``: HANS's own accuracy; ``logsumexp``: summed probability).
     """
 
+    test_split = "validation"  # one evaluation set, served by every evaluation dataloader
+
     def __init__(
         self,
         heuristic: Optional[Literal["lexical_overlap", "subsequence", "constituent"]] = None,

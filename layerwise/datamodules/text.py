@@ -94,6 +94,11 @@ class TextDataModule(LightningDataModule):
         max_val_blocks: keep only the first blocks of the validation and test splits (None keeps all).
     """
 
+    @property
+    def test_split(self) -> str:
+        """The split ``test_dataloader`` serves: ``test`` when the source has one, else ``validation``."""
+        return "test" if getattr(self, "test_blocks", None) is not None else "validation"
+
     def __init__(
         self,
         dataset: Optional[str] = "Salesforce/wikitext",
