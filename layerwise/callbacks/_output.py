@@ -92,12 +92,8 @@ def _cell(value: Any) -> str:
 
 
 def tensorboard(trainer: Trainer) -> Optional[Any]:
-    """The first logger experiment that can take figures (TensorBoard's SummaryWriter), else None."""
-    for logger in trainer.loggers:
-        experiment = getattr(logger, "experiment", None)
-        if hasattr(experiment, "add_figure"):
-            return experiment
-    return None
+    """The first TensorBoard-like logger's experiment (``SummaryWriter``), else None."""
+    return next(iter(tensorboards(trainer)), None)
 
 
 def chart_layout(logged: dict[str, list[str]], families: list[Family]) -> dict[str, dict[str, list]]:
