@@ -122,8 +122,11 @@ def _mlflow_images(logger: MLFlowLogger) -> ImageSink:
 
 
 def mlflow_key(tag: str) -> str:
-    """``tag`` in MLflow's key charset (alphanumerics, ``_ - . /`` and space), as Lightning's MLFlowLogger keeps it."""
-    return re.sub(r"[^a-zA-Z0-9_\-./ ]+", "_", tag)
+    """``tag`` in MLflow's key charset (alphanumerics, ``_ - . /`` and space), the others dropped as from metric keys.
+
+    Lightning's MLFlowLogger drops them from the metrics' keys the same way: an image and its metrics share a prefix.
+    """
+    return re.sub(r"[^a-zA-Z0-9_\-./ ]+", "", tag)
 
 
 def _png_files(folder: str) -> ImageSink:
