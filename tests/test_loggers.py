@@ -20,7 +20,7 @@ from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from layerwise.callbacks import LayerwiseAnalysis, _drawing
-from layerwise.callbacks._loggers import ImageSink, image_sinks
+from layerwise.callbacks._loggers import ImageSink, image_sinks, mlflow_key
 from layerwise.figures.summary import summary_figures
 from layerwise.results import find_summaries, load_summary
 
@@ -181,6 +181,7 @@ def test_without_a_logger_the_pngs_go_to_the_root_folder_and_tensorboard_gets_no
     both = trainer(tmp_path, [], logger=[TensorBoardLogger(str(tmp_path), name="tb"), CSVLogger(str(tmp_path))])
     assert [sink.name.split()[0] for sink in image_sinks(both)] == ["TensorBoard", "PNG"]
     assert not image_sinks(trainer(tmp_path, [], logger=TensorBoardLogger(str(tmp_path))))[0].on_main_thread
+    assert mlflow_key("val_shift:ü/early_exit/tau_0.9") == "val_shift/early_exit/tau_0.9"  # as Lightning's metric keys
 
 
 def test_a_logger_that_refuses_an_image_is_skipped_with_a_warning_and_the_others_still_get_it():
@@ -197,3 +198,27 @@ def test_a_logger_that_refuses_an_image_is_skipped_with_a_warning_and_the_others
         _drawing.draw_later(sinks, 3, lambda: {"val/ok": new_figure(2, 2)[0]})
         _drawing.wait_for_figures()
     assert sorted(received) == [("val/ok", 3), ("val/ok", 3)]
+
+
+def test_the_quickstarts_commented_alternative_logger_parses_and_builds_csv_wandb_and_mlflow(tmp_path, monkeypatch):
+    pytest.importorskip("wandb", reason="wandb is absent (pip install -e '.[loggers]')")
+    pytest.importorskip("mlflow", reason="mlflow-skinny is absent (pip install -e '.[loggers]')")
+    from lightning.pytorch.loggers import MLFlowLogger, WandbLogger
+
+    from layerwise.cli import LayerwiseCLI
+
+    quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+    lines = quickstart.read_text().splitlines()
+    start = lines.index("  # logger:")
+    block = ["trainer:"]
+    for line in lines[start:]:
+        if not line.startswith("  # "):
+            break
+        block.append("  " + line[len("  # ") :])
+    alternative = tmp_path / "alternative.yaml"
+    alternative.write_text("\n".join(block) + "\n")
+    monkeypatch.chdir(tmp_path)  # the config's folders are relative: runs/, runs/mlflow.db
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    cli = LayerwiseCLI(args=["--config", str(quickstart), "--config", str(alternative)], run=False)
+    assert [type(logger) for logger in cli.trainer.loggers] == [CSVLogger, WandbLogger, MLFlowLogger]
+    assert [sink.name.split()[0] for sink in image_sinks(cli.trainer)] == ["W&B", "MLflow", "PNG"]
