@@ -192,12 +192,15 @@ def test_a_logger_that_refuses_an_image_is_skipped_with_a_warning_and_the_others
     def refuse(tag, image, step):
         raise ConnectionError("offline")
 
-    sinks = [ImageSink("broken", refuse), ImageSink("main", lambda *item: received.append(item[::2]), True)]
-    sinks.append(ImageSink("worker", lambda *item: received.append(item[::2])))
+    def keep(name):
+        return lambda tag, image, step: received.append((name, tag, step, threading.current_thread().name))
+
+    sinks = [ImageSink("broken", refuse), ImageSink("main", keep("main"), True), ImageSink("worker", keep("worker"))]
     with pytest.warns(UserWarning, match="could not be logged to broken"):
         _drawing.draw_later(sinks, 3, lambda: {"val/ok": new_figure(2, 2)[0]})
         _drawing.wait_for_figures()
-    assert sorted(received) == [("val/ok", 3), ("val/ok", 3)]
+    main = threading.main_thread().name
+    assert sorted(received) == [("main", "val/ok", 3, main), ("worker", "val/ok", 3, "layerwise-figures")]
 
 
 def test_the_quickstarts_commented_alternative_logger_parses_and_builds_csv_wandb_and_mlflow(tmp_path, monkeypatch):
