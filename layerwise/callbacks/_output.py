@@ -1,4 +1,4 @@
-"""Where the analysis goes besides the JSON: TensorBoard charts and figures, and the optional saved features."""
+"""Where the analysis goes besides the JSON: every logger's charts and figures, and the optional saved features."""
 
 import re
 import uuid
@@ -12,6 +12,7 @@ from lightning.pytorch import Trainer
 from torch import Tensor
 
 from layerwise.callbacks._drawing import draw_later
+from layerwise.callbacks._loggers import add_to_history, image_sinks, log_layer_charts, tensorboards, wandb_loggers
 from layerwise.callbacks._runs import evaluated_split
 from layerwise.callbacks.family import Family, LayerBatch, LayerSpec
 from layerwise.results import merge_summary, summary_path, write_atomic
@@ -41,7 +42,17 @@ def write_summary(
     }
     path = summary_path(log_dir, stage, trainer.current_epoch, trainer.global_step)
     merge_summary(path, {**header, **results}, _run_id(trainer))
+    if wandb_loggers(trainer):  # the W&B per-layer charts need every analysed epoch, also those drawn later
+        _UNCHARTED.setdefault(trainer, []).append((stage, trainer.global_step, _on_host(results)))
     return path
+
+
+# Per trainer: (stage, global step, results) of the analysed epochs not yet in the W&B per-layer charts.
+_UNCHARTED: "weakref.WeakKeyDictionary[Trainer, list[tuple[str, int, dict[str, Any]]]]" = weakref.WeakKeyDictionary()
+
+
+def _on_host(results: dict[str, Any]) -> dict[str, Any]:
+    return {key: value.detach().cpu() if isinstance(value, Tensor) else value for key, value in results.items()}
 
 
 def show(trainer: Trainer, text: str) -> None:
@@ -83,12 +94,8 @@ def _cell(value: Any) -> str:
 
 
 def tensorboard(trainer: Trainer) -> Optional[Any]:
-    """The first logger experiment that can take figures (TensorBoard's SummaryWriter), else None."""
-    for logger in trainer.loggers:
-        experiment = getattr(logger, "experiment", None)
-        if hasattr(experiment, "add_figure"):
-            return experiment
-    return None
+    """The first TensorBoard-like logger's experiment (``SummaryWriter``), else None."""
+    return next(iter(tensorboards(trainer)), None)
 
 
 def chart_layout(logged: dict[str, list[str]], families: list[Family]) -> dict[str, dict[str, list]]:
@@ -111,20 +118,24 @@ def chart_layout(logged: dict[str, list[str]], families: list[Family]) -> dict[s
 
 
 def write_charts(trainer: Trainer, layout: dict[str, dict[str, list]]) -> None:
-    """Write the Custom Scalars layout to the TensorBoard logger, if there is one."""
-    experiment = tensorboard(trainer)
-    if experiment is not None and hasattr(experiment, "add_custom_scalars") and layout:
-        experiment.add_custom_scalars(layout)
+    """Write the Custom Scalars layout to every TensorBoard logger.
+
+    W&B gets the same charts as line plots with the figures (:func:`log_figures`); MLflow and CSV have no multi-line
+    chart of their own: their per-layer metrics carry the layer in the key (``val/acc/layer_03``).
+    """
+    if layout:
+        for experiment in tensorboards(trainer):
+            experiment.add_custom_scalars(layout)
 
 
 def log_figures_later(trainer: Trainer, figures: Callable[[], dict[str, Any]]) -> None:
     """Log ``figures()`` (tag -> matplotlib figure) as images at the trainer's global step, drawn off the loop.
 
-    The one door from the callbacks to the loggers' images: which loggers receive them is decided here.
+    The one door from the callbacks to the loggers' images: every logger of the trainer that takes images receives
+    them through its own API, PNG files in the run folder stand in for those that do not (CSV, no logger);
+    :mod:`layerwise.callbacks._loggers` decides.
     """
-    experiment = tensorboard(trainer)
-    if experiment is not None:
-        draw_later(experiment, trainer.global_step, figures)
+    draw_later(image_sinks(trainer), trainer.global_step, figures)
 
 
 def log_figures(trainer: Trainer, stage: str, families: list[Family], results: dict[str, Any], spec: LayerSpec) -> None:
@@ -136,6 +147,21 @@ def log_figures(trainer: Trainer, stage: str, families: list[Family], results: d
         }
 
     log_figures_later(trainer, figures)
+    if wandb_loggers(trainer):
+        _log_wandb_charts(trainer, stage, families, spec)
+
+
+def _log_wandb_charts(trainer: Trainer, stage: str, families: list[Family], spec: LayerSpec) -> None:
+    """The W&B line plots of the Custom Scalars charts, from every analysed epoch of ``stage`` so far."""
+    waiting = _UNCHARTED.get(trainer, [])
+    _UNCHARTED[trainer] = [entry for entry in waiting if entry[0] != stage]
+    for _, step, results in [entry for entry in waiting if entry[0] == stage]:
+        scalars = {
+            f"{stage}/{key}": value for family in families for key, value in family.scalars(results, spec).items()
+        }
+        add_to_history(trainer, stage, step, scalars)
+    charts = {title: f"{stage}/{pattern}" for family in families for title, pattern in family.charts().items()}
+    log_layer_charts(trainer, stage, charts)
 
 
 class FeatureSaver:

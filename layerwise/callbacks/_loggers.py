@@ -1,0 +1,202 @@
+"""Where the figures and per-layer charts go: one sink per logger of the trainer, each through its own public API.
+
+=================================  ==========================================  ====================================
+logger                             figures (rendered once, RGB uint8 arrays)   per-layer charts
+=================================  ==========================================  ====================================
+``TensorBoardLogger`` (any logger  ``SummaryWriter.add_image``                 Custom Scalars (``write_charts``)
+whose experiment has ``add_image``)
+``WandbLogger``                    ``WandbLogger.log_image``                   ``wandb.plot.line_series`` per quantity
+``MLFlowLogger``                   ``MlflowClient.log_image(key=, step=)``     its metrics, layer in the key
+``CSVLogger``, no logger, any      PNG files under                             the CSV's columns
+other (``CometLogger``,            ``<run folder>/layerwise/images/``
+``LitLogger``)
+=================================  ==========================================  ====================================
+
+Threads: the drawing thread (``_drawing.py``) renders every figure once and hands the array to each sink. A sink marked
+``on_main_thread`` gets it on the training loop's thread instead, at the next :func:`~._drawing.draw_later` or at
+:func:`~._drawing.wait_for_figures` (teardown, exception): ``wandb.log`` is not thread-safe (its maintainers say so,
+wandb issue 1824; ``Run._log`` advances the run's step without a lock). TensorBoard's ``SummaryWriter`` queues events
+under a lock (the design before the other loggers came); ``MlflowClient`` calls are stateless calls into the tracking
+store and artifact repository (MLflow's own asynchronous logging makes them from its worker threads), given a run id
+resolved on the main thread; the PNG files are layerwise's own.
+"""
+
+import math
+import re
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from lightning.pytorch import Trainer
+from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
+
+from layerwise.results import write_atomic
+
+
+@dataclass(frozen=True)
+class ImageSink:
+    """One destination of the figures: ``log(tag, image, step)`` with an (H, W, 3) uint8 ``image``."""
+
+    name: str
+    log: Callable[[str, np.ndarray, int], None]
+    on_main_thread: bool = False
+
+
+def image_sinks(trainer: Trainer) -> list[ImageSink]:
+    """Every logger of the trainer that can take images, and PNG files where a logger cannot (global rank zero).
+
+    Called on the main thread: the loggers' experiments and runs are resolved here, not on the drawing thread.
+    """
+    sinks: list[ImageSink] = []
+    folders: list[str] = []
+    for logger in trainer.loggers:
+        if isinstance(logger, WandbLogger):
+            sinks.append(_wandb_images(logger))
+        elif isinstance(logger, MLFlowLogger):
+            sinks.append(_mlflow_images(logger))
+        elif isinstance(logger, CSVLogger):
+            folders.append(logger.log_dir)
+        elif hasattr(getattr(logger, "experiment", None), "add_image"):
+            sinks.append(_tensorboard_images(logger.experiment))
+        else:
+            folders.append(run_folder(trainer))
+    if not trainer.loggers:
+        folders.append(run_folder(trainer))
+    sinks.extend(_png_files(folder) for folder in dict.fromkeys(folders))
+    return sinks
+
+
+def tensorboards(trainer: Trainer) -> list[Any]:
+    """The experiments of every TensorBoard-like logger (``SummaryWriter``: ``add_image``, ``add_custom_scalars``)."""
+    experiments = []
+    for logger in trainer.loggers:
+        if isinstance(logger, (WandbLogger, MLFlowLogger, CSVLogger)):
+            continue
+        experiment = getattr(logger, "experiment", None)
+        if hasattr(experiment, "add_custom_scalars"):
+            experiments.append(experiment)
+    return experiments
+
+
+def wandb_loggers(trainer: Trainer) -> list[WandbLogger]:
+    """The trainer's W&B loggers."""
+    return [logger for logger in trainer.loggers if isinstance(logger, WandbLogger)]
+
+
+def run_folder(trainer: Trainer) -> str:
+    """``trainer.log_dir`` without its broadcast (a collective; this runs on global rank zero only)."""
+    first = trainer.loggers[0] if trainer.loggers else None
+    if first is None:
+        folder = trainer.default_root_dir
+    elif isinstance(first, (TensorBoardLogger, CSVLogger)):
+        folder = first.log_dir
+    else:
+        folder = first.save_dir
+    return str(folder or trainer.default_root_dir)
+
+
+def _tensorboard_images(experiment: Any) -> ImageSink:
+    def log(tag: str, image: np.ndarray, step: int) -> None:
+        experiment.add_image(tag, image, global_step=step, dataformats="HWC")
+
+    return ImageSink("TensorBoard", log)
+
+
+def _wandb_images(logger: WandbLogger) -> ImageSink:
+    def log(tag: str, image: np.ndarray, step: int) -> None:
+        logger.log_image(key=tag, images=[image], step=step)
+
+    return ImageSink("W&B", log, on_main_thread=True)
+
+
+def _mlflow_images(logger: MLFlowLogger) -> ImageSink:
+    client, run_id = logger.experiment, logger.run_id  # on the main thread: the run exists before the worker logs
+
+    def log(tag: str, image: np.ndarray, step: int) -> None:
+        client.log_image(run_id, image, key=mlflow_key(tag), step=step)
+
+    return ImageSink("MLflow", log)
+
+
+def mlflow_key(tag: str) -> str:
+    """``tag`` in MLflow's key charset (alphanumerics, ``_ - . /`` and space), the others dropped as from metric keys.
+
+    Lightning's MLFlowLogger drops them from the metrics' keys the same way: an image and its metrics share a prefix.
+    """
+    return re.sub(r"[^a-zA-Z0-9_\-./ ]+", "", tag)
+
+
+def _png_files(folder: str) -> ImageSink:
+    root = Path(folder) / "layerwise" / "images"
+
+    def log(tag: str, image: np.ndarray, step: int) -> None:
+        from PIL import Image
+
+        parts = [re.sub(r"[^\w.-]+", "_", part) for part in tag.split("/") if part not in ("", ".", "..")]
+        path = _unused(root.joinpath(*parts[:-1], f"{parts[-1]}_step_{step:07d}.png"))
+        write_atomic(path, lambda file: Image.fromarray(image).save(file, format="png"))
+
+    return ImageSink(f"PNG files in {root}", log)
+
+
+def _unused(path: Path) -> Path:
+    """``path``, or ``<stem>_2.png``, ``_3``, ... when taken (a second validation at one step): never overwritten."""
+    candidate, number = path, 1
+    while candidate.exists():
+        number += 1
+        candidate = path.with_name(f"{path.stem}_{number}{path.suffix}")
+    return candidate
+
+
+# -- per-layer charts for W&B -------------------------------------------------------------------------------------
+
+# Per trainer and stage: tag -> [(global step, value)], the scalars of every analysed epoch so far.
+_HISTORY: "weakref.WeakKeyDictionary[Trainer, dict[str, dict[str, list[tuple[int, float]]]]]" = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def history(trainer: Trainer, stage: str) -> dict[str, list[tuple[int, float]]]:
+    """The scalars of the analysed epochs of ``stage`` so far: tag -> [(global step, value)]."""
+    return _HISTORY.setdefault(trainer, {}).setdefault(stage, {})
+
+
+def add_to_history(trainer: Trainer, stage: str, step: int, scalars: dict[str, float]) -> None:
+    """Append one analysed epoch's scalars (tag -> value) to the stage's history."""
+    for tag, value in scalars.items():
+        history(trainer, stage).setdefault(tag, []).append((step, float(value)))
+
+
+def log_layer_charts(trainer: Trainer, stage: str, charts: dict[str, str]) -> None:
+    r"""Per quantity one W&B line plot with one series per layer over the global step (as TensorBoard's Custom Scalars).
+
+    ``charts`` maps a title to the regex of its tags (``val/acc/layer_\d+``); each plot is logged under
+    ``layerwise <stage>/<title>`` (the section and chart names of the Custom Scalars layout) from the stage's
+    :func:`history`, again at every figure epoch with the whole history (W&B shows the latest). Main thread only.
+    """
+    loggers = wandb_loggers(trainer)
+    if not loggers:
+        return
+    import wandb
+
+    plots = {}
+    for title, regex in charts.items():
+        logged = sorted(history(trainer, stage).items())
+        series = {tag: points for tag, points in logged if re.fullmatch(regex, tag)}
+        series = {tag: [(x, y) for x, y in points if math.isfinite(y)] for tag, points in series.items()}
+        series = {tag: points for tag, points in series.items() if points}
+        if not series:
+            continue
+        plots[f"layerwise {stage}/{title}"] = wandb.plot.line_series(
+            xs=[[x for x, _ in points] for points in series.values()],
+            ys=[[y for _, y in points] for points in series.values()],
+            keys=[tag.rsplit("/", 1)[-1] for tag in series],
+            title=f"{stage} {title}",
+            xname="trainer/global_step",
+        )
+    for logger in loggers:
+        if plots:
+            logger.experiment.log(dict(plots))
