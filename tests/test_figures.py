@@ -72,7 +72,7 @@ def test_legends_do_not_cover_the_plotting_area(name):
 def test_cos_box_plots_draw_the_summary_quantiles():
     axes = summary_figures(SUMMARY)["cos_distribution"].axes
     boxes, negative = axes[0], axes[1]
-    medians = [line.get_ydata()[0] for line in boxes.lines if line.get_color() == "C1"]  # bxp's median lines
+    medians = [line.get_ydata()[0] for line in boxes.lines if line.get_color() == "0.1"]  # bxp's median lines
     boxes_q1_q3 = [[min(line.get_ydata()), max(line.get_ydata())] for line in boxes.lines if len(line.get_ydata()) == 5]
     assert medians == pytest.approx([row[-1][4] for row in SUMMARY["cos_quantiles"]])
     expected = [[row[-1][3], row[-1][5]] for row in SUMMARY["cos_quantiles"]]
@@ -420,7 +420,7 @@ def test_accuracy_uses_its_axis():
 
 
 def test_every_callback_figure_says_its_run_epoch_and_step():
-    """TensorBoard's images: log_figures_later stamps each figure's title with its run, stage, epoch and step."""
+    """TensorBoard's images: log_figures_later stamps each figure's title with its stage, epoch and step."""
     from types import SimpleNamespace
 
     from layerwise.callbacks import _drawing, _output
@@ -457,4 +457,4 @@ def test_every_callback_figure_says_its_run_epoch_and_step():
     finally:
         _drawing.rendered = original
     assert titles["val/cos"][0] == 736
-    assert titles[0][0] == "COS\nquickstart/version_0 · val epoch 31, step 736"
+    assert titles[0][0] == "COS\nval epoch 31, step 736"  # as `layerwise plot` draws it from the summary

@@ -62,10 +62,10 @@ def cos_box_plots(
 ) -> Figure:
     """Box plots of the per-sample COS(h_l, h_L) per layer (App. B.1, Fig. 10), from quantiles of the histogram.
 
-    Box: quartiles and median; whiskers: the 1st and 99th percentiles; dots: the smallest and largest value (each
-    within half a histogram bin). The percentage of samples with a negative COS is drawn on a twin axis (from 0 %,
-    at least up to 1 %) when any layer has one; else the title says that none has. The COS axis starts at 0 when
-    no quantile is negative, so that no half of the canvas is left empty.
+    Box (in the layer's colour): quartiles and median; whiskers: the 1st and 99th percentiles; dots: the smallest
+    and largest value (each within half a histogram bin). The percentage of samples with a negative COS is drawn on
+    a twin axis (from 0 %, at least up to 1 %) when any layer has one; else the title says that none has. The COS
+    axis starts at 0 when no quantile is negative, so that no half of the canvas is left empty.
     """
     where = {round(float(level), 6): index for index, level in enumerate(levels)}
 
@@ -89,7 +89,14 @@ def cos_box_plots(
     fig, ax = new_figure(5.4, 4.0, right_axis=any_negative)
     ax.set_xlim(-0.5, len(layers) - 0.5)
     if stats:
-        ax.bxp(stats, positions=drawn, widths=0.6, flierprops={"marker": ".", "markersize": 4})
+        medians = {"color": "0.1", "linewidth": 1.5}
+        boxes = ax.bxp(
+            stats, positions=drawn, widths=0.6, flierprops={"marker": ".", "markersize": 4}, medianprops=medians
+        )
+        depth = max(layers)
+        for index, box in zip(drawn, boxes["boxes"]):  # each layer in its colour, as in every figure of the run
+            box.set_color(layer_colour(layers[index], depth))
+            box.set_linewidth(1.5)
         lowest = float(min(min(row["whislo"], *row["fliers"]) for row in stats))
         ax.set_ylim(-1.05 if lowest < -0.5 else (min(-0.05, 1.1 * lowest) if lowest < 0 else 0.0), 1.05)
     else:
