@@ -122,7 +122,10 @@ def log_figures_later(trainer: Trainer, figures: Callable[[], dict[str, Any]]) -
     """
     experiment = tensorboard(trainer)
     if experiment is not None:
-        draw_later(experiment, trainer.global_step, figures)
+        from layerwise.figures.style import stamp_all  # each image says its stage, epoch and step in its title
+
+        epoch, step = trainer.current_epoch, trainer.global_step
+        draw_later(experiment, step, lambda: stamp_all(figures(), epoch, step))
 
 
 def log_figures(trainer: Trainer, stage: str, families: list[Family], results: dict[str, Any], spec: LayerSpec) -> None:
