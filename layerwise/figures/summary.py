@@ -142,6 +142,8 @@ def saturation_histogram(counts: Sequence[float], layers: Sequence[int], cos: Op
     fig, ax = new_figure(5.2, 3.8, right_axis=cos is not None)
     depth = max(layers) if len(layers) else 1
     ax.bar(layers, counts, color=[layer_colour(layer, depth) for layer in layers])
+    if len(layers):
+        ax.set_xlim(min(layers) - 0.7, max(layers) + 0.7)  # one layer: a bar, not a filled canvas
     ax.set_xlabel("saturation layer")
     layer_ticks(ax, layers, axis="x", at_values=True)
     ax.set_ylabel("samples")
