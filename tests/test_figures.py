@@ -72,7 +72,7 @@ def test_legends_do_not_cover_the_plotting_area(name):
 def test_cos_box_plots_draw_the_summary_quantiles():
     axes = summary_figures(SUMMARY)["cos_distribution"].axes
     boxes, negative = axes[0], axes[1]
-    medians = [line.get_ydata()[0] for line in boxes.lines if line.get_color() == "C1"]  # bxp's median lines
+    medians = [line.get_ydata()[0] for line in boxes.lines if line.get_color() == "0.1"]  # bxp's median lines
     boxes_q1_q3 = [[min(line.get_ydata()), max(line.get_ydata())] for line in boxes.lines if len(line.get_ydata()) == 5]
     assert medians == pytest.approx([row[-1][4] for row in SUMMARY["cos_quantiles"]])
     expected = [[row[-1][3], row[-1][5]] for row in SUMMARY["cos_quantiles"]]
@@ -119,3 +119,345 @@ def test_lens_cells_show_spaces_and_newlines():
     figure = lens_figure(np.array([[0.2, 0.9]]), [[" the", "\n"]], [" the", "\n"], [1], "a prompt")
     cells = [text.get_text() for text in figure.axes[0].texts]
     assert cells == ["␣the", "↵"]
+
+
+# ------------------------------------------------------------------ every figure, read as a reader would, L = 1, 6, 24
+def synthetic_summary(num_layers: int) -> dict:
+    """A summary of the shape the callbacks write (a quickstart run's keys), for ``num_layers`` layers."""
+    rng = np.random.default_rng(num_layers)
+    layers = list(range(1, num_layers + 1))
+    depth = np.linspace(0.0, 1.0, num_layers)
+    cos = [[1.0 - 0.6 * abs(a - b) for b in depth] for a in depth]
+    levels = [0.0, 0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99, 1.0]
+    branches = ["block", "attention", "mlp"]
+    ratio_levels = [0.05, 0.25, 0.5, 0.75, 0.95]
+    return {
+        "stage": "val",
+        "epoch": 31,
+        "global_step": 736,
+        "num_samples": 360,
+        "depth": num_layers,
+        "layers": layers,
+        "cos": cos,
+        "cka": [[value**2 for value in row] for row in cos],
+        "cos_quantile_levels": levels,
+        "cos_quantiles": [
+            [sorted(rng.uniform(-0.2 + 0.8 * d, 1.0, len(levels)).tolist()) for _ in layers] for d in depth
+        ],
+        "cos_negative_fraction": [[max(0.0, 0.05 - 0.05 * d)] * num_layers for d in depth],
+        "accuracy": (0.5 + 0.45 * depth).tolist(),
+        "saturation_counts": rng.integers(0, 300, num_layers).tolist(),
+        "saturation_cos": (0.5 + 0.5 * depth).tolist(),
+        "early_exit": [
+            {
+                "threshold": tau,
+                "accuracy": 0.9 + 0.01 * i,
+                "exit_counts": rng.integers(0, 200, num_layers).tolist(),
+                "speedup": 4.0 - 0.5 * i,
+            }
+            for i, tau in enumerate((0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99))
+        ],
+        "effective_depth": {"0.01": num_layers, "0.05": max(1, num_layers // 2), "0.1": 1},
+        "effective_depth_relative": {"0.01": max(1, num_layers // 2), "0.05": 1, "0.1": 1},
+        "detection_ap50": (0.2 + 0.3 * depth).tolist(),
+        "residual_norm_ratio": {
+            "branches": branches,
+            "layers": layers,
+            "token": "cls",
+            "num_samples": 360,
+            "mean": [(0.1 + 10 * depth + b).tolist() for b in range(3)],
+            "quantile_levels": ratio_levels,
+            "quantiles": [[[(0.1 + 10 * d + b) * (0.6 + 0.2 * q) for q in range(5)] for d in depth] for b in range(3)],
+        },
+        "compare": {
+            "cka": [[1.0 - 0.5 * abs(a - b) for b in depth] for a in depth],
+            "layers_a": layers,
+            "layers_b": layers,
+            "model_a": "runs/quickstart/version_0/checkpoints/last.ckpt",
+            "model_b": "runs/aligned/version_3/checkpoints/epoch=39-step=920.ckpt",
+            "arccos_distance": 0.412,
+        },
+        "coupling": synthetic_coupling(num_layers),
+    }
+
+
+def synthetic_coupling(num_layers: int) -> dict:
+    """A block-coupling record (the ``coupling`` part of a summary) of ``num_layers`` blocks and K = 1, 15."""
+    rng = np.random.default_rng(num_layers)
+    return {
+        "ks": [1, 15],
+        "coupling_score": [0.123, 0.456],
+        "depth_coupling": rng.uniform(0, 1.5, (2, num_layers, num_layers)).tolist(),
+        "num_prompts": 32,
+        "token": -1,
+        "sigma": np.sort(rng.uniform(0.5, 20.0, (num_layers, 15)), axis=1)[:, ::-1].tolist(),
+        "inverse_sigma_1": rng.uniform(0.05, 0.5, num_layers).tolist(),
+        "trajectory_step_norm": rng.uniform(1.0, 3.0, num_layers).tolist(),
+        "trajectory_lss": 1.57,
+        "trajectory_expodistance": 0.354,
+        "linearisation_cosine": None,
+    }
+
+
+def every_figure(num_layers: int) -> dict:
+    """Every figure of ``layerwise.figures`` drawn from synthetic results of a ``num_layers``-layer model."""
+    from types import SimpleNamespace
+
+    from layerwise.figures.clip import clip_figures
+    from layerwise.figures.coupling import correlation, token_coupling, trajectory_pca
+    from layerwise.figures.lens import lens_figure
+    from layerwise.figures.stitch import stitch_figure
+    from layerwise.figures.style import stamp_all
+    from layerwise.figures.summary import ap50_per_layer
+    from layerwise.figures.sweep import sweep_figure
+
+    rng = np.random.default_rng(num_layers)
+    summary = synthetic_summary(num_layers)
+    layers = summary["layers"]
+    figures = dict(summary_figures(summary))
+    figures["detection_ap50"] = ap50_per_layer(summary["detection_ap50"])
+    # as TensorBoard gets them: the callbacks' figures stamped with the run, stage, epoch and step
+    figures = {
+        name: stamped
+        for (name, stamped) in zip(
+            figures, stamp_all({f"val/{n}": f for n, f in figures.items()}, 31, 736, "quickstart/version_0").values()
+        )
+    }
+    text_layers = layers[: max(1, num_layers // 2)]
+    clip = {
+        "num_pairs": 512,
+        "vision_layers": layers,
+        "text_layers": text_layers,
+        "vision_cos": summary["cos"],
+        "text_cos": [row[: len(text_layers)] for row in summary["cos"][: len(text_layers)]],
+        "cross_cos": [[0.1 + 0.2 * a * b / num_layers**2 for b in text_layers] for a in layers],
+    }
+    figures.update({f"clip_{name}": figure for name, figure in clip_figures(clip).items()})
+    figures["coupling_tokens"] = token_coupling(rng.uniform(0, 1, (12, 12)), [0, num_layers - 1], 15, "fixed_input")
+    figures["coupling_pca"] = trajectory_pca(rng.normal(size=(num_layers + 1, 12, 16)).cumsum(axis=0))
+    names = [f"model-{i}" for i in range(8)]
+    scores = rng.uniform(0.1, 0.6, 8)
+    fit = {"slope": 0.5, "intercept": 0.1, "r2": 0.42, "p_value": 0.013}
+    figures["coupling_correlation"] = correlation(scores, 0.1 + 0.5 * scores, names, fit, "coupling score", "MMLU")
+    tokens = [" the", " cat", "\n", " sat", " on", " a", " mat", "."]
+    probs = rng.uniform(0, 1, (num_layers, len(tokens)))
+    predicted = [[tokens[(row + col) % len(tokens)] for col in range(len(tokens))] for row in range(num_layers)]
+    figures["lens"] = lens_figure(probs, predicted, tokens, layers, "Once upon a time, a cat")
+    curves = [
+        SimpleNamespace(
+            label=run,
+            key=key,
+            name=f"{run} ({'shared head' if key == 'early_exit' else 'exit heads'})",
+            rows=[
+                {"threshold": tau, "speedup": 4.0 - 3.0 * tau + 0.2 * i, "accuracy": 0.7 + 0.25 * tau - 0.02 * i}
+                for tau in (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
+            ],
+        )
+        for i, (run, key) in enumerate([("standard", "early_exit"), ("aligned", "early_exit"), ("aligned", "x")])
+    ]
+    figures["sweep"] = sweep_figure(curves)
+    pairs = [(layer, layer) for layer in layers]
+    rows = [
+        {
+            "layer_a": a,
+            "layer_b": b,
+            "acc_drop_b": 0.01 * a,
+            "acc_drop_a": 0.02,
+            "hans_acc_drop_b": 0.03,
+            "hans_acc_drop_a": 0.01,
+        }
+        for a, b in pairs
+    ]
+    figures["stitch"] = stitch_figure(rows, {"glue_task": "mnli", "phi": "linear"})
+    return figures
+
+
+def drawn_texts(figure) -> list:
+    """The texts Agg actually draws for ``figure`` (titles, labels, tick labels, legends, notes), once each."""
+    canvas = figure.canvas
+    renderer = canvas.get_renderer()
+    drawn = {}
+    original = renderer.draw_text
+
+    def record(gc, x, y, s, prop, angle, ismath=False, mtext=None):
+        if mtext is not None and s.strip():
+            drawn[id(mtext)] = mtext
+        return original(gc, x, y, s, prop, angle, ismath=ismath, mtext=mtext)
+
+    renderer.draw_text = record
+    try:
+        canvas.draw()
+    finally:
+        del renderer.draw_text
+    return list(drawn.values())
+
+
+def text_problems(figure) -> list:
+    """What a reader would stumble on: texts over texts, texts off the canvas, axes without labels."""
+    import matplotlib.transforms as mtransforms
+
+    texts = drawn_texts(figure)
+    renderer = figure.canvas.get_renderer()
+    problems = []
+    boxes = [(text, text.get_window_extent(renderer).padded(-0.5)) for text in texts]
+    canvas = figure.bbox.padded(1.0)
+    for i, (text, box) in enumerate(boxes):
+        if not (canvas.contains(box.x0, box.y0) and canvas.contains(box.x1, box.y1)):
+            problems.append(f"{text.get_text()!r} leaves the canvas")
+        for other, other_box in boxes[i + 1 :]:
+            if mtransforms.Bbox.intersection(box, other_box) is not None:
+                problems.append(f"{text.get_text()!r} overlaps {other.get_text()!r}")
+    for ax in figure.axes:
+        if not ax.get_visible() or not ax.axison:
+            continue
+        colorbar = getattr(ax, "_colorbar", None)
+        if colorbar is not None:
+            long_axis = ax.yaxis if colorbar.orientation == "vertical" else ax.xaxis
+            if not long_axis.get_label_text().strip():
+                problems.append("a colorbar without a label")
+            continue
+        for name in ("x", "y"):
+            siblings = getattr(ax, f"get_shared_{name}_axes")().get_siblings(ax)
+            if not any(getattr(sibling, f"get_{name}label")().strip() for sibling in siblings):
+                problems.append(f"an axes ({ax.get_title()!r}) without a {name} label")
+    return problems
+
+
+@pytest.mark.parametrize("num_layers", [1, 6, 24])
+def test_every_figure_reads_cleanly(num_layers):
+    """No text over another text or off the canvas, and every axis says what it shows, for 1, 6 and 24 layers."""
+    figures = every_figure(num_layers)
+    problems = {name: text_problems(figure) for name, figure in figures.items()}
+    problems = {name: found for name, found in problems.items() if found}
+    assert not problems, "\n".join(f"{name}: {'; '.join(found[:5])}" for name, found in problems.items())
+
+
+def callback_figures(num_layers: int) -> dict:
+    """The figures the callbacks log (every family's, residual, compare, coupling, detection), by name."""
+    from layerwise.figures.summary import ap50_per_layer
+
+    summary = synthetic_summary(num_layers)
+    return {**summary_figures(summary), "detection_ap50": ap50_per_layer(summary["detection_ap50"])}
+
+
+def inches(box, figure) -> tuple:
+    """A display box as (x0, y0, x1, y1) in inches of ``figure``."""
+    return tuple(value / figure.dpi for value in (box.x0, box.y0, box.x1, box.y1))
+
+
+@pytest.mark.parametrize("num_layers", [1, 6, 24])
+def test_one_size_per_kind_of_text(num_layers):
+    """Titles, axis labels, tick labels and legend texts each have one size in every figure: the style module's."""
+    from layerwise.figures import style
+
+    sizes = {"title": set(), "label": set(), "tick": set(), "legend": set()}
+    for figure in every_figure(num_layers).values():
+        for ax in figure.axes:
+            if ax.get_title():
+                sizes["title"].add(ax.title.get_fontsize())
+            sizes["label"] |= {label.get_fontsize() for label in (ax.xaxis.label, ax.yaxis.label) if label.get_text()}
+            sizes["tick"] |= {tick.get_fontsize() for tick in ax.get_yticklabels()}
+        for legend in figure.legends + [ax.get_legend() for ax in figure.axes if ax.get_legend() is not None]:
+            sizes["legend"] |= {text.get_fontsize() for text in legend.get_texts()}
+        if figure._suptitle is not None:
+            sizes["title"].add(figure._suptitle.get_fontsize())
+        plt.close(figure)
+    assert all(len(found) == 1 for found in sizes.values()), sizes
+    expected = {"title": "TITLE_SIZE", "label": "LABEL_SIZE", "tick": "TICK_SIZE", "legend": "LEGEND_SIZE"}
+    assert {kind: found.pop() for kind, found in sizes.items()} == {
+        kind: getattr(style, name) for kind, name in expected.items()
+    }
+
+
+@pytest.mark.parametrize("num_layers", [1, 6, 24])
+def test_no_empty_band_and_no_legend_beside_the_axes(num_layers):
+    """What is drawn fills the canvas to within 0.3 inch above and below; a legend is inside an axes or under all of
+    them, at most 0.3 inch below the lowest axis label (no wide empty band, no blank quarter beside a legend)."""
+    for name, figure in every_figure(num_layers).items():
+        figure.canvas.draw()
+        renderer = figure.canvas.get_renderer()
+        drawn = figure.get_tightbbox(renderer)  # in inches
+        y0, y1 = drawn.y0, drawn.y1
+        height = figure.get_size_inches()[1]
+        assert y0 <= 0.3 and height - y1 <= 0.3, f"{name}: {y0:.2f} in empty below, {height - y1:.2f} in above"
+        axes = [ax for ax in figure.axes if getattr(ax, "_colorbar", None) is None]
+        for legend in figure.legends + [ax.get_legend() for ax in axes if ax.get_legend() is not None]:
+            lx0, ly0, lx1, ly1 = inches(legend.get_window_extent(renderer), figure)
+            inside = any(
+                ax.get_window_extent(renderer).contains(
+                    legend.get_window_extent(renderer).x0 + 1, legend.get_window_extent(renderer).y0 + 1
+                )
+                for ax in axes
+            )
+            lowest = min(inches(ax.get_tightbbox(renderer), figure)[1] for ax in axes)
+            below = ly1 <= lowest + 0.02
+            assert inside or below, f"{name}: a legend beside the axes"
+            if below:
+                assert lowest - ly1 <= 0.3, f"{name}: {lowest - ly1:.2f} in between the axes and the legend"
+        plt.close(figure)
+
+
+def test_cos_distribution_without_negative_samples_draws_no_negative_markers():
+    """All COS >= 0: no twin axis whose zero sits at COS = -1 like data, the title says none is negative, and the COS
+    axis starts at 0 (no empty lower half)."""
+    summary = synthetic_summary(6)
+    summary["cos_negative_fraction"] = [[0.0] * 6 for _ in range(6)]
+    summary["cos_quantiles"] = [[[0.1 * (i + 1) + 0.01 * q for q in range(9)] for _ in range(6)] for i in range(6)]
+    figure = summary_figures(summary)["cos_distribution"]
+    assert len(figure.axes) == 1
+    assert "none negative" in figure.axes[0].get_title()
+    assert figure.axes[0].get_ylim()[0] >= -0.1
+    with_negative = summary_figures(synthetic_summary(6))["cos_distribution"]
+    twin = with_negative.axes[1]
+    assert "%" in twin.get_ylabel() and twin.get_ylim()[0] == 0.0 and twin.get_ylim()[1] >= 1.0
+
+
+def test_accuracy_uses_its_axis():
+    """The accuracy curve spans most of its axis instead of being squashed against the top of a 0-1 scale."""
+    summary = synthetic_summary(6)
+    summary["accuracy"] = [0.84, 0.95, 0.967, 0.983, 0.972, 0.969]  # a quickstart run's
+    figure = summary_figures(summary)["similarity_accuracy"]
+    twin = figure.axes[1]
+    low, high = twin.get_ylim()
+    assert (max(summary["accuracy"]) - min(summary["accuracy"])) / (high - low) >= 0.6
+
+
+def test_every_callback_figure_says_its_stage_epoch_and_step():
+    """TensorBoard's images: log_figures_later stamps each figure's title with its stage, epoch and step."""
+    from types import SimpleNamespace
+
+    from layerwise.callbacks import _drawing, _output
+    from layerwise.figures.heatmap import heatmap
+
+    titles = {}
+
+    class Writer:
+        def add_figure(self, *args, **kwargs):
+            pass
+
+        def add_image(self, tag, image, global_step, dataformats):
+            titles[tag] = (global_step, image.shape)
+
+    original = _drawing.rendered
+
+    def rendered(figure):
+        titles[len(titles)] = [ax.get_title() for ax in figure.axes] + [
+            figure._suptitle and figure._suptitle.get_text()
+        ]
+        return original(figure)
+
+    trainer = SimpleNamespace(
+        loggers=[SimpleNamespace(experiment=Writer())],
+        log_dir="runs/quickstart/version_0",
+        default_root_dir=".",
+        current_epoch=31,
+        global_step=736,
+    )
+    _drawing.rendered = rendered
+    try:
+        _output.log_figures_later(trainer, lambda: {"val/cos": heatmap(np.eye(3), [1, 2, 3], "COS")})
+        _drawing.wait_for_figures()
+    finally:
+        _drawing.rendered = original
+    assert titles["val/cos"][0] == 736
+    assert titles[0][0] == "COS\nval epoch 31, step 736"  # as `layerwise plot` draws it from the summary

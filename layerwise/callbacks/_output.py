@@ -135,7 +135,10 @@ def log_figures_later(trainer: Trainer, figures: Callable[[], dict[str, Any]]) -
     them through its own API, PNG files in the run folder stand in for those that do not (CSV, no logger);
     :mod:`layerwise.callbacks._loggers` decides.
     """
-    draw_later(image_sinks(trainer), trainer.global_step, figures)
+    from layerwise.figures.style import stamp_all  # each image says its stage, epoch and step in its title
+
+    epoch, step = trainer.current_epoch, trainer.global_step
+    draw_later(image_sinks(trainer), step, lambda: stamp_all(figures(), epoch, step))
 
 
 def log_figures(trainer: Trainer, stage: str, families: list[Family], results: dict[str, Any], spec: LayerSpec) -> None:

@@ -5,9 +5,19 @@ from typing import Any
 
 import numpy as np
 from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
-from layerwise.figures.style import FigureCanvasAgg, layer_ticks, new_figure, plt
+from layerwise.figures.style import (
+    FigureCanvasAgg,
+    colorbar,
+    finish,
+    layer_ticks,
+    legend_below,
+    legend_inside,
+    new_figure,
+    place_labels,
+    plt,
+    set_margins,
+)
 
 
 def depth_coupling(coupling: dict[str, Any]) -> Figure:
@@ -15,35 +25,36 @@ def depth_coupling(coupling: dict[str, Any]) -> Figure:
     matrices = np.asarray(coupling["depth_coupling"], dtype=float)
     ks, scores = coupling["ks"], coupling["coupling_score"]
     layers = list(range(1, matrices.shape[-1] + 1))
-    fig = Figure(figsize=(3.6 * len(ks) + 0.8, 3.6))
+    fig = Figure(figsize=(3.2 * len(ks) + 1.6, 3.8))
     FigureCanvasAgg(fig)
-    axes = fig.subplots(1, len(ks), squeeze=False)
-    fig.subplots_adjust(left=0.08, right=0.9, bottom=0.16, top=0.82, wspace=0.35)
+    grid = fig.subplots(1, len(ks) + 1, squeeze=False, gridspec_kw={"width_ratios": [1.0] * len(ks) + [0.06]})[0]
+    axes, bar_axes = grid[:-1], grid[-1]  # the colorbar in its own column: it never covers a panel
+    set_margins(fig, left=0.7, right=0.6, bottom=0.6, top=0.62)
+    fig.subplots_adjust(wspace=0.35)
     vmax = max(1.0, float(np.nanmax(matrices))) if np.isfinite(matrices).any() else 1.0
-    for ax, matrix, k, score in zip(axes[0], matrices, ks, scores):
+    for ax, matrix, k, score in zip(axes, matrices, ks, scores):
         image = ax.imshow(matrix, cmap="magma_r", vmin=0.0, vmax=vmax)
-        layer_ticks(ax, layers)
+        layer_ticks(ax, layers, most=8)
         ax.set_xlabel("block j (basis)")
         ax.set_ylabel("block i")
-        ax.set_title(f"K = {k}: coupling {score:.3f}" if score is not None else f"K = {k}", fontsize="medium")
-    fig.colorbar(image, ax=axes[0].tolist(), shrink=0.85, label="mis-coupling")
-    fig.suptitle(f"Depth-wise mis-coupling ({coupling['num_prompts']} prompts, token {coupling['token']})")
-    return fig
+        ax.set_title(f"K = {k}: coupling {score:.3f}" if score is not None else f"K = {k}")
+    colorbar(fig, image, bar_axes, "mis-coupling", own_axes=True)
+    fig.suptitle(f"depth-wise mis-coupling ({coupling['num_prompts']} prompts, token {coupling['token']})")
+    return finish(fig)
 
 
 def spectra(coupling: dict[str, Any]) -> Figure:
     """Top singular values of J^l_{tt} against depth (one line per rank k), and 1/sigma_1 on a twin axis."""
     sigma = np.asarray(coupling["sigma"], dtype=float)
     layers = np.arange(1, sigma.shape[0] + 1)
-    fig, ax = new_figure(5.8, 3.8, right=0.84)
-    fig.subplots_adjust(left=0.17)
+    fig, ax = new_figure(5.4, 3.8, right_axis=True)
     colors = plt.cm.viridis(np.linspace(0, 1, sigma.shape[1]))
     for k in range(sigma.shape[1]):
         ax.plot(
             layers, sigma[:, k], color=colors[k], lw=1.2, label=f"σ{k + 1}" if k in (0, sigma.shape[1] - 1) else None
         )
     ax.set_yscale("log")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    layer_ticks(ax, layers.tolist(), axis="x", at_values=True)
     ax.set_xlabel("block")
     ax.set_ylabel("singular value of J (top 15)")
     twin = ax.twinx()
@@ -51,38 +62,38 @@ def spectra(coupling: dict[str, Any]) -> Figure:
     twin.set_ylabel("1/σ1")
     lines = ax.get_legend_handles_labels()
     twin_lines = twin.get_legend_handles_labels()
-    ax.legend(lines[0] + twin_lines[0], lines[1] + twin_lines[1], loc="best", fontsize="small")
-    ax.set_title("Singular spectra of the block Jacobians", fontsize="medium")
-    return fig
+    legend_below(fig, lines[0] + twin_lines[0], lines[1] + twin_lines[1])
+    ax.set_title("singular spectra of the block Jacobians")
+    return finish(fig)
 
 
 def trajectory(coupling: dict[str, Any]) -> Figure:
     """Mean step norm ||x^l - x^{l-1}|| per block, with LSS, expodistance and linearisation cosine in the title."""
     norms = np.asarray(coupling["trajectory_step_norm"], dtype=float)
     fig, ax = new_figure(5.2, 3.6)
-    ax.plot(np.arange(1, len(norms) + 1), norms, "o-", lw=1.5)
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    blocks = list(range(1, len(norms) + 1))
+    ax.plot(blocks, norms, "o-", lw=1.5)
+    layer_ticks(ax, blocks, axis="x", at_values=True)
     ax.set_xlabel("block")
-    ax.set_ylabel("mean step norm")
+    ax.set_ylabel("mean step norm ||x^l − x^(l−1)||")
     ax.set_title(
         f"LSS {coupling['trajectory_lss']:.3f} · ED {_number(coupling['trajectory_expodistance'])} · "
-        f"linearisation cos {_number(coupling['linearisation_cosine'])}",
-        fontsize="medium",
+        f"linearisation cos {_number(coupling['linearisation_cosine'])}"
     )
-    return fig
+    return finish(fig)
 
 
 def token_coupling(matrix: Any, blocks: Sequence[int], k: int, mode: str = "self") -> Figure:
     """T x T token-wise mis-coupling of two blocks (``self``, ``fixed_input`` or ``fixed_output``)."""
     values = np.asarray(matrix, dtype=float)
-    fig, ax = new_figure(4.6, 4.0, right=0.95)
+    fig, ax = new_figure(4.4, 3.75, colorbar=True)
     image = ax.imshow(values, cmap="magma_r", vmin=0.0)
     axis = {"self": "token", "fixed_input": "output token (input 0)", "fixed_output": "input token (output T)"}[mode]
     ax.set_xlabel(f"{axis} (block {blocks[1] + 1}, basis)")
     ax.set_ylabel(f"{axis} (block {blocks[0] + 1})")
-    ax.set_title(f"Token-wise mis-coupling ({mode}), K = {k}", fontsize="medium")
-    fig.colorbar(image, ax=ax, shrink=0.85)
-    return fig
+    ax.set_title(f"token-wise mis-coupling ({mode}), K = {k}")
+    colorbar(fig, image, ax, "mis-coupling")
+    return finish(fig)
 
 
 def trajectory_pca(trajectory: Any) -> Figure:
@@ -100,9 +111,9 @@ def trajectory_pca(trajectory: Any) -> Figure:
     ax.scatter(projected[-1, :, 0], projected[-1, :, 1], s=14, c="r", marker="s", label="x^L (after the last block)")
     ax.set_xlabel("PC 1")
     ax.set_ylabel("PC 2")
-    ax.legend(loc="best", fontsize="small")
-    ax.set_title("Token trajectories (PCA)", fontsize="medium")
-    return fig
+    legend_inside(ax)
+    ax.set_title("token trajectories (PCA)")
+    return finish(fig)
 
 
 def correlation(
@@ -111,13 +122,13 @@ def correlation(
     """Scatter of coupling score against a benchmark score, with the least-squares line, R² and p-value."""
     fig, ax = new_figure(5.2, 4.0)
     ax.scatter(x, y, s=24)
-    for xi, yi, name in zip(x, y, names):
-        ax.annotate(name, (xi, yi), fontsize="x-small", xytext=(3, 3), textcoords="offset points")
     grid = np.linspace(min(x), max(x), 50)
     ax.plot(grid, fit["intercept"] + fit["slope"] * grid, "k--", lw=1)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(f"slope {fit['slope']:.3g} · R² {fit['r2']:.3f} · p {fit['p_value']:.2g}", fontsize="medium")
+    ax.set_title(f"slope {fit['slope']:.3g} · R² {fit['r2']:.3f} · p {fit['p_value']:.2g}")
+    finish(fig)
+    place_labels(fig, ax, list(zip(x, y)), names, ["0.2"] * len(names))  # a crowded name is left to the table
     return fig
 
 

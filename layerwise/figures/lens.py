@@ -4,7 +4,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from layerwise.figures.style import Figure, plt
+from layerwise.figures.style import NOTE_SIZE, Figure, colorbar, finish, new_figure
 
 
 def _visible(token: str) -> str:
@@ -26,24 +26,27 @@ def lens_figure(
     """Heatmap of the head's probability per layer (rows, layer 1 at the top) and generated position (columns).
 
     Each cell holds the predicted token; the x tick labels are the generated tokens. Fixed margins, no constrained
-    layout, as everywhere in :mod:`layerwise.figures`. ``probs`` (R, P), ``tokens`` R lists of P predicted tokens,
+    layout, as everywhere in :mod:`layerwise.figures`; the canvas grows with the layers and the positions.
+    ``probs`` (R, P), ``tokens`` R lists of P predicted tokens,
     ``generated`` the P generated tokens, ``layers`` the R layer numbers.
     """
     num_rows, num_positions = probs.shape
-    width, height = max(4.0, 0.75 * num_positions + 2.2), max(2.0, 0.32 * num_rows + 1.2)
-    fig, ax = plt.subplots(figsize=(width, height))
-    # margins in inches, so that long prompts or many layers do not squeeze the labels
-    fig.subplots_adjust(left=0.7 / width, right=1.0 - 0.3 / width, bottom=0.75 / height, top=1.0 - 0.4 / height)
+    width, height = max(4.0, 0.75 * num_positions + 2.2), max(2.4, 0.32 * num_rows + 1.4)
+    fig, ax = new_figure(width, height, colorbar=True)
     image = ax.imshow(probs, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
     for row in range(num_rows):
         for col in range(num_positions):
             color = "black" if probs[row, col] > 0.6 else "white"
-            ax.text(col, row, _figure_text(tokens[row][col]), ha="center", va="center", fontsize=7, color=color)
+            ax.text(
+                col, row, _figure_text(tokens[row][col]), ha="center", va="center", fontsize=NOTE_SIZE - 1, color=color
+            )
     step = max(1, num_rows // 16)
     ax.set_yticks(np.arange(0, num_rows, step), [str(layers[i]) for i in range(0, num_rows, step)])
-    ax.set_xticks(np.arange(num_positions), [_figure_text(token) for token in generated], fontsize=7)
+    ax.set_xticks(np.arange(num_positions), [_figure_text(token) for token in generated])
     ax.set_xlabel("generated token")
     ax.set_ylabel("layer")
-    ax.set_title(f"shared head per layer: {_figure_text(prompt, limit=40)}", fontsize=9)
-    fig.colorbar(image, ax=ax, shrink=0.85, label="probability")
+    ax.set_title(f"shared head per layer: {_figure_text(prompt, limit=40)}")
+    colorbar(fig, image, ax, "probability")
+    finish(fig)
+    ax.tick_params(axis="x", labelsize=NOTE_SIZE)  # tokens, as narrow as a cell
     return fig

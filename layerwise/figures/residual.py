@@ -3,24 +3,33 @@
 from typing import Any
 
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 
-from layerwise.figures.style import finite_values, new_figure, no_data_note
+from layerwise.figures.style import (
+    finish,
+    finite_values,
+    layer_ticks,
+    legend_below,
+    new_figure,
+    no_data_note,
+    series_colour,
+)
 
 
 def norm_ratio_figure(results: dict[str, Any]) -> Figure:
     """||x|| / ||F(x)|| per layer: one line per branch (the median), its interquartile band, the mean dashed."""
     layers = results["layers"]
     levels = [round(float(level), 6) for level in results["quantile_levels"]]
-    fig, ax = new_figure(5.4, 3.8)
-    fig.subplots_adjust(bottom=0.3, top=0.86)
+    fig, ax = new_figure(5.4, 3.6)
     for index, name in enumerate(results["branches"]):
-        color = f"C{index}"
+        color = series_colour(name, index)
         rows = results["quantiles"][index]
 
         def level(q: float, rows: Any = rows) -> list[float]:
             return [float("nan") if row[levels.index(q)] is None else row[levels.index(q)] for row in rows]
 
-        ax.plot(layers, level(0.5), marker="o", color=color, label=f"{name} (median)")
+        ax.plot(layers, level(0.5), marker="o", markersize=4, color=color, label=name)
         ax.fill_between(layers, level(0.25), level(0.75), color=color, alpha=0.2, linewidth=0)
         mean = [float("nan") if value is None else value for value in results["mean"][index]]
         ax.plot(layers, mean, linestyle="--", color=color, linewidth=1)
@@ -31,9 +40,14 @@ def norm_ratio_figure(results: dict[str, Any]) -> Figure:
         no_data_note(ax, "positive ratios")
     ax.set_xlabel("layer")
     ax.set_ylabel("||x|| / ||F(x)||")
-    ax.set_xticks(layers if len(layers) <= 16 else layers[:: max(1, len(layers) // 12)])
-    ax.set_title(
-        f"residual norm ratio at the {results['token']} token (band: quartiles, dashed: mean)", fontsize="small"
-    )
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=3, fontsize="small", frameon=False)
-    return fig
+    layer_ticks(ax, layers, axis="x", at_values=True)
+    handles, labels = ax.get_legend_handles_labels()
+    handles += [
+        Line2D([], [], color="0.3", marker="o", markersize=4),
+        Patch(color="0.3", alpha=0.2, linewidth=0),
+        Line2D([], [], color="0.3", linestyle="--", linewidth=1),
+    ]
+    labels += ["median", "quartiles", "mean"]
+    legend_below(fig, handles, labels, max_columns=3)
+    ax.set_title(f"residual norm ratio at the {results['token']} token")
+    return finish(fig)

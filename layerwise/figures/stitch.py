@@ -3,7 +3,7 @@
 from collections.abc import Sequence
 from typing import Any
 
-from layerwise.figures.style import Figure, new_figure
+from layerwise.figures.style import Figure, finish, layer_ticks, legend_below, new_figure
 
 
 def stitch_figure(rows: Sequence[dict[str, Any]], record: dict[str, Any]) -> Figure:
@@ -20,9 +20,9 @@ def stitch_figure(rows: Sequence[dict[str, Any]], record: dict[str, Any]) -> Fig
         ax.plot(range(len(rows)), [scale * row[f"{key}_b"] for row in rows], "o-", label=f"{name}vs B")
         ax.plot(range(len(rows)), [scale * row[f"{key}_a"] for row in rows], "s--", label=f"{name}vs A")
     ax.axhline(0.0, color="grey", lw=0.8)
-    ax.set_xticks(range(len(rows)), labels)
+    layer_ticks(ax, labels, axis="x", most=8)  # pairs "l→m" are wider than layer numbers
     ax.set_xlabel("stitched after block l of A → into block m+1 of B")
     ax.set_ylabel(f"stitching penalty ({series[0][2]})")
-    ax.legend(loc="best", fontsize="small")
-    ax.set_title(f"Stitching penalty ({record.get('phi', 'learned')} φ, held-out)", fontsize="medium")
-    return fig
+    legend_below(fig, *ax.get_legend_handles_labels())
+    ax.set_title(f"stitching penalty ({record.get('phi', 'learned')} φ, held-out)")
+    return finish(fig)

@@ -1,12 +1,26 @@
-"""The one style of every layerwise figure: the Agg backend, the canvas, layer ticks, and what to do without data.
+"""The one style of every layerwise figure: canvas, margins, fonts, colours, ticks, legends, labels and titles.
 
 Every module of ``figures/`` draws through these helpers (and nothing of another figure module's), so fonts,
-margins, layer ticks and the note for missing data look the same in TensorBoard, ``layerwise plot``, the report
-and the commands' figures.
+margins, layer ticks, legends and the note for missing data look the same in TensorBoard, ``layerwise plot``, the
+report and the commands' figures:
+
+- sizes: :data:`TITLE_SIZE` > :data:`LABEL_SIZE` > :data:`TICK_SIZE` = :data:`LEGEND_SIZE` > :data:`NOTE_SIZE`
+  points, applied by :func:`finish` to every title, axis label, tick label and legend of a figure, large enough to be
+  read on TensorBoard's image cards (a 5-inch figure is shown at about 60 %);
+- margins in inches (:func:`new_figure`), not in fractions of the canvas, so that a small or a large figure keeps
+  room for its labels; no constrained layout (a third more drawing time at every epoch);
+- one colour per layer (:func:`layer_colour`, the same layer has the same colour in every figure of a run), one per
+  named series (:func:`series_colour`: COS, CKA, accuracy, residual branches...);
+- legends either inside the axes when short (:func:`legend_inside`) or in a band below the axes that is measured, not
+  guessed (:func:`legend_below`); never on the right of the canvas;
+- titles: what the figure shows, and on a second line which run and validation it belongs to (:func:`stamp`,
+  :func:`run_line`), so that an image copied out of TensorBoard still says where it came from;
+- labels beside points placed where they overlap no other label (:func:`place_labels`).
 """
 
+import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
 
 import matplotlib
 
@@ -16,16 +30,238 @@ import numpy as np  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-__all__ = ["Figure", "FigureCanvasAgg", "finite_values", "layer_ticks", "new_figure", "no_data_note", "plt"]
+__all__ = [
+    "LABEL_SIZE",
+    "LEGEND_SIZE",
+    "NOTE_SIZE",
+    "TICK_SIZE",
+    "TITLE_SIZE",
+    "Figure",
+    "FigureCanvasAgg",
+    "colorbar",
+    "finish",
+    "finite_values",
+    "layer_colour",
+    "layer_ticks",
+    "legend_below",
+    "legend_inside",
+    "new_figure",
+    "no_data_note",
+    "ordered_colour",
+    "place_labels",
+    "plt",
+    "run_line",
+    "series_colour",
+    "set_margins",
+    "stamp",
+    "stamp_all",
+]
+
+TITLE_SIZE = 11
+LABEL_SIZE = 10
+TICK_SIZE = 9
+LEGEND_SIZE = 9
+NOTE_SIZE = 8
+
+# margins in inches: room for tick labels and an axis label on the left and below, for a title of two lines above,
+# and for a right-hand axis or a colorbar label on the right
+LEFT, BOTTOM, RIGHT, RIGHT_AXIS, COLORBAR = 0.8, 0.6, 0.25, 0.8, 0.6
+TITLE_LINE = 0.22
+
+_SERIES = {
+    "cos": "tab:blue",
+    "cka": "tab:orange",
+    "accuracy": "tab:red",
+    "negative": "tab:purple",
+    "block": "tab:blue",
+    "attention": "tab:orange",
+    "mlp": "tab:green",
+    "model a": "tab:blue",
+    "model b": "tab:orange",
+}
 
 
-def new_figure(width: float, height: float, right: float = 0.88) -> tuple[Figure, Any]:
-    """One axes with fixed margins: a constrained layout costs a third of the drawing time at every epoch."""
+def new_figure(
+    width: float,
+    height: float,
+    right_axis: bool = False,
+    title_lines: int = 1,
+    right: Optional[float] = None,
+    colorbar: bool = False,
+) -> tuple[Figure, Any]:
+    """One axes on a ``width`` x ``height`` inch canvas with margins in inches (see the module's docstring).
+
+    Args:
+        width: canvas width in inches.
+        height: canvas height in inches.
+        right_axis: leave room on the right for a twin axis' ticks and label.
+        colorbar: leave room on the right for a colorbar's ticks and label (see :func:`colorbar`).
+        title_lines: lines of title to leave room for above the axes (:func:`stamp` adds a line's room itself).
+        right: the right margin in inches, overriding ``right_axis``.
+    """
     fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)  # no pyplot: figures may be drawn off the training loop, in a worker thread
     ax = fig.subplots()
-    fig.subplots_adjust(left=0.14, right=right, bottom=0.14, top=0.9)
+    margin_right = right if right is not None else (RIGHT_AXIS if right_axis else COLORBAR if colorbar else RIGHT)
+    set_margins(fig, left=LEFT, right=margin_right, bottom=BOTTOM, top=0.12 + TITLE_LINE * title_lines)
     return fig, ax
+
+
+def set_margins(fig: Figure, **inches: float) -> None:
+    """Margins of the subplot area in inches (``left``, ``right``, ``bottom``, ``top``), at most 45 % of the canvas.
+
+    The margins are kept on the figure, so that a canvas that grows (:func:`legend_below`) keeps them in inches.
+    """
+    margins = {**getattr(fig, "_layerwise_margins", {}), **inches}
+    fig._layerwise_margins = margins
+    width, height = fig.get_size_inches()
+    scale = {"left": width, "right": width, "bottom": height, "top": height}
+    fractions = {side: min(0.45, value / scale[side]) for side, value in margins.items()}
+    for side in ("right", "top"):
+        if side in fractions:
+            fractions[side] = 1.0 - fractions[side]
+    fig.subplots_adjust(**fractions)
+
+
+def finish(fig: Figure) -> Figure:
+    """Give every title, axis label, tick label and legend of ``fig`` the house sizes; returns ``fig``."""
+    for ax in fig.axes:
+        for title in (ax.title, ax._left_title, ax._right_title):
+            title.set_fontsize(TITLE_SIZE)
+        ax.xaxis.label.set_fontsize(LABEL_SIZE)
+        ax.yaxis.label.set_fontsize(LABEL_SIZE)
+        ax.tick_params(labelsize=TICK_SIZE)
+        for offset in (ax.xaxis.get_offset_text(), ax.yaxis.get_offset_text()):
+            offset.set_fontsize(TICK_SIZE)
+        if ax.get_legend() is not None:
+            for text in ax.get_legend().get_texts():
+                text.set_fontsize(LEGEND_SIZE)
+    for legend in fig.legends:
+        for text in legend.get_texts():
+            text.set_fontsize(LEGEND_SIZE)
+    if fig._suptitle is not None:
+        fig._suptitle.set_fontsize(TITLE_SIZE)
+    return fig
+
+
+def layer_colour(layer: int, depth: int) -> Any:
+    """The colour of layer ``layer`` (1-based) of a ``depth``-layer model: the same in every figure of that model."""
+    position = 0.0 if depth <= 1 else (layer - 1) / (depth - 1)
+    return matplotlib.colormaps["viridis"](0.05 + 0.85 * position)
+
+
+def ordered_colour(index: int, count: int) -> Any:
+    """The colour of the ``index``-th of ``count`` ordered series (e.g. confidence thresholds): light to dark."""
+    return matplotlib.colormaps["plasma"](0.85 * (1.0 - index / max(1, count - 1)))
+
+
+def series_colour(name: str, index: int = 0) -> str:
+    """The colour of a named series (``cos``, ``cka``, ``accuracy``, a residual branch...), else the ``index``-th."""
+    return _SERIES.get(name.lower(), f"C{index % 10}")
+
+
+def run_line(summary: dict[str, Any], run: Optional[str] = None) -> str:
+    """Which validation a figure shows, e.g. ``val epoch 31, step 736`` (``run · val epoch ...`` with a run)."""
+    stage, epoch, step = summary.get("stage", "val"), summary.get("epoch", "?"), summary.get("global_step", "?")
+    where = f"{stage} epoch {epoch}, step {step}"
+    return f"{run} · {where}" if run else where
+
+
+def stamp(fig: Figure, line: str) -> Figure:
+    """Add ``line`` (e.g. :func:`run_line`) under the title of ``fig``: its suptitle, else its first titled axes.
+
+    Stamping again replaces the line. The canvas grows by the line's height, so that the axes keep their size.
+    """
+    titles = ([fig._suptitle] if fig._suptitle is not None else []) + [ax.title for ax in fig.axes]
+    title = next((text for text in titles if text.get_text()), None)
+    if title is None:
+        title = fig.axes[0].title
+        title.set_fontsize(TITLE_SIZE)
+    text, previous = title.get_text(), getattr(fig, "_layerwise_stamp", None)
+    if previous is not None and text.endswith(previous):
+        text = text[: -len(previous)].rstrip("\n")
+    elif text:
+        width, height = fig.get_size_inches()
+        fig.set_size_inches(width, height + TITLE_LINE)
+        set_margins(fig, top=getattr(fig, "_layerwise_margins", {}).get("top", 0.12 + TITLE_LINE) + TITLE_LINE)
+    title.set_text(f"{text}\n{line}" if text else line)
+    fig._layerwise_stamp = line
+    return fig
+
+
+def stamp_all(figures: dict[str, Figure], epoch: int, step: int, run: Optional[str] = None) -> dict[str, Figure]:
+    """:func:`stamp` each of a callback's ``stage/name`` -> figure with its run, stage, epoch and global step."""
+    run = run if run is None or len(run) <= 32 else "…" + run[-31:]
+    return {
+        tag: stamp(figure, run_line({"stage": tag.split("/")[0], "epoch": epoch, "global_step": step}, run))
+        for tag, figure in figures.items()
+    }
+
+
+def colorbar(fig: Figure, image: Any, ax: Any, label: str, own_axes: bool = False) -> Any:
+    """A colorbar beside ``ax`` (or a list of axes; or in ``ax`` itself if ``own_axes``) that says what it means."""
+    if own_axes:
+        bar = fig.colorbar(image, cax=ax)
+    else:
+        bar = fig.colorbar(image, ax=ax, shrink=0.9, fraction=0.06, pad=0.04)
+    bar.set_label(label, fontsize=LABEL_SIZE)
+    bar.ax.tick_params(labelsize=TICK_SIZE)
+    return bar
+
+
+def legend_inside(ax: Any, handles: Optional[list] = None, labels: Optional[list] = None, loc: str = "best") -> Any:
+    """A short legend inside the axes, on a half-transparent box where it covers the fewest points."""
+    if handles is None:
+        handles, labels = ax.get_legend_handles_labels()
+    return ax.legend(handles, labels, loc=loc, fontsize=LEGEND_SIZE, framealpha=0.8)
+
+
+def legend_below(fig: Figure, handles: list, labels: list, max_columns: int = 4) -> Any:
+    """One legend for the whole figure, centred under the axes, in as many columns as fit the canvas' width.
+
+    The legend is measured (no full draw); the canvas grows by its height and the bottom margin by as much, so the
+    axes keep their size, and neither an empty band nor a legend over the axis label is left.
+    """
+    renderer = fig.canvas.get_renderer()
+    columns = min(max_columns, len(handles))
+    while True:
+        order = _row_major(len(handles), columns)
+        legend = fig.legend(
+            [handles[k] for k in order],
+            [labels[k] for k in order],
+            loc="lower center",
+            bbox_to_anchor=(0.5, 0.0),
+            ncol=columns,
+            fontsize=LEGEND_SIZE,
+            frameon=False,
+            borderaxespad=0.3,
+            columnspacing=1.2,
+            handlelength=1.6,
+        )
+        box = legend.get_window_extent(renderer)
+        if columns == 1 or box.width <= 0.98 * fig.bbox.width:
+            break
+        legend.remove()
+        columns -= 1
+    width, height = fig.get_size_inches()
+    band = box.height / fig.dpi
+    fig.set_size_inches(width, height + band)
+    set_margins(fig, bottom=band + fig._layerwise_margins.get("bottom", BOTTOM))
+    return legend
+
+
+def _row_major(count: int, columns: int) -> list[int]:
+    """The order in which to hand ``count`` entries to a legend of ``columns`` columns so that they read by rows.
+
+    Matplotlib fills a legend column by column, the first ``count % columns`` columns one entry longer.
+    """
+    sizes = [len(part) for part in np.array_split(np.arange(count), columns)]
+    starts = np.cumsum([0, *sizes[:-1]])
+    order = [0] * count
+    for k in range(count):
+        row, column = divmod(k, columns)
+        order[starts[column] + row] = k
+    return order
 
 
 def finite_values(values: Any) -> np.ndarray:
@@ -44,14 +280,75 @@ def finite_values(values: Any) -> np.ndarray:
 
 def no_data_note(ax: Any, what: str) -> None:
     """Say on the axes that ``what`` has no finite value to draw (NaN inputs, or nothing analysed)."""
-    ax.text(0.5, 0.5, f"no finite {what} to draw", ha="center", va="center", transform=ax.transAxes, color="0.4")
+    ax.text(
+        0.5,
+        0.5,
+        f"no finite {what} to draw",
+        ha="center",
+        va="center",
+        transform=ax.transAxes,
+        color="0.4",
+        fontsize=LABEL_SIZE,
+    )
 
 
-def layer_ticks(ax: Any, layers: Sequence[int], axis: str = "both") -> None:
-    """Layer numbers as ticks, at most about 12 of them."""
-    step = max(1, len(layers) // 12)
-    positions = list(range(0, len(layers), step))
+def layer_ticks(ax: Any, layers: Sequence[Any], axis: str = "both", at_values: bool = False, most: int = 12) -> None:
+    """Layer numbers (or any labels) as ticks, at most ``most`` of them, the first and a regular step after it.
+
+    ``at_values``: the ticks sit at the layer numbers themselves (line plots against the layer), else at positions
+    0, 1, ... (images, box plots).
+    """
+    step = max(1, math.ceil(len(layers) / most))
+    chosen = list(range(0, len(layers), step))
+    positions = [layers[i] for i in chosen] if at_values else chosen
+    labels = [str(layers[i]) for i in chosen]
     if axis in ("x", "both"):
-        ax.set_xticks(positions, [str(layers[i]) for i in positions])
+        ax.set_xticks(positions, labels)
     if axis in ("y", "both"):
-        ax.set_yticks(positions, [str(layers[i]) for i in positions])
+        ax.set_yticks(positions, labels)
+
+
+def place_labels(
+    fig: Figure, ax: Any, points: Sequence[tuple[float, float]], texts: Sequence[str], colours: Sequence[Any]
+) -> int:
+    """Write ``texts[i]`` beside ``points[i]``, at the first of a few offsets where it overlaps no other text.
+
+    Close points get their labels on different sides; a label is dropped only when every offset overlaps a label
+    already written, the axes' own texts or its legend, or leaves the axes. Returns how many labels were dropped
+    (the caller's table has them all).
+    """
+    fig.canvas.draw()  # fixes the axis limits, so that label boxes are measured where they will be drawn
+    renderer = fig.canvas.get_renderer()
+    placed: list[Any] = [
+        text.get_window_extent(renderer)
+        for text in (*ax.get_xticklabels(), *ax.get_yticklabels(), ax.xaxis.label, ax.yaxis.label, ax.title)
+        if text.get_visible() and text.get_text()
+    ]
+    legend = ax.get_legend()
+    if legend is not None:  # where "best" put it now, kept there: the labels below must not move it onto a label
+        box = legend.get_window_extent(renderer)
+        legend.set_loc(tuple(ax.transAxes.inverted().transform((box.x0, box.y0))))
+        placed.append(box)
+    area = ax.get_window_extent(renderer)
+    offsets = ((3, 3), (3, -11), (-3, 3), (-3, -11), (3, 12), (3, -20), (-3, 12), (-3, -20))
+    dropped = 0
+    for point, label, colour in zip(points, texts, colours):
+        for dx, dy in offsets:
+            text = ax.annotate(
+                label,
+                point,
+                textcoords="offset points",
+                xytext=(dx, dy),
+                ha="left" if dx > 0 else "right",
+                fontsize=NOTE_SIZE,
+                color=colour,
+            )
+            box = text.get_window_extent(renderer)
+            inside = area.x0 <= box.x0 and box.x1 <= area.x1 and area.y0 <= box.y0 and box.y1 <= area.y1
+            if inside and not any(box.overlaps(other) for other in placed):
+                placed.append(box)
+                break
+            text.remove()
+        else:
+            dropped += 1
+    return dropped

@@ -10,37 +10,51 @@ from layerwise.figures.compare import cka_across_models
 from layerwise.figures.coupling import coupling_figures
 from layerwise.figures.heatmap import heatmap
 from layerwise.figures.residual import norm_ratio_figure
-from layerwise.figures.style import Figure, finite_values, layer_ticks, new_figure, no_data_note
+from layerwise.figures.style import (
+    Figure,
+    finish,
+    finite_values,
+    layer_colour,
+    layer_ticks,
+    legend_below,
+    legend_inside,
+    new_figure,
+    no_data_note,
+    ordered_colour,
+    run_line,
+    series_colour,
+    stamp,
+)
 
 
 def similarity_and_accuracy(summary: dict[str, Any]) -> Figure:
     """COS (and CKA) of every layer to the last layer, with the shared head's accuracy per layer on a twin axis.
 
-    One legend for both axes, below them, so that it never covers a curve.
+    One legend for both axes, below them, so that it never covers a curve; both axes scaled to their data.
     """
     layers = summary["layers"]
-    fig, ax = new_figure(5.2, 3.8)
-    fig.subplots_adjust(bottom=0.3, top=0.84)
-    if summary.get("cos") is not None:
-        ax.plot(layers, [row[-1] for row in summary["cos"]], marker="o", label="COS to last")
-    if summary.get("cka") is not None:
-        ax.plot(layers, [row[-1] for row in summary["cka"]], marker="s", label="CKA to last")
+    fig, ax = new_figure(5.2, 3.6, right_axis=summary.get("accuracy") is not None)
+    for key, marker in (("cos", "o"), ("cka", "s")):
+        if summary.get(key) is not None:
+            values = [np.nan if row[-1] is None else row[-1] for row in summary[key]]
+            ax.plot(layers, values, marker=marker, color=series_colour(key), label=f"{key.upper()} to last layer")
     ax.set_xlabel("layer")
-    ax.set_ylabel("similarity to last layer")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_ylabel("similarity to the last layer")
+    layer_ticks(ax, layers, axis="x", at_values=True)
     handles, labels = ax.get_legend_handles_labels()
     if summary.get("accuracy") is not None:
         twin = ax.twinx()
         accuracy = [np.nan if value is None else value for value in summary["accuracy"]]
-        twin.plot(layers, accuracy, color="tab:red", marker="^", label="accuracy (shared head)")
-        twin.set_ylabel("accuracy", color="tab:red")
-        twin.set_ylim(0, 1.02)
+        colour = series_colour("accuracy")
+        twin.plot(layers, accuracy, color=colour, marker="^", label="accuracy (shared head)")
+        twin.set_ylabel("accuracy", color=colour)
+        twin.tick_params(axis="y", colors=colour)
         more_handles, more_labels = twin.get_legend_handles_labels()
         handles, labels = handles + more_handles, labels + more_labels
     if handles:
-        fig.legend(handles, labels, loc="lower center", ncol=len(handles), fontsize="small", frameon=False)
-    ax.set_title(run_title(summary, "similarity to the last layer"))
-    return fig
+        legend_below(fig, handles, labels)
+    ax.set_title("similarity to the last layer")
+    return finish(fig)
 
 
 def cos_box_plots(
@@ -48,8 +62,10 @@ def cos_box_plots(
 ) -> Figure:
     """Box plots of the per-sample COS(h_l, h_L) per layer (App. B.1, Fig. 10), from quantiles of the histogram.
 
-    Box: quartiles and median; whiskers: the 1st and 99th percentiles; dots: the smallest and largest value (each
-    within half a histogram bin). The fraction of samples with a negative COS is drawn on a twin axis.
+    Box (in the layer's colour): quartiles and median; whiskers: the 1st and 99th percentiles; dots: the smallest
+    and largest value (each within half a histogram bin). The percentage of samples with a negative COS is drawn on
+    a twin axis (from 0 %, at least up to 1 %) when any layer has one; else the title says that none has. The COS
+    axis starts at 0 when no quantile is negative, so that no half of the canvas is left empty.
     """
     where = {round(float(level), 6): index for index, level in enumerate(levels)}
 
@@ -68,82 +84,102 @@ def cos_box_plots(
         }
         for row in (quantiles[index] for index in drawn)
     ]
-    fig, ax = new_figure(5.6, 3.8)
+    percent = np.asarray([np.nan if value is None else 100.0 * float(value) for value in negative], dtype=float)
+    any_negative = bool(np.nan_to_num(percent).max(initial=0.0) > 0)
+    fig, ax = new_figure(5.4, 4.0, right_axis=any_negative)
     ax.set_xlim(-0.5, len(layers) - 0.5)
     if stats:
-        ax.bxp(stats, positions=drawn, widths=0.6, flierprops={"marker": ".", "markersize": 4})
+        medians = {"color": "0.1", "linewidth": 1.5}
+        boxes = ax.bxp(
+            stats, positions=drawn, widths=0.6, flierprops={"marker": ".", "markersize": 4}, medianprops=medians
+        )
+        depth = max(layers)
+        for index, box in zip(drawn, boxes["boxes"]):  # each layer in its colour, as in every figure of the run
+            box.set_color(layer_colour(layers[index], depth))
+            box.set_linewidth(1.5)
+        lowest = float(min(min(row["whislo"], *row["fliers"]) for row in stats))
+        ax.set_ylim(-1.05 if lowest < -0.5 else (min(-0.05, 1.1 * lowest) if lowest < 0 else 0.0), 1.05)
     else:
         no_data_note(ax, "per-sample COS")
+        ax.set_ylim(-1.05, 1.05)
     ax.axhline(0.0, color="grey", linewidth=0.8, linestyle=":")
-    ax.set_ylim(-1.05, 1.05)
     layer_ticks(ax, layers, axis="x")
     ax.set_xlabel("layer l")
     ax.set_ylabel("per-sample COS(h_l, h_L)")
-    twin = ax.twinx()
-    negative = [np.nan if value is None else 100.0 * float(value) for value in negative]
-    twin.plot(range(len(layers)), negative, color="tab:red", marker=".")
-    twin.set_ylabel("negative COS (% of samples)", color="tab:red")
-    twin.set_ylim(bottom=0.0)
-    ax.set_title("COS to the last layer, per sample", fontsize="medium")
-    return fig
+    title = "COS to the last layer, per sample"
+    if any_negative:
+        twin = ax.twinx()
+        colour = series_colour("negative")
+        twin.plot(range(len(layers)), percent, color=colour, marker="x", linestyle="--", linewidth=1)
+        twin.set_ylabel("samples with COS < 0 (%)", color=colour)
+        twin.tick_params(axis="y", colors=colour)
+        twin.set_ylim(0.0, max(1.0, 1.15 * float(np.nanmax(percent))))
+    elif np.isfinite(percent).any():
+        title += " (none negative)"
+    ax.set_title(title)
+    return finish(fig)
 
 
 def ap50_per_layer(ap50: Sequence[float]) -> Figure:
     """AP at IoU 0.5 of every decoder layer's predictions (App. B.5, Fig. 18)."""
     layers = list(range(1, len(ap50) + 1))
-    fig, ax = new_figure(4.8, 3.4)
+    fig, ax = new_figure(4.8, 3.6)
     ax.plot(layers, [float("nan") if value is None else value for value in ap50], marker="o")
-    ax.set_xticks(layers)
+    layer_ticks(ax, layers, axis="x", at_values=True)
     ax.set_xlabel("decoder layer")
     ax.set_ylabel("AP50")
-    ax.set_title("detection AP50 per decoder layer", fontsize="medium")
-    return fig
+    ax.set_title("detection AP50 per decoder layer")
+    return finish(fig)
 
 
 def run_title(summary: dict[str, Any], what: str) -> str:
     """A figure title that says which validation it shows: stage, epoch and global step."""
-    stage, epoch, step = summary.get("stage", "val"), summary.get("epoch", "?"), summary.get("global_step", "?")
-    return f"{what}\n{stage} epoch {epoch}, step {step}"
+    return f"{what}\n{run_line(summary)}"
 
 
 def saturation_histogram(counts: Sequence[float], layers: Sequence[int], cos: Optional[Sequence] = None) -> Figure:
     """How many samples saturate at each layer; with the mean COS(h^l, h^L) of those samples on a twin axis."""
-    fig, ax = new_figure(5.2, 3.4)
-    ax.bar(layers, counts, color="tab:blue")
+    fig, ax = new_figure(5.2, 3.8, right_axis=cos is not None)
+    depth = max(layers) if len(layers) else 1
+    ax.bar(layers, counts, color=[layer_colour(layer, depth) for layer in layers])
+    if len(layers):
+        ax.set_xlim(min(layers) - 0.7, max(layers) + 0.7)  # one layer: a bar, not a filled canvas
     ax.set_xlabel("saturation layer")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    layer_ticks(ax, layers, axis="x", at_values=True)
     ax.set_ylabel("samples")
     if cos is not None:
         twin = ax.twinx()
         values = [np.nan if value is None else value for value in cos]
-        twin.plot(layers, values, color="tab:orange", marker="o")
-        twin.set_ylabel("mean COS to last layer", color="tab:orange")
+        colour = series_colour("cos")
+        twin.plot(layers, values, color=colour, marker="o")
+        twin.set_ylabel("mean COS to the last layer", color=colour)
+        twin.tick_params(axis="y", colors=colour)
     ax.set_title("saturation events")
-    return fig
+    return finish(fig)
 
 
 def exits_per_layer(early_exit: Sequence[dict[str, Any]], layers: Sequence[int]) -> Figure:
-    """Exit counts per layer for every confidence threshold, with accuracy and speedup in the legend."""
-    fig, ax = new_figure(7.4, 3.4, right=0.97)
-    width = 0.8 / max(1, len(early_exit))
-    for i, row in enumerate(early_exit):
-        offset = (i - (len(early_exit) - 1) / 2) * width
+    """Exit counts per layer, one line per confidence threshold τ, with accuracy and speedup in the legend below."""
+    fig, ax = new_figure(5.4, 3.6)
+    colours = [ordered_colour(i, len(early_exit)) for i in range(len(early_exit))]
+    for row, colour in zip(early_exit, colours):
         accuracy, speedup = (f"{row[key]:.3f}" if row[key] is not None else "-" for key in ("accuracy", "speedup"))
-        label = f"τ={row['threshold']:g}: acc {accuracy}, ×{speedup}"
-        ax.bar(np.asarray(layers) + offset, row["exit_counts"], width=width, label=label)
+        label = f"τ {row['threshold']:g}: acc {accuracy}, ×{speedup}"
+        ax.plot(layers, row["exit_counts"], marker="o", markersize=3.5, color=colour, label=label)
     ax.set_xlabel("exit layer")
     ax.set_ylabel("samples")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.legend(fontsize="x-small", loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
-    fig.subplots_adjust(right=0.62)
+    layer_ticks(ax, layers, axis="x", at_values=True)
+    ax.set_ylim(bottom=0)
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        legend_below(fig, handles, labels, max_columns=3)
     ax.set_title("early exit with the shared head")
-    return fig
+    return finish(fig)
 
 
 def effective_depth(summary: dict[str, Any]) -> Figure:
     """ε-effective depth (absolute and relative to the last layer) against ε."""
-    fig, ax = new_figure(4.6, 3.6, right=0.97)
-    fig.subplots_adjust(top=0.84)
+    fig, ax = new_figure(4.8, 3.8)
     for key, label in (("effective_depth", "Acc ≥ 1−ε"), ("effective_depth_relative", "Acc ≥ Acc_L − ε")):
         depths = summary.get(key)
         if depths:
@@ -152,9 +188,10 @@ def effective_depth(summary: dict[str, Any]) -> Figure:
     ax.set_xlabel("ε")
     ax.set_ylabel("effective depth (layer)")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.legend(loc="best", fontsize="small")
-    ax.set_title(run_title(summary, "ε-effective depth"), fontsize="medium")
-    return fig
+    if ax.get_legend_handles_labels()[0]:
+        legend_inside(ax)
+    ax.set_title("ε-effective depth")
+    return finish(fig)
 
 
 def summary_figures(summary: dict[str, Any]) -> dict[str, Figure]:
@@ -189,4 +226,5 @@ def summary_figures(summary: dict[str, Any]) -> dict[str, Figure]:
         figures["compare_cka"] = cka_across_models(summary["compare"])
     if summary.get("coupling"):
         figures.update(coupling_figures(summary["coupling"]))
-    return figures
+    line = run_line(summary)
+    return {name: stamp(figure, line) for name, figure in figures.items()}

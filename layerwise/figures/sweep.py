@@ -3,7 +3,7 @@
 from collections.abc import Sequence
 from typing import Any
 
-from layerwise.figures.style import Figure, new_figure
+from layerwise.figures.style import Figure, finish, legend_inside, new_figure, place_labels
 
 
 def sweep_figure(curves: Sequence[Any]) -> Figure:
@@ -11,9 +11,10 @@ def sweep_figure(curves: Sequence[Any]) -> Figure:
 
     ``curves``: objects with ``label`` (the run), ``key`` (``early_exit`` or ``exit_early_exit``), ``name`` (the
     legend) and ``rows`` (dicts with ``threshold``, ``speedup``, ``accuracy``), e.g. ``inference.sweep.Curve``.
-    Curves of one run share a colour; every point is annotated with its threshold τ.
+    Curves of one run share a colour; every point is annotated with its threshold τ where the label overlaps no other
+    text (close thresholds get their labels on different sides; the table has every one).
     """
-    fig, ax = new_figure(6.0, 4.0, right=0.97)
+    fig, ax = new_figure(5.6, 4.2)
     colours: dict[str, Any] = {}
     for curve in curves:
         colour = colours.setdefault(curve.label, f"C{len(colours) % 10}")
@@ -29,38 +30,13 @@ def sweep_figure(curves: Sequence[Any]) -> Figure:
             markersize=4,
             label=curve.name,
         )
-    _label_thresholds(fig, ax, curves, colours)
     ax.set_xlabel("speedup (L · samples / layers run)")
     ax.set_ylabel("accuracy")
     ax.set_title("early exit: accuracy vs speedup (τ at each point)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize="small", loc="best")
+    legend_inside(ax)
+    finish(fig)
+    points = [(row["speedup"], row["accuracy"]) for curve in curves for row in curve.rows]
+    labels = [f"{row['threshold']:g}" for curve in curves for row in curve.rows]
+    place_labels(fig, ax, points, labels, [colours[curve.label] for curve in curves for _ in curve.rows])
     return fig
-
-
-def _label_thresholds(fig: Figure, ax: Any, curves: Sequence[Any], colours: dict[str, Any]) -> None:
-    """Write τ beside each point, at the first of a few offsets where it overlaps no label already written.
-
-    Close thresholds (τ = 0.95 and 0.99 often exit at almost the same point) get their labels on different sides;
-    a label is dropped only when every offset overlaps (the table has them all).
-    """
-    fig.canvas.draw()  # fixes the axis limits, so that label boxes are measured where they will be drawn
-    renderer = fig.canvas.get_renderer()
-    placed: list[Any] = []
-    offsets = ((3, 3), (3, -9), (-16, 3), (-16, -9), (3, 10), (3, -16))
-    for curve in curves:
-        for row in curve.rows:
-            for offset in offsets:
-                text = ax.annotate(
-                    f"{row['threshold']:g}",
-                    (row["speedup"], row["accuracy"]),
-                    textcoords="offset points",
-                    xytext=offset,
-                    fontsize=6,
-                    color=colours[curve.label],
-                )
-                box = text.get_window_extent(renderer)
-                if not any(box.overlaps(other) for other in placed):
-                    placed.append(box)
-                    break
-                text.remove()
