@@ -60,7 +60,7 @@ class LayerwiseMonitor(Callback):
             evaluated features in CPU memory for the epoch.
         print_table: print a per-layer table (accuracy, COS/CKA to the last layer, NC1) and the summary's path at
             the end of every analysed validation (global rank zero only).
-        log_figures: draw heatmaps/histograms as TensorBoard images (global rank zero only).
+        log_figures: draw heatmaps/histograms as images in every logger (PNG files without one; global rank zero only).
         figures_every_n_epochs: while fitting, draw them only every n-th analysed epoch and at the last epoch
             (default every epoch: the figures are drawn by a background thread off the training loop,
             ``callbacks/_drawing.py``; the JSON of every epoch holds everything ``layerwise plot`` draws).

@@ -37,7 +37,7 @@ class BlockCoupling(AnalysisCallback):
         ks: numbers K of top singular vectors (each at most the width d).
         form: mis-coupling form, ``"code"`` (the authors') or ``"offdiag"``.
         method: ``"full"`` SVD or ``"randomized"`` (checked against a residual bound; falls back with a warning).
-        log_figures: draw the heatmap and spectra as TensorBoard images (global rank zero).
+        log_figures: draw the heatmap and spectra as images in every logger (PNG files without one; global rank zero).
         chunk_size: JVPs run at once per block (default all d); lower it to bound the memory of wide models.
         figures_every_n_epochs: while fitting, draw the figures only every n-th epoch and at the last one.
     """

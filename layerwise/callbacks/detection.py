@@ -30,7 +30,7 @@ class DetectionLayerAP(AnalysisCallback):
 
     Args:
         every_n_epochs: analyse every n-th validation epoch while fitting (``validate`` always analyses).
-        log_figures: draw AP50 per layer as a TensorBoard image (global rank zero).
+        log_figures: draw AP50 per layer as an image in every logger (PNG files without one; global rank zero).
         figures_every_n_epochs: while fitting, draw it only every n-th epoch and at the last one.
     """
 

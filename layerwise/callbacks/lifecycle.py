@@ -62,7 +62,7 @@ class AnalysisCallback(Callback):
 
     Args:
         every_n_epochs: analyse every n-th validation epoch while fitting (``validate`` always analyses).
-        log_figures: draw the figures as TensorBoard images (global rank zero).
+        log_figures: draw the figures as images in every logger (PNG files without one; global rank zero).
         figures_every_n_epochs: while fitting, draw them only every n-th epoch and at the last one (the schedule of
             :class:`~layerwise.callbacks.LayerwiseMonitor`); ``validate`` always draws.
     """

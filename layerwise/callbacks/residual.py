@@ -45,7 +45,7 @@ class ResidualNormRatioMonitor(AnalysisCallback):
         every_n_epochs: analyse every n-th validation epoch while fitting (``validate`` always analyses).
         token: ``"auto"`` ([CLS] where the model has one — BERT-like encoders, ViTs with a class token — else the
             last real token, as for decoders), ``"cls"`` or ``"last"``.
-        log_figures: draw the figure as a TensorBoard image (global rank zero).
+        log_figures: draw the figure as an image in every logger (PNG files without one; global rank zero).
         figures_every_n_epochs: while fitting, draw it only every n-th epoch and at the last one (as
             ``LayerwiseAnalysis(figures_every_n_epochs=...)``; default every analysed epoch); ``validate`` always
             draws. The JSON of every analysed epoch holds what ``layerwise plot`` draws.
