@@ -153,6 +153,7 @@ class LinearProbes(EvaluationSteps, LightningModule):
         self._budget = _real_samples_on_rank(self.trainer.train_dataloader)
 
     def training_step(self, batch: Any, batch_idx: int) -> None:
+        self.optimizers().step()  # counts the step (checkpoints, logging intervals); changes nothing
         if self.fitted:
             return None
         features, targets = self._features(batch)
@@ -244,8 +245,18 @@ class LinearProbes(EvaluationSteps, LightningModule):
                 f"num_classes={data_classes}."
             )
 
-    def configure_optimizers(self) -> None:
-        """No optimizer: the heads are fitted to convergence after the features are extracted."""
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """No optimizer moves the heads (they are fitted after the features are extracted): a step that only counts."""
+        return _CountingStep(self.probes.parameters())
+
+
+class _CountingStep(torch.optim.Optimizer):
+    """An optimizer whose step changes nothing; Lightning counts it (checkpoints are not saved at step 0)."""
+
+    def __init__(self, params: Any) -> None:
+        super().__init__(params, {})
+
+    def step(self, closure: Any = None) -> None:
         return None
 
 
