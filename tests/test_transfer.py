@@ -271,6 +271,11 @@ def test_linear_probes_refuse_bad_options(tmp_path):
         LinearProbes(num_classes=5)
     with pytest.raises(ValueError, match="--model.init_args.checkpoint=.*no such file"):
         LinearProbes(num_classes=5, checkpoint=str(tmp_path / "missing.ckpt"))
-    probes = LinearProbes(num_classes=3, backbone=fitted_module().backbone)
+    backbone = fitted_module().backbone
+    with pytest.raises(ValueError, match=r"weight_decays=\[0.1, 0.0\]` must be a non-empty list of positive"):
+        LinearProbes(num_classes=5, backbone=backbone, weight_decays=[0.1, 0.0])
+    with pytest.raises(ValueError, match="holdout_fraction=1.0` must lie strictly between 0 and 1"):
+        LinearProbes(num_classes=5, backbone=backbone, holdout_fraction=1.0)
+    probes = LinearProbes(num_classes=3, backbone=backbone)
     with pytest.raises(ValueError, match="num_classes=3` but the data has 5 classes"):
         trainer(tmp_path, []).validate(probes, datamodule=DigitsDataModule(classes=[5, 6, 7, 8, 9]), verbose=False)
