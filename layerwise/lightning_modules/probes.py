@@ -1,7 +1,8 @@
 """Linear probes on frozen features: how much of a downstream task each layer of a trained model already carries."""
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
@@ -39,11 +40,12 @@ class LinearProbes(EvaluationSteps, LightningModule):
 
     which is scikit-learn's ``LogisticRegression(C=1 / (weight_decay * n))`` on the same features (n training
     samples). The solver (:func:`fit_logistic`) is full-batch Newton with a line search when the head has at most
-    2048 parameters (exact in a few steps), else full-batch L-BFGS, both on centred features. ``weight_decay`` is
-    chosen per layer on held-out data (:func:`fit_probe`): a seeded ``holdout_fraction`` of the training samples is
-    held out, the head is fitted on the rest for every value of ``weight_decays`` from the largest down (each fit
-    warm-started from the previous one), the value with the best held-out accuracy wins (ties: the larger), and the
-    head is refitted at it on all training samples. Later epochs change nothing (one epoch is enough).
+    2048 parameters (exact in a few steps, on one CPU thread), else full-batch L-BFGS, both on centred features.
+    ``weight_decay`` is chosen per layer on held-out data (:func:`fit_probe`): a seeded ``holdout_fraction`` of the
+    training samples is held out, the head is fitted on the rest for every value of ``weight_decays`` from the
+    largest down (each fit warm-started from the previous one), the value with the best held-out accuracy wins
+    (ties: the larger), and the head is refitted at it on all training samples. Later epochs change nothing (one
+    epoch is enough).
 
     Evaluation follows the analysis contract (``features``, ``logits`` = every probe's logits, ``targets``), so
     :class:`~layerwise.callbacks.LayerwiseAnalysis` reports the per-layer probe accuracy as ``accuracy`` — the
@@ -387,6 +389,17 @@ def _lbfgs(x: Tensor, onehot: Tensor, theta: Tensor, weight_decay: float, tolera
     return theta.detach(), iterations, bool(gradient.abs().max() <= tolerance)
 
 
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """One intra-op thread on the CPU (a contended machine makes a 2-thread Newton fit 8 times slower), restored."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def fit_logistic(
     x: Tensor,
     targets: Tensor,
@@ -410,8 +423,11 @@ def fit_logistic(
     onehot = F.one_hot(targets.long(), num_classes).to(x)
     theta = x.new_zeros(x.shape[1] + 1, num_classes) if start is None else start.to(x).clone()
     theta[-1] += mean @ theta[:-1]  # the same logits on centred features
-    solve = _newton if theta.numel() <= NEWTON_MAX_PARAMETERS else _lbfgs
-    theta, iterations, converged = solve(centred, onehot, theta, float(weight_decay), tolerance, max_iter)
+    if theta.numel() <= NEWTON_MAX_PARAMETERS:  # small dense products: more threads cost more than they save
+        with _one_thread():
+            theta, iterations, converged = _newton(centred, onehot, theta, float(weight_decay), tolerance, max_iter)
+    else:
+        theta, iterations, converged = _lbfgs(centred, onehot, theta, float(weight_decay), tolerance, max_iter)
     bias = theta[-1] - mean @ theta[:-1]
     bias = bias - bias.mean()
     return LogisticFit(theta[:-1].T.contiguous(), bias, float(weight_decay), iterations, converged)
