@@ -18,6 +18,7 @@ from torch.utils.data import DataLoader, Dataset
 from layerwise.datamodules import _hub
 from layerwise.datamodules._base import check_positive_int, flag, resolve_root
 from layerwise.datamodules.tokenizers import load_tokenizer
+from layerwise.errors import UsageError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -239,9 +240,9 @@ class GLUEDataModule(LightningDataModule):
 
     def _find_files(self, data_dir: Path) -> dict[str, Optional[Path]]:
         """Role -> local file, looked up in ``data_dir`` and then in ``data_dir/<GLUE task folder>``."""
-        hint = f"Pass {flag('data_dir')}=/path/to/{self.spec.folder} or omit it to load {HUB_ID!r} from the Hub."
+        hint = f"Pass `{flag('data_dir')}=/path/to/{self.spec.folder}` or omit it to load {HUB_ID!r} from the Hub."
         if not data_dir.is_dir():
-            raise FileNotFoundError(f"GLUE {self.task} folder {str(data_dir)!r} does not exist. {hint}")
+            raise FileNotFoundError(f"`{flag('data_dir')}={data_dir}`: no such folder. {hint}")
         folder = data_dir
         if _split_file(data_dir, "train") is None and (data_dir / self.spec.folder).is_dir():
             folder = data_dir / self.spec.folder
@@ -250,7 +251,7 @@ class GLUEDataModule(LightningDataModule):
             if files[role] is None:
                 expected = [f"{stem}{{{','.join(FILE_SUFFIXES)}}}" for stem in _stems(self.split_names[role])]
                 raise FileNotFoundError(
-                    f"{flag('data_dir')}={str(data_dir)!r}: no {self.task} {role} file {' or '.join(expected)} in "
+                    f"`{flag('data_dir')}={data_dir}`: no {self.task} {role} file {' or '.join(expected)} in "
                     f"{str(folder)!r}. {hint}"
                 )
         return files
@@ -263,44 +264,58 @@ class GLUEDataModule(LightningDataModule):
             with path.open(encoding="utf-8-sig", newline="") as file:
                 reader = csv.DictReader(file, **dialect)
                 return self._to_split(str(path), list(reader.fieldnames or []), reader, labels_required)
-        records = _json_records(path)
+        records = _json_records(path, self._option())
         columns = list(dict.fromkeys(key for record in records for key in record))
         return self._to_split(str(path), columns, records, labels_required)
+
+    def _option(self) -> str:
+        """The option that chose the data a message is about: ``data_dir`` for local files, else ``task`` (Hub)."""
+        if self.data_dir is None:
+            return f"`{flag('task')}={self.task}`"
+        return f"`{flag('data_dir')}={self.data_dir}`"
 
     def _to_split(
         self, source: str, columns: list[str], rows: Iterable[dict[str, Any]], labels_required: bool
     ) -> TextSplit:
-        """Pick the text and label columns of this task and convert every row, rejecting unlabelled ones if asked."""
+        """Pick the text and label columns of this task and convert every row, rejecting unlabelled ones if asked.
+
+        Raises:
+            UsageError: naming the option, the file and the row: an empty file, a file without the task's columns
+                or without rows, a row without text, or an unlabelled or unknown label where one is required.
+        """
+        where = self._option()
+        if not columns:
+            raise UsageError(f"{where}: {source} is empty; give a file with a header row and {self.task} examples.")
         text_columns = next((names for names in self.spec.text_columns if set(names) <= set(columns)), None)
         if text_columns is None:
-            raise ValueError(
-                f"{source} lacks the {self.task} text column(s): expected one of {list(self.spec.text_columns)}, "
-                f"found {columns}"
+            raise UsageError(
+                f"{where}: {source} lacks the {self.task} text column(s): expected one of "
+                f"{list(self.spec.text_columns)}, found {columns}"
             )
         label_column = next((name for name in self.spec.label_columns if name in columns), None)
         if label_column is None and labels_required:
-            raise ValueError(
-                f"{source} has no {self.task} label column: expected one of {list(self.spec.label_columns)}, "
+            raise UsageError(
+                f"{where}: {source} has no {self.task} label column: expected one of {list(self.spec.label_columns)}, "
                 f"found {columns}"
             )
         texts, labels = [], []
         for row_number, row in enumerate(rows, start=1):
             text = tuple(row.get(name) for name in text_columns)
             if not all(isinstance(part, str) for part in text):
-                raise ValueError(f"{source}, row {row_number}: no text in column(s) {list(text_columns)} (got {text})")
+                raise UsageError(
+                    f"{where}: {source}, row {row_number}: no text in column(s) {list(text_columns)} (got {text})"
+                )
             label = UNLABELLED if label_column is None else self._label_id(row.get(label_column), source, row_number)
             if label == UNLABELLED and labels_required:
-                raise ValueError(
-                    f"{source}, row {row_number}: no label in column {label_column!r} (got {row.get(label_column)!r});"
-                    f" every training and validation example needs one of {list(self.spec.label_names)} or an id in "
-                    f"0..{self.num_classes - 1}"
+                raise UsageError(
+                    f"{where}: {source}, row {row_number}: no label in column {label_column!r} (got "
+                    f"{row.get(label_column)!r}); every training and validation example needs one of "
+                    f"{list(self.spec.label_names)} or an id in 0..{self.num_classes - 1}"
                 )
             texts.append(text)
             labels.append(label)
         if not texts:
-            raise ValueError(
-                f"{source} has a header but no rows: give a file with examples (`--data.init_args.data_dir`)."
-            )
+            raise UsageError(f"{where}: {source} has a header but no rows; give a file with examples.")
         return TextSplit(source, texts, labels)
 
     def _label_id(self, value: Any, source: str, row_number: int) -> int:
@@ -319,8 +334,8 @@ class GLUEDataModule(LightningDataModule):
             return UNLABELLED
         if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < self.num_classes:
             return value
-        raise ValueError(
-            f"{source}, row {row_number}: unknown {self.task} label {value!r}; expected one of "
+        raise UsageError(
+            f"{self._option()}: {source}, row {row_number}: unknown {self.task} label {value!r}; expected one of "
             f"{list(self.spec.label_names)} or an id in 0..{self.num_classes - 1}"
         )
 
@@ -336,12 +351,16 @@ class GLUEDataModule(LightningDataModule):
         split = self.split_names[role]
         dataset_dict = self._hub_dataset()
         if split not in dataset_dict:
-            raise ValueError(f"{HUB_ID}/{self.task} has no '{split}' split (found {sorted(dataset_dict)})")
+            raise UsageError(
+                f"{self._option()}: {HUB_ID}/{self.task} has no '{split}' split (found {sorted(dataset_dict)})"
+            )
         dataset = dataset_dict[split]
         source = f"{HUB_ID}/{self.task}:{split}"
         label_names = getattr(dataset.features.get("label"), "names", None)
         if label_names is not None and tuple(label_names) != self.spec.label_names:
-            raise ValueError(f"{source} has the label names {label_names}; expected {list(self.spec.label_names)}")
+            raise UsageError(
+                f"{self._option()}: {source} has the label names {label_names}; expected {list(self.spec.label_names)}"
+            )
         columns = [name for name in (*self.spec.text_columns[0], "label") if name in dataset.column_names]
         rows = (dict(zip(columns, values)) for values in zip(*(dataset[name] for name in columns)))
         return self._to_split(source, dataset.column_names, rows, labels_required=role != "test")
@@ -410,7 +429,7 @@ class GLUEDataModule(LightningDataModule):
         )
         limit = tokenizer.model_max_length
         if limit < UNBOUNDED_MODEL_LENGTH and self.max_length > limit:
-            raise ValueError(
+            raise UsageError(
                 f"{flag('max_length')}={self.max_length} exceeds the {limit} tokens {flag('tokenizer')}="
                 f"{self.tokenizer_spec} supports"
             )
@@ -511,8 +530,11 @@ def _split_file(folder: Path, split: str) -> Optional[Path]:
     return found[0] if found else None
 
 
-def _json_records(path: Path) -> list[dict[str, Any]]:
-    """Records of a JSON file: a list of records, a dict of equal-length columns, or JSON Lines."""
+def _json_records(path: Path, where: str) -> list[dict[str, Any]]:
+    """Records of a JSON file: a list of records, a dict of equal-length columns, or JSON Lines.
+
+    ``where`` (the option that named the file) begins the message of a ``UsageError`` for what is not a record.
+    """
     text = path.read_text(encoding="utf-8-sig")
     if path.suffix.lower() == ".json":
         try:
@@ -520,7 +542,7 @@ def _json_records(path: Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError:
             data = None  # several documents: JSON Lines, as datasets' Dataset.to_json writes by default
         if isinstance(data, list):
-            return data
+            return _records_only(data, path, where, "item")
         if isinstance(data, dict) and data and all(isinstance(column, list) for column in data.values()):
             return [dict(zip(data, values)) for values in zip(*data.values())]
     records = []
@@ -529,7 +551,15 @@ def _json_records(path: Path) -> list[dict[str, Any]]:
             try:
                 records.append(json.loads(line))
             except json.JSONDecodeError as err:
-                raise ValueError(f"{path}, line {line_number}: not a JSON record ({err})") from err
+                raise UsageError(f"{where}: {path}, line {line_number}: not a JSON record ({err})") from err
+    return _records_only(records, path, where, "line")
+
+
+def _records_only(records: list[Any], path: Path, where: str, unit: str) -> list[dict[str, Any]]:
+    """``records`` if every one is a JSON object, else a ``UsageError`` naming the first that is not."""
+    for number, record in enumerate(records, start=1):
+        if not isinstance(record, dict):
+            raise UsageError(f"{where}: {path}, {unit} {number}: not a JSON record (an object), got {record!r:.60}")
     return records
 
 
