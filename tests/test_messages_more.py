@@ -2,6 +2,11 @@
 LAYERWISE_DEBUG=1 — a GLUE file with a bad label, a header only, the wrong columns or nothing at all, and a model
 whose hooked blocks have different widths (point 2); and the console of a fit without upstream noise (point 15)."""
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -158,3 +163,81 @@ def test_hooked_blocks_of_different_widths_end_in_one_line_naming_the_option(tmp
     monkeypatch.setenv("LAYERWISE_DEBUG", "1")
     with pytest.raises(UsageError, match="different widths"):
         LayerwiseCLI(args=args)
+
+
+# ------------------------------------------------------------------------------ 15: the console of a run, no noise
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_python(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+
+
+def test_the_first_block_jacobian_prints_no_torch_jit_script_deprecation():
+    """torch builds its JVP decompositions with its own torch.jit.script on a process's first forward-mode AD."""
+    code = (
+        "import warnings, torch\n"
+        "warnings.simplefilter('always')\n"
+        "from layerwise.features.jacobian import trace_blocks, diagonal_jacobians\n"
+        "blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])\n"
+        "def run():\n"
+        "    x = torch.randn(1, 3, 4)\n"
+        "    for block in blocks:\n"
+        "        x = x + block(x)\n"
+        "trace = trace_blocks(blocks, run)\n"
+        "print('SHAPE', tuple(diagonal_jacobians(blocks, trace).shape))\n"
+    )
+    result = run_python("-c", code)
+    assert "SHAPE (2, 4, 4)" in result.stdout, result.stderr[-3000:]
+    assert "jit.script" not in result.stderr, result.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def ddp_fit(tmp_path_factory):
+    """The quickstart for one batch on 2 gloo processes, through `python -m layerwise` as a user runs it."""
+    root = tmp_path_factory.mktemp("ddp")
+    result = run_python(
+        "-m",
+        "layerwise",
+        "fit",
+        "--config",
+        "configs/quickstart.yaml",
+        "--trainer.devices=2",
+        "--trainer.strategy=ddp_fork",
+        "--trainer.max_epochs=1",
+        "--trainer.limit_train_batches=1",
+        "--trainer.limit_val_batches=1",
+        f"--trainer.logger.init_args.save_dir={root}",
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def test_a_ddp_fit_does_not_ask_for_sync_dist_on_values_already_reduced(ddp_fit):
+    assert "layerwise val (epoch 0" in ddp_fit.stdout  # the callbacks ran (their table is there)
+    assert "sync_dist=True" not in ddp_fit.stderr, ddp_fit.stderr[-3000:]
+
+
+def test_the_head_parameter_line_is_on_stdout_with_the_tables(ddp_fit):
+    assert "one shared head has" in ddp_fit.stdout and "one shared head has" not in ddp_fit.stderr
+    assert ddp_fit.stdout.count("one shared head has") == 1  # once, from global rank zero
+
+
+def test_the_model_summary_shows_no_flops_it_did_not_count(ddp_fit):
+    assert "Trainable params" in ddp_fit.stdout and "Total params" in ddp_fit.stdout  # the summary is printed
+    console = ddp_fit.stdout + ddp_fit.stderr
+    assert "FLOPs" not in console and "Total Flops" not in console, ddp_fit.stdout[:3000]
+
+
+def test_counted_flops_keep_lightnings_summary(capsys):
+    from layerwise.callbacks.summary import CountedModelSummary
+
+    data = [(" ", ["0"]), ("Name", ["net"]), ("Type", ["Linear"]), ("Params", ["20"]), ("Mode", ["train"])]
+    CountedModelSummary.summarize([*data, ("FLOPs", ["0"])], 20, 20, 0.0, {"train": 1, "eval": 0}, total_flops=0)
+    without = capsys.readouterr().out
+    assert "net" in without and "Linear" in without and "20" in without and "FLOPs" not in without, without
+    CountedModelSummary.summarize([*data, ("FLOPs", ["1.2 K"])], 20, 20, 0.0, {"train": 1, "eval": 0}, total_flops=1200)
+    counted = capsys.readouterr()
+    assert "1.2 K" in counted.out + counted.err, counted
