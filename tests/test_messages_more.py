@@ -241,3 +241,34 @@ def test_counted_flops_keep_lightnings_summary(capsys):
     CountedModelSummary.summarize([*data, ("FLOPs", ["1.2 K"])], 20, 20, 0.0, {"train": 1, "eval": 0}, total_flops=1200)
     counted = capsys.readouterr()
     assert "1.2 K" in counted.out + counted.err, counted
+
+
+OTHER_HELPER = "callbacks/residual.py prints `… → <json>`: to change there (another helper's file), see the report"
+
+
+@pytest.mark.xfail(strict=True, reason=OTHER_HELPER)
+def test_the_console_uses_one_arrow(ddp_fit):
+    assert not ("→" in ddp_fit.stdout and "->" in ddp_fit.stdout), ddp_fit.stdout[-3000:]
+
+
+@pytest.mark.xfail(strict=True, reason=OTHER_HELPER)
+def test_the_summary_path_is_printed_once_per_validation(ddp_fit):
+    summaries = [word for word in ddp_fit.stdout.split() if word.endswith(".json")]
+    assert summaries and len(summaries) == len(set(summaries)), ddp_fit.stdout[-3000:]
+
+
+@pytest.mark.xfail(strict=True, reason="inference/generation.py (another helper's file): greedy sets top_k=0")
+def test_lens_prints_no_transformers_generation_flag_warning(tmp_path):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=257, n_positions=32)
+    config.bos_token_id = config.eos_token_id = 256  # the byte tokenizer's one special token
+    GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt")
+    result = run_python(
+        "-m", "layerwise", "lens", "--model", str(tmp_path / "gpt"), "--tokenizer", "byte",
+        "--tokenizer_dir", str(tmp_path / "tok"), "--prompt", "hello", "--max_new_tokens", "2",
+        "--out", str(tmp_path / "lens"),
+    )  # fmt: skip
+    assert result.returncode == 0 and (tmp_path / "lens" / "lens.md").exists(), result.stderr[-3000:]
+    assert "top_k" not in result.stderr, result.stderr[-3000:]
