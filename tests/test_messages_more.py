@@ -3,6 +3,7 @@ LAYERWISE_DEBUG=1 — a GLUE file with a bad label, a header only, the wrong col
 whose hooked blocks have different widths (point 2); and the console of a fit without upstream noise (point 15)."""
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -99,6 +100,30 @@ def test_a_bad_glue_file_ends_in_one_line_naming_the_file_and_the_option(tmp_pat
     assert cause in line, line
     monkeypatch.setenv("LAYERWISE_DEBUG", "1")
     with pytest.raises(UsageError, match=cause.replace("(", r"\(").replace(")", r"\)")):
+        LayerwiseCLI(args=args)
+
+
+def test_an_unreachable_hub_ends_in_one_line_naming_the_option(tmp_path, capsys, monkeypatch):
+    import datasets
+
+    from layerwise.datamodules import _hub
+
+    def closed_port_url() -> str:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(_hub, "hub_endpoint", closed_port_url)
+    (tmp_path / "glue.yaml").write_text(GLUE_CONFIG)
+    args = ["fit", "--config", str(tmp_path / "glue.yaml"), *QUIET, f"--trainer.default_root_dir={tmp_path}"]
+    with pytest.raises(SystemExit) as exit_info:
+        LayerwiseCLI(args=args)
+    line = one_line(capsys, exit_info)
+    assert line.startswith("layerwise fit: error: Cannot reach the Hugging Face Hub at http://127.0.0.1:"), line
+    assert "`--data.init_args.data_dir=/path/to/SST-2`" in line, line
+    monkeypatch.setenv("LAYERWISE_DEBUG", "1")
+    with pytest.raises(ConnectionError, match="Cannot reach the Hugging Face Hub"):
         LayerwiseCLI(args=args)
 
 

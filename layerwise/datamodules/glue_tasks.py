@@ -314,7 +314,7 @@ def _load_glue_hub(task: str) -> Any:
         endpoint = _hub.hub_endpoint()
         reason = _hub.hub_unreachable_reason(endpoint)
         if reason is not None:
-            raise ConnectionError(
+            raise _hub.HubUnreachable(
                 f"Cannot reach the Hugging Face Hub at {endpoint} ({reason}) to load {HUB_ID!r} config {task!r} "
                 f"({flag('task')}={task}). {instead}, or set HF_HUB_OFFLINE=1 to use a copy already in the "
                 "Hugging Face cache."
@@ -322,7 +322,7 @@ def _load_glue_hub(task: str) -> Any:
     try:
         return datasets.load_dataset(HUB_ID, task)
     except ConnectionError as err:
-        raise ConnectionError(
+        raise _hub.HubUnreachable(
             f"Could not load {HUB_ID!r} config {task!r} from the Hugging Face Hub or its local cache ({err}). "
             f"{instead}."
         ) from err
