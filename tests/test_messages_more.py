@@ -297,3 +297,20 @@ def test_lens_prints_no_transformers_generation_flag_warning(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0 and (tmp_path / "lens" / "lens.md").exists(), result.stderr[-3000:]
     assert "top_k" not in result.stderr, result.stderr[-3000:]
+
+
+def test_a_model_outside_the_table_without_paths_ends_in_one_line(tmp_path, capsys):
+    args = [
+        "validate",
+        "--model=test_messages_more.WideningModel",
+        "--data=layerwise.datamodules.DigitsDataModule",
+        *QUIET,
+        "--trainer.logger=false",
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.callbacks+=layerwise.callbacks.LayerwiseAnalysis",
+        "--trainer.callbacks.log_figures=false",
+    ]
+    with pytest.raises(SystemExit) as exit_info:
+        LayerwiseCLI(args=args)
+    line = one_line(capsys, exit_info)
+    assert "layerwise found no model of a known family" in line and "`blocks=" in line, line

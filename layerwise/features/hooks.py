@@ -144,11 +144,11 @@ def hook_paths(
     if blocks is None and classifier is None:
         found = find_layer_paths(root)
     elif blocks is None or classifier is None:
-        raise ValueError("Give both `blocks` and `classifier` (and `final_norm` if the model has one), or neither.")
+        raise UsageError("Give both `blocks` and `classifier` (and `final_norm` if the model has one), or neither.")
     else:
         found = LayerPaths(blocks, head=_as_steps(classifier), final_norm=_as_steps(final_norm))
     if found.pooling == "tokens" and pooling is None:
-        raise ValueError(
+        raise UsageError(
             f"The {found.family} model in {type(root).__name__} predicts at every token: give `pooling` "
             "('cls', 'mean' or 'last') for the callbacks' per-sample features."
         )
