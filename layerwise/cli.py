@@ -35,10 +35,12 @@ def _trainer_classes() -> tuple[type, type]:
     without it.
     """
     from lightning.pytorch import LightningModule
+    from lightning.pytorch.callbacks import ModelSummary, RichModelSummary
     from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
     from layerwise.callbacks._runs import evaluation_line, place_logger, read_position, take_position, test_split_line
     from layerwise.callbacks.progress import ProgressLines, fit_closing_line
+    from layerwise.callbacks.summary import CountedModelSummary
     from layerwise.errors import UsageError
     from layerwise.lightning_modules import LayerwiseModule
     from layerwise.lightning_modules.base import check_data_compatible
@@ -93,10 +95,21 @@ def _trainer_classes() -> tuple[type, type]:
             """Without a terminal and without a progress bar, a fit prints progress as plain lines."""
             super().after_instantiate_classes()
             trainer = getattr(self, "trainer", None)
+            if trainer is not None:
+                self._summary_without_uncounted_flops(trainer)
             if trainer is None or sys.stdout.isatty() or trainer.progress_bar_callback is not None:
                 return
             if self.subcommand == "fit" and not any(isinstance(c, ProgressLines) for c in trainer.callbacks):
                 trainer.callbacks.append(ProgressLines())
+
+        def _summary_without_uncounted_flops(self, trainer: Any) -> None:
+            """Lightning's default model summary -> ``CountedModelSummary`` (no column of zero FLOPs, no "Total: 0")."""
+            config = self.config.get(self.subcommand) if self.subcommand else self.config
+            given = config.get("trainer.callbacks") if config is not None else None
+            if any("ModelSummary" in str(getattr(c, "class_path", c)) for c in (given or [])):
+                return  # a summary the user configured stays as configured
+            defaults = (ModelSummary, RichModelSummary)
+            trainer.callbacks = [CountedModelSummary() if type(c) in defaults else c for c in trainer.callbacks]
 
         def _class_options(self) -> dict[str, str]:
             """Each ``class_path`` given in the config -> its option (``--model.init_args.backbone``).
@@ -373,10 +386,16 @@ def quiet_upstream() -> None:
     - Lightning's advertisement for its cloud logger and its accelerator inventory (logging, INFO).
     - ``isinstance(treespec, LeafSpec)`` is deprecated: Lightning 2.6's own use of torch's pytree, harmless, fixed
       upstream in later releases.
+    - "It is recommended to use `self.log(..., sync_dist=True)`" for the callbacks' values, already global.
     """
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         logging.getLogger(name).addFilter(_UpstreamNoise())
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
+    # layerwise's callbacks log per-layer values already reduced over every process (their metric states are
+    # all-reduced before compute), with sync_dist=False on purpose: no collective per scalar. Lightning cannot be told
+    # a value is already global and asks, once per key, for sync_dist=True (82 lines in a quickstart DDP run). Their
+    # keys have three parts (stage/group/name: val/acc/layer_01); the module's val/loss and val/acc are synced.
+    warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('(val|test)[^'/]*/[^'/]+/[^']+', ")
 
 
 def main(args: Optional[list[str]] = None) -> None:

@@ -16,6 +16,15 @@ from typing import Any, Optional
 from torch.utils.data import Dataset
 
 from layerwise.datamodules._base import flag
+from layerwise.errors import UsageError
+
+
+class HubUnreachable(UsageError, ConnectionError):
+    """The Hub cannot give a dataset (unreachable, or offline without a cached copy): one line naming the option.
+
+    A ``ConnectionError`` as before, and a ``UsageError``, so that ``layerwise fit`` prints it in one line.
+    """
+
 
 PROBE_TIMEOUT_S = 5.0
 
@@ -83,7 +92,7 @@ def load_hub_dataset(hub_id: str, root_hint: str, root_flag: str = "root") -> An
         endpoint = hub_endpoint()
         reason = hub_unreachable_reason(endpoint)
         if reason is not None:
-            raise ConnectionError(
+            raise HubUnreachable(
                 f"Cannot reach the Hugging Face Hub at {endpoint} ({reason}) to load "
                 f"{flag('hub_id')}={hub_id}. {instead}, or set HF_HUB_OFFLINE=1 to use a copy already in the "
                 "Hugging Face cache."
@@ -91,7 +100,7 @@ def load_hub_dataset(hub_id: str, root_hint: str, root_flag: str = "root") -> An
     try:
         return datasets.load_dataset(hub_id)
     except ConnectionError as err:
-        raise ConnectionError(
+        raise HubUnreachable(
             f"Could not load {flag('hub_id')}={hub_id} from the Hugging Face Hub or its local cache ({err}). {instead}."
         ) from err
     except FileNotFoundError as err:  # includes datasets' DatasetNotFoundError (missing or gated repository)

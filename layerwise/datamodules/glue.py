@@ -1,12 +1,13 @@
-"""GLUE sequence-classification tasks (SST-2, MRPC, QQP, MNLI, QNLI, RTE) for Hugging Face encoders."""
+"""GLUE sequence-classification tasks (SST-2, MRPC, QQP, MNLI, QNLI, RTE) for Hugging Face encoders.
+
+The LightningDataModule: options, tokenizer, tokenised splits and loaders. The task table and reading and checking
+the files (or the Hub) live in :mod:`layerwise.datamodules.glue_tasks`.
+"""
 
 from __future__ import annotations
 
-import csv
-import json
 import os
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Optional, get_args
 
@@ -15,9 +16,10 @@ from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
-from layerwise.datamodules import _hub
 from layerwise.datamodules._base import check_positive_int, flag, resolve_root
+from layerwise.datamodules.glue_tasks import HUB_ID, TASKS, GLUESource, TaskSpec, TextSplit
 from layerwise.datamodules.tokenizers import load_tokenizer
+from layerwise.errors import UsageError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -26,74 +28,11 @@ Task = Literal["sst2", "mrpc", "qqp", "mnli", "qnli", "rte"]
 MNLIValidation = Literal["matched", "mismatched"]
 Role = Literal["train", "validation", "test"]
 
-HUB_ID = "nyu-mll/glue"
-FILE_SUFFIXES = (".tsv", ".csv", ".json", ".jsonl")
-UNLABELLED = -1  # the Hub's label for test rows
+__all__ = ["GLUEDataModule", "MIN_MAX_LENGTH", "TASKS", "TaskSpec", "TextSplit", "TokenizedSplit", "padded_loader"]
+
 MIN_MAX_LENGTH = 8  # room for the special tokens of a pair (4 for RoBERTa) and a couple of tokens of each text
 UNBOUNDED_MODEL_LENGTH = 1_000_000  # transformers sets model_max_length to 1e30 when the model has no limit
 DEFAULT_TOKENIZER_CACHE = "~/.cache/layerwise/tokenizers"
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """Where one GLUE task keeps its texts and labels, in the Hub's conventions and in the original TSV files."""
-
-    folder: str  # the task folder of the original GLUE download, e.g. "SST-2"
-    text_columns: tuple[tuple[str, ...], ...]  # accepted text column sets; the Hub's first
-    label_columns: tuple[str, ...]  # accepted label columns; the Hub's first
-    label_names: tuple[str, ...]  # ClassLabel names of nyu-mll/glue, in id order
-    metrics: tuple[str, ...]
-
-
-TASKS: dict[str, TaskSpec] = {
-    "sst2": TaskSpec("SST-2", (("sentence",),), ("label",), ("negative", "positive"), ("accuracy",)),
-    "mrpc": TaskSpec(
-        "MRPC",
-        (("sentence1", "sentence2"), ("#1 String", "#2 String")),
-        ("label", "Quality"),
-        ("not_equivalent", "equivalent"),
-        ("accuracy", "f1"),
-    ),
-    "qqp": TaskSpec(
-        "QQP",
-        (("question1", "question2"),),
-        ("label", "is_duplicate"),
-        ("not_duplicate", "duplicate"),
-        ("accuracy", "f1"),
-    ),
-    "mnli": TaskSpec(
-        "MNLI",
-        (("premise", "hypothesis"), ("sentence1", "sentence2")),
-        ("label", "gold_label"),
-        ("entailment", "neutral", "contradiction"),
-        ("accuracy",),
-    ),
-    "qnli": TaskSpec("QNLI", (("question", "sentence"),), ("label",), ("entailment", "not_entailment"), ("accuracy",)),
-    "rte": TaskSpec("RTE", (("sentence1", "sentence2"),), ("label",), ("entailment", "not_entailment"), ("accuracy",)),
-}
-
-
-@dataclass
-class TextSplit:
-    """One split as parallel lists: the text(s) of each example and its label id (``UNLABELLED`` = -1 if none).
-
-    ``source`` names where it came from (a file path, or ``nyu-mll/glue/<task>:<split>``).
-    """
-
-    source: str
-    texts: list[tuple[str, ...]]
-    labels: list[int]
-
-    @property
-    def labelled(self) -> bool:
-        """Whether the split is non-empty and every example has a label."""
-        return bool(self.labels) and min(self.labels) >= 0
-
-    def head(self, n: Optional[int]) -> TextSplit:
-        """The first ``n`` examples (all of them if ``n`` is None)."""
-        if n is None or n >= len(self.labels):
-            return self
-        return TextSplit(self.source, self.texts[:n], self.labels[:n])
 
 
 class TokenizedSplit(Dataset):
@@ -220,13 +159,13 @@ class GLUEDataModule(LightningDataModule):
         self.metrics = self.spec.metrics
         self.split_names: dict[str, str] = self._split_names()
         self.data_dir = resolve_root(data_dir)
-        self.files: dict[str, Optional[Path]] = self._find_files(self.data_dir) if self.data_dir is not None else {}
+        self.source = GLUESource(task, self.split_names, self.data_dir)  # finds the files now: a missing one fails
+        self.files: dict[str, Optional[Path]] = self.source.files
         self.tokenizer: Optional[PreTrainedTokenizerFast] = None
         self.vocab_size: Optional[int] = None
         self.train_set: Optional[TokenizedSplit] = None
         self.val_set: Optional[TokenizedSplit] = None
         self.test_set: Optional[TokenizedSplit] = None
-        self._hub_data: Any = None
 
     def _split_names(self) -> dict[str, str]:
         """Role -> the Hub's split name; for MNLI the test role is the other validation set."""
@@ -235,129 +174,19 @@ class GLUEDataModule(LightningDataModule):
         other = "mismatched" if self.mnli_validation == "matched" else "matched"
         return {"train": "train", "validation": f"validation_{self.mnli_validation}", "test": f"validation_{other}"}
 
-    # ---------------------------------------------------------------------------------------------- local files
-
-    def _find_files(self, data_dir: Path) -> dict[str, Optional[Path]]:
-        """Role -> local file, looked up in ``data_dir`` and then in ``data_dir/<GLUE task folder>``."""
-        hint = f"Pass {flag('data_dir')}=/path/to/{self.spec.folder} or omit it to load {HUB_ID!r} from the Hub."
-        if not data_dir.is_dir():
-            raise FileNotFoundError(f"GLUE {self.task} folder {str(data_dir)!r} does not exist. {hint}")
-        folder = data_dir
-        if _split_file(data_dir, "train") is None and (data_dir / self.spec.folder).is_dir():
-            folder = data_dir / self.spec.folder
-        files = {role: _split_file(folder, name) for role, name in self.split_names.items()}
-        for role in ("train", "validation"):
-            if files[role] is None:
-                expected = [f"{stem}{{{','.join(FILE_SUFFIXES)}}}" for stem in _stems(self.split_names[role])]
-                raise FileNotFoundError(
-                    f"{flag('data_dir')}={str(data_dir)!r}: no {self.task} {role} file {' or '.join(expected)} in "
-                    f"{str(folder)!r}. {hint}"
-                )
-        return files
-
-    def _read_file(self, path: Path, role: str) -> TextSplit:
-        """Parse one local file (see the class docstring for the accepted formats)."""
-        labels_required = role != "test"
-        if path.suffix.lower() in (".tsv", ".csv"):
-            dialect = {"delimiter": "\t", "quoting": csv.QUOTE_NONE} if path.suffix.lower() == ".tsv" else {}
-            with path.open(encoding="utf-8-sig", newline="") as file:
-                reader = csv.DictReader(file, **dialect)
-                return self._to_split(str(path), list(reader.fieldnames or []), reader, labels_required)
-        records = _json_records(path)
-        columns = list(dict.fromkeys(key for record in records for key in record))
-        return self._to_split(str(path), columns, records, labels_required)
-
-    def _to_split(
-        self, source: str, columns: list[str], rows: Iterable[dict[str, Any]], labels_required: bool
-    ) -> TextSplit:
-        """Pick the text and label columns of this task and convert every row, rejecting unlabelled ones if asked."""
-        text_columns = next((names for names in self.spec.text_columns if set(names) <= set(columns)), None)
-        if text_columns is None:
-            raise ValueError(
-                f"{source} lacks the {self.task} text column(s): expected one of {list(self.spec.text_columns)}, "
-                f"found {columns}"
-            )
-        label_column = next((name for name in self.spec.label_columns if name in columns), None)
-        if label_column is None and labels_required:
-            raise ValueError(
-                f"{source} has no {self.task} label column: expected one of {list(self.spec.label_columns)}, "
-                f"found {columns}"
-            )
-        texts, labels = [], []
-        for row_number, row in enumerate(rows, start=1):
-            text = tuple(row.get(name) for name in text_columns)
-            if not all(isinstance(part, str) for part in text):
-                raise ValueError(f"{source}, row {row_number}: no text in column(s) {list(text_columns)} (got {text})")
-            label = UNLABELLED if label_column is None else self._label_id(row.get(label_column), source, row_number)
-            if label == UNLABELLED and labels_required:
-                raise ValueError(
-                    f"{source}, row {row_number}: no label in column {label_column!r} (got {row.get(label_column)!r});"
-                    f" every training and validation example needs one of {list(self.spec.label_names)} or an id in "
-                    f"0..{self.num_classes - 1}"
-                )
-            texts.append(text)
-            labels.append(label)
-        if not texts:
-            raise ValueError(
-                f"{source} has a header but no rows: give a file with examples (`--data.init_args.data_dir`)."
-            )
-        return TextSplit(source, texts, labels)
-
-    def _label_id(self, value: Any, source: str, row_number: int) -> int:
-        """A label name or id -> the Hub's label id; None, "" and -1 -> ``UNLABELLED``."""
-        if isinstance(value, str):
-            value = value.strip()
-            if value in self.spec.label_names:
-                return self.spec.label_names.index(value)
-            if value == "":
-                return UNLABELLED
-            try:
-                value = int(value)
-            except ValueError:
-                pass  # reported below
-        if value is None or value == UNLABELLED:
-            return UNLABELLED
-        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < self.num_classes:
-            return value
-        raise ValueError(
-            f"{source}, row {row_number}: unknown {self.task} label {value!r}; expected one of "
-            f"{list(self.spec.label_names)} or an id in 0..{self.num_classes - 1}"
-        )
-
-    # ------------------------------------------------------------------------------------------------------ Hub
-
-    def _hub_dataset(self) -> Any:
-        """The ``nyu-mll/glue`` DatasetDict of this task, loaded once per process."""
-        if self._hub_data is None:
-            self._hub_data = _load_glue_hub(self.task)
-        return self._hub_data
-
-    def _hub_split(self, role: str) -> TextSplit:
-        split = self.split_names[role]
-        dataset_dict = self._hub_dataset()
-        if split not in dataset_dict:
-            raise ValueError(f"{HUB_ID}/{self.task} has no '{split}' split (found {sorted(dataset_dict)})")
-        dataset = dataset_dict[split]
-        source = f"{HUB_ID}/{self.task}:{split}"
-        label_names = getattr(dataset.features.get("label"), "names", None)
-        if label_names is not None and tuple(label_names) != self.spec.label_names:
-            raise ValueError(f"{source} has the label names {label_names}; expected {list(self.spec.label_names)}")
-        columns = [name for name in (*self.spec.text_columns[0], "label") if name in dataset.column_names]
-        rows = (dict(zip(columns, values)) for values in zip(*(dataset[name] for name in columns)))
-        return self._to_split(source, dataset.column_names, rows, labels_required=role != "test")
-
     # ---------------------------------------------------------------------------------------------- splits
 
     def read_split(self, role: Role) -> TextSplit:
         """The texts and label ids the ``role`` loader serves, before the ``max_*_samples`` caps and tokenising.
 
         For ``"test"`` this is the test split when every example has a label, else (with a warning) the validation
-        split; for MNLI it is the other validation set. Raises ``ValueError`` naming the file and row for
+        split; for MNLI it is the other validation set. Raises :class:`~layerwise.errors.UsageError` (a
+        ``ValueError``) naming the option, the file and the row for a file or row that cannot be read, and for
         unlabelled training or validation examples.
         """
         _check_choice("role", role, get_args(Role), option="read_split(role)")
         if role == "test":
-            test = self._read(role)
+            test = self.source.read(role)
             if test is not None and test.labelled:
                 return test
             what = "is absent" if test is None else "has unlabelled examples"
@@ -366,15 +195,9 @@ class GLUEDataModule(LightningDataModule):
                 f"{self.split_names['validation']!r} instead"
             )
             role = "validation"
-        split = self._read(role)
+        split = self.source.read(role)
         assert split is not None  # __init__ checked that the train and validation files exist
         return split
-
-    def _read(self, role: str) -> Optional[TextSplit]:
-        if self.data_dir is None:
-            return self._hub_split(role)
-        path = self.files[role]
-        return None if path is None else self._read_file(path, role)
 
     def _training_texts(self) -> Iterator[str]:
         """Every text of the full training split, both texts of a pair: the tokenizer's training corpus."""
@@ -410,7 +233,7 @@ class GLUEDataModule(LightningDataModule):
         )
         limit = tokenizer.model_max_length
         if limit < UNBOUNDED_MODEL_LENGTH and self.max_length > limit:
-            raise ValueError(
+            raise UsageError(
                 f"{flag('max_length')}={self.max_length} exceeds the {limit} tokens {flag('tokenizer')}="
                 f"{self.tokenizer_spec} supports"
             )
@@ -421,7 +244,7 @@ class GLUEDataModule(LightningDataModule):
     def prepare_data(self) -> None:
         """Download the Hub dataset (without ``data_dir``) and train the tokenizer unless cached; once per node."""
         if self.data_dir is None:
-            self._hub_dataset()
+            self.source.hub_dataset()
         self._load_tokenizer()
 
     def setup(self, stage: Optional[str] = None) -> None:
@@ -488,78 +311,3 @@ def _check_choice(arg: str, value: Any, choices: tuple[Any, ...], option: Option
     """Raise ValueError naming the CLI flag (or ``option``) unless ``value`` is one of ``choices``."""
     if value not in choices:
         raise ValueError(f"{option or flag(arg)} must be one of {list(choices)}, got {value!r}")
-
-
-def _stems(split: str) -> tuple[str, ...]:
-    """File names (without suffix) of a Hub split: its own name, and the original GLUE name (dev for validation)."""
-    return tuple(dict.fromkeys((split, split.replace("validation", "dev"))))
-
-
-def _split_file(folder: Path, split: str) -> Optional[Path]:
-    """The one file in ``folder`` holding the Hub split ``split`` (see ``_stems``), or None; several is an error."""
-    found = [
-        folder / f"{stem}{suffix}"
-        for stem in _stems(split)
-        for suffix in FILE_SUFFIXES
-        if (folder / f"{stem}{suffix}").is_file()
-    ]
-    if len(found) > 1:
-        raise ValueError(
-            f"{flag('data_dir')}={str(folder)!r} holds several files for the {split} split: "
-            f"{[path.name for path in found]}; keep one"
-        )
-    return found[0] if found else None
-
-
-def _json_records(path: Path) -> list[dict[str, Any]]:
-    """Records of a JSON file: a list of records, a dict of equal-length columns, or JSON Lines."""
-    text = path.read_text(encoding="utf-8-sig")
-    if path.suffix.lower() == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError:
-            data = None  # several documents: JSON Lines, as datasets' Dataset.to_json writes by default
-        if isinstance(data, list):
-            return data
-        if isinstance(data, dict) and data and all(isinstance(column, list) for column in data.values()):
-            return [dict(zip(data, values)) for values in zip(*data.values())]
-    records = []
-    for line_number, line in enumerate(text.splitlines(), start=1):
-        if line.strip():
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}, line {line_number}: not a JSON record ({err})") from err
-    return records
-
-
-def _load_glue_hub(task: str) -> Any:
-    """``datasets.load_dataset("nyu-mll/glue", task)``, raising at once with a message naming the CLI flags.
-
-    Raises:
-        ConnectionError: the Hub is unreachable, or offline mode is on and the task is not cached.
-        FileNotFoundError: the Hub answered but the dataset was not found.
-    """
-    import datasets
-
-    instead = f"Pass {flag('data_dir')}=/path/to/{TASKS[task].folder} (a folder with train.tsv and dev.tsv) instead"
-    if not _hub.hub_offline():
-        endpoint = _hub.hub_endpoint()
-        reason = _hub.hub_unreachable_reason(endpoint)
-        if reason is not None:
-            raise ConnectionError(
-                f"Cannot reach the Hugging Face Hub at {endpoint} ({reason}) to load {HUB_ID!r} config {task!r} "
-                f"({flag('task')}={task}). {instead}, or set HF_HUB_OFFLINE=1 to use a copy already in the "
-                "Hugging Face cache."
-            )
-    try:
-        return datasets.load_dataset(HUB_ID, task)
-    except ConnectionError as err:
-        raise ConnectionError(
-            f"Could not load {HUB_ID!r} config {task!r} from the Hugging Face Hub or its local cache ({err}). "
-            f"{instead}."
-        ) from err
-    except FileNotFoundError as err:
-        raise FileNotFoundError(
-            f"Hugging Face dataset {HUB_ID!r} config {task!r} is not accessible ({err}). {instead}."
-        ) from err

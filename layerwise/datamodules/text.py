@@ -314,14 +314,16 @@ class TextDataModule(LightningDataModule):
             endpoint = _hub.hub_endpoint()
             reason = _hub.hub_unreachable_reason(endpoint)
             if reason is not None:
-                raise ConnectionError(
+                raise _hub.HubUnreachable(
                     f"Cannot reach the Hugging Face Hub at {endpoint} ({reason}) to load {name}. {instead}, or set "
                     "HF_HUB_OFFLINE=1 to use a copy already in the Hugging Face cache."
                 )
         try:
             return datasets.load_dataset(self.dataset, self.dataset_config)
         except ConnectionError as err:
-            raise ConnectionError(f"Could not load {name} from the Hub or its local cache ({err}). {instead}.") from err
+            raise _hub.HubUnreachable(
+                f"Could not load {name} from the Hub or its local cache ({err}). {instead}."
+            ) from err
         except FileNotFoundError as err:  # includes datasets' DatasetNotFoundError (missing or gated repository)
             raise FileNotFoundError(f"{name} was not found or is not accessible ({err}). {instead}.") from err
 

@@ -14,6 +14,7 @@ from typing import Any, Optional, Union
 import torch
 from torch import Tensor, nn
 
+from layerwise.errors import UsageError
 from layerwise.features.outputs import FEATURES, LOGITS
 from layerwise.features.paths import HeadSteps, LayerPaths, find_layer_paths, get_blocks
 from layerwise.features.pooling import check_pooling, pool_tokens
@@ -143,11 +144,11 @@ def hook_paths(
     if blocks is None and classifier is None:
         found = find_layer_paths(root)
     elif blocks is None or classifier is None:
-        raise ValueError("Give both `blocks` and `classifier` (and `final_norm` if the model has one), or neither.")
+        raise UsageError("Give both `blocks` and `classifier` (and `final_norm` if the model has one), or neither.")
     else:
         found = LayerPaths(blocks, head=_as_steps(classifier), final_norm=_as_steps(final_norm))
     if found.pooling == "tokens" and pooling is None:
-        raise ValueError(
+        raise UsageError(
             f"The {found.family} model in {type(root).__name__} predicts at every token: give `pooling` "
             "('cls', 'mean' or 'last') for the callbacks' per-sample features."
         )
@@ -206,11 +207,30 @@ class HookTap:
                 f"Expected one output from each of the {self.num_layers} blocks in one evaluation step, got "
                 f"{len(pooled)}: the step must run the model exactly once per batch."
             )
-        widths = {tuple(tensor.shape[1:]) for tensor in pooled}
-        if len(widths) > 1:
-            raise ValueError(f"The hooked blocks ({self.paths.blocks}) return features of different shapes {widths}.")
+        check_equal_widths(pooled, self.paths.blocks)
         features = torch.stack(pooled)
         return {FEATURES: features, LOGITS: self.head(features)}
+
+
+def check_equal_widths(pooled: Sequence[Tensor], blocks: Optional[str]) -> None:
+    """Raise a UsageError naming ``blocks`` unless every block's pooled output ``(B, ...)`` has the same width.
+
+    The per-layer metrics compare every layer with every other on one feature space (and the shared head reads one
+    width), so blocks of a hierarchical model's different stages cannot be stacked.
+    """
+    shapes = [tuple(tensor.shape[1:]) for tensor in pooled]
+    first = next((i for i, shape in enumerate(shapes) if shape != shapes[0]), None)
+    if first is None:
+        return
+
+    def width(shape: tuple[int, ...]) -> str:
+        return str(shape[0]) if len(shape) == 1 else str(shape)
+
+    raise UsageError(
+        f"`blocks={blocks}`: the hooked blocks return features of different widths: block 1 returns features of "
+        f"width {width(shapes[0])}, block {first + 1} of width {width(shapes[first])}; every layer must have one "
+        "width (the metrics compare layers, the shared head reads them): give `blocks` a list of blocks of one width."
+    )
 
 
 class _Stop(Exception):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import warnings
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -219,6 +220,7 @@ def block_jacobian(
         base = x0.to(device=device, dtype=dtype)
         rows = rows.to(device)
         args, kwargs = _cast(call.args, dtype), {key: _cast(value, dtype) for key, value in call.kwargs.items()}
+        _quiet_first_jvp()
         one_hot = torch.zeros(num_tokens, 1, dtype=dtype, device=device)
         one_hot[token] = 1.0
 
@@ -240,6 +242,18 @@ def block_jacobian(
         except RuntimeError as error:
             _explain(block, error)
             raise
+
+
+@functools.cache
+def _quiet_first_jvp() -> None:
+    """Run the process's first forward-mode AD here, where its one upstream warning is silenced.
+
+    On its first JVP, torch builds its JVP decompositions with its own ``torch.jit.script``, which warns that
+    ``torch.jit.script`` is deprecated (torch >= 2.9): a warning about torch's internals, not about this code.
+    """
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
+        torch.func.jvp(torch.sin, (torch.zeros(1),), (torch.ones(1),))
 
 
 def _explain(block: nn.Module, error: RuntimeError) -> None:
@@ -272,6 +286,7 @@ def diagonal_block_jacobian(
         base = x0.to(device=device, dtype=dtype)
         args, kwargs = _cast(call.args, dtype), {key: _cast(value, dtype) for key, value in call.kwargs.items()}
         split = split_block(work, base, args, kwargs, token)
+        _quiet_first_jvp()
         if isinstance(split, str):
             warnings.warn(
                 f"{type(block).__name__}: Jacobian on the whole prompt, not on token {token} alone: {split}.",

@@ -21,6 +21,8 @@ from typing import Any, Literal, Optional, Union
 import torch
 from torch import Tensor, nn
 
+from layerwise.errors import UsageError
+
 TANH = "<tanh>"
 RELU = "<relu>"
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {TANH: torch.tanh, RELU: torch.relu}
@@ -255,7 +257,7 @@ def layer_paths(model: nn.Module, option: str = "--model") -> LayerPaths:
     if family_name is None:
         model_type = getattr(getattr(model, "config", None), "model_type", type(model).__name__)
         close = difflib.get_close_matches(str(model_type), list(FAMILIES), n=3, cutoff=0.5)
-        raise ValueError(
+        raise UsageError(
             f"`{option}`: layerwise does not know where the blocks and head of {type(model).__name__} (model type "
             f"{model_type!r}) are (known families: {sorted(FAMILIES)}; similar: {close}). Add an entry to FAMILIES "
             "in layerwise/features/paths.py, or give the paths yourself (LayerPaths / blocks=, classifier=)."
@@ -263,7 +265,7 @@ def layer_paths(model: nn.Module, option: str = "--model") -> LayerPaths:
     family = FAMILIES[family_name]
     task = task_of(model)
     if task is None or (task != "base" and task not in family.heads):
-        raise ValueError(
+        raise UsageError(
             f"`{option}`: layerwise knows the {family_name!r} family but not the task of {type(model).__name__} "
             f"(known tasks: {sorted(family.heads)} and the base model)."
         )
@@ -293,7 +295,7 @@ def find_layer_paths(root: nn.Module, option: str = "blocks") -> LayerPaths:
     for prefix, module in root.named_modules():
         if family_of(module) is not None and task_of(module) is not None:
             return layer_paths(module, option).prefixed(prefix)
-    raise ValueError(
+    raise UsageError(
         f"layerwise found no model of a known family (known: {sorted(FAMILIES)}) inside {type(root).__name__}. "
         "Give the dotted paths relative to it, e.g. `blocks='model.encoder.layers', final_norm='model.norm', "
         "classifier='model.head', pooling='cls'`."
@@ -305,7 +307,7 @@ def find_model(root: nn.Module, option: str = "model") -> nn.Module:
     for _, module in root.named_modules():
         if family_of(module) is not None and task_of(module) is not None:
             return module
-    raise ValueError(
+    raise UsageError(
         f"`{option}`: layerwise found no model of a known family (known: {sorted(FAMILIES)}) inside "
         f"{type(root).__name__}."
     )
@@ -315,7 +317,7 @@ def model_width(model: nn.Module) -> int:
     """The residual-stream width d of a table-known model (``config.hidden_size`` or timm's ``embed_dim``)."""
     width = getattr(getattr(model, "config", None), "hidden_size", None) or getattr(model, "embed_dim", None)
     if width is None:
-        raise ValueError(f"Cannot read the width of {type(model).__name__} (config.hidden_size or embed_dim).")
+        raise UsageError(f"Cannot read the width of {type(model).__name__} (config.hidden_size or embed_dim).")
     return int(width)
 
 
@@ -333,14 +335,14 @@ def get_part(root: nn.Module, path: str, option: str) -> Optional[nn.Module]:
         return module
     if optional:
         return None
-    raise ValueError(f"`{option}`: {type(root).__name__} has no submodule {path!r}.")
+    raise UsageError(f"`{option}`: {type(root).__name__} has no submodule {path!r}.")
 
 
 def get_blocks(root: nn.Module, paths: LayerPaths, option: str = "blocks") -> Union[nn.ModuleList, nn.Sequential]:
     """The block list of ``paths``, checked to be a ModuleList/Sequential."""
     blocks = get_part(root, paths.blocks, option)
     if not isinstance(blocks, (nn.ModuleList, nn.Sequential)):
-        raise ValueError(f"`{option}={paths.blocks!r}` must name a ModuleList/Sequential of transformer blocks.")
+        raise UsageError(f"`{option}={paths.blocks!r}` must name a ModuleList/Sequential of transformer blocks.")
     return blocks
 
 

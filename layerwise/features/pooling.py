@@ -5,6 +5,8 @@ from typing import Literal, Optional
 import torch
 from torch import Tensor
 
+from layerwise.errors import UsageError
+
 Pooling = Literal["cls", "mean", "last"]
 POOLINGS: tuple[str, ...] = ("cls", "mean", "last")
 
@@ -12,7 +14,7 @@ POOLINGS: tuple[str, ...] = ("cls", "mean", "last")
 def check_pooling(pooling: str, option: str = "pooling") -> None:
     """Raise a ValueError naming ``option`` if ``pooling`` is not a known rule."""
     if pooling not in POOLINGS:
-        raise ValueError(f"`{option}={pooling!r}` is not a pooling rule; choose one of {POOLINGS}.")
+        raise UsageError(f"`{option}={pooling!r}` is not a pooling rule; choose one of {POOLINGS}.")
 
 
 def pool_tokens(
@@ -28,7 +30,7 @@ def pool_tokens(
         attention_mask: optional ``(B, T)`` mask of real (1) versus padding (0) tokens.
     """
     if tokens.ndim != 3:
-        raise ValueError(f"Expected block output of shape (B, T, d), got {tuple(tokens.shape)}.")
+        raise UsageError(f"Expected block output of shape (B, T, d), got {tuple(tokens.shape)}.")
     if pooling == "cls":
         return tokens[:, 0]
     if pooling == "mean":

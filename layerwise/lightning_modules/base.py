@@ -7,7 +7,7 @@ from typing import Any, Literal, Optional
 import torch
 from lightning.pytorch import LightningModule
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from layerwise._compat import built_by_lightning_cli
@@ -285,8 +285,8 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
     def setup(self, stage: str) -> None:
         check_data_compatible(self, getattr(self.trainer, "datamodule", None), after_setup=True)
         use_checkpoint_reader(self.trainer, stage)  # before Lightning restores --ckpt_path: one line for a bad file
-        if stage == "fit":
-            rank_zero_info(self.head_parameter_report())
+        if stage == "fit" and self.trainer.is_global_zero:
+            print(self.head_parameter_report(), flush=True)  # on stdout with the tables; no progress bar exists yet
 
     def head_parameter_report(self) -> str:
         """The paper's Table 1 quantity: parameters of one shared head versus a separate head at every layer."""
