@@ -268,21 +268,15 @@ def test_counted_flops_keep_lightnings_summary(capsys):
     assert "1.2 K" in counted.out + counted.err, counted
 
 
-OTHER_HELPER = "callbacks/residual.py prints `… → <json>`: to change there (another helper's file), see the report"
-
-
-@pytest.mark.xfail(strict=True, reason=OTHER_HELPER)
 def test_the_console_uses_one_arrow(ddp_fit):
     assert not ("→" in ddp_fit.stdout and "->" in ddp_fit.stdout), ddp_fit.stdout[-3000:]
 
 
-@pytest.mark.xfail(strict=True, reason=OTHER_HELPER)
 def test_the_summary_path_is_printed_once_per_validation(ddp_fit):
     summaries = [word for word in ddp_fit.stdout.split() if word.endswith(".json")]
     assert summaries and len(summaries) == len(set(summaries)), ddp_fit.stdout[-3000:]
 
 
-@pytest.mark.xfail(strict=True, reason="inference/generation.py (another helper's file): greedy sets top_k=0")
 def test_lens_prints_no_transformers_generation_flag_warning(tmp_path):
     from transformers import GPT2Config, GPT2LMHeadModel
 

@@ -55,6 +55,20 @@ def _on_host(results: dict[str, Any]) -> dict[str, Any]:
     return {key: value.detach().cpu() if isinstance(value, Tensor) else value for key, value in results.items()}
 
 
+# The summary paths already printed for a Trainer: several callbacks write into one epoch's summary, the console names
+# it once.
+_SHOWN_PATHS: "weakref.WeakKeyDictionary[Trainer, set[str]]" = weakref.WeakKeyDictionary()
+
+
+def where(trainer: Trainer, path: Any) -> str:
+    """``"-> path"`` the first time a summary path is shown for this trainer, ``""`` after (one arrow, one mention)."""
+    shown = _SHOWN_PATHS.setdefault(trainer, set())
+    if str(path) in shown:
+        return ""
+    shown.add(str(path))
+    return f"-> {path}"
+
+
 def show(trainer: Trainer, text: str) -> None:
     """Print above the progress bar when there is one (Lightning's bars have ``print``), else to stdout."""
     bar = trainer.progress_bar_callback

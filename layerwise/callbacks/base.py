@@ -19,6 +19,7 @@ from layerwise.callbacks._output import (
     layer_table,
     log_figures,
     show,
+    where,
     write_summary,
 )
 from layerwise.callbacks._sampling import evaluation_loaders
@@ -266,7 +267,8 @@ class LayerwiseMonitor(Callback):
             written = write_summary(trainer, log_dir, stage, spec, num_samples, results)
             if self.print_table:
                 table = layer_table(stage, trainer.current_epoch, trainer.global_step, results, spec)
-                show(trainer, f"{table}\n-> {written}")
+                note = where(trainer, written)
+                show(trainer, f"{table}\n{note}" if note else table)
             if self._draws_figures(trainer):
                 log_figures(trainer, stage, state.families, results, spec)
         if self.save_features:

@@ -8,7 +8,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torchmetrics import Metric
 
 from layerwise.callbacks._drawing import wait_for_figures
-from layerwise.callbacks._output import _log_dir, _run_id, log_figures_later, show, write_charts
+from layerwise.callbacks._output import _log_dir, _run_id, log_figures_later, show, where, write_charts
 from layerwise.callbacks._sampling import evaluation_loaders, real_samples_on_rank, take_real
 from layerwise.callbacks._schedule import analyses_now, draws_figures
 from layerwise.metrics.sync import all_reduce_sum_states
@@ -198,6 +198,6 @@ class AnalysisCallback(Callback):
         header = {"stage": self.stage, "epoch": trainer.current_epoch, "global_step": trainer.global_step}
         path = summary_path(log_dir, self.stage, trainer.current_epoch, trainer.global_step)
         merge_summary(path, {**header, self.key: written}, _run_id(trainer))
-        show(trainer, f"{self.line(written)} → {path}")
+        show(trainer, " ".join(part for part in (self.line(written), where(trainer, path)) if part))
         if draws_figures(trainer, self.log_figures, self.figures_every_n_epochs):
             log_figures_later(trainer, lambda: {f"{stage}/{tag}": fig for tag, fig in self.figures(written).items()})

@@ -88,7 +88,8 @@ def generation_config(
         do_sample=sampling,
         num_beams=num_beams if strategy == "beam" else 1,
         temperature=temperature if sampling else 1.0,
-        top_k=top_k if strategy == "top_k" else 0,
+        # top-k off: 0 while sampling (nucleus), unset otherwise (transformers warns of a flag greedy search ignores)
+        top_k=top_k if strategy == "top_k" else 0 if sampling else None,
         top_p=top_p if strategy == "nucleus" else 1.0,
         eos_token_id=eos_token_id,
         pad_token_id=pad_token_id if pad_token_id is not None else (eos_token_id if eos_token_id is not None else 0),
