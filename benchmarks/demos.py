@@ -6,12 +6,12 @@
     python benchmarks/demos.py ablation      # MLP on digits with and without residual connections (App. B.2)
     python benchmarks/demos.py transfer      # ViT on digits 0-4: shifted validation, probes on 5-9 (App. B.4)
 
-Every demo records its wall times with the machine and its load in ``benchmarks/recorded/demo_<name>.json``
-(``_record.record``), the numbers README cites. Each mode is one ``layerwise fit --config configs/demo/<name>.yaml`` (the documented command), run here one after
+Each mode is one ``layerwise fit --config configs/demo/<name>.yaml`` (the documented command), run here one after
 the other with its wall time; the table is read from the last validation JSON of each run. For Shakespeare, text is
 then generated from the middle layer and the last layer of each model with ``layerwise generate``, and the block
 coupling that ``BlockCoupling`` measured at every validation is tabulated against the untrained model's
-(``layerwise validate`` of the same config and seed).
+(``layerwise validate`` of the same config and seed). Every demo records its wall times, with the machine and its
+load, in ``benchmarks/recorded/demo_<name>.json`` (``_record.record``): the numbers README cites.
 """
 
 import argparse
