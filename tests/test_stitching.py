@@ -261,7 +261,9 @@ def rotated_copy(tmp_path_factory):
 
     A's head gives the printable bytes three times its random weights and every other token a zero row, so A puts
     almost no mass outside them and the text (sampled from A, printable bytes only) is A's own distribution: no phi
-    can make the stitched model much better than B on it, and phi(h) = Q h makes it exactly B.
+    can make the stitched model much better than B on it, and phi(h) = Q h makes it exactly B. Each sampled
+    sequence is one 32-token block of ``stitch --block_size 32`` (640 of them: the held-out 10 % starts at a block
+    boundary), so every block is read in the context A wrote it in.
     """
     folder = tmp_path_factory.mktemp("rotated_copy")
     a = folded_llama(layers=3, vocab=257)
@@ -275,10 +277,10 @@ def rotated_copy(tmp_path_factory):
     torch.manual_seed(2)
     outside = [token for token in range(257) if token not in PRINTABLE]
     ids = a.generate(
-        torch.randint(32, 127, (512, 1)),
+        torch.randint(32, 127, (640, 1)),
         do_sample=True,
-        max_new_tokens=63,
-        min_new_tokens=63,
+        max_new_tokens=31,
+        min_new_tokens=31,
         pad_token_id=32,
         top_k=0,
         suppress_tokens=outside,
