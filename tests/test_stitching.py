@@ -314,6 +314,11 @@ def test_stitch_default_start_is_the_least_squares_map(rotated_copy):
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 22.9 open: SGD at lr 0.1 moves phi off the exact least-squares start (penalty 0.40 after 500 steps)"
+    " and the linear decay brings it back only to 0.022 nats at l = 2, seed 0 (0.022 from the identity start too)",
+)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_stitch_default_recipe_converges_on_the_rotated_copy(rotated_copy, seed):
     """The whole default recipe (2,000 SGD steps) ends within 0.005 nats of B at every stitched layer, any seed."""

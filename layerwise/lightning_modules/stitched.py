@@ -107,9 +107,7 @@ class Stitched(LightningModule):
             (W0, b0 fitted at the start of ``fit`` from A's residual after l to B's after m on the first
             ``init_batches`` training batches, real tokens only, more batches while they hold fewer than 2 (d_A + 1)
             tokens); ``"auto"`` (default): least squares. SGD then trains phi on the stitched model's loss from
-            there, its weight decay pulling towards the start. From the least-squares start the recipe undoes a
-            rotation of the residual stream to within 1e-3 nats where the zero start ends near 1e-2
-            (``tests/test_stitching.py``).
+            there, its weight decay pulling towards the start.
         init_batches: training batches used by the least-squares initialisation.
     """
 
