@@ -174,7 +174,7 @@ def stitch(
         pairs: explicit pairs as l:m (overrides --layers).
         phi: learned, or identity (no training; equal widths).
         phi_norm: none, pre or post LayerNorm in phi.
-        phi_init: auto (least squares: phi starts at the linear map from A's to B's features), zero or least_squares.
+        phi_init: auto (zero for equal widths, else least squares), zero or least_squares.
         steps: optimizer steps per pair.
         warmup_steps: linear warm-up steps, then linear decay to 0.
         lr: SGD learning rate (tuned-lens's 1.0 * (1 - momentum)).

@@ -106,8 +106,8 @@ class Stitched(LightningModule):
         phi_init: ``"zero"`` (W0 = 0, b0 = 0: identity stitching at step 0, tuned-lens's start), ``"least_squares"``
             (W0, b0 fitted at the start of ``fit`` from A's residual after l to B's after m on the first
             ``init_batches`` training batches, real tokens only, more batches while they hold fewer than 2 (d_A + 1)
-            tokens); ``"auto"`` (default): least squares. SGD then trains phi on the stitched model's loss from
-            there, its weight decay pulling towards the start.
+            tokens); ``"auto"`` (default): zero for equal widths, least squares otherwise. SGD then trains phi on the
+            stitched model's loss from there, its weight decay pulling towards the start.
         init_batches: training batches used by the least-squares initialisation.
     """
 
@@ -152,7 +152,7 @@ class Stitched(LightningModule):
         if phi_init not in ("auto", "zero", "least_squares"):
             raise ValueError(f"`--model.init_args.phi_init={phi_init!r}` must be 'auto', 'zero' or 'least_squares'.")
         if phi_init == "auto":
-            phi_init = "least_squares"
+            phi_init = "zero" if width_a == width_b else "least_squares"
         self.phi_init, self.init_batches = phi_init, init_batches
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
         self.warmup_steps, self.max_steps = warmup_steps, max_steps
