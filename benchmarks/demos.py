@@ -10,7 +10,8 @@ Each mode is one ``layerwise fit --config configs/demo/<name>.yaml`` (the docume
 the other with its wall time; the table is read from the last validation JSON of each run. For Shakespeare, text is
 then generated from the middle layer and the last layer of each model with ``layerwise generate``, and the block
 coupling that ``BlockCoupling`` measured at every validation is tabulated against the untrained model's
-(``layerwise validate`` of the same config and seed).
+(``layerwise validate`` of the same config and seed). Every demo records its wall times, with the machine and its
+load, in ``benchmarks/recorded/demo_<name>.json`` (``_record.record``): the numbers README cites.
 """
 
 import argparse
@@ -23,6 +24,9 @@ from pathlib import Path
 import yaml
 
 from layerwise.results import is_summary, summary_order
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _record import load_now, record  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMOS = {
@@ -132,7 +136,10 @@ def trained(name: str, out: Path) -> Path:
 
 def compare_demo(out: Path) -> None:
     """CKA, arccos distance and stitching penalties of the pairs, with the documented commands."""
+    load_before, start = load_now(), time.perf_counter()
     checkpoints = {name: trained(name, out) for name in COMPARE_RUNS}
+    training = time.perf_counter() - start
+    values: dict = {"training_minutes": round(training / 60, 2)}
     lines = ["| A vs B | arccos distance | CKA of layers 0..4 | penalty vs B at l = m = 1, 2, 3 |", "|---|---|---|---|"]
     for first, second in COMPARE_PAIRS:
         common = ["--model_a", str(checkpoints[first]), "--model_b", str(checkpoints[second]), "--text", TEXT]
@@ -167,6 +174,8 @@ def compare_demo(out: Path) -> None:
                 "500",
                 "--warmup_steps",
                 "50",
+                "--phi_init",
+                "zero",  # README's table was measured from the identity start (the default: least squares)
                 "--max_train_blocks",
                 "4000",
                 "--max_val_blocks",
@@ -184,8 +193,14 @@ def compare_demo(out: Path) -> None:
         diagonal = ", ".join(f"{row[i]:.3f}" for i, row in enumerate(compared["cka"]))
         penalties = ", ".join(f"{row['penalty_b']:+.3f}" for row in stitched)
         lines.append(f"| {first} vs {second} | {compared['arccos_distance']:.3f} | {diagonal} | {penalties} |")
-        print(f"{first} vs {second}: {time.perf_counter() - start:.0f} s", flush=True)
+        seconds = time.perf_counter() - start
+        values[f"{first}_vs_{second}_s"] = round(seconds, 1)
+        values[f"{first}_vs_{second}_penalties_b"] = [round(row["penalty_b"], 4) for row in stitched]
+        print(f"{first} vs {second}: {seconds:.0f} s", flush=True)
     print("\n".join(lines))
+    pairs = sum(values[f"{first}_vs_{second}_s"] for first, second in COMPARE_PAIRS)
+    values["compare_and_stitch_minutes"] = round(pairs / 60, 2)
+    record("demo_compare", values, load_before)
 
 
 def sst2_comparison(runs: dict[str, Path], out: Path) -> None:
@@ -226,7 +241,9 @@ def sst2_comparison(runs: dict[str, Path], out: Path) -> None:
     print("|---|---|---|---|---|")
     for layer in (1, 2, 3):
         pl.seed_everything(0, verbose=False)  # the order of the training sentences
-        module = Stitched(model_a, model_b, layer, layer, task="classification", warmup_steps=30, max_steps=300)
+        module = Stitched(  # identity start (phi_init zero), as README's table was measured
+            model_a, model_b, layer, layer, task="classification", phi_init="zero", warmup_steps=30, max_steps=300
+        )
         trainer = pl.Trainer(
             accelerator="cpu",
             max_steps=300,
@@ -303,26 +320,39 @@ def main() -> None:
         compare_demo(args.out)
         return
     summaries, runs, total = {}, {}, 0.0
+    load_before, start = load_now(), time.perf_counter()
+    values: dict = {}
     for config in DEMOS[args.demo]:
         seconds, run_dir = run(config, args.out)
         total += seconds
         name = config.split("_")[-1]
         summaries[name], runs[name] = last_summary(run_dir), run_dir
+        values[f"{name}_s"] = round(seconds, 1)
         print(f"{config}: {seconds:.0f} s, {run_dir}", flush=True)
     print(f"\nboth runs: {total:.0f} s ({total / 60:.1f} min)\n")
-    keys = ["accuracy", "perplexity"] if args.demo == "shakespeare" else ["accuracy"]
-    if args.demo == "ablation":
-        ablation(summaries, args.out)
+    values["both_runs_minutes"] = round(total / 60, 2)
+    for name, summary in summaries.items():
+        values[f"{name}_accuracy"] = [round(value, 4) for value in summary["accuracy"]]
+    demo(args.demo, summaries, runs, args.out)
+    values["whole_script_minutes"] = round((time.perf_counter() - start) / 60, 2)
+    record(f"demo_{args.demo}", values, load_before)
+
+
+def demo(which: str, summaries: dict[str, dict], runs: dict[str, Path], out: Path) -> None:
+    """What each demo does after its two runs: tables, comparison, coupling, generated text, figures."""
+    keys = ["accuracy", "perplexity"] if which == "shakespeare" else ["accuracy"]
+    if which == "ablation":
+        ablation(summaries, out)
         return
-    if args.demo == "transfer":
-        transfer(runs, args.out)
+    if which == "transfer":
+        transfer(runs, out)
         return
     print(table(summaries, keys))
-    if args.demo == "sst2":
-        sst2_comparison(runs, args.out)
-    if args.demo == "shakespeare":
+    if which == "sst2":
+        sst2_comparison(runs, out)
+    if which == "shakespeare":
         start = time.perf_counter()
-        init = validate_at_init(DEMOS[args.demo][0], args.out / "init")
+        init = validate_at_init(DEMOS[which][0], out / "init")
         rows = [("(initialisation)", 0, init)]
         for name, run_dir in runs.items():
             rows += [(name, summary["global_step"], summary) for summary in all_summaries(run_dir)]

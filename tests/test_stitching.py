@@ -15,7 +15,7 @@ hf_logging.set_verbosity_error()
 DIM = 32
 
 
-def folded_llama() -> torch.nn.Module:
+def folded_llama(layers: int = 2, vocab: int = 64) -> torch.nn.Module:
     """A tiny LLaMA whose RMSNorm weights are folded into the linear layers that read them (all norms weight 1).
 
     Then every norm commutes with a rotation of the residual stream, so the model can be rotated exactly.
@@ -23,12 +23,12 @@ def folded_llama() -> torch.nn.Module:
     torch.manual_seed(0)
     config = AutoConfig.for_model(
         "llama",
-        num_hidden_layers=2,
+        num_hidden_layers=layers,
         hidden_size=DIM,
         intermediate_size=64,
         num_attention_heads=4,
         num_key_value_heads=2,
-        vocab_size=64,
+        vocab_size=vocab,
         max_position_embeddings=64,
         initializer_range=0.5,
         tie_word_embeddings=False,
@@ -115,7 +115,7 @@ def test_rotation_oracle_identity_fails_and_learned_stitching_recovers(oracle):
     out = trainer.validate(learned, held_out, verbose=False)[0]
     assert abs(out["val/penalty_b"]) < 1e-2
     eye = torch.eye(DIM, dtype=torch.float64)
-    torch.testing.assert_close(learned.phi.linear.weight.detach(), q - eye, rtol=0, atol=1e-2)  # phi(h) = Q h
+    torch.testing.assert_close(learned.phi.weight.detach(), q - eye, rtol=0, atol=1e-2)  # phi(h) = Q h
 
 
 def test_rotation_oracle_the_recipe_from_identity_recovers(oracle):
@@ -249,3 +249,79 @@ def test_stitch_command_same_seed_same_penalties(tmp_path):
     )
     assert first == again  # the default seed is fixed: run to run, the same penalties to the last bit
     assert other != first  # and the seed is what orders the training data
+
+
+# ------------------------------------------------- the `layerwise stitch` default recipe on a rotated-copy oracle
+PRINTABLE = range(32, 127)  # the bytes the oracle's text holds, so that it is a UTF-8 text file
+
+
+@pytest.fixture(scope="module")
+def rotated_copy(tmp_path_factory):
+    """A 3-block folded LLaMA over bytes (A), its residual-rotated copy (B), and a text sampled from A.
+
+    A's head gives the printable bytes three times its random weights and every other token a zero row, so A puts
+    almost no mass outside them and the text (sampled from A, printable bytes only) is A's own distribution: no phi
+    can make the stitched model much better than B on it, and phi(h) = Q h makes it exactly B. Each sampled
+    sequence is one 32-token block of ``stitch --block_size 32`` (640 of them: the held-out 10 % starts at a block
+    boundary), so every block is read in the context A wrote it in.
+    """
+    folder = tmp_path_factory.mktemp("rotated_copy")
+    a = folded_llama(layers=3, vocab=257)
+    with torch.no_grad():
+        printable = torch.zeros(257, dtype=torch.bool)
+        printable[list(PRINTABLE)] = True
+        a.lm_head.weight[~printable] = 0.0
+        a.lm_head.weight[printable] *= 3.0
+    q, _ = torch.linalg.qr(torch.randn(DIM, DIM, dtype=torch.float64, generator=torch.Generator().manual_seed(1)))
+    b = rotated(a, q)
+    torch.manual_seed(2)
+    outside = [token for token in range(257) if token not in PRINTABLE]
+    ids = a.generate(
+        torch.randint(32, 127, (640, 1)),
+        do_sample=True,
+        max_new_tokens=31,
+        min_new_tokens=31,
+        pad_token_id=32,
+        top_k=0,
+        suppress_tokens=outside,
+    )
+    (folder / "text.txt").write_text("".join(bytes(row.tolist()).decode("ascii") for row in ids))
+    a.float().save_pretrained(folder / "a")
+    b.float().save_pretrained(folder / "b")
+    return folder
+
+
+def stitch_oracle(folder, name: str, *options: str) -> list[float]:
+    """``layerwise stitch`` of the oracle's A into B at l = m = 1, 2; the held-out penalties vs B."""
+    import json
+
+    from layerwise.cli import main as cli_main
+
+    command = ["stitch", "--model_a", str(folder / "a"), "--model_b", str(folder / "b"), "--text"]
+    command += [str(folder / "text.txt"), "--tokenizer", "byte", "--block_size", "32", "--accelerator", "cpu"]
+    cli_main([*command, *options, "--out", str(folder / name)])
+    rows = json.loads((folder / name / "stitch.json").read_text())["rows"]
+    assert [row["layer_a"] for row in rows] == [1, 2]
+    return [row["penalty_b"] for row in rows]
+
+
+def test_stitch_least_squares_start_is_the_exact_map(rotated_copy):
+    """Before any step (lr 0) the least-squares phi already undoes the rotation; the identity start is far off."""
+    options = ["--steps", "1", "--warmup_steps", "0", "--lr", "0"]
+    start = stitch_oracle(rotated_copy, "start", *options, "--phi_init", "least_squares")
+    assert all(abs(penalty) < 1e-4 for penalty in start), start
+    zero = stitch_oracle(rotated_copy, "zero", *options, "--phi_init", "zero")
+    assert all(penalty > 1.0 for penalty in zero), zero
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 22.9 open: at l = 2, seed 0, the default recipe (identity start, lr 0.1) ends 0.022 nats above B;"
+    " from the least-squares start too (0.022; lr 0.01: 0.016, lr 0.001: 0.010, the penalty growing with the steps)",
+)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_stitch_default_recipe_converges_on_the_rotated_copy(rotated_copy, seed):
+    """The whole default recipe (2,000 SGD steps) ends within 0.005 nats of B at every stitched layer, any seed."""
+    penalties = stitch_oracle(rotated_copy, f"seed{seed}", "--seed", str(seed))
+    assert all(abs(penalty) <= 5e-3 for penalty in penalties), penalties

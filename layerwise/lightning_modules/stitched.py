@@ -18,7 +18,12 @@ Task = Literal["causal_lm", "classification"]
 
 
 class StitchingLayer(nn.Module):
-    """phi(h) = h + W h + b (equal widths; W, b zero-initialised: identity at step 0), or W h + b between widths.
+    """phi(h) = h + (W0 + W) h + (b0 + b) (equal widths), or (W0 + W) h + (b0 + b) between widths.
+
+    W, b are the trained parameters, zero-initialised; W0, b0 are the start (buffers, zero unless
+    :meth:`fit_least_squares` set them), so phi is identity stitching (equal widths) at step 0, or the least-squares
+    map, and weight decay on W, b pulls phi back towards that start rather than towards 0. phi stays one affine map
+    (:attr:`weight`, :attr:`bias` are its effective parameters).
 
     ``norm``: ``"pre"`` puts a LayerNorm on h (width d_A) before, ``"post"`` one on phi(h) (width d_B) after.
     ``identity=True`` is phi = id, with no parameters (equal widths only).
@@ -37,23 +42,40 @@ class StitchingLayer(nn.Module):
         if self.linear is not None:
             nn.init.zeros_(self.linear.weight)
             nn.init.zeros_(self.linear.bias)
+            self.register_buffer("start_weight", torch.zeros(dim_b, dim_a))
+            self.register_buffer("start_bias", torch.zeros(dim_b))
+
+    @property
+    def weight(self) -> Tensor:
+        """The effective W0 + W (d_B, d_A) (the identity of equal widths not included)."""
+        return self.start_weight + self.linear.weight
+
+    @property
+    def bias(self) -> Tensor:
+        """The effective b0 + b (d_B,)."""
+        return self.start_bias + self.linear.bias
 
     @torch.no_grad()
     def fit_least_squares(self, h_a: Tensor, h_b: Tensor) -> None:
-        """Initialise W, b by least squares from paired residuals (N, d_A) -> (N, d_B) (different widths)."""
+        """Start phi at the least-squares affine map from paired residuals (N, d_A) -> (N, d_B).
+
+        W0, b0 solve min ||phi(h_a) - h_b||^2 (before any ``post`` norm); W, b restart at 0.
+        """
         if self.linear is None:
             return
         x = torch.cat([self.pre(h_a).double(), torch.ones(h_a.shape[0], 1, dtype=torch.float64, device=h_a.device)], 1)
         target = h_b.double() - (self.pre(h_a).double() if self.residual else 0.0)
         solution = torch.linalg.lstsq(x.cpu(), target.cpu()).solution.to(h_a.device)  # (d_A + 1, d_B)
-        self.linear.weight.copy_(solution[:-1].T)
-        self.linear.bias.copy_(solution[-1])
+        self.start_weight.copy_(solution[:-1].T)
+        self.start_bias.copy_(solution[-1])
+        self.linear.weight.zero_()
+        self.linear.bias.zero_()
 
     def forward(self, h: Tensor) -> Tensor:
         if self.linear is None:
             return h
         x = self.pre(h)
-        out = self.linear(x.to(self.linear.weight.dtype)).to(h.dtype)
+        out = F.linear(x.to(self.linear.weight.dtype), self.weight, self.bias).to(h.dtype)
         return self.post(x + out if self.residual else out)
 
 
@@ -81,9 +103,11 @@ class Stitched(LightningModule):
         phi: ``"learned"`` or ``"identity"`` (no training; equal widths).
         phi_norm: ``"none"``, ``"pre"`` or ``"post"`` LayerNorm.
         task: ``"causal_lm"`` or ``"classification"``.
-        phi_init: ``"zero"`` (W = 0, b = 0: identity stitching at step 0), ``"least_squares"`` (W, b fitted at the
-            start of ``fit`` from A's residual after l to B's after m on the first ``init_batches`` training
-            batches, real tokens only); ``"auto"``: zero for equal widths, least squares otherwise.
+        phi_init: ``"zero"`` (W0 = 0, b0 = 0: identity stitching at step 0, tuned-lens's start), ``"least_squares"``
+            (W0, b0 fitted at the start of ``fit`` from A's residual after l to B's after m on the first
+            ``init_batches`` training batches, real tokens only, more batches while they hold fewer than 2 (d_A + 1)
+            tokens); ``"auto"`` (default): zero for equal widths, least squares otherwise. SGD then trains phi on the
+            stitched model's loss from there, its weight decay pulling towards the start.
         init_batches: training batches used by the least-squares initialisation.
     """
 
@@ -144,9 +168,9 @@ class Stitched(LightningModule):
         """Least-squares initialisation of phi on the first training batches (``phi_init``)."""
         if self.phi_init != "least_squares" or self.phi.linear is None:
             return
-        pairs_a, pairs_b = [], []
+        pairs_a, pairs_b, rows_needed = [], [], 2 * (self.phi.linear.in_features + 1)
         for index, batch in enumerate(self.trainer.train_dataloader):
-            if index >= self.init_batches:
+            if index >= self.init_batches and sum(len(h) for h in pairs_a) >= rows_needed:
                 break
             batch = self.transfer_batch_to_device(batch, self.device, 0)
             h_b = self.residual_b(batch)
