@@ -25,6 +25,7 @@ import statistics
 import time
 
 import torch
+from _record import load_now, record
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
@@ -132,7 +133,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[torch.get_num_threads()], help="CPU threads")
     parser.add_argument("--chunk-size", type=int, default=None, help="JVPs at once (default: all d)")
     parser.add_argument("--skip-whole", action="store_true", help="leave out the whole-prompt JVPs")
+    parser.add_argument("--record", default=None, help="write benchmarks/recorded/<RECORD>.json (README's claims)")
     args = parser.parse_args()
+    load_before = load_now()
+    recorded: dict = {"shape": None, "device": args.device}
     CHUNK["size"] = args.chunk_size
     names = [name for name in METHODS if not (args.skip_whole and name == "whole")]
     print(
@@ -171,6 +175,17 @@ def main() -> None:
                 f"{jacobian_base / jacobian_median:>9.1f}x{peaks[name] / 2**20:>12.1f}"
             )
         print(f"(each time: {', '.join(f'{name} ' + ' '.join(f'{t:.3f}' for t in times[name]) for name in names)})")
+        recorded["shape"] = shape
+        for name in names:
+            recorded[f"{name}_s_{threads}t"] = round(statistics.median(times[name]), 3)
+            recorded[f"{name}_speedup_{threads}t"] = round(base / statistics.median(times[name]), 1)
+            recorded[f"{name}_jacobian_speedup_{threads}t"] = round(
+                jacobian_base / statistics.median(jacobian_times[name]), 1
+            )
+    for name in names:
+        recorded[f"{name}_peak_mib"] = round(peaks[name] / 2**20, 1)
+    if args.record:
+        record(args.record, recorded, load_before)
 
 
 if __name__ == "__main__":
