@@ -14,6 +14,9 @@ from torchmetrics.utilities import rank_zero_warn
 from layerwise.metrics._base import _check_positive_int, _ShiftedSumStateMetric, _SumStateMetric
 from layerwise.metrics.functional_compare import _check_pair, _cross_cka_compute, chunk_hsic
 
+PRECISIONS = ("exact", "fast")
+_FAST_ROWS = 2048  # rows of the cross moment per float32 product in precision="fast"
+
 
 class CrossModelCKA(_ShiftedSumStateMetric):
     r"""Exact linear CKA between every layer of model A and every layer of model B, streamed over tokens.
@@ -38,8 +41,20 @@ class CrossModelCKA(_ShiftedSumStateMetric):
         ``update(a, b)``: (L_A, N, d_A) and (L_B, N, d_B), the same N tokens. ``compute()``: (L_A, L_B) float64.
     """
 
-    def __init__(self, layers_a: int, dim_a: int, layers_b: int, dim_b: int, pairs: str = "all", **kwargs: Any) -> None:
+    def __init__(
+        self,
+        layers_a: int,
+        dim_a: int,
+        layers_b: int,
+        dim_b: int,
+        pairs: str = "all",
+        precision: str = "exact",
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
+        if precision not in PRECISIONS:
+            raise ValueError(f"Expected `precision` 'exact' or 'fast', got {precision!r}.")
+        self.precision = precision
         self.layers_a, self.dim_a = _check_positive_int("layers_a", layers_a), _check_positive_int("dim_a", dim_a)
         self.layers_b, self.dim_b = _check_positive_int("layers_b", layers_b), _check_positive_int("dim_b", dim_b)
         if pairs not in ("all", "diagonal"):
@@ -72,21 +87,41 @@ class CrossModelCKA(_ShiftedSumStateMetric):
             dim=1,
         )
         shifted = self._shifted(flat.unsqueeze(0))[0].to(self.cross.device)  # (N, L_A d_A + L_B d_B)
+        self.count += n
         split = self.layers_a * self.dim_a
+        self.sum_a += shifted[:, :split].sum(dim=0).view(self.layers_a, self.dim_a)
+        self.sum_b += shifted[:, split:].sum(dim=0).view(self.layers_b, self.dim_b)
+        if self.precision == "fast":  # the products in the features' precision (at least float32), summed in float64
+            shifted = shifted.to(torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32))
         flat_a, flat_b = shifted[:, :split], shifted[:, split:]
         x = flat_a.reshape(n, self.layers_a, self.dim_a).transpose(0, 1)  # (L_A, N, d_A), a view
         y = flat_b.reshape(n, self.layers_b, self.dim_b).transpose(0, 1)
+        if shifted.dtype != torch.float64:
+            self._add_low_precision_products(x, y, flat_a, flat_b)
+            return
         # In place, straight into the float64 states (the same sums as _cross_cka_update, without a (L_A d_A, L_B d_B)
         # temporary: the cross moment is the bulk of the work and of the memory).
-        self.count += n
-        self.sum_a += x.sum(dim=1)
-        self.sum_b += y.sum(dim=1)
         self.self_a.baddbmm_(x.transpose(1, 2), x)
         self.self_b.baddbmm_(y.transpose(1, 2), y)
         if self.pairs == "diagonal":
             self.cross.baddbmm_(x.transpose(1, 2), y)
         else:
             self.cross.addmm_(flat_a.T, flat_b)
+
+    def _add_low_precision_products(self, x: Tensor, y: Tensor, flat_a: Tensor, flat_b: Tensor) -> None:
+        """``precision="fast"``: this batch's moments as float32 products, added to the float64 states.
+
+        The cross moment goes in blocks of ``_FAST_ROWS`` rows, so the float32 temporary stays at most
+        ``_FAST_ROWS x L_B d_B`` (a (L_A d_A, L_B d_B) one would add 340 MiB at GPT-2-small's shape).
+        """
+        self.self_a += torch.bmm(x.transpose(1, 2), x)
+        self.self_b += torch.bmm(y.transpose(1, 2), y)
+        if self.pairs == "diagonal":
+            self.cross += torch.bmm(x.transpose(1, 2), y)
+            return
+        rows = flat_a.T
+        for start in range(0, rows.shape[0], _FAST_ROWS):
+            self.cross[start : start + _FAST_ROWS] += rows[start : start + _FAST_ROWS] @ flat_b
 
     def compute(self) -> Tensor:
         """CKA (L_A, L_B) float64."""
