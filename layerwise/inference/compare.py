@@ -10,6 +10,7 @@ from typing import Any, Literal, Optional
 import torch
 from torch import Tensor, nn
 
+from layerwise.errors import UsageError
 from layerwise.features.hf import input_device
 from layerwise.features.hooks import hooked_blocks
 from layerwise.features.paths import get_blocks, layer_paths
@@ -148,6 +149,58 @@ def write_comparison(results: dict[str, Any], out: Path) -> list[Path]:
     return paths
 
 
+def _base_model_prefix(spec: str) -> Optional[str]:
+    """The attribute under which ``spec``'s causal LM holds the base model (``model``, ``transformer``), or None."""
+    if str(spec).endswith(".ckpt"):
+        return None  # a checkpoint is loaded whole: no device_map to translate
+    from transformers import MODEL_MAPPING, AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(spec)
+        return getattr(MODEL_MAPPING[type(config)], "base_model_prefix", None) or None
+    except (OSError, ValueError, KeyError):  # not a Hugging Face model: loading it reports why, in its own words
+        return None
+
+
+def base_device_map(device_map: DeviceMap, spec: str) -> DeviceMap:
+    """``--device_map`` for the base model ``compare`` loads, given in its own module names or in the causal LM's.
+
+    ``lens`` and ``coupling`` load the causal LM (``model.layers.0``, ``lm_head``); ``compare`` its base model
+    (``layers.0``). A map that names modules under the causal LM's prefix is translated: the prefix dropped, the
+    modules outside it (the LM head, which the base model lacks) left out.
+    """
+    if not isinstance(device_map, dict):
+        return device_map
+    prefix = _base_model_prefix(spec)
+    if prefix is None or not any(name == prefix or name.startswith(prefix + ".") for name in device_map):
+        return device_map
+    translated = {}
+    for name, device in device_map.items():
+        if name == prefix:
+            translated[""] = device
+        elif name.startswith(prefix + "."):
+            translated[name.removeprefix(prefix + ".")] = device
+    return translated
+
+
+def _load_for_comparison(spec: str, flag: str, dtype: Optional[str], device_map: DeviceMap, folder: Optional[Path]):
+    """``spec``'s base model, placed by ``device_map`` (either naming); an incomplete map is a one-line error."""
+    try:
+        return load_model_as(
+            spec, flag, dtype=dtype, device_map=base_device_map(device_map, spec), offload_folder=folder
+        )
+    except ValueError as error:
+        if "device_map provided does not give any device" not in str(error):
+            raise
+        prefix = _base_model_prefix(spec)
+        example = f" (e.g. 'layers.0', or '{prefix}.layers.0' as for lens and coupling)" if prefix else ""
+        missing = str(error).split("parameters:", 1)[-1].strip().split(", ")
+        raise UsageError(
+            f"`--device_map` places none of {flag}'s {', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}: "
+            f"compare loads the base model, so name its modules or the causal LM's{example}, every one of them."
+        ) from None
+
+
 # ------------------------------------------------------------------------------- the `layerwise compare` command
 def compare(
     model_a: str,
@@ -198,7 +251,8 @@ def compare(
             shape by benchmarks/compare.py).
         dtype: load both models in this dtype (default as saved).
         device: cpu, cuda, ... (default: cuda when available); ignored with --device_map.
-        device_map: spread each model over devices as it loads (auto, or a JSON object; see `layerwise coupling`).
+        device_map: spread each model over devices as it loads (auto, or a JSON object; see `layerwise coupling`),
+            naming the base model's modules ('layers.0') or the causal LM's ('model.layers.0', as lens and coupling).
         offload_folder: where weights offloaded to disk are kept (a sub-folder per model).
         out: output folder.
     """
@@ -212,7 +266,7 @@ def compare(
     loaded = []
     for spec, name in ((model_a, "a"), (model_b, "b")):
         folder = None if offload_folder is None else Path(offload_folder) / name
-        model_x = load_model_as(spec, f"--model_{name}", dtype=dtype, device_map=device_map, offload_folder=folder)
+        model_x = _load_for_comparison(spec, f"--model_{name}", dtype, device_map, folder)
         loaded.append(model_x.eval() if device_map is not None else model_x.eval().to(target))
     check_same_vocab(*loaded)
     check_block_size(block_size, {"--model_a": loaded[0], "--model_b": loaded[1]})
