@@ -7,13 +7,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-import torch
-from torch import Tensor, nn
-
 from layerwise.errors import UsageError
-from layerwise.features.hf import input_device
-from layerwise.features.hooks import hooked_blocks
-from layerwise.features.paths import get_blocks, layer_paths
+from layerwise.inference._lazy import ANNOTATIONS_ONLY
 from layerwise.inference._options import (
     DeviceMap,
     TextSource,
@@ -22,8 +17,11 @@ from layerwise.inference._options import (
     load_model_as,
     model_tokenizer,
 )
-from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
-from layerwise.metrics.functional_compare import arccos_distance
+
+if ANNOTATIONS_ONLY:
+    from torch import Tensor, nn
+
+    from layerwise.metrics.compare import CrossModelCKA
 
 
 def model_inputs(batch: Any) -> tuple[tuple[Tensor, ...], dict[str, Tensor], Optional[Tensor]]:
@@ -42,6 +40,10 @@ def hidden_states(
 
     With ``include_embeddings`` the input of block 1 too, keyed 0.
     """
+    import torch
+
+    from layerwise.features.hooks import hooked_blocks
+
     outputs: dict[int, Tensor] = {}
     offset = int(include_embeddings)
     with torch.no_grad(), hooked_blocks(blocks, on_output=lambda i, h: outputs.__setitem__(i + offset, h.detach())):
@@ -57,6 +59,8 @@ def token_features(
     outputs: dict[int, Tensor], mask: Optional[Tensor], mask_padding: bool = True, rows: Optional[int] = None
 ) -> Tensor:
     """(L, N, d): every layer's hidden states (B, T, d) at the real tokens (or every position) of the first ``rows``."""
+    import torch
+
     stacked = torch.stack([outputs[index] for index in sorted(outputs)])  # (L, B, T, d)
     if rows is not None:
         stacked, mask = stacked[:, :rows], None if mask is None else mask[:rows]
@@ -84,6 +88,11 @@ def compare_models(
     ``pairs="diagonal"``: only layer i of A against layer i of B (equal depths), the ``cka`` matrix NaN elsewhere.
     ``precision="fast"``: the exact CKA's products in float32, summed in float64 (see ``CrossModelCKA``).
     """
+    from layerwise.features.hf import input_device
+    from layerwise.features.paths import get_blocks, layer_paths
+    from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
+    from layerwise.metrics.functional_compare import arccos_distance
+
     blocks_a, blocks_b = get_blocks(model_a, layer_paths(model_a)), get_blocks(model_b, layer_paths(model_b))
     extra = int(include_embeddings)
     exact: Optional[CrossModelCKA] = None
