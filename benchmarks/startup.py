@@ -1,11 +1,13 @@
-"""How long ``layerwise --help`` and ``layerwise plot --help`` take, each a fresh process (issue 23.14).
+"""How long ``layerwise --help`` and every command's ``--help`` take, each a fresh process (issue 23.14).
 
-The commands are named in a static table in ``layerwise/cli.py`` and their modules imported on demand, so the top
-help and a command's help answer without importing Lightning (which alone takes 8-17 s to import on a loaded 2-core
-machine). Each command runs ``--repeats`` times (interleaved, so background load hits both alike); the median wall
-time of each, in seconds, is recorded with the machine and its load.
+The commands are named in a static table in ``layerwise/cli.py`` and their modules imported on demand, and those
+modules import torch, transformers and Lightning only inside the functions that run, so the top help and the help
+of every command but the four LightningCLI ones (fit, validate, test, predict: their parser is built from the
+Lightning classes) answer without importing them (Lightning alone takes 8-17 s to import on a loaded 2-core
+machine). Each command runs ``--repeats`` times (interleaved, so background load hits all alike); the median and
+the largest wall time of each, in seconds, are recorded with the machine and its load.
 
-    .venv/bin/python benchmarks/startup.py              # 5 runs each, a few seconds
+    .venv/bin/python benchmarks/startup.py              # 5 runs each: about a minute (the Lightning ones dominate)
     .venv/bin/python benchmarks/startup.py --repeats 9
 """
 
@@ -21,7 +23,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _record import load_now, record  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-COMMANDS = {"help": ["--help"], "plot_help": ["plot", "--help"]}
+sys.path.insert(0, str(ROOT))
+from layerwise.cli import COMMANDS as CLI_COMMANDS  # noqa: E402
+from layerwise.cli import TRAINER_COMMANDS  # noqa: E402
+
+COMMANDS = {"help": ["--help"], **{f"{name}_help": [name, "--help"] for name in [*CLI_COMMANDS, *TRAINER_COMMANDS]}}
 
 
 def seconds(argv: list[str]) -> float:
@@ -35,16 +41,18 @@ def seconds(argv: list[str]) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--only", nargs="+", help="time these entries only (e.g. help compare_help fit_help)")
     args = parser.parse_args()
+    commands = {name: argv for name, argv in COMMANDS.items() if not args.only or name in args.only}
     load_before = load_now()
-    times: dict[str, list[float]] = {name: [] for name in COMMANDS}
+    times: dict[str, list[float]] = {name: [] for name in commands}
     for _ in range(args.repeats):
-        for name, argv in COMMANDS.items():
+        for name, argv in commands.items():
             times[name].append(seconds(argv))
     values = {f"{name}_median_s": round(statistics.median(runs), 2) for name, runs in times.items()}
     values.update({f"{name}_max_s": round(max(runs), 2) for name, runs in times.items()})
     values["repeats"] = args.repeats
-    for name, argv in COMMANDS.items():
+    for name, argv in commands.items():
         print(f"layerwise {' '.join(argv)}: median {values[f'{name}_median_s']} s, max {values[f'{name}_max_s']} s")
     record("startup", values, load_before)
 

@@ -15,7 +15,8 @@ from helpers import DEPTH, fitted_backbone, head64, read_features, read_summary,
 
 from layerwise.callbacks import LayerwiseAnalysis
 from layerwise.cli import main as cli_main
-from layerwise.inference.sweep import load_curves, sweep_figure
+from layerwise.figures.sweep import sweep_figure
+from layerwise.inference.sweep import load_curves
 from layerwise.lightning_modules import MultiExit, Standard
 from layerwise.results import latest_summary
 

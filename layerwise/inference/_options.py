@@ -10,11 +10,24 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 from layerwise.errors import UsageError
-from layerwise.inference.models import load_causal_lm, load_tokenizer_spec
 
 # accelerate's placement of a Hugging Face model: "auto", or module name -> "cpu", a GPU index or "disk"
 DeviceMap = Optional[Union[str, dict[str, Union[str, int]]]]
 DType = Literal["auto", "float32", "bfloat16", "float16", "float64"]
+
+
+def load_causal_lm(*args: Any, **kwargs: Any) -> Any:
+    """:func:`layerwise.inference.models.load_causal_lm`, imported when called (it imports torch)."""
+    from layerwise.inference.models import load_causal_lm as load
+
+    return load(*args, **kwargs)
+
+
+def load_tokenizer_spec(*args: Any, **kwargs: Any) -> Any:
+    """:func:`layerwise.inference.models.load_tokenizer_spec`, imported when called."""
+    from layerwise.inference.models import load_tokenizer_spec as load
+
+    return load(*args, **kwargs)
 
 
 def model_tokenizer(model: Optional[str]) -> Optional[str]:

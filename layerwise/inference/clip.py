@@ -6,19 +6,19 @@ into the joint space, and the vision x text COS of the projected features of eve
 image dataset into pairs with the caption ``"This is a photo of a {label}."``; ``layerwise clip`` is the command.
 """
 
+from __future__ import annotations
+
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-import torch
-from torch import nn
-from torch.utils.data import Dataset
+from layerwise.inference._lazy import ANNOTATIONS_ONLY
 
-from layerwise.features.clip import check_clip, clip_depths, clip_layers
-from layerwise.metrics import LayerCosineSimilarity
-from layerwise.metrics.similarity import PairedCosine
-from layerwise.metrics.sync import all_reduce_sum_states
+if ANNOTATIONS_ONLY:
+    import torch
+    from torch import nn
+    from torch.utils.data import Dataset
 
 TEMPLATE = "This is a photo of a {label}."
 
@@ -36,6 +36,10 @@ class CLIPAnalysis:
     """
 
     def __init__(self, model: nn.Module, center: bool = True) -> None:
+        from layerwise.features.clip import check_clip, clip_depths
+        from layerwise.metrics import LayerCosineSimilarity
+        from layerwise.metrics.similarity import PairedCosine
+
         check_clip(model)
         self.model = model.eval()
         vision_layers, text_layers = clip_depths(model).values()
@@ -52,6 +56,8 @@ class CLIPAnalysis:
 
     def add(self, batch: dict[str, torch.Tensor]) -> None:
         """One batch of pairs: ``pixel_values``, ``input_ids``, ``attention_mask`` (a CLIPProcessor's output)."""
+        from layerwise.features.clip import clip_layers
+
         layers = clip_layers(self.model, batch["pixel_values"], batch["input_ids"], batch["attention_mask"])
         self.metrics["vision_cos"].update(layers.vision)
         self.metrics["text_cos"].update(layers.text)
@@ -61,6 +67,8 @@ class CLIPAnalysis:
 
     def results(self) -> dict[str, Any]:
         """Every matrix (float64), summed over processes first when torch.distributed runs."""
+        from layerwise.metrics.sync import all_reduce_sum_states
+
         all_reduce_sum_states(list(self.metrics.values()))
         results: dict[str, Any] = {name: metric.compute() for name, metric in self.metrics.items()}
         results["num_pairs"] = int(self.metrics["cross_cos"].count.item())
@@ -69,8 +77,8 @@ class CLIPAnalysis:
         return results
 
 
-class CaptionedImages(Dataset):
-    """Image-caption pairs from an image dataset of ``(image, label)``: the caption names the label's class."""
+class CaptionedImages:
+    """Image-caption pairs (a map-style dataset) from an image dataset of ``(image, label)``, captioned by class."""
 
     def __init__(self, images: Dataset, class_names: Sequence[str], template: str = TEMPLATE) -> None:
         if "{label}" not in template:

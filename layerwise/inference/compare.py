@@ -7,12 +7,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-import torch
-from torch import Tensor, nn
-
-from layerwise.features.hf import input_device
-from layerwise.features.hooks import hooked_blocks
-from layerwise.features.paths import get_blocks, layer_paths
+from layerwise.errors import UsageError
+from layerwise.inference._lazy import ANNOTATIONS_ONLY
 from layerwise.inference._options import (
     DeviceMap,
     TextSource,
@@ -21,8 +17,11 @@ from layerwise.inference._options import (
     load_model_as,
     model_tokenizer,
 )
-from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
-from layerwise.metrics.functional_compare import arccos_distance
+
+if ANNOTATIONS_ONLY:
+    from torch import Tensor, nn
+
+    from layerwise.metrics.compare import CrossModelCKA
 
 
 def model_inputs(batch: Any) -> tuple[tuple[Tensor, ...], dict[str, Tensor], Optional[Tensor]]:
@@ -41,6 +40,10 @@ def hidden_states(
 
     With ``include_embeddings`` the input of block 1 too, keyed 0.
     """
+    import torch
+
+    from layerwise.features.hooks import hooked_blocks
+
     outputs: dict[int, Tensor] = {}
     offset = int(include_embeddings)
     with torch.no_grad(), hooked_blocks(blocks, on_output=lambda i, h: outputs.__setitem__(i + offset, h.detach())):
@@ -56,6 +59,8 @@ def token_features(
     outputs: dict[int, Tensor], mask: Optional[Tensor], mask_padding: bool = True, rows: Optional[int] = None
 ) -> Tensor:
     """(L, N, d): every layer's hidden states (B, T, d) at the real tokens (or every position) of the first ``rows``."""
+    import torch
+
     stacked = torch.stack([outputs[index] for index in sorted(outputs)])  # (L, B, T, d)
     if rows is not None:
         stacked, mask = stacked[:, :rows], None if mask is None else mask[:rows]
@@ -76,11 +81,18 @@ def compare_models(
     chunk: int = 1024,
     progress: Any = None,
     pairs: str = "all",
+    precision: str = "exact",
 ) -> dict[str, Any]:
     """Stream ``batches`` through both models (each on its own device) and return the comparison results.
 
     ``pairs="diagonal"``: only layer i of A against layer i of B (equal depths), the ``cka`` matrix NaN elsewhere.
+    ``precision="fast"``: the exact CKA's products in float32, summed in float64 (see ``CrossModelCKA``).
     """
+    from layerwise.features.hf import input_device
+    from layerwise.features.paths import get_blocks, layer_paths
+    from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
+    from layerwise.metrics.functional_compare import arccos_distance
+
     blocks_a, blocks_b = get_blocks(model_a, layer_paths(model_a)), get_blocks(model_b, layer_paths(model_b))
     extra = int(include_embeddings)
     exact: Optional[CrossModelCKA] = None
@@ -100,7 +112,9 @@ def compare_models(
             features.append(token_features(outputs, None if mask is None else mask.to(device), mask_padding))
         a, b = features[0], features[1].to(features[0].device)
         if exact is None:
-            exact = CrossModelCKA(a.shape[0], a.shape[2], b.shape[0], b.shape[2], pairs=pairs).to(a.device)
+            exact = CrossModelCKA(a.shape[0], a.shape[2], b.shape[0], b.shape[2], pairs=pairs, precision=precision).to(
+                a.device
+            )
             chunked = chunked.to(a.device) if chunked is not None else None
         exact.update(a, b)
         if chunked is not None:
@@ -116,6 +130,7 @@ def compare_models(
         "num_tokens": int(exact.count),
         "mask_padding": mask_padding,
         "pairs": pairs,
+        "precision": precision,
         "cka": cka,
         "arccos_distance": arccos_distance(cka) if cka.shape[0] == cka.shape[1] else None,
     }
@@ -143,6 +158,58 @@ def write_comparison(results: dict[str, Any], out: Path) -> list[Path]:
     return paths
 
 
+def _base_model_prefix(spec: str) -> Optional[str]:
+    """The attribute under which ``spec``'s causal LM holds the base model (``model``, ``transformer``), or None."""
+    if str(spec).endswith(".ckpt"):
+        return None  # a checkpoint is loaded whole: no device_map to translate
+    from transformers import MODEL_MAPPING, AutoConfig
+
+    try:
+        config = AutoConfig.from_pretrained(spec)
+        return getattr(MODEL_MAPPING[type(config)], "base_model_prefix", None) or None
+    except (OSError, ValueError, KeyError):  # not a Hugging Face model: loading it reports why, in its own words
+        return None
+
+
+def base_device_map(device_map: DeviceMap, spec: str) -> DeviceMap:
+    """``--device_map`` for the base model ``compare`` loads, given in its own module names or in the causal LM's.
+
+    ``lens`` and ``coupling`` load the causal LM (``model.layers.0``, ``lm_head``); ``compare`` its base model
+    (``layers.0``). A map that names modules under the causal LM's prefix is translated: the prefix dropped, the
+    modules outside it (the LM head, which the base model lacks) left out.
+    """
+    if not isinstance(device_map, dict):
+        return device_map
+    prefix = _base_model_prefix(spec)
+    if prefix is None or not any(name == prefix or name.startswith(prefix + ".") for name in device_map):
+        return device_map
+    translated = {}
+    for name, device in device_map.items():
+        if name == prefix:
+            translated[""] = device
+        elif name.startswith(prefix + "."):
+            translated[name.removeprefix(prefix + ".")] = device
+    return translated
+
+
+def _load_for_comparison(spec: str, flag: str, dtype: Optional[str], device_map: DeviceMap, folder: Optional[Path]):
+    """``spec``'s base model, placed by ``device_map`` (either naming); an incomplete map is a one-line error."""
+    try:
+        return load_model_as(
+            spec, flag, dtype=dtype, device_map=base_device_map(device_map, spec), offload_folder=folder
+        )
+    except ValueError as error:
+        if "device_map provided does not give any device" not in str(error):
+            raise
+        prefix = _base_model_prefix(spec)
+        example = f" (e.g. 'layers.0', or '{prefix}.layers.0' as for lens and coupling)" if prefix else ""
+        missing = str(error).split("parameters:", 1)[-1].strip().split(", ")
+        raise UsageError(
+            f"`--device_map` places none of {flag}'s {', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}: "
+            f"compare loads the base model, so name its modules or the causal LM's{example}, every one of them."
+        ) from None
+
+
 # ------------------------------------------------------------------------------- the `layerwise compare` command
 def compare(
     model_a: str,
@@ -159,6 +226,7 @@ def compare(
     minibatch: bool = False,
     chunk: int = 1024,
     pairs: Literal["all", "diagonal"] = "all",
+    precision: Literal["exact", "fast"] = "exact",
     dtype: Optional[Literal["float32", "bfloat16", "float16", "float64"]] = None,
     device: Optional[str] = None,
     device_map: DeviceMap = None,
@@ -187,9 +255,13 @@ def compare(
         chunk: tokens per minibatch chunk.
         pairs: all (every layer of A against every layer of B) or diagonal (layer i against layer i, equal depths:
             the arccos distance only, L times less work).
+        precision: exact (every product in float64) or fast (each batch's products in float32, summed in float64
+            across batches: the products at float32's rate; CKA within 1e-4 of exact, 3.4e-9 measured at
+            GPT-2-small's shape by benchmarks/compare_precision.py).
         dtype: load both models in this dtype (default as saved).
         device: cpu, cuda, ... (default: cuda when available); ignored with --device_map.
-        device_map: spread each model over devices as it loads (auto, or a JSON object; see `layerwise coupling`).
+        device_map: spread each model over devices as it loads (auto, or a JSON object; see `layerwise coupling`),
+            naming the base model's modules ('layers.0') or the causal LM's ('model.layers.0', as lens and coupling).
         offload_folder: where weights offloaded to disk are kept (a sub-folder per model).
         out: output folder.
     """
@@ -203,7 +275,7 @@ def compare(
     loaded = []
     for spec, name in ((model_a, "a"), (model_b, "b")):
         folder = None if offload_folder is None else Path(offload_folder) / name
-        model_x = load_model_as(spec, f"--model_{name}", dtype=dtype, device_map=device_map, offload_folder=folder)
+        model_x = _load_for_comparison(spec, f"--model_{name}", dtype, device_map, folder)
         loaded.append(model_x.eval() if device_map is not None else model_x.eval().to(target))
     check_same_vocab(*loaded)
     check_block_size(block_size, {"--model_a": loaded[0], "--model_b": loaded[1]})
@@ -219,7 +291,9 @@ def compare(
     first, second = loaded
     loader = data.val_dataloader()
     with tqdm(total=len(loader), desc="batches", unit="batch") as bar:
-        results = compare_models(first, second, loader, include_embeddings, True, minibatch, chunk, bar.update, pairs)
+        results = compare_models(
+            first, second, loader, include_embeddings, True, minibatch, chunk, bar.update, pairs, precision
+        )
     results = {"model_a": model_a, "model_b": model_b, **results}
     distance = results["arccos_distance"]
     print(

@@ -14,20 +14,19 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
-import torch
-from torch import Tensor, nn
-
 from layerwise.errors import UsageError
-from layerwise.features.hf import input_device, no_cache
-from layerwise.features.jacobian import BlockTrace, block_jacobian, diagonal_jacobians, trace_blocks
-from layerwise.features.paths import find_model, get_blocks, layer_paths
+from layerwise.inference._lazy import ANNOTATIONS_ONLY
 from layerwise.inference._options import DeviceMap, DType, ModelSource, check_layer_numbers
-from layerwise.metrics import DepthCoupling, JacobianSpectrum, LinearisationCosine, TrajectoryShape
-from layerwise.metrics.functional_dynamics import CouplingForm, SvdMethod, pairwise_mis_coupling
-from layerwise.metrics.sync import all_reduce_sum_states
-from layerwise.results import save_figure_atomic, write_text_atomic
+
+if ANNOTATIONS_ONLY:
+    from torch import Tensor, nn
+
+    from layerwise.features.jacobian import BlockTrace
 
 Token = Union[Literal["last", "first"], int]
+# layerwise.metrics.functional_dynamics's own (a test keeps them equal), here so that `coupling --help` needs no torch
+CouplingForm = Literal["code", "offdiag"]
+SvdMethod = Literal["full", "randomized"]
 TokenMode = Literal["self", "fixed_input", "fixed_output"]
 _TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
@@ -53,6 +52,11 @@ def token_coupling(
     The basis is always that of the column's Jacobian (block l'). An entry whose Jacobian is zero (no path from
     input to output) is NaN.
     """
+    import torch
+
+    from layerwise.features.jacobian import block_jacobian
+    from layerwise.metrics.functional_dynamics import pairwise_mis_coupling
+
     num_tokens = trace.calls[first].inputs.shape[0]
 
     def stack(index: int) -> Tensor:
@@ -130,6 +134,9 @@ class CouplingAnalysis:
         chunk_size: Optional[int] = None,
         token_mode: TokenMode = "self",
     ) -> None:
+        from layerwise.features.paths import find_model, get_blocks, layer_paths
+        from layerwise.metrics import DepthCoupling, JacobianSpectrum, LinearisationCosine, TrajectoryShape
+
         self.model = find_model(model)
         self.chunk_size = chunk_size
         if token_mode not in ("self", "fixed_input", "fixed_output"):
@@ -158,6 +165,9 @@ class CouplingAnalysis:
 
     def trace(self, batch: Any) -> BlockTrace:
         """Run the model on the first prompt of ``batch`` and record every block's call."""
+        from layerwise.features.hf import input_device, no_cache
+        from layerwise.features.jacobian import trace_blocks
+
         kwargs, args = one_prompt(batch)
         device = input_device(self.model)
         kwargs = {key: value.to(device) for key, value in kwargs.items()}
@@ -167,6 +177,10 @@ class CouplingAnalysis:
 
     def add(self, batch: Any) -> None:
         """Analyse the first prompt of ``batch`` (gradients on, eval mode, outside any inference mode)."""
+        import torch
+
+        from layerwise.features.jacobian import diagonal_jacobians
+
         with torch.inference_mode(False), torch.enable_grad(), _eval(self.model):
             trace = self.trace(batch)
             num_tokens = trace.calls[0].inputs.shape[0]
@@ -198,6 +212,8 @@ class CouplingAnalysis:
 
     def reduce(self, process_group: Optional[Any] = None) -> None:
         """Sum the states over DDP processes (collective; a no-op on one process)."""
+        from layerwise.metrics.sync import all_reduce_sum_states
+
         all_reduce_sum_states(self.metrics, process_group)
 
     def results(self) -> dict[str, Any]:
@@ -524,6 +540,7 @@ def _correlate(table: Path, score_column: Optional[str], k: Optional[int], out: 
     import matplotlib.pyplot as plt
 
     from layerwise.figures.coupling import correlation
+    from layerwise.results import save_figure_atomic, write_text_atomic
 
     fit = correlate_scores(table, score_column, k)
     out.mkdir(parents=True, exist_ok=True)

@@ -32,21 +32,19 @@ relative to the last layer (accuracy >= Acc_L − ε) instead. The checkpoint is
 written by ``layerwise fit`` (its hyper-parameters hold the module's and backbone's class paths).
 """
 
+from __future__ import annotations
+
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
-import torch
-from torch import Tensor, nn
+from layerwise.inference._lazy import ANNOTATIONS_ONLY, no_grad
 
-from layerwise.features.backbone import Backbone
-from layerwise.features.hf import HFBackbone
-from layerwise.features.timm_vit import TimmViT
-from layerwise.features.truncate import check_depth, truncated_copy
-from layerwise.lightning_modules.checkpoint import load_module
-from layerwise.metrics import effective_depth
-from layerwise.results import latest_summary, load_summary, write_atomic, write_folder_atomic
+if ANNOTATIONS_ONLY:
+    from torch import Tensor, nn
+
+    from layerwise.features.backbone import Backbone
 
 
 @dataclass(frozen=True)
@@ -89,6 +87,9 @@ def export_truncated(
         TypeError: a backbone this function cannot export.
         RuntimeError: the truncated model does not reproduce the shared head's logits (nothing is written).
     """
+    from layerwise.features.hf import HFBackbone
+    from layerwise.features.truncate import check_depth
+
     backbone = backbone_of(module_or_backbone)
     check_depth(depth, backbone.num_layers)
     truncated = truncated_model(backbone, depth)
@@ -102,6 +103,9 @@ def export_truncated(
 
 def backbone_of(module_or_backbone: nn.Module) -> Backbone:
     """The backbone of a layerwise module, or the backbone itself; a TypeError for anything else."""
+    from layerwise.features.hf import HFBackbone
+    from layerwise.features.timm_vit import TimmViT
+
     backbone = getattr(module_or_backbone, "backbone", module_or_backbone)
     if not isinstance(backbone, (TimmViT, HFBackbone)):
         raise TypeError(
@@ -113,11 +117,17 @@ def backbone_of(module_or_backbone: nn.Module) -> Backbone:
 
 def truncated_model(backbone: Backbone, depth: int) -> nn.Module:
     """A fresh model of the backbone's family with ``depth`` blocks, holding copies of its first blocks and head."""
+    from layerwise.features.truncate import truncated_copy
+
     return truncated_copy(backbone.model, depth)
 
 
 def probe_inputs(backbone: Backbone, batch_size: int = 2, length: int = 8) -> Any:
     """A small random input of the backbone's kind (images, or token ids with an attention mask), on its device."""
+    import torch
+
+    from layerwise.features.timm_vit import TimmViT
+
     device = next(backbone.parameters()).device
     generator = torch.Generator().manual_seed(0)
     if isinstance(backbone, TimmViT):
@@ -138,13 +148,15 @@ def exported_logits(truncated: nn.Module, inputs: Any) -> Tensor:
     return truncated(inputs)
 
 
-@torch.no_grad()
+@no_grad
 def check_truncated(backbone: Backbone, truncated: nn.Module, depth: int) -> float:
     """Max ``|difference|`` between the truncated model and the shared head at layer ``depth`` on a random input.
 
     Runs on the backbone's device (the truncated model returns to the CPU afterwards); a RuntimeError when the
     difference exceeds ``max(1e-4, 16·eps) · max(1, max|logit|)`` for the logits' dtype.
     """
+    import torch
+
     inputs = probe_inputs(backbone)
     device = next(backbone.parameters()).device
     was_training = backbone.training
@@ -173,6 +185,10 @@ def check_truncated(backbone: Backbone, truncated: nn.Module, depth: int) -> flo
 
 def _write_atomically(out_dir: Path, truncated: nn.Module, names: dict[str, str]) -> dict[str, Path]:
     """Write every artifact through the atomic writers of ``results`` (a file or a folder each: whole or absent)."""
+    import torch
+
+    from layerwise.results import write_atomic, write_folder_atomic
+
     created = not out_dir.exists()
     try:
         if "hf_folder" in names:
@@ -192,6 +208,8 @@ def choose_depth(summary: dict[str, Any], epsilon: float, relative: bool = False
     Absolute: the first layer with ``Acc^l >= 1 − ε``; relative: ``Acc^l >= Acc^L − ε`` (L the deepest evaluated
     layer); the deepest evaluated layer when none qualifies.
     """
+    from layerwise.metrics import effective_depth
+
     accuracy = [math.nan if value is None else float(value) for value in summary["accuracy"]]
     layers = [int(number) for number in summary.get("layers", range(1, len(accuracy) + 1))]
     depth = effective_depth(accuracy, [epsilon], layers, relative=relative)[str(epsilon)]
@@ -230,6 +248,10 @@ def export(
         relative: ε relative to the last layer's accuracy.
         verify: check on a random input that the export reproduces the shared head's layer-d logits.
     """
+    from layerwise.features.truncate import check_depth
+    from layerwise.lightning_modules.checkpoint import load_module
+    from layerwise.results import latest_summary, load_summary
+
     if depth is None and summary is None:
         raise ValueError(
             "Give --depth (layers to keep), or --summary to use the ε-effective depth of a validation run."

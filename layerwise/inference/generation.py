@@ -7,19 +7,19 @@ head (the *shared head*), exactly once per step. The model is cut with
 than ``l`` are never called.
 """
 
+from __future__ import annotations
+
 import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-import torch
-from torch import Tensor, nn
-
-from layerwise.features.paths import get_blocks, layer_paths
-from layerwise.features.truncate import truncated
+from layerwise.inference._lazy import ANNOTATIONS_ONLY, no_grad
 from layerwise.inference._options import ModelSource, check_layer_numbers
-from layerwise.results import write_text_atomic
+
+if ANNOTATIONS_ONLY:
+    from torch import Tensor, nn
 
 Strategy = Literal["greedy", "top_k", "nucleus", "beam"]
 STRATEGIES: tuple[str, ...] = ("greedy", "top_k", "nucleus", "beam")
@@ -27,6 +27,8 @@ STRATEGIES: tuple[str, ...] = ("greedy", "top_k", "nucleus", "beam")
 
 def num_blocks(model: nn.Module, option: str = "--model") -> int:
     """Number of blocks ``L`` of a model known to :data:`~layerwise.features.paths.FAMILIES`."""
+    from layerwise.features.paths import get_blocks, layer_paths
+
     return len(get_blocks(model, layer_paths(model, option), option))
 
 
@@ -98,7 +100,7 @@ def generation_config(
     )
 
 
-@torch.no_grad()
+@no_grad
 def generate_from_layer(
     model: nn.Module,
     input_ids: Tensor,
@@ -141,6 +143,10 @@ def generate_from_layer(
     Returns:
         The generated ids ``(B, N)``, without the prompt; ``N = max_new_tokens`` unless every row stopped earlier.
     """
+    import torch
+
+    from layerwise.features.truncate import truncated
+
     check_generation_options(max_new_tokens, strategy, top_k, top_p, temperature, layer, num_beams)
     if input_ids.dim() != 2 or input_ids.size(1) == 0:
         raise ValueError(f"`input_ids` must be (B, T) with T >= 1, got shape {tuple(input_ids.shape)}.")
@@ -215,6 +221,8 @@ def generate(
         seed: sampling seed; every layer starts from it.
         out: also write the prompt, options and texts to this JSON file.
     """
+    from layerwise.results import write_text_atomic
+
     if layer is not None and layers:
         raise ValueError("Give --layer or --layers, not both.")
     if not prompt:

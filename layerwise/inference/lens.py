@@ -7,23 +7,18 @@ markdown table and as a heatmap of probabilities with the token text in each cel
 saturation events in LLaMA-3.
 """
 
+from __future__ import annotations
+
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
-import torch
-from torch import Tensor, nn
-
-from layerwise.features.hf import input_device
-from layerwise.features.hooks import hooked_blocks
-from layerwise.features.layers import select_layers
-from layerwise.features.paths import HeadSteps, get_blocks, layer_paths
-from layerwise.figures.lens import lens_figure
-from layerwise.figures.style import plt
+from layerwise.inference._lazy import ANNOTATIONS_ONLY, no_grad
 from layerwise.inference._options import DeviceMap, DType, ModelSource, check_layer_numbers
-from layerwise.inference.generation import check_generation_options, eval_mode, generate_from_layer
-from layerwise.results import save_figure_atomic, write_text_atomic
+
+if ANNOTATIONS_ONLY:
+    from torch import Tensor, nn
 
 
 @dataclass
@@ -49,7 +44,7 @@ class LensTable:
     tokens: list[list[str]]
 
 
-@torch.no_grad()
+@no_grad
 def lens_table(
     model: nn.Module,
     tokenizer: Any,
@@ -75,6 +70,14 @@ def lens_table(
     Returns:
         A :class:`LensTable`.
     """
+    import torch
+
+    from layerwise.features.hf import input_device
+    from layerwise.features.hooks import hooked_blocks
+    from layerwise.features.layers import select_layers
+    from layerwise.features.paths import HeadSteps, get_blocks, layer_paths
+    from layerwise.inference.generation import eval_mode, generate_from_layer
+
     paths = layer_paths(model, "--model")
     blocks = get_blocks(model, paths, "--model")
     head = HeadSteps(model, paths.shared_head, "--model")
@@ -141,6 +144,10 @@ def lens_markdown(table: LensTable) -> str:
 
 def write_lens(table: LensTable, out_dir: Optional[Path] = None) -> list[Path]:
     """Write ``lens.md`` and ``lens.png`` to ``out_dir`` (default the current folder); returns their paths."""
+    from layerwise.figures.lens import lens_figure
+    from layerwise.figures.style import plt
+    from layerwise.results import save_figure_atomic, write_text_atomic
+
     target = Path(out_dir or ".")
     target.mkdir(parents=True, exist_ok=True)
     markdown_path, figure_path = target / "lens.md", target / "lens.png"
@@ -185,6 +192,8 @@ def lens(
         offload_folder: where weights offloaded to disk are kept.
         out: folder for lens.md and lens.png.
     """
+    from layerwise.inference.generation import check_generation_options
+
     if not prompt:
         raise ValueError("`--prompt` is empty; give the text to continue.")
     check_layer_numbers("--layers", layers or [])

@@ -8,10 +8,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from torch import nn
-
+from layerwise.inference._lazy import ANNOTATIONS_ONLY
 from layerwise.inference._options import TextSource, check_block_size, check_same_vocab, load_model_as, model_tokenizer
 from layerwise.inference.generation import num_blocks
+
+if ANNOTATIONS_ONLY:
+    from torch import nn
 
 
 def parse_pairs(layers: Optional[Sequence[int]], pairs: Optional[Sequence[str]], depth_a: int, depth_b: int) -> list:

@@ -18,6 +18,8 @@ file. Writes ``sweep.md`` and ``sweep.csv`` (one row per curve and threshold: ``
 ``Σ_l L·m_l / Σ_l l·m_l`` with ``m_l`` the samples exiting at layer ``l`` (the heads' cost ignored).
 """
 
+from __future__ import annotations
+
 import csv
 import io
 import json
@@ -26,11 +28,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-import matplotlib.pyplot as plt
-
 from layerwise.figures.plot import FigureFormat
-from layerwise.figures.sweep import sweep_figure
-from layerwise.results import latest_summary, save_figure_atomic, write_text_atomic
+from layerwise.inference._lazy import ANNOTATIONS_ONLY
+
+if ANNOTATIONS_ONLY:
+    pass
 
 HEADS = {"early_exit": "shared head", "exit_early_exit": "separate heads"}
 _ARGUMENT = "RUN_OR_JSON"
@@ -101,6 +103,11 @@ def sweep_csv(curves: Sequence[Curve]) -> str:
 
 def write_sweep(curves: Sequence[Curve], out_dir: Path, formats: Sequence[str] = ("png", "pdf")) -> list[Path]:
     """Write ``sweep.md``, ``sweep.csv`` and ``sweep.<format>`` for every format; returns the written paths."""
+    import matplotlib.pyplot as plt
+
+    from layerwise.figures.sweep import sweep_figure
+    from layerwise.results import save_figure_atomic, write_text_atomic
+
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [out_dir / "sweep.md", out_dir / "sweep.csv"]
     write_text_atomic(written[0], sweep_markdown(curves))
@@ -134,6 +141,8 @@ def sweep(
         out: output folder.
         format: figure formats (default png pdf).
     """
+    from layerwise.results import latest_summary
+
     if labels is not None and len(labels) != len(runs):
         raise ValueError(f"`--labels` has {len(labels)} names for {len(runs)} RUN_OR_JSON paths; give one each.")
     files = [latest_summary(path, "RUN_OR_JSON") for path in runs]

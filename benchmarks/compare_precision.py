@@ -1,0 +1,129 @@
+"""Cross-model CKA, exact against fast (issue 24.3): time per batch beside the two plain forwards, and the error.
+
+Two random GPT-2-small-shaped base models (12 x 768; ``layerwise compare`` loads base models, no LM head) read the
+same batches of random token ids. Three variants alternate in one process, ``--repeats`` times each:
+
+- ``plain``: A's and B's forwards alone, no hooks, per batch;
+- ``exact``: ``compare_models(..., precision="exact")``: hooked forwards + every product in float64;
+- ``fast``: ``compare_models(..., precision="fast")``: each batch's products in float32 around the float64 shift,
+  summed into the same float64 states.
+
+A comparison's per-batch cost is read from its progress callback (the time between the updates of consecutive
+batches), so the first batch, which also allocates the 793 MiB of states, is left out: what is reported is what each
+further batch of a long comparison costs. Medians over all repeats. The error is the largest absolute difference
+between the fast and the exact CKA matrices (every layer pair) of the same comparison.
+
+    python benchmarks/compare_precision.py --device cpu --batch 2 --tokens 256 --batches 3 --repeats 3
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+from transformers.utils import logging as hf_logging
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _record import load_now, record  # noqa: E402
+
+from layerwise.inference.compare import compare_models  # noqa: E402
+
+hf_logging.set_verbosity_error()
+
+
+def build(args: argparse.Namespace, seed: int) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    config = AutoConfig.for_model("gpt2", n_layer=args.layers, n_embd=args.dim, n_head=args.heads, vocab_size=50257)
+    return AutoModelForCausalLM.from_config(config).base_model.to(args.device).eval()
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--dim", type=int, default=768)
+    parser.add_argument("--heads", type=int, default=12)
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--batches", type=int, default=3, help="batches per comparison (>= 2)")
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    load_before = load_now()
+    a, b = build(args, 0), build(args, 1)
+    generator = torch.Generator().manual_seed(2)
+    batches = [
+        {"input_ids": torch.randint(0, 50257, (args.batch, args.tokens), generator=generator).to(args.device)}
+        for _ in range(max(2, args.batches))
+    ]
+
+    def plain() -> list[float]:
+        times = []
+        with torch.no_grad():
+            for batch in batches:
+                sync(args.device)
+                start = time.perf_counter()
+                a(**batch)
+                b(**batch)
+                sync(args.device)
+                times.append(time.perf_counter() - start)
+        return times
+
+    def comparison(precision: str) -> tuple[list[float], torch.Tensor]:
+        stamps: list[float] = []
+
+        def progress(_: int) -> None:
+            sync(args.device)
+            stamps.append(time.perf_counter())
+
+        results = compare_models(a, b, batches, precision=precision, progress=progress)
+        return [later - earlier for earlier, later in zip(stamps, stamps[1:])], results["cka"]
+
+    plain()  # warm-up
+    times: dict[str, list[float]] = {"plain": [], "exact": [], "fast": []}
+    errors = []
+    for _ in range(args.repeats):
+        times["plain"] += plain()
+        exact_times, exact = comparison("exact")
+        fast_times, fast = comparison("fast")
+        times["exact"] += exact_times
+        times["fast"] += fast_times
+        errors.append(float((fast - exact).abs().max()))
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    tokens = args.batch * args.tokens
+    print(f"\n{args.layers} x {args.dim} models, {tokens} tokens per batch, {args.device}, medians of {args.repeats}")
+    print(f"{'per batch':<58}{'s':>9}{'ratio':>9}")
+    rows = {
+        "plain": "A and B forward, no hooks",
+        "exact": 'compare_models precision="exact", each further batch',
+        "fast": 'compare_models precision="fast", each further batch',
+    }
+    for name, label in rows.items():
+        print(f"{label:<58}{medians[name]:>9.3f}{medians[name] / medians['plain']:>8.2f}x")
+    print(f"largest |CKA fast - CKA exact| over every layer pair and repeat: {max(errors):.2e}")
+    values = {
+        "shape": f"{args.layers}x{args.dim}",
+        "tokens_per_batch": tokens,
+        "device": args.device,
+        "plain_s": round(medians["plain"], 3),
+        "exact_s": round(medians["exact"], 3),
+        "fast_s": round(medians["fast"], 3),
+        "exact_ratio": round(medians["exact"] / medians["plain"], 2),
+        "fast_ratio": round(medians["fast"] / medians["plain"], 2),
+        "fast_max_abs_error": float(f"{max(errors):.2e}"),
+        "fast_max_abs_error_1e9": round(max(errors) * 1e9, 2),  # in units of 1e-9, for README's claim markers
+        "repeats": args.repeats,
+        "batches": len(batches),
+    }
+    record("compare_precision", values, load_before)
+
+
+if __name__ == "__main__":
+    main()
