@@ -78,6 +78,20 @@ def test_diagonal_pairs_in_the_callback(tmp_path, folder_b):
     assert compare["arccos_distance"] == pytest.approx(arccos_distance(expected).item(), abs=1e-5)
 
 
+def test_fast_precision_in_the_callback_is_within_its_stated_error(tmp_path, folder_b):
+    """precision='fast' (float32 products of float32 models, float64 sums): within 1e-4 of the float64 reference."""
+    backbone = decoder("gpt2")
+    callback = CrossModelComparison(folder_b, precision="fast", log_figures=False)
+    trainer(tmp_path, [callback]).validate(Standard(backbone).float(), padded_loader(), verbose=False)
+    compare = read_summary(tmp_path)["compare"]
+    from transformers import AutoModelForCausalLM
+
+    expected = direct(backbone.model.double(), AutoModelForCausalLM.from_pretrained(folder_b).double().eval())
+    torch.testing.assert_close(torch.tensor(compare["cka"], dtype=torch.float64), expected, rtol=0, atol=1e-4)
+    with pytest.raises(ValueError, match="`precision='half'` must be 'exact' or 'fast'"):
+        CrossModelComparison(folder_b, precision="half")
+
+
 def test_a_model_against_itself(tmp_path):
     backbone = decoder("gpt2")
     folder = tmp_path / "same"

@@ -46,6 +46,8 @@ class CrossModelComparison(AnalysisCallback):
         pairs: ``all`` layer pairs (the heatmap), or ``diagonal``: layer i of A with layer i of B only (equal depths;
             the arccos distance needs nothing else), L times less work and memory than all pairs.
         figures_every_n_epochs: while fitting, draw the heatmap only every n-th epoch and at the last one.
+        precision: ``"exact"`` (float64 products, the default) or ``"fast"`` (each batch's products in float32,
+            summed in float64; within 1e-4 of exact CKA, see :class:`~layerwise.metrics.CrossModelCKA`).
     """
 
     key = "compare"
@@ -62,8 +64,12 @@ class CrossModelComparison(AnalysisCallback):
         log_figures: bool = True,
         pairs: Literal["all", "diagonal"] = "all",
         figures_every_n_epochs: int = 1,
+        precision: Literal["exact", "fast"] = "exact",
     ) -> None:
         super().__init__(every_n_epochs, log_figures, figures_every_n_epochs)
+        if precision not in ("exact", "fast"):
+            raise ValueError(f"`precision={precision!r}` must be 'exact' or 'fast'.")
+        self.precision = precision
         if chunk < 4:
             raise ValueError(f"`chunk={chunk}` must be >= 4.")
         if pairs not in ("all", "diagonal"):
@@ -96,6 +102,7 @@ class CrossModelComparison(AnalysisCallback):
             layers_b,
             model_width(self._model_b),
             pairs=self.pairs,
+            precision=self.precision,
             sync_on_compute=False,
         ).to(device)
         if self.minibatch:
