@@ -64,6 +64,7 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=0.1)
     parser.add_argument("--weight_decay", type=float, default=1e-3)
     parser.add_argument("--sequences", type=int, default=640)
+    parser.add_argument("--reports", type=int, default=4, help="penalty printed this many times over the steps")
     args = parser.parse_args()
     a, b, text = oracle(args.sequences)
     data = TextSource([text], None, None).datamodule("byte", None, 32, 8, None, 64, "fit")
@@ -97,7 +98,7 @@ def main() -> None:
             optimizer.step()
             schedule.step()
             step += 1
-            if step % max(1, args.steps // 4) == 0:
+            if step % max(1, args.steps // args.reports) == 0:
                 print(f"step {step}: penalty vs B {penalty():+.5f} nats", flush=True)
             if step >= args.steps:
                 break

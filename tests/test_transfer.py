@@ -62,6 +62,7 @@ def test_every_validation_dataloader_is_reported_under_its_own_name(tmp_path, ca
     log_dir = tmp_path / "run" / "version_0"
     clean, shifted = read_summary(log_dir), read_summary(log_dir, stage="val_corrupted")
     assert clean["stage"] == "val" and shifted["stage"] == "val_corrupted"
+    assert clean["split"] == "validation" and shifted["split"] == "corrupted"
     assert clean["num_samples"] == shifted["num_samples"] == len(data.val_set)
     assert np.mean(shifted["accuracy"]) < np.mean(clean["accuracy"])  # the shift costs accuracy
     printed = capsys.readouterr().out
@@ -73,7 +74,7 @@ def test_every_validation_dataloader_is_reported_under_its_own_name(tmp_path, ca
         loader = data.val_dataloader()[name]
         trainer(alone, [LayerwiseAnalysis(log_figures=False)]).validate(fitted_module(), loader, verbose=False)
         expected = read_summary(alone)
-        del expected["run_id"], expected["stage"]
+        del expected["run_id"], expected["stage"], expected["split"]  # a loader alone is named by its stage only
         assert_json_close({key: summary[key] for key in expected}, expected, atol=1e-9)
 
     # TensorBoard: scalars and images of both sets, under their names
