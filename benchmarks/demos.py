@@ -176,6 +176,8 @@ def compare_demo(out: Path) -> None:
                 "50",
                 "--phi_init",
                 "zero",  # README's table was measured from the identity start (the default: least squares)
+                "--dev_blocks",
+                "0",  # and phi of the last step, before the dev slice existed (the default: the best of 20 checks)
                 "--max_train_blocks",
                 "4000",
                 "--max_val_blocks",

@@ -11,7 +11,9 @@ penalty can be printed every quarter of the steps:
 Measured 2026-11-25 at l = 2, seed 0, on the shared 2-core VM (load 10-18): 640 sequences, lr 0.1: 0.022 from either
 start; least squares with lr 0.01: 0.016, lr 0.001: 0.010 (growing with the steps: overfitting), lr 0.001 with
 weight decay 0.1: 0.0049; 6,400 sequences, lr 0.1: 0.012 (zero) and 0.019 (least squares); least squares with
-lr 0.001: -0.0012.
+lr 0.001: -0.0012. On 2026-11-26 (load ~2), the least-squares start: after 100 steps 0.22 (lr 0.1) and 0.011
+(lr 0.01), and 0.4-0.5 at lr 0.1 through steps 200-600. So SGD does not improve on the exact start here, and
+``layerwise stitch`` keeps the start through its dev slice (``--dev_blocks``; this loop has none).
 """
 
 import argparse

@@ -142,6 +142,52 @@ def test_rotation_oracle_the_recipe_from_identity_recovers(oracle):
     assert start > 1.0 and abs(out["val/penalty_b"]) < 1e-2, (start, out["val/penalty_b"])
 
 
+def test_keep_best_ends_at_the_checked_step_with_the_lowest_dev_loss(oracle):
+    """keep_best: the start (a full sanity check) and every check compete; phi ends at the lowest dev loss, restored.
+
+    From the least-squares start (the exact map Q here) SGD at lr 0.1 on 58 sequences moves phi away, so the best
+    check is the start and the final phi is Q itself, not the last step's.
+    """
+    from layerwise.inference.stitch import hold_in_tail
+
+    a, b, q, train, held_out = oracle
+    fit_loader, dev_loader = hold_in_tail(train, 8)
+    assert len(fit_loader.dataset) == 58 and len(dev_loader.dataset) == 6  # at most a tenth of the 64
+    checks = []
+
+    class Record(pl.Callback):
+        def on_validation_epoch_end(self, trainer, module):
+            total, count = module._dev_sum.tolist()
+            checks.append((trainer.global_step, total / count))
+
+    stitched = Stitched(a, b, 1, 1, lr=0.1, warmup_steps=2, max_steps=12, keep_best=True).double()
+    stitched.initialise_phi(fit_loader)
+    start = stitched.phi.weight.detach().clone()
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        max_steps=12,
+        val_check_interval=3,
+        check_val_every_n_epoch=None,
+        num_sanity_val_steps=-1,
+        callbacks=[Record()],
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        gradient_clip_val=1.0,
+    )
+    trainer.fit(stitched, fit_loader, dev_loader)
+    assert [step for step, _ in checks] == [0, 3, 6, 9, 12]
+    assert max(loss for _, loss in checks[1:]) > checks[0][1]  # training moved phi off the exact map
+    best_step, best_loss = min(checks, key=lambda check: check[1])
+    assert stitched.best_step == best_step == 0
+    assert torch.equal(stitched.phi.weight.detach(), start)  # restored, not the last step's phi
+    torch.testing.assert_close(start, q - torch.eye(DIM, dtype=torch.float64), rtol=0, atol=1e-6)
+    after = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
+    dev_loss = after.validate(stitched, dev_loader, verbose=False)[0]["val/loss_stitched"]
+    assert dev_loss == pytest.approx(best_loss, abs=1e-9)
+
+
 def test_stitching_layer_starts_as_identity_and_checks_widths():
     layer = StitchingLayer(8, 8)
     h = torch.randn(3, 5, 8)
@@ -315,13 +361,11 @@ def test_stitch_least_squares_start_is_the_exact_map(rotated_copy):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 22.9 open: at l = 2, seed 0, the default recipe (identity start, lr 0.1) ends 0.022 nats above B;"
-    " from the least-squares start too (0.022; lr 0.01: 0.016, lr 0.001: 0.010, the penalty growing with the steps)",
-)
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_stitch_default_recipe_converges_on_the_rotated_copy(rotated_copy, seed):
-    """The whole default recipe (2,000 SGD steps) ends within 0.005 nats of B at every stitched layer, any seed."""
+    """The whole default recipe (least-squares start, 2,000 SGD steps, phi of the best dev check) ends within 1e-4
+    nats of B at every stitched layer, any seed (issue 22.9: the target was 0.01; from the identity, without the dev
+    slice, it ended 0.022 above B at l = 2). Measured: 2e-7 to 5e-7, every pair keeping its start (best_step 0).
+    """
     penalties = stitch_oracle(rotated_copy, f"seed{seed}", "--seed", str(seed))
-    assert all(abs(penalty) <= 5e-3 for penalty in penalties), penalties
+    assert all(abs(penalty) <= 1e-4 for penalty in penalties), penalties

@@ -35,6 +35,32 @@ def parse_pairs(layers: Optional[Sequence[int]], pairs: Optional[Sequence[str]],
     return out
 
 
+def hold_in_tail(loader: Any, blocks: int) -> tuple[Any, Optional[Any]]:
+    """The training loader split into (fit, dev): dev is the last ``blocks`` items of its dataset, at most a tenth.
+
+    The dev slice chooses phi's step (``Stitched(keep_best=True)``); it is training data, so the held-out data the
+    penalties are reported on stays unseen. ``blocks`` 0 (or a dataset under 10 items): no dev slice.
+    """
+    from torch.utils.data import DataLoader, Subset
+
+    size = len(loader.dataset)
+    held = min(blocks, size // 10)
+    if held < 1:
+        return loader, None
+
+    def part(indices: range, shuffle: bool) -> DataLoader:
+        return DataLoader(
+            Subset(loader.dataset, list(indices)),
+            batch_size=loader.batch_size,
+            shuffle=shuffle,
+            collate_fn=loader.collate_fn,
+            num_workers=loader.num_workers,
+            pin_memory=loader.pin_memory,
+        )
+
+    return part(range(size - held), True), part(range(size - held, size), False)
+
+
 def stitch_sweep(
     model_a: nn.Module,
     model_b: nn.Module,
@@ -46,13 +72,16 @@ def stitch_sweep(
     report: Any = print,
     extra: Optional[Mapping[str, Any]] = None,
     seed: Optional[int] = None,
+    dev_loader: Any = None,
 ) -> list[dict[str, Any]]:
     """Fit and validate one stitched model per pair; one row of held-out losses and penalties per pair.
 
     ``extra``: more evaluation datamodules by name (e.g. ``{"hans": HANSDataModule(...)}``), each validated after
     the main held-out data, its values in the row as ``<name>_<key>`` (its ``label_groups`` applied). ``seed``:
     every pair starts from this seed (phi's initialisation, the order of the training data), so a pair's penalty
-    does not depend on the run or on the pairs before it.
+    does not depend on the run or on the pairs before it. ``dev_loader``: a dev slice of the training data
+    (:func:`hold_in_tail`); phi ends at the step (of 20 checks, its start included) with the lowest stitched loss on
+    it, recorded in the row as ``best_step``; without one, at the last step.
     """
     import lightning.pytorch as pl
 
@@ -62,21 +91,31 @@ def stitch_sweep(
     for l_a, m_b in pairs:
         if seed is not None:
             pl.seed_everything(seed, workers=True, verbose=False)
-        module = Stitched(model_a, model_b, l_a, m_b, **module_options)
-        trainer = pl.Trainer(**trainer_options)
+        module = Stitched(model_a, model_b, l_a, m_b, keep_best=dev_loader is not None, **module_options)
+        if module.phi.linear is not None and dev_loader is not None:
+            steps = trainer_options["max_steps"]
+            options = {"val_check_interval": max(1, steps // 20), "check_val_every_n_epoch": None}
+            trainer = pl.Trainer(**{**trainer_options, **options, "num_sanity_val_steps": -1})  # -1: the start too
+        else:
+            trainer = pl.Trainer(**trainer_options)
         if module.phi.linear is not None:
             if train_loader is None:
                 raise ValueError("A learned phi needs training data: give the training split (or use --phi identity).")
-            with warnings.catch_warnings():  # validation runs after fit, on purpose: not a missing loader
+            module.initialise_phi(train_loader)  # before fit, so that the sanity check measures the start
+            with warnings.catch_warnings():  # without a dev slice, validation runs after fit: not a missing loader
                 warnings.filterwarnings("ignore", message=".*but have no `val_dataloader`")
-                trainer.fit(module, train_loader)
+                trainer.fit(module, train_loader, dev_loader)
         values = trainer.validate(module, val_loader, verbose=False)[0]
         row = {"layer_a": l_a, "layer_b": m_b, **{key.split("/", 1)[1]: float(v) for key, v in values.items()}}
+        if module.keep_best and module.best_step is not None:
+            row["best_step"] = module.best_step
         for name, datamodule in (extra or {}).items():
             values = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
             row.update({f"{name}_{key.split('/', 1)[1]}": float(v) for key, v in values.items()})
         rows.append(row)
         line = f"l={l_a} m={m_b}: penalty vs B {row['penalty_b']:+.4f} nats, vs A {row['penalty_a']:+.4f}"
+        if "best_step" in row:
+            line += f" (phi of step {row['best_step']}, the lowest dev loss)"
         if "acc_drop_b" in row:
             line += f"; accuracy drop vs B {100 * row['acc_drop_b']:+.2f} points, vs A {100 * row['acc_drop_a']:+.2f}"
         report(line)
@@ -88,7 +127,8 @@ def stitch_markdown(rows: Sequence[dict[str, Any]]) -> str:
     keys = [key for key in rows[0] if key not in ("layer_a", "layer_b")]
     lines = ["| l (A) | m (B) | " + " | ".join(keys) + " |", "|" + "---|" * (2 + len(keys))]
     for row in rows:
-        lines.append(f"| {row['layer_a']} | {row['layer_b']} | " + " | ".join(f"{row[k]:.4f}" for k in keys) + " |")
+        cells = [f"{row[k]:.4f}" if isinstance(row.get(k), float) else str(row.get(k, "")) for k in keys]
+        lines.append(f"| {row['layer_a']} | {row['layer_b']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -130,7 +170,7 @@ def stitch(
     pairs: Optional[list[str]] = None,
     phi: Literal["learned", "identity"] = "learned",
     phi_norm: Literal["none", "pre", "post"] = "none",
-    phi_init: Literal["auto", "zero", "least_squares"] = "auto",
+    phi_init: Literal["least_squares", "zero"] = "least_squares",
     steps: int = 2000,
     warmup_steps: int = 200,
     lr: float = 0.1,
@@ -143,6 +183,7 @@ def stitch(
     batch_size: int = 8,
     max_train_blocks: Optional[int] = None,
     max_val_blocks: int = 64,
+    dev_blocks: int = 64,
     accelerator: str = "auto",
     seed: int = 0,
     out: Path = Path("stitch"),
@@ -176,7 +217,8 @@ def stitch(
         pairs: explicit pairs as l:m (overrides --layers).
         phi: learned, or identity (no training; equal widths).
         phi_norm: none, pre or post LayerNorm in phi.
-        phi_init: auto (zero for equal widths, else least squares), zero or least_squares.
+        phi_init: least_squares (the map from A's residual after l to B's after m, fitted on the first training
+            batches) or zero (identity stitching for equal widths, tuned-lens's start).
         steps: optimizer steps per pair.
         warmup_steps: linear warm-up steps, then linear decay to 0.
         lr: SGD learning rate (tuned-lens's 1.0 * (1 - momentum)).
@@ -189,12 +231,16 @@ def stitch(
         batch_size: blocks or examples per batch.
         max_train_blocks: at most this many training blocks (causal_lm) or examples (classification).
         max_val_blocks: at most this many held-out blocks or examples (HANS too).
+        dev_blocks: the last this many training blocks or examples (at most a tenth) are held in as a dev slice:
+            phi ends at the step, of 20 checks and its start, with the lowest stitched loss on it; 0: the last step.
         accelerator: Lightning accelerator (auto, cpu, gpu).
         seed: random seed of every pair's fit (phi's initialisation and the order of the training data).
         out: output folder.
     """
     if steps < 1 or warmup_steps < 0 or warmup_steps > steps:
         raise ValueError(f"`--steps={steps}` must be >= 1 and `--warmup_steps={warmup_steps}` in 0..steps.")
+    if dev_blocks < 0:
+        raise ValueError(f"`--dev_blocks={dev_blocks}` must be >= 0 (0: phi of the last step).")
     if task == "causal_lm":
         TextSource(text, dataset, dataset_config).check()
         if glue_task is not None or hans:
@@ -272,7 +318,7 @@ def stitch(
         precision=precision or "32-true",
         num_sanity_val_steps=0,
     )
-    train_loader = data.train_dataloader() if stage == "fit" else None
+    train_loader, dev_loader = hold_in_tail(data.train_dataloader(), dev_blocks) if stage == "fit" else (None, None)
     rows = stitch_sweep(
         first,
         second,
@@ -283,6 +329,7 @@ def stitch(
         trainer_options,
         extra=extra,
         seed=seed,
+        dev_loader=dev_loader,
     )
     record = {
         "model_a": model_a,
@@ -297,6 +344,7 @@ def stitch(
         **module_options,
         "steps": steps,
         "seed": seed,
+        "dev_blocks": 0 if dev_loader is None else len(dev_loader.dataset),
     }
     print(stitch_markdown(rows), end="")
     for path in write_stitch(rows, record, out):

@@ -1,6 +1,6 @@
 """Model stitching: B's blocks after m, fed A's residual stream after block l through a trained stitching layer."""
 
-from typing import Any, Literal, Union
+from typing import Any, Literal, Optional, Union
 
 import torch
 import torch.nn.functional as F
@@ -103,12 +103,16 @@ class Stitched(LightningModule):
         phi: ``"learned"`` or ``"identity"`` (no training; equal widths).
         phi_norm: ``"none"``, ``"pre"`` or ``"post"`` LayerNorm.
         task: ``"causal_lm"`` or ``"classification"``.
-        phi_init: ``"zero"`` (W0 = 0, b0 = 0: identity stitching at step 0, tuned-lens's start), ``"least_squares"``
-            (W0, b0 fitted at the start of ``fit`` from A's residual after l to B's after m on the first
+        phi_init: ``"least_squares"`` (default: W0, b0 fitted from A's residual after l to B's after m on the first
             ``init_batches`` training batches, real tokens only, more batches while they hold fewer than 2 (d_A + 1)
-            tokens); ``"auto"`` (default): zero for equal widths, least squares otherwise. SGD then trains phi on the
-            stitched model's loss from there, its weight decay pulling towards the start.
+            tokens; :meth:`initialise_phi`, or at the start of ``fit``) or ``"zero"`` (W0 = 0, b0 = 0: identity
+            stitching at step 0 for equal widths, tuned-lens's start). SGD then trains phi on the stitched model's
+            loss from there, its weight decay pulling towards the start.
         init_batches: training batches used by the least-squares initialisation.
+        keep_best: phi ends at the validated step whose stitched loss on the fit's validation data is lowest (the
+            start included when a full sanity check runs first, ``num_sanity_val_steps=-1``), not at the last step;
+            :attr:`best_step` says which. Give it a dev slice of the *training* data (``layerwise stitch`` does:
+            ``--dev_blocks``), not the held-out data the penalty is reported on. Off by default.
     """
 
     def __init__(
@@ -120,13 +124,14 @@ class Stitched(LightningModule):
         phi: Literal["learned", "identity"] = "learned",
         phi_norm: Literal["none", "pre", "post"] = "none",
         task: Task = "causal_lm",
-        phi_init: Literal["auto", "zero", "least_squares"] = "auto",
+        phi_init: Literal["least_squares", "zero"] = "least_squares",
         init_batches: int = 4,
         lr: float = 0.1,
         momentum: float = 0.9,
         weight_decay: float = 1e-3,
         warmup_steps: int = 200,
         max_steps: int = 2000,
+        keep_best: bool = False,
     ) -> None:
         super().__init__()
         given_modules = not (isinstance(model_a, str) and isinstance(model_b, str))
@@ -149,13 +154,15 @@ class Stitched(LightningModule):
         self._no_cache = no_cache(self.model_b)  # B's kept blocks keep their own layer_idx
         width_a, width_b = model_width(self.model_a), model_width(self.model_b)
         self.phi = StitchingLayer(width_a, width_b, phi_norm, identity=phi == "identity")
-        if phi_init not in ("auto", "zero", "least_squares"):
-            raise ValueError(f"`--model.init_args.phi_init={phi_init!r}` must be 'auto', 'zero' or 'least_squares'.")
-        if phi_init == "auto":
-            phi_init = "zero" if width_a == width_b else "least_squares"
+        if phi_init not in ("least_squares", "zero"):
+            raise ValueError(f"`--model.init_args.phi_init={phi_init!r}` must be 'least_squares' or 'zero'.")
         self.phi_init, self.init_batches = phi_init, init_batches
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
         self.warmup_steps, self.max_steps = warmup_steps, max_steps
+        self.keep_best, self.best_step = keep_best, None
+        self._phi_ready = phi_init == "zero" or self.phi.linear is None
+        self._best: Optional[tuple[float, dict[str, Tensor]]] = None
+        self._dev_sum: Optional[Tensor] = None  # (token-weighted loss sum, tokens) of a dev check
 
     def train(self, mode: bool = True) -> "Stitched":
         """Only phi follows the mode: A and B stay in eval mode (no dropout in the frozen models)."""
@@ -165,11 +172,21 @@ class Stitched(LightningModule):
         return self
 
     def on_train_start(self) -> None:
-        """Least-squares initialisation of phi on the first training batches (``phi_init``)."""
+        """Least-squares initialisation of phi on the first training batches, unless done (``phi_init``)."""
+        if not self._phi_ready:
+            self.initialise_phi(self.trainer.train_dataloader)
+
+    def initialise_phi(self, loader: Any) -> None:
+        """The least-squares start of phi from the first ``init_batches`` batches of ``loader`` (``phi_init``).
+
+        Call it before ``Trainer.fit`` to have the sanity check measure that start (``keep_best``); otherwise the fit
+        calls it when training starts.
+        """
+        self._phi_ready, self._best = True, None
         if self.phi_init != "least_squares" or self.phi.linear is None:
             return
         pairs_a, pairs_b, rows_needed = [], [], 2 * (self.phi.linear.in_features + 1)
-        for index, batch in enumerate(self.trainer.train_dataloader):
+        for index, batch in enumerate(loader):
             if index >= self.init_batches and sum(len(h) for h in pairs_a) >= rows_needed:
                 break
             batch = self.transfer_batch_to_device(batch, self.device, 0)
@@ -179,6 +196,28 @@ class Stitched(LightningModule):
             pairs_a.append(h_a[rows])
             pairs_b.append(h_b[rows])
         self.phi.fit_least_squares(torch.cat(pairs_a), torch.cat(pairs_b))
+
+    # -- keep_best: phi of the validated step with the lowest stitched loss -----------------------------------------
+    def _selecting(self) -> bool:
+        return self.keep_best and self.phi.linear is not None and self.trainer.state.fn == "fit"
+
+    def on_validation_epoch_start(self) -> None:
+        self._dev_sum = None
+
+    def on_validation_epoch_end(self) -> None:
+        if not self._selecting() or self._dev_sum is None:
+            return
+        if self.trainer.sanity_checking and (not self._phi_ready or self.trainer.num_sanity_val_steps != float("inf")):
+            return  # a partial pass, or a start that on_train_start replaces: not comparable
+        total, count = self.trainer.strategy.reduce(self._dev_sum, reduce_op="sum").tolist()
+        loss = total / count
+        if self._best is None or loss < self._best[0]:
+            self._best = (loss, {key: value.detach().clone() for key, value in self.phi.state_dict().items()})
+            self.best_step = self.global_step
+
+    def on_fit_end(self) -> None:
+        if self.keep_best and self._best is not None:
+            self.phi.load_state_dict(self._best[1])
 
     # -- the stitched model ----------------------------------------------------------------------------------------
     def _inputs(self, batch: Any) -> dict[str, Tensor]:
@@ -222,6 +261,11 @@ class Stitched(LightningModule):
 
     def validation_step(self, batch: Any, batch_idx: int) -> None:
         stitched, count, correct = self.loss(self(batch), batch)
+        if self._selecting():  # a dev check during fit: the stitched loss only (token-weighted, summed over ranks)
+            weighted = torch.stack([stitched.detach().double() * count, count.to(stitched.device).double()])
+            self._dev_sum = weighted if self._dev_sum is None else self._dev_sum + weighted
+            self.log("val/loss_stitched", stitched, batch_size=int(count), sync_dist=True)
+            return
         with torch.no_grad():
             loss_a, _, correct_a = self.loss(self.model_a(**self._inputs(batch)).logits, batch)
             loss_b, _, correct_b = self.loss(self.model_b(**self._inputs(batch)).logits, batch)
