@@ -52,7 +52,7 @@ def _trainer_classes() -> tuple[type, type]:
             if os.environ.get(DEBUG_VARIABLE) or not getattr(self, "exit_on_error", True):
                 super().error(message, ex)
             if "Problems parsing config" in message:
-                message = f"{bad_config_file()}{message}"
+                message = f"{bad_config_file(getattr(self, 'argv', None))}{message}"
             prog = re.sub(r"^\S+", "layerwise", self.prog.replace(" [options]", ""))  # not __main__.py (python -m)
             exit_concisely(prog, message)
 
@@ -74,7 +74,15 @@ def _trainer_classes() -> tuple[type, type]:
             kwargs.setdefault("parser_class", _ConciseArgumentParser)
             if not sys.stdout.isatty():  # a log file shows a bar only at the end: plain lines instead (see after_...)
                 kwargs["trainer_defaults"] = {"enable_progress_bar": False, **(kwargs.get("trainer_defaults") or {})}
+            given = kwargs.get("args")
+            self._argv = list(given) if isinstance(given, (list, tuple)) else None  # None: sys.argv
             super().__init__(*args, **kwargs)
+
+        def init_parser(self, **kwargs: Any) -> LightningArgumentParser:
+            """LightningCLI's parser (and each subcommand's), knowing the arguments it parses (a bad --config file)."""
+            parser = super().init_parser(**kwargs)
+            parser.argv = self._argv
+            return parser
 
         def before_instantiate_classes(self) -> None:
             """``validate``/``test --ckpt_path``: log beside the checkpoint's run; ``predict``: no log folder at all."""

@@ -26,6 +26,7 @@ DEBUG_VARIABLE = "LAYERWISE_DEBUG"
 _HEADERS = ("Does not validate against any", "Subtypes:", "Errors:", "Given value", "Expected a <class 'NoneType'>")
 _KEY = re.compile(r'^Parser key "([^"]+)":\s*(.*)$')
 _CLASS = re.compile(r"^Problem with given class_path '([^']+)':\s*(.*)$")
+_UNKNOWN_CLASS = re.compile(r"^Expected a dot import path string: (\S+)$")
 
 
 def concise_error(message: str, class_options: Optional[dict[str, str]] = None) -> str:
@@ -65,6 +66,9 @@ def concise_error(message: str, class_options: Optional[dict[str, str]] = None) 
             last_class = None
         else:
             last_class = name
+    unknown = _UNKNOWN_CLASS.match(cause)
+    if unknown:  # a short class name that matches no imported class: jsonargparse asks for an import path
+        cause = f"no class named {unknown.group(1)!r}: give an existing class's name or its import path"
     if not option:
         option = (class_options or {}).get(last_class or "", "")
         if not option:
@@ -72,11 +76,14 @@ def concise_error(message: str, class_options: Optional[dict[str, str]] = None) 
     return f"--{option}={last_class}: {cause}" if last_class else f"--{option}: {cause}"
 
 
-def bad_config_file() -> str:
-    """``--config FILE: `` for the first config file on the command line that is not valid YAML, else ``""``."""
+def bad_config_file(argv: Optional[list[str]] = None) -> str:
+    """``--config FILE: `` for the first config file in ``argv`` that is not valid YAML, else ``""``.
+
+    ``argv``: the arguments parsed (``LayerwiseCLI(args=...)``); default the command line.
+    """
     import yaml
 
-    argv = sys.argv[1:]
+    argv = sys.argv[1:] if argv is None else [str(arg) for arg in argv]
     for flag, value in zip(argv, argv[1:] + [""]):
         path = value if flag in ("--config", "-c") else flag.partition("=")[2] if flag.startswith("--config=") else ""
         if path and Path(path).is_file():
