@@ -3,28 +3,25 @@
 ``fit``, ``validate``, ``test`` and ``predict`` are :class:`LayerwiseCLI` (LightningCLI); the other commands
 (:data:`COMMANDS`) are typed functions next to what they run (``plot`` in ``figures/plot.py``, the others in
 ``inference/<module>.py``), each turned into a jsonargparse parser from its signature and docstring: ``--snake_case``
-flags, ``--help``, ``--config FILE`` and ``--print_config`` for every command, and one error style (usage, then
-``error: ...`` naming the flag, exit code 2; written in ``layerwise/errors.py``). This module holds only the
-parsers, the registry and ``main``.
+flags, ``--help``, ``--config FILE`` and ``--print_config`` for every command (``layerwise/command_parser.py``), and
+one error style (usage, then ``error: ...`` naming the flag, exit code 2; written in ``layerwise/errors.py``). This
+module holds only ``LayerwiseCLI``, the registry and ``main``.
 """
 
 import functools
 import importlib
-import inspect
-import logging
 import os
 import re
 import sys
-import typing
-import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal, NoReturn, Optional
+from typing import Any, NoReturn, Optional
 
-from jsonargparse import ActionConfigFile, ArgumentParser
+from jsonargparse import ArgumentParser
 
-from layerwise.errors import DEBUG_VARIABLE, bad_config_file, check_output_folders, exit_concisely
+from layerwise.command_parser import command_parser
+from layerwise.errors import DEBUG_VARIABLE, bad_config_file, check_output_folders, exit_concisely, quiet_upstream
 
 
 @functools.cache
@@ -307,49 +304,6 @@ def command_function(name: str) -> Callable[..., None]:
     return getattr(importlib.import_module(module), function)
 
 
-_POSITIONAL = {"path", "runs"}
-
-
-def _list_item(annotation: Any) -> Optional[Any]:
-    """The item type of ``list[X]`` / ``Optional[list[X]]``, else None."""
-    for candidate in (annotation, *typing.get_args(annotation)):
-        if typing.get_origin(candidate) is list:
-            return typing.get_args(candidate)[0]
-    return None
-
-
-def command_parser(name: str, function: Callable[..., None]) -> ArgumentParser:
-    """A jsonargparse parser from a command function's signature and Google docstring.
-
-    List parameters take several values after one flag (``--layers 1 4``); ``path``/``runs`` are positional.
-    """
-    from docstring_parser import parse
-
-    docs = parse(function.__doc__ or "")
-    help_of = {param.arg_name: param.description for param in docs.params}
-    parser = ArgumentParser(
-        prog=f"layerwise {name}",
-        description=" ".join(filter(None, [docs.short_description, docs.long_description])),
-    )
-    parser.add_argument("--config", action=ActionConfigFile, help="a YAML file with any of the options below")
-    hints = typing.get_type_hints(function)
-    manual = {key for key in hints if key != "return" and (key in _POSITIONAL or _list_item(hints[key]) is not None)}
-    parser.add_function_arguments(function, skip=manual, as_positional=False)
-    for key, parameter in inspect.signature(function).parameters.items():
-        if key not in manual:
-            continue
-        item = _list_item(hints[key])
-        choices = list(typing.get_args(item)) if typing.get_origin(item) is Literal else None
-        flag = key if key in _POSITIONAL else f"--{key}"
-        extra = {} if key in _POSITIONAL else {"default": parameter.default}
-        if choices:  # argparse's own str (no type=: jsonargparse would show its wrapper, a lambda, in --help)
-            extra["choices"] = choices
-        else:
-            extra["type"] = item or hints[key]
-        parser.add_argument(flag, nargs="+" if item else None, help=help_of.get(key), **extra)
-    return parser
-
-
 def build_parser() -> ArgumentParser:
     """The top-level parser: every subcommand with its one-line help (``layerwise --help``)."""
     parser = ArgumentParser(
@@ -377,33 +331,6 @@ def run_command(name: str, argv: list[str]) -> None:
         if os.environ.get(DEBUG_VARIABLE):
             raise
         exit_concisely(f"layerwise {name}", str(error), parsed=False)
-
-
-class _UpstreamNoise(logging.Filter):
-    """Drops Lightning's lines a layerwise user must otherwise learn to ignore (the commands only, not the library)."""
-
-    NOISE = ("💡 Tip:", "GPU available:", "TPU available:", "HPU available:")
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.getMessage()).startswith(self.NOISE)
-
-
-def quiet_upstream() -> None:
-    """Silence upstream noise that says nothing about the run, each case named here.
-
-    - Lightning's advertisement for its cloud logger and its accelerator inventory (logging, INFO).
-    - ``isinstance(treespec, LeafSpec)`` is deprecated: Lightning 2.6's own use of torch's pytree, harmless, fixed
-      upstream in later releases.
-    - "It is recommended to use `self.log(..., sync_dist=True)`" for the callbacks' values, already global.
-    """
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-        logging.getLogger(name).addFilter(_UpstreamNoise())
-    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
-    # layerwise's callbacks log per-layer values already reduced over every process (their metric states are
-    # all-reduced before compute), with sync_dist=False on purpose: no collective per scalar. Lightning cannot be told
-    # a value is already global and asks, once per key, for sync_dist=True (82 lines in a quickstart DDP run). Their
-    # keys have three parts (stage/group/name: val/acc/layer_01); the module's val/loss and val/acc are synced.
-    warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('(val|test)[^'/]*/[^'/]+/[^']+', ")
 
 
 def main(args: Optional[list[str]] = None) -> None:

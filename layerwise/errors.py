@@ -2,11 +2,14 @@
 
 :class:`UsageError` is what the package's own checks raise; :func:`concise_error` cuts a jsonargparse message to the
 option and its innermost cause; :func:`exit_concisely` prints that one line (the traceback only with
-``LAYERWISE_DEBUG=1``) and exits with code 2. ``layerwise.cli`` uses them for every command.
+``LAYERWISE_DEBUG=1``) and exits with code 2. ``layerwise.cli`` uses them for every command, and
+:func:`quiet_upstream` for the upstream lines that say nothing about the run.
 """
 
+import logging
 import re
 import sys
+import warnings
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
@@ -125,3 +128,30 @@ def check_output_folders(trainer: Any) -> None:
                 if not part.is_dir():
                     raise UsageError(f"`{option}={folder}`: {part} is a file, not a folder.")
                 break
+
+
+class _UpstreamNoise(logging.Filter):
+    """Drops Lightning's lines a layerwise user must otherwise learn to ignore (the commands only, not the library)."""
+
+    NOISE = ("💡 Tip:", "GPU available:", "TPU available:", "HPU available:")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.getMessage()).startswith(self.NOISE)
+
+
+def quiet_upstream() -> None:
+    """Silence upstream noise that says nothing about the run, each case named here.
+
+    - Lightning's advertisement for its cloud logger and its accelerator inventory (logging, INFO).
+    - ``isinstance(treespec, LeafSpec)`` is deprecated: Lightning 2.6's own use of torch's pytree, harmless, fixed
+      upstream in later releases.
+    - "It is recommended to use `self.log(..., sync_dist=True)`" for the callbacks' values, already global.
+    """
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).addFilter(_UpstreamNoise())
+    warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
+    # layerwise's callbacks log per-layer values already reduced over every process (their metric states are
+    # all-reduced before compute), with sync_dist=False on purpose: no collective per scalar. Lightning cannot be told
+    # a value is already global and asks, once per key, for sync_dist=True (82 lines in a quickstart DDP run). Their
+    # keys have three parts (stage/group/name: val/acc/layer_01); the module's val/loss and val/acc are synced.
+    warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('(val|test)[^'/]*/[^'/]+/[^']+', ")

@@ -1,0 +1,55 @@
+"""A command function as a command line: its jsonargparse parser, built from its signature and Google docstring.
+
+``layerwise plot``, ``compare``, ``stitch``... are typed functions next to what they run
+(:data:`layerwise.cli.COMMANDS`); :func:`command_parser` gives each ``--snake_case`` flags, ``--help`` from the
+docstring, ``--config FILE`` and ``--print_config``.
+"""
+
+import inspect
+import typing
+from collections.abc import Callable
+from typing import Any, Literal, Optional
+
+from jsonargparse import ActionConfigFile, ArgumentParser
+
+_POSITIONAL = {"path", "runs"}
+
+
+def _list_item(annotation: Any) -> Optional[Any]:
+    """The item type of ``list[X]`` / ``Optional[list[X]]``, else None."""
+    for candidate in (annotation, *typing.get_args(annotation)):
+        if typing.get_origin(candidate) is list:
+            return typing.get_args(candidate)[0]
+    return None
+
+
+def command_parser(name: str, function: Callable[..., None]) -> ArgumentParser:
+    """A jsonargparse parser from a command function's signature and Google docstring.
+
+    List parameters take several values after one flag (``--layers 1 4``); ``path``/``runs`` are positional.
+    """
+    from docstring_parser import parse
+
+    docs = parse(function.__doc__ or "")
+    help_of = {param.arg_name: param.description for param in docs.params}
+    parser = ArgumentParser(
+        prog=f"layerwise {name}",
+        description=" ".join(filter(None, [docs.short_description, docs.long_description])),
+    )
+    parser.add_argument("--config", action=ActionConfigFile, help="a YAML file with any of the options below")
+    hints = typing.get_type_hints(function)
+    manual = {key for key in hints if key != "return" and (key in _POSITIONAL or _list_item(hints[key]) is not None)}
+    parser.add_function_arguments(function, skip=manual, as_positional=False)
+    for key, parameter in inspect.signature(function).parameters.items():
+        if key not in manual:
+            continue
+        item = _list_item(hints[key])
+        choices = list(typing.get_args(item)) if typing.get_origin(item) is Literal else None
+        flag = key if key in _POSITIONAL else f"--{key}"
+        extra = {} if key in _POSITIONAL else {"default": parameter.default}
+        if choices:  # argparse's own str (no type=: jsonargparse would show its wrapper, a lambda, in --help)
+            extra["choices"] = choices
+        else:
+            extra["type"] = item or hints[key]
+        parser.add_argument(flag, nargs="+" if item else None, help=help_of.get(key), **extra)
+    return parser
