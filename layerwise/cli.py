@@ -22,6 +22,7 @@ from jsonargparse import ArgumentParser
 
 from layerwise.command_parser import command_parser
 from layerwise.errors import DEBUG_VARIABLE, bad_config_file, check_output_folders, exit_concisely, quiet_upstream
+from layerwise.help_cache import is_plain_help, print_help
 
 
 @functools.cache
@@ -311,7 +312,7 @@ def build_parser() -> ArgumentParser:
         description="Trace how representations progress through the layers of a transformer. `layerwise COMMAND "
         "--help` shows the options of a command.",
     )
-    subcommands = parser.add_subcommands(dest="command", required=True)
+    subcommands = parser.add_subcommands(dest="command", required=False, metavar="COMMAND")  # required: see main
     for name, help_text in TRAINER_COMMANDS.items():
         subcommands.add_subcommand(name, ArgumentParser(prog=f"layerwise {name}"), help=help_text)
     for name, (_, _, summary) in COMMANDS.items():  # names and one line each: nothing imported for --help
@@ -339,7 +340,11 @@ def main(args: Optional[list[str]] = None) -> None:
     argv = sys.argv[1:] if args is None else list(args)
     if argv and argv[0] in COMMANDS:
         run_command(argv[0], argv[1:])
+    elif argv and argv[0] in TRAINER_COMMANDS and is_plain_help(argv):  # kept after its first rendering
+        print_help(argv[0], lambda: _trainer_classes()[1](args=args))
     elif argv and argv[0] in TRAINER_COMMANDS or argv[:1] and argv[0].startswith("--config"):
         _trainer_classes()[1](args=args)  # None: LightningCLI reads sys.argv itself
-    else:
-        build_parser().parse_args(argv)  # --help lists every command; anything else is an error naming the choices
+    else:  # --help lists every command; anything else is an error naming the choices
+        parser = build_parser()
+        if parser.parse_args(argv).command is None:  # not `required` for jsonargparse: it would add a "(required)" line
+            parser.error(f"give a command, one of {', '.join([*TRAINER_COMMANDS, *COMMANDS])}.")

@@ -20,7 +20,7 @@ else:  # pragma: no cover
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "layerwise"
 # Small leaf modules any part may use: they import nothing of layerwise.
-UTILITIES = {"extras", "_compat", "errors", "command_parser"}
+UTILITIES = {"extras", "_compat", "errors", "command_parser", "help_cache"}
 FACE = {"__main__", "__init__"}  # `python -m layerwise` and the package root
 
 
