@@ -3,6 +3,7 @@
 import copy
 
 import lightning.pytorch as pl
+import numpy as np
 import pytest
 import torch
 from torch.utils.data import DataLoader
@@ -186,6 +187,37 @@ def test_keep_best_ends_at_the_checked_step_with_the_lowest_dev_loss(oracle):
     after = pl.Trainer(accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False)
     dev_loss = after.validate(stitched, dev_loader, verbose=False)[0]["val/loss_stitched"]
     assert dev_loss == pytest.approx(best_loss, abs=1e-9)
+
+
+def test_keep_best_dev_loss_is_the_whole_dev_slice_on_two_processes(oracle):
+    """Under DDP each rank holds part of the dev slice: the check sums over ranks, so 2 processes see the loss 1 does
+    (lr 0: phi stays at its start, so every check of both runs measures the same map)."""
+    from layerwise.inference.stitch import hold_in_tail
+
+    a, b, _, train, _ = oracle
+    fit_loader, dev_loader = hold_in_tail(train, 8)
+    logged = {}
+    for devices in (1, 2):
+        stitched = Stitched(a, b, 1, 1, lr=0.0, warmup_steps=1, max_steps=4, keep_best=True).double()
+        stitched.initialise_phi(fit_loader)
+        options = dict(devices=2, strategy="ddp_fork") if devices == 2 else {}
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            max_steps=4,
+            val_check_interval=2,
+            check_val_every_n_epoch=None,
+            num_sanity_val_steps=-1,
+            logger=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+            enable_checkpointing=False,
+            **options,
+        )
+        trainer.fit(stitched, fit_loader, dev_loader)  # with ddp_fork, the metrics come back from rank 0
+        logged[devices] = {key: float(value) for key, value in trainer.callback_metrics.items() if "dev/" in key}
+    assert logged[1]["dev/best_step"] == logged[2]["dev/best_step"] == 0.0
+    # Lightning keeps logged values in float32; one rank's half of the slice alone would differ in the 2nd digit
+    np.testing.assert_allclose(logged[2]["dev/loss_stitched"], logged[1]["dev/loss_stitched"], rtol=1e-6, atol=0)
 
 
 def test_stitching_layer_starts_as_identity_and_checks_widths():

@@ -111,7 +111,8 @@ class Stitched(LightningModule):
         init_batches: training batches used by the least-squares initialisation.
         keep_best: phi ends at the validated step whose stitched loss on the fit's validation data is lowest (the
             start included when a full sanity check runs first, ``num_sanity_val_steps=-1``), not at the last step;
-            :attr:`best_step` says which. Give it a dev slice of the *training* data (``layerwise stitch`` does:
+            :attr:`best_step` says which (logged with the check's loss as ``dev/best_step``, ``dev/loss_stitched``).
+            Give it a dev slice of the *training* data (``layerwise stitch`` does:
             ``--dev_blocks``), not the held-out data the penalty is reported on. Off by default.
     """
 
@@ -214,6 +215,8 @@ class Stitched(LightningModule):
         if self._best is None or loss < self._best[0]:
             self._best = (loss, {key: value.detach().clone() for key, value in self.phi.state_dict().items()})
             self.best_step = self.global_step
+        if not self.trainer.sanity_checking:  # already summed over ranks: the same value on every rank
+            self.log_dict({"dev/loss_stitched": loss, "dev/best_step": float(self.best_step)}, sync_dist=False)
 
     def on_fit_end(self) -> None:
         if self.keep_best and self._best is not None:
