@@ -401,3 +401,36 @@ def test_stitch_default_recipe_converges_on_the_rotated_copy(rotated_copy, seed)
     """
     penalties = stitch_oracle(rotated_copy, f"seed{seed}", "--seed", str(seed))
     assert all(abs(penalty) <= 1e-4 for penalty in penalties), penalties
+
+
+def test_stitch_command_says_where_phi_comes_from_and_keeps_the_row_shape(tmp_path, capsys):
+    """Found by trying the command: --steps under 200 ran into the default warm-up; the dev slice was dropped or
+    capped without a word; best_step vanished from the rows with --dev_blocks 0."""
+    import json
+
+    from layerwise.cli import main as cli_main
+
+    folder = str(tmp_path / "gpt2")
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("gpt2", n_layer=2, n_embd=32, n_head=4, vocab_size=260, n_positions=64)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog {i * i}.\n" for i in range(100)))
+    base = ["stitch", "--model_a", folder, "--model_b", folder, "--text", str(text), "--tokenizer", "byte"]
+    base += ["--block_size", "16", "--max_val_blocks", "8", "--accelerator", "cpu", "--pairs", "1:1", "--steps", "8"]
+
+    def run(name: str, *options: str) -> tuple[dict, str]:
+        cli_main([*base, *options, "--out", str(tmp_path / name)])
+        return json.loads((tmp_path / name / "stitch.json").read_text()), capsys.readouterr().out
+
+    capped, printed = run("capped", "--dev_blocks", "100000")
+    held = capped["dev_blocks"]
+    assert capped["warmup_steps"] == 0 and 0 < held < 100000  # a tenth of 8 steps; a tenth of the training blocks
+    assert f"the last {held} of " in printed and "(--dev_blocks 100000 capped at a tenth)" in printed
+    assert "among its start and 8 checks" in printed and "Trainer.fit` stopped" not in printed
+    last, printed = run("last", "--dev_blocks", "0")
+    assert "no dev slice (--dev_blocks 0): phi of the last step." in printed
+    assert last["rows"][0]["best_step"] == 8 and set(last["rows"][0]) == set(capped["rows"][0])
+    identity, _ = run("identity", "--phi", "identity")
+    assert identity["rows"][0]["best_step"] is None and set(identity["rows"][0]) == set(capped["rows"][0])
+    assert identity["text"] == [str(text)] and identity["tokenizer"] == "byte" and identity["batch_size"] == 8

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal, Optional
 
@@ -61,6 +62,40 @@ def hold_in_tail(loader: Any, blocks: int) -> tuple[Any, Optional[Any]]:
     return part(range(size - held), True), part(range(size - held, size), False)
 
 
+@contextmanager
+def _quiet_fit_stop() -> Iterator[None]:
+    """Lightning's "`Trainer.fit` stopped: `max_steps=N` reached." silenced for every pair's fit.
+
+    Each pair's own line says where its phi comes from.
+    """
+    import logging
+
+    class Stop(logging.Filter):
+        def filter(self, record: logging.LogRecord) -> bool:
+            return not str(record.getMessage()).startswith("`Trainer.fit` stopped")
+
+    logger, stop = logging.getLogger("lightning.pytorch.utilities.rank_zero"), Stop()
+    logger.addFilter(stop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(stop)
+
+
+def dev_slice_line(asked: int, dev_loader: Any, training: int, steps: int) -> str:
+    """What ``layerwise stitch`` says before the sweep about the dev slice that chooses phi's step."""
+    if dev_loader is None:
+        why = "--dev_blocks 0" if asked == 0 else f"{training} training items: a tenth is under 1"
+        return f"layerwise stitch: no dev slice ({why}): phi of the last step."
+    held = len(dev_loader.dataset)
+    capped = f" (--dev_blocks {asked} capped at a tenth)" if held < asked else ""
+    checks = min(20, steps)
+    return (
+        f"layerwise stitch: the last {held} of {training} training items are a dev slice{capped}, kept out of "
+        f"training; phi ends at the lowest dev loss among its start and {checks} checks."
+    )
+
+
 def stitch_sweep(
     model_a: nn.Module,
     model_b: nn.Module,
@@ -102,19 +137,23 @@ def stitch_sweep(
             if train_loader is None:
                 raise ValueError("A learned phi needs training data: give the training split (or use --phi identity).")
             module.initialise_phi(train_loader)  # before fit, so that the sanity check measures the start
-            with warnings.catch_warnings():  # without a dev slice, validation runs after fit: not a missing loader
+            with warnings.catch_warnings(), _quiet_fit_stop():
+                # without a dev slice, validation runs after fit: not a missing loader; A and B are frozen in eval
+                # mode on purpose; a run of under 40 steps checks the dev slice after every step, as asked
                 warnings.filterwarnings("ignore", message=".*but have no `val_dataloader`")
+                warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode at the start of training")
+                warnings.filterwarnings("ignore", message=r".*val_check_interval=1\)` was configured")
                 trainer.fit(module, train_loader, dev_loader)
         values = trainer.validate(module, val_loader, verbose=False)[0]
         row = {"layer_a": l_a, "layer_b": m_b, **{key.split("/", 1)[1]: float(v) for key, v in values.items()}}
-        if module.keep_best and module.best_step is not None:
-            row["best_step"] = module.best_step
+        learned = module.phi.linear is not None
+        row["best_step"] = (module.best_step if module.keep_best else trainer.global_step) if learned else None
         for name, datamodule in (extra or {}).items():
             values = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
             row.update({f"{name}_{key.split('/', 1)[1]}": float(v) for key, v in values.items()})
         rows.append(row)
         line = f"l={l_a} m={m_b}: penalty vs B {row['penalty_b']:+.4f} nats, vs A {row['penalty_a']:+.4f}"
-        if "best_step" in row:
+        if module.keep_best and row["best_step"] is not None:
             line += f" (phi of step {row['best_step']}, the lowest dev loss)"
         if "acc_drop_b" in row:
             line += f"; accuracy drop vs B {100 * row['acc_drop_b']:+.2f} points, vs A {100 * row['acc_drop_a']:+.2f}"
@@ -127,7 +166,8 @@ def stitch_markdown(rows: Sequence[dict[str, Any]]) -> str:
     keys = [key for key in rows[0] if key not in ("layer_a", "layer_b")]
     lines = ["| l (A) | m (B) | " + " | ".join(keys) + " |", "|" + "---|" * (2 + len(keys))]
     for row in rows:
-        cells = [f"{row[k]:.4f}" if isinstance(row.get(k), float) else str(row.get(k, "")) for k in keys]
+        cells = [f"{row[k]:.4f}" if isinstance(row.get(k), float) else str(row.get(k, "-")) for k in keys]
+        cells = ["-" if cell == "None" else cell for cell in cells]
         lines.append(f"| {row['layer_a']} | {row['layer_b']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -172,7 +212,7 @@ def stitch(
     phi_norm: Literal["none", "pre", "post"] = "none",
     phi_init: Literal["least_squares", "zero"] = "least_squares",
     steps: int = 2000,
-    warmup_steps: int = 200,
+    warmup_steps: Optional[int] = None,
     lr: float = 0.1,
     momentum: float = 0.9,
     weight_decay: float = 1e-3,
@@ -220,7 +260,7 @@ def stitch(
         phi_init: least_squares (the map from A's residual after l to B's after m, fitted on the first training
             batches) or zero (identity stitching for equal widths, tuned-lens's start).
         steps: optimizer steps per pair.
-        warmup_steps: linear warm-up steps, then linear decay to 0.
+        warmup_steps: linear warm-up steps, then linear decay to 0 (default: a tenth of --steps, at most 200).
         lr: SGD learning rate (tuned-lens's 1.0 * (1 - momentum)).
         momentum: Nesterov momentum.
         weight_decay: SGD weight decay.
@@ -231,14 +271,18 @@ def stitch(
         batch_size: blocks or examples per batch.
         max_train_blocks: at most this many training blocks (causal_lm) or examples (classification).
         max_val_blocks: at most this many held-out blocks or examples (HANS too).
-        dev_blocks: the last this many training blocks or examples (at most a tenth) are held in as a dev slice:
-            phi ends at the step, of 20 checks and its start, with the lowest stitched loss on it; 0: the last step.
+        dev_blocks: this many of the last training blocks or examples (at most a tenth of them) are kept out of
+            training as a dev slice; phi ends at the step with the lowest stitched loss on it, among its start and up
+            to 20 checks (best_step in each row). 0: phi of the last step.
         accelerator: Lightning accelerator (auto, cpu, gpu).
         seed: random seed of every pair's fit (phi's initialisation and the order of the training data).
         out: output folder.
     """
-    if steps < 1 or warmup_steps < 0 or warmup_steps > steps:
-        raise ValueError(f"`--steps={steps}` must be >= 1 and `--warmup_steps={warmup_steps}` in 0..steps.")
+    if steps < 1:
+        raise ValueError(f"`--steps={steps}` must be >= 1.")
+    warmup_steps = min(200, steps // 10) if warmup_steps is None else warmup_steps
+    if not 0 <= warmup_steps <= steps:
+        raise ValueError(f"`--warmup_steps={warmup_steps}` must lie in 0..--steps ({steps}).")
     if dev_blocks < 0:
         raise ValueError(f"`--dev_blocks={dev_blocks}` must be >= 0 (0: phi of the last step).")
     if task == "causal_lm":
@@ -319,6 +363,8 @@ def stitch(
         num_sanity_val_steps=0,
     )
     train_loader, dev_loader = hold_in_tail(data.train_dataloader(), dev_blocks) if stage == "fit" else (None, None)
+    if train_loader is not None:
+        print(dev_slice_line(dev_blocks, dev_loader, len(data.train_dataloader().dataset), steps))
     rows = stitch_sweep(
         first,
         second,
@@ -341,7 +387,10 @@ def stitch(
             if hans
             else {}
         ),  # fmt: skip
-        **module_options,
+        **({"text": [str(path) for path in text or []], "dataset": dataset} if task == "causal_lm" else {}),
+        "tokenizer": tokenizer or "--model_a's",
+        "batch_size": batch_size,
+        **{key: value for key, value in module_options.items() if key != "max_steps"},
         "steps": steps,
         "seed": seed,
         "dev_blocks": 0 if dev_loader is None else len(dev_loader.dataset),
