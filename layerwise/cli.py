@@ -340,8 +340,8 @@ def main(args: Optional[list[str]] = None) -> None:
     argv = sys.argv[1:] if args is None else list(args)
     if argv and argv[0] in COMMANDS:
         run_command(argv[0], argv[1:])
-    elif argv and argv[0] in TRAINER_COMMANDS and is_plain_help(argv):  # kept after its first rendering
-        print_help(argv[0], lambda: _trainer_classes()[1](args=args))
+    elif args is None and argv and argv[0] in TRAINER_COMMANDS and is_plain_help(argv):  # a fresh process only:
+        print_help(argv[0], lambda: _trainer_classes()[1](args=args))  # in-process callers may list their classes
     elif argv and argv[0] in TRAINER_COMMANDS or argv[:1] and argv[0].startswith("--config"):
         _trainer_classes()[1](args=args)  # None: LightningCLI reads sys.argv itself
     else:  # --help lists every command; anything else is an error naming the choices

@@ -4,7 +4,9 @@ LightningCLI builds that help from the Trainer's, the modules' and the callbacks
 whose import alone takes 6 s on 2 cores (torchmetrics pulls torchvision, scipy and transformers in). The text depends
 only on the installed packages, layerwise's own source and the terminal width, so the first ``layerwise fit --help``
 renders it and stores it under a key made of those; a later one with the same key prints the stored text without
-importing any of them. A changed package, a changed source file or another width renders it again.
+importing any of them. A changed package, a changed source file or another width renders it again. Only the command
+line keeps a text (``main()`` reading ``sys.argv``): a Python caller of ``main([...])`` may have imported subclasses of
+its own, which LightningCLI's help would list.
 
 The store is ``$LAYERWISE_CACHE_DIR`` (default ``$XDG_CACHE_HOME/layerwise``, else ``~/.cache/layerwise``); a store
 that cannot be written is skipped silently (the help is still printed).
