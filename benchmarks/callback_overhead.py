@@ -343,6 +343,21 @@ def deit_s_case(args: argparse.Namespace) -> None:
         f"batch {args.batch_size}, {args.device}, median of {args.repeats} rounds"
     )
     print_table(title, configs)
+    if not args.quick:  # issue 24.1's second goal: the full analysis <= 1.05x on a GPU
+        off, full = (statistics.median(config.epochs) for config in configs[:2])
+        suffix = "" if args.device == "cpu" else f"_{args.device}"
+        record(
+            f"callback_overhead_deit_s{suffix}",
+            {
+                "analysis_vs_off_epoch_ratio": round(full / off, 3),
+                "epoch_seconds_off": round(off, 4),
+                "epoch_seconds_analysis": round(full, 4),
+                "num_samples": args.num_samples,
+                "batch_size": args.batch_size,
+                "rounds": args.repeats,
+            },
+            LOAD_BEFORE,
+        )
 
 
 def metric_costs(args: argparse.Namespace) -> None:

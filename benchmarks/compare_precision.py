@@ -122,7 +122,7 @@ def main() -> None:
         "repeats": args.repeats,
         "batches": len(batches),
     }
-    record("compare_precision", values, load_before)
+    record("compare_precision" if args.device == "cpu" else f"compare_precision_{args.device}", values, load_before)
 
 
 if __name__ == "__main__":

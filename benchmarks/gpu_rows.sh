@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The GPU rows of issue 24 in one call, for a session that is lent a GPU (the device tool: one NVIDIA H100 or H200).
+# Each writes benchmarks/recorded/<name>.json with the GPU's name, beside the CPU records README cites:
+#   24.1  the full analysis on a DeiT-S-sized ViT, <= 1.05x a validation epoch without it -> callback_overhead_deit_s_cuda
+#   24.2  depth-wise coupling at GPT-2-small's shape (12 x 768, 64 tokens), >= 24x the authors' method -> coupling_gpu
+#   24.3  cross-model CKA, precision="fast" <= 1.2x the two forwards at GPT-2-small, error <= 1e-4 -> compare_precision_cuda
+# About 5 minutes on an H100 (estimated, not yet run: no GPU has been lent to this project's sessions so far).
+#   bash benchmarks/gpu_rows.sh            # from the repository root, in the project's environment
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())"
+python benchmarks/callback_overhead.py --device cuda --cases deit_s --num-samples 1024 --batch-size 64 --repeats 3
+python benchmarks/coupling.py --device cuda --layers 12 --dim 768 --heads 12 --tokens 64 --repeats 3 --record coupling_gpu
+python benchmarks/compare_precision.py --device cuda --batch 8 --tokens 256 --batches 4 --repeats 3
