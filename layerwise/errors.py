@@ -10,6 +10,8 @@ import logging
 import re
 import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
@@ -130,13 +132,36 @@ def check_output_folders(trainer: Any) -> None:
                 break
 
 
+_LIGHTNING_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
+
+
 class _UpstreamNoise(logging.Filter):
     """Drops Lightning's lines a layerwise user must otherwise learn to ignore (the commands only, not the library)."""
 
     NOISE = ("💡 Tip:", "GPU available:", "TPU available:", "HPU available:")
 
+    def __init__(self, prefixes: tuple[str, ...] = NOISE) -> None:
+        super().__init__()
+        self.prefixes = prefixes
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.getMessage()).startswith(self.NOISE)
+        return not str(record.getMessage()).startswith(self.prefixes)
+
+
+@contextmanager
+def lightning_lines_silenced(*prefixes: str) -> Iterator[None]:
+    """Lightning's log lines starting with ``prefixes``, dropped inside the block.
+
+    For a command's own noise, named where it is used (``stitch``: "`Trainer.fit` stopped" after every pair).
+    """
+    noise = _UpstreamNoise(prefixes)
+    for name in _LIGHTNING_LOGGERS:
+        logging.getLogger(name).addFilter(noise)
+    try:
+        yield
+    finally:
+        for name in _LIGHTNING_LOGGERS:
+            logging.getLogger(name).removeFilter(noise)
 
 
 def quiet_upstream() -> None:
@@ -147,7 +172,7 @@ def quiet_upstream() -> None:
       upstream in later releases.
     - "It is recommended to use `self.log(..., sync_dist=True)`" for the callbacks' values, already global.
     """
-    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+    for name in _LIGHTNING_LOGGERS:
         logging.getLogger(name).addFilter(_UpstreamNoise())
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
     # layerwise's callbacks log per-layer values already reduced over every process (their metric states are

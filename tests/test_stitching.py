@@ -301,18 +301,24 @@ def test_stitched_trains_with_layerwise_fit(tmp_path):
     )
 
 
+def tiny_gpt2_and_text(tmp_path, layers: int) -> tuple[str, str]:
+    """A random byte-level GPT-2 folder (d = 32) and 100 numbered lines of text for `layerwise stitch`."""
+    folder = str(tmp_path / "gpt2")
+    torch.manual_seed(0)
+    config = AutoConfig.for_model("gpt2", n_layer=layers, n_embd=32, n_head=4, vocab_size=260, n_positions=64)
+    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog {i * i}.\n" for i in range(100)))
+    return folder, str(text)
+
+
 def test_stitch_command_same_seed_same_penalties(tmp_path):
     import json
 
     from layerwise.cli import main as cli_main
 
-    folder = str(tmp_path / "gpt2")
-    torch.manual_seed(0)
-    config = AutoConfig.for_model("gpt2", n_layer=3, n_embd=32, n_head=4, vocab_size=260, n_positions=64)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    text = tmp_path / "text.txt"
-    text.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog {i * i}.\n" for i in range(100)))
-    base = ["stitch", "--model_a", folder, "--model_b", folder, "--text", str(text), "--tokenizer", "byte"]
+    folder, text = tiny_gpt2_and_text(tmp_path, layers=3)
+    base = ["stitch", "--model_a", folder, "--model_b", folder, "--text", text, "--tokenizer", "byte"]
     base += ["--block_size", "16", "--batch_size", "4", "--max_val_blocks", "8", "--accelerator", "cpu"]
     base += ["--pairs", "1:1", "2:2", "--steps", "6", "--warmup_steps", "1", "--lr", "0.5"]
 
@@ -410,13 +416,8 @@ def test_stitch_command_says_where_phi_comes_from_and_keeps_the_row_shape(tmp_pa
 
     from layerwise.cli import main as cli_main
 
-    folder = str(tmp_path / "gpt2")
-    torch.manual_seed(0)
-    config = AutoConfig.for_model("gpt2", n_layer=2, n_embd=32, n_head=4, vocab_size=260, n_positions=64)
-    AutoModelForCausalLM.from_config(config).save_pretrained(folder)
-    text = tmp_path / "text.txt"
-    text.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog {i * i}.\n" for i in range(100)))
-    base = ["stitch", "--model_a", folder, "--model_b", folder, "--text", str(text), "--tokenizer", "byte"]
+    folder, text = tiny_gpt2_and_text(tmp_path, layers=2)
+    base = ["stitch", "--model_a", folder, "--model_b", folder, "--text", text, "--tokenizer", "byte"]
     base += ["--block_size", "16", "--max_val_blocks", "8", "--accelerator", "cpu", "--pairs", "1:1", "--steps", "8"]
 
     def run(name: str, *options: str) -> tuple[dict, str]:
@@ -433,4 +434,4 @@ def test_stitch_command_says_where_phi_comes_from_and_keeps_the_row_shape(tmp_pa
     assert last["rows"][0]["best_step"] == 8 and set(last["rows"][0]) == set(capped["rows"][0])
     identity, _ = run("identity", "--phi", "identity")
     assert identity["rows"][0]["best_step"] is None and set(identity["rows"][0]) == set(capped["rows"][0])
-    assert identity["text"] == [str(text)] and identity["tokenizer"] == "byte" and identity["batch_size"] == 8
+    assert identity["text"] == [text] and identity["tokenizer"] == "byte" and identity["batch_size"] == 8

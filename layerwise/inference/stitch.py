@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Optional
 
+from layerwise.errors import lightning_lines_silenced
 from layerwise.inference._lazy import ANNOTATIONS_ONLY
 from layerwise.inference._options import TextSource, check_block_size, check_same_vocab, load_model_as, model_tokenizer
 from layerwise.inference.generation import num_blocks
@@ -62,26 +62,6 @@ def hold_in_tail(loader: Any, blocks: int) -> tuple[Any, Optional[Any]]:
     return part(range(size - held), True), part(range(size - held, size), False)
 
 
-@contextmanager
-def _quiet_fit_stop() -> Iterator[None]:
-    """Lightning's "`Trainer.fit` stopped: `max_steps=N` reached." silenced for every pair's fit.
-
-    Each pair's own line says where its phi comes from.
-    """
-    import logging
-
-    class Stop(logging.Filter):
-        def filter(self, record: logging.LogRecord) -> bool:
-            return not str(record.getMessage()).startswith("`Trainer.fit` stopped")
-
-    logger, stop = logging.getLogger("lightning.pytorch.utilities.rank_zero"), Stop()
-    logger.addFilter(stop)
-    try:
-        yield
-    finally:
-        logger.removeFilter(stop)
-
-
 def dev_slice_line(asked: int, dev_loader: Any, training: int, steps: int) -> str:
     """What ``layerwise stitch`` says before the sweep about the dev slice that chooses phi's step."""
     if dev_loader is None:
@@ -123,41 +103,47 @@ def stitch_sweep(
     from layerwise.lightning_modules.stitched import Stitched
 
     rows = []
-    for l_a, m_b in pairs:
-        if seed is not None:
-            pl.seed_everything(seed, workers=True, verbose=False)
-        module = Stitched(model_a, model_b, l_a, m_b, keep_best=dev_loader is not None, **module_options)
-        if module.phi.linear is not None and dev_loader is not None:
-            steps = trainer_options["max_steps"]
-            options = {"val_check_interval": max(1, steps // 20), "check_val_every_n_epoch": None}
-            trainer = pl.Trainer(**{**trainer_options, **options, "num_sanity_val_steps": -1})  # -1: the start too
-        else:
-            trainer = pl.Trainer(**trainer_options)
-        if module.phi.linear is not None:
-            if train_loader is None:
-                raise ValueError("A learned phi needs training data: give the training split (or use --phi identity).")
-            module.initialise_phi(train_loader)  # before fit, so that the sanity check measures the start
-            with warnings.catch_warnings(), _quiet_fit_stop():
-                # without a dev slice, validation runs after fit: not a missing loader; A and B are frozen in eval
-                # mode on purpose; a run of under 40 steps checks the dev slice after every step, as asked
-                warnings.filterwarnings("ignore", message=".*but have no `val_dataloader`")
-                warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode at the start of training")
-                warnings.filterwarnings("ignore", message=r".*val_check_interval=1\)` was configured")
-                trainer.fit(module, train_loader, dev_loader)
-        values = trainer.validate(module, val_loader, verbose=False)[0]
-        row = {"layer_a": l_a, "layer_b": m_b, **{key.split("/", 1)[1]: float(v) for key, v in values.items()}}
-        learned = module.phi.linear is not None
-        row["best_step"] = (module.best_step if module.keep_best else trainer.global_step) if learned else None
-        for name, datamodule in (extra or {}).items():
-            values = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
-            row.update({f"{name}_{key.split('/', 1)[1]}": float(v) for key, v in values.items()})
-        rows.append(row)
-        line = f"l={l_a} m={m_b}: penalty vs B {row['penalty_b']:+.4f} nats, vs A {row['penalty_a']:+.4f}"
-        if module.keep_best and row["best_step"] is not None:
-            line += f" (phi of step {row['best_step']}, the lowest dev loss)"
-        if "acc_drop_b" in row:
-            line += f"; accuracy drop vs B {100 * row['acc_drop_b']:+.2f} points, vs A {100 * row['acc_drop_a']:+.2f}"
-        report(line)
+    # Lightning's lines each pair would repeat: each pair's own line says where its phi comes from (not "fit stopped:
+    # max_steps reached"), and a run of under 40 steps checks the dev slice after every step, as asked
+    with lightning_lines_silenced("`Trainer.fit` stopped", "`Trainer(val_check_interval=1)`"):
+        for l_a, m_b in pairs:
+            if seed is not None:
+                pl.seed_everything(seed, workers=True, verbose=False)
+            module = Stitched(model_a, model_b, l_a, m_b, keep_best=dev_loader is not None, **module_options)
+            if module.phi.linear is not None and dev_loader is not None:
+                steps = trainer_options["max_steps"]
+                options = {"val_check_interval": max(1, steps // 20), "check_val_every_n_epoch": None}
+                trainer = pl.Trainer(**{**trainer_options, **options, "num_sanity_val_steps": -1})  # -1: the start too
+            else:
+                trainer = pl.Trainer(**trainer_options)
+            if module.phi.linear is not None:
+                if train_loader is None:
+                    raise ValueError(
+                        "A learned phi needs training data: give the training split (or use --phi identity)."
+                    )
+                module.initialise_phi(train_loader)  # before fit, so that the sanity check measures the start
+                with warnings.catch_warnings():
+                    # without a dev slice, validation runs after fit: not a missing loader; A and B are frozen in eval
+                    # mode on purpose
+                    warnings.filterwarnings("ignore", message=".*but have no `val_dataloader`")
+                    warnings.filterwarnings("ignore", message=r".*module\(s\) in eval mode at the start of training")
+                    trainer.fit(module, train_loader, dev_loader)
+            values = trainer.validate(module, val_loader, verbose=False)[0]
+            row = {"layer_a": l_a, "layer_b": m_b, **{key.split("/", 1)[1]: float(v) for key, v in values.items()}}
+            learned = module.phi.linear is not None
+            row["best_step"] = (module.best_step if module.keep_best else trainer.global_step) if learned else None
+            for name, datamodule in (extra or {}).items():
+                values = trainer.validate(module, datamodule=datamodule, verbose=False)[0]
+                row.update({f"{name}_{key.split('/', 1)[1]}": float(v) for key, v in values.items()})
+            rows.append(row)
+            line = f"l={l_a} m={m_b}: penalty vs B {row['penalty_b']:+.4f} nats, vs A {row['penalty_a']:+.4f}"
+            if module.keep_best and row["best_step"] is not None:
+                line += f" (phi of step {row['best_step']}, the lowest dev loss)"
+            if "acc_drop_b" in row:
+                line += (
+                    f"; accuracy drop vs B {100 * row['acc_drop_b']:+.2f} points, vs A {100 * row['acc_drop_a']:+.2f}"
+                )
+            report(line)
     return rows
 
 
@@ -166,8 +152,7 @@ def stitch_markdown(rows: Sequence[dict[str, Any]]) -> str:
     keys = [key for key in rows[0] if key not in ("layer_a", "layer_b")]
     lines = ["| l (A) | m (B) | " + " | ".join(keys) + " |", "|" + "---|" * (2 + len(keys))]
     for row in rows:
-        cells = [f"{row[k]:.4f}" if isinstance(row.get(k), float) else str(row.get(k, "-")) for k in keys]
-        cells = ["-" if cell == "None" else cell for cell in cells]
+        cells = [f"{v:.4f}" if isinstance(v, float) else "-" if v is None else str(v) for v in map(row.get, keys)]
         lines.append(f"| {row['layer_a']} | {row['layer_b']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -362,9 +347,11 @@ def stitch(
         precision=precision or "32-true",
         num_sanity_val_steps=0,
     )
-    train_loader, dev_loader = hold_in_tail(data.train_dataloader(), dev_blocks) if stage == "fit" else (None, None)
-    if train_loader is not None:
-        print(dev_slice_line(dev_blocks, dev_loader, len(data.train_dataloader().dataset), steps))
+    train_loader, dev_loader = None, None
+    if stage == "fit":
+        training = data.train_dataloader()
+        train_loader, dev_loader = hold_in_tail(training, dev_blocks)
+        print(dev_slice_line(dev_blocks, dev_loader, len(training.dataset), steps))
     rows = stitch_sweep(
         first,
         second,

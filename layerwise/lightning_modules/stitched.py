@@ -267,7 +267,6 @@ class Stitched(LightningModule):
         if self._selecting():  # a dev check during fit: the stitched loss only (token-weighted, summed over ranks)
             weighted = torch.stack([stitched.detach().double() * count, count.to(stitched.device).double()])
             self._dev_sum = weighted if self._dev_sum is None else self._dev_sum + weighted
-            self.log("val/loss_stitched", stitched, batch_size=int(count), sync_dist=True)
             return
         with torch.no_grad():
             loss_a, _, correct_a = self.loss(self.model_a(**self._inputs(batch)).logits, batch)
