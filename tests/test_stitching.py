@@ -409,7 +409,7 @@ def test_stitch_default_recipe_converges_on_the_rotated_copy(rotated_copy, seed)
     assert all(abs(penalty) <= 1e-4 for penalty in penalties), penalties
 
 
-def test_stitch_command_says_where_phi_comes_from_and_keeps_the_row_shape(tmp_path, capsys):
+def test_stitch_command_says_where_phi_comes_from_and_keeps_the_row_shape(tmp_path, capsys, caplog):
     """Found by trying the command: --steps under 200 ran into the default warm-up; the dev slice was dropped or
     capped without a word; best_step vanished from the rows with --dev_blocks 0."""
     import json
@@ -429,6 +429,8 @@ def test_stitch_command_says_where_phi_comes_from_and_keeps_the_row_shape(tmp_pa
     assert capped["warmup_steps"] == 0 and 0 < held < 100000  # a tenth of 8 steps; a tenth of the training blocks
     assert f"the last {held} of " in printed and "(--dev_blocks 100000 capped at a tenth)" in printed
     assert "among its start and 8 checks" in printed and "Trainer.fit` stopped" not in printed
+    lightning_lines = [record.getMessage() for record in caplog.records if record.name.startswith("lightning")]
+    assert not [line for line in lightning_lines if line.startswith(("`Trainer.fit` stopped", "`Trainer(val_check"))]
     last, printed = run("last", "--dev_blocks", "0")
     assert "no dev slice (--dev_blocks 0): phi of the last step." in printed
     assert last["rows"][0]["best_step"] == 8 and set(last["rows"][0]) == set(capped["rows"][0])
