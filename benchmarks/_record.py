@@ -31,9 +31,15 @@ def _cpu_model() -> str:
 
 
 def _commit() -> str:
-    result = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=RECORDED.parent
-    )
+    # A copy of the tree without git (the device machine) names its commit in LAYERWISE_COMMIT.
+    if os.environ.get("LAYERWISE_COMMIT"):
+        return os.environ["LAYERWISE_COMMIT"]
+    try:
+        result = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=RECORDED.parent
+        )
+    except OSError:
+        return "unknown"
     return result.stdout.strip() or "unknown"
 
 
@@ -47,6 +53,7 @@ def machine() -> dict[str, Any]:
         "cores": cores,
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "torch": torch.__version__,
         "load_average_1min": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
     }
 

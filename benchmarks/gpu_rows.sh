@@ -4,11 +4,24 @@
 #   24.1  the full analysis on a DeiT-S-sized ViT, <= 1.05x a validation epoch without it -> callback_overhead_deit_s_cuda
 #   24.2  depth-wise coupling at GPT-2-small's shape (12 x 768, 64 tokens), >= 24x the authors' method -> coupling_gpu
 #   24.3  cross-model CKA, precision="fast" <= 1.2x the two forwards at GPT-2-small, error <= 1e-4 -> compare_precision_cuda
-# About 5 minutes on an H100 (estimated, not yet run: no GPU has been lent to this project's sessions so far).
-#   bash benchmarks/gpu_rows.sh            # from the repository root, in the project's environment
-set -euo pipefail
+# The rows are independent: one that fails (or runs past its ROW_TIMEOUT seconds) is reported and the others still run;
+# the script exits non-zero if any failed.
+#   bash benchmarks/gpu_rows.sh                 # from the repository root, in the project's environment
+#   PYTHON=python3 ROW_TIMEOUT=200 bash benchmarks/gpu_rows.sh
+set -uo pipefail
 cd "$(dirname "$0")/.."
-python -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name())"
-python benchmarks/callback_overhead.py --device cuda --cases deit_s --num-samples 1024 --batch-size 64 --repeats 3
-python benchmarks/coupling.py --device cuda --layers 12 --dim 768 --heads 12 --tokens 64 --repeats 3 --record coupling_gpu
-python benchmarks/compare_precision.py --device cuda --batch 8 --tokens 256 --batches 4 --repeats 3
+PY="${PYTHON:-python}"
+T="${ROW_TIMEOUT:-300}"
+"$PY" -c "import torch; assert torch.cuda.is_available(), 'no CUDA device'; print(torch.cuda.get_device_name(), torch.__version__)" || exit 1
+failed=()
+row() {
+    local name=$1; shift
+    echo "=== $name: $*"
+    local start=$SECONDS
+    timeout "$T" "$PY" "$@" || failed+=("$name (exit $?)")
+    echo "=== $name took $((SECONDS - start)) s"
+}
+row 24.2 benchmarks/coupling.py --device cuda --layers 12 --dim 768 --heads 12 --tokens 64 --repeats 3 --record coupling_gpu
+row 24.3 benchmarks/compare_precision.py --device cuda --batch 8 --tokens 256 --batches 4 --repeats 3
+row 24.1 benchmarks/callback_overhead.py --device cuda --cases deit_s --num-samples 1024 --batch-size 64 --repeats 3
+if ((${#failed[@]})); then echo "failed: ${failed[*]}"; exit 1; fi
