@@ -14,6 +14,11 @@ further batch of a long comparison costs. Medians over all repeats. The error is
 between the fast and the exact CKA matrices (every layer pair) of the same comparison.
 
     python benchmarks/compare_precision.py --device cpu --batch 2 --tokens 256 --batches 3 --repeats 3
+
+On a GPU, ``--matmul-precision high`` runs the whole process as a user who follows Lightning's advice
+(``torch.set_float32_matmul_precision("high")``) would: float32 products on TF32 tensor cores, the forwards and the
+fast mode's products alike; ``--dtype bfloat16`` runs both models in bfloat16. Each variant is recorded under its own
+name (``compare_precision_cuda``, ``..._tf32``, ``..._bf16``).
 """
 
 import argparse
@@ -37,7 +42,8 @@ hf_logging.set_verbosity_error()
 def build(args: argparse.Namespace, seed: int) -> torch.nn.Module:
     torch.manual_seed(seed)
     config = AutoConfig.for_model("gpt2", n_layer=args.layers, n_embd=args.dim, n_head=args.heads, vocab_size=50257)
-    return AutoModelForCausalLM.from_config(config).base_model.to(args.device).eval()
+    model = AutoModelForCausalLM.from_config(config).base_model
+    return model.to(args.device, getattr(torch, args.dtype)).eval()
 
 
 def sync(device: str) -> None:
@@ -55,7 +61,15 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--batches", type=int, default=3, help="batches per comparison (>= 2)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the models' dtype")
+    parser.add_argument(
+        "--matmul-precision",
+        choices=["highest", "high"],
+        default="highest",
+        help="torch.set_float32_matmul_precision for the whole run (high: TF32 on a GPU)",
+    )
     args = parser.parse_args()
+    torch.set_float32_matmul_precision(args.matmul_precision)
     load_before = load_now()
     a, b = build(args, 0), build(args, 1)
     generator = torch.Generator().manual_seed(2)
@@ -98,7 +112,10 @@ def main() -> None:
         errors.append(float((fast - exact).abs().max()))
     medians = {name: statistics.median(values) for name, values in times.items()}
     tokens = args.batch * args.tokens
-    print(f"\n{args.layers} x {args.dim} models, {tokens} tokens per batch, {args.device}, medians of {args.repeats}")
+    print(
+        f"\n{args.layers} x {args.dim} models ({args.dtype}, float32 matmul precision {args.matmul_precision!r}), "
+        f"{tokens} tokens per batch, {args.device}, medians of {args.repeats}"
+    )
     print(f"{'per batch':<58}{'s':>9}{'ratio':>9}")
     rows = {
         "plain": "A and B forward, no hooks",
@@ -112,6 +129,8 @@ def main() -> None:
         "shape": f"{args.layers}x{args.dim}",
         "tokens_per_batch": tokens,
         "device": args.device,
+        "dtype": args.dtype,
+        "matmul_precision": args.matmul_precision,
         "plain_s": round(medians["plain"], 3),
         "exact_s": round(medians["exact"], 3),
         "fast_s": round(medians["fast"], 3),
@@ -122,7 +141,9 @@ def main() -> None:
         "repeats": args.repeats,
         "batches": len(batches),
     }
-    record("compare_precision" if args.device == "cpu" else f"compare_precision_{args.device}", values, load_before)
+    name = "compare_precision" if args.device == "cpu" else f"compare_precision_{args.device}"
+    name += {"float32": "", "bfloat16": "_bf16"}[args.dtype] + {"highest": "", "high": "_tf32"}[args.matmul_precision]
+    record(name, values, load_before)
 
 
 if __name__ == "__main__":
