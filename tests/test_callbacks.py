@@ -324,6 +324,34 @@ def test_non_finite_samples_are_skipped_counted_and_named_never_poisoning_the_re
     assert fit.current_epoch == 2 and read_summary(tmp_path / "fit", epoch=1)["n_nonfinite"] == 3
 
 
+def test_the_last_batch_is_fed_at_the_end_and_a_failed_epoch_leaves_no_batch_behind(tmp_path):
+    # Each batch is fed when the next arrives (its non-finite check travels to the host meanwhile): the last one,
+    # NaN row included, is fed when the states are reduced; an epoch that fails keeps nothing for the next one.
+    x, y = val_loader(N).dataset.tensors
+    poisoned = x.clone()
+    poisoned[99, 0, 0, 0] = float("nan")  # in the ragged last batch
+    callback = LayerwiseAnalysis(log_figures=False)
+    with pytest.warns(UserWarning, match=r"skipped 1 val samples"):
+        trainer(tmp_path / "last", [callback]).validate(
+            fitted_module(), DataLoader(TensorDataset(poisoned, y), batch_size=16), verbose=False
+        )
+    summary = read_summary(tmp_path / "last")
+    assert summary["n_nonfinite"] == 1 and summary["num_samples"] == N - 1
+
+    class FailsAtBatch(Standard):
+        def validation_step(self, batch, batch_idx):
+            if batch_idx == 3:
+                raise RuntimeError("boom")
+            return super().validation_step(batch, batch_idx)
+
+    failing = FailsAtBatch(fitted_module().backbone)
+    with pytest.raises(RuntimeError, match="boom"):
+        trainer(tmp_path / "failed", [callback]).validate(failing, val_loader(N), verbose=False)
+    assert all(state.pending is None for state in callback._states)
+    trainer(tmp_path / "again", [callback]).validate(fitted_module(), val_loader(N), verbose=False)
+    assert read_summary(tmp_path / "again")["num_samples"] == N
+
+
 # ----------------------------------------------------------------------------------------- loggers and JSON
 @pytest.mark.parametrize(("max_steps", "warns"), [(4, False), (3, True)])
 def test_a_fit_ending_at_max_steps_is_analysed_or_warned_about(tmp_path, max_steps, warns, recwarn):
@@ -536,6 +564,7 @@ class StateProbe(LayerwiseAnalysis):
 
     def _finish(self, trainer, pl_module):
         self.states = {}
+        self._states[0].feed_pending()  # the last batch is fed when the states are reduced: feed it now
         metrics = self._states[0].metrics
         for metric in metrics:
             for name, value in metric.metric_state.items():

@@ -398,6 +398,48 @@ def test_nc1_matches_pinv_reference(dim, classes):
     assert (out > 0).all()
 
 
+@pytest.mark.parametrize(("dim", "classes"), [(40, 10), (8, 30)])  # A^T A (K x K) and A A^T (d x d)
+@pytest.mark.parametrize("spread", [0.1, 1e-5])  # well determined (eigh), and a 1e5 range (the SVD)
+def test_nc1_left_singular_pairs_equal_numpy_svd(monkeypatch, dim, classes, spread):
+    from layerwise.metrics import functional
+
+    g = torch.Generator().manual_seed(23)
+    a = torch.randn(L, dim, classes, generator=g, dtype=torch.float64)
+    a = a - a.mean(dim=2, keepdim=True)  # centred columns: rank min(d, K - 1)
+    rank = min(dim, classes - 1)
+    left, _, right = torch.linalg.svd(a, full_matrices=False)
+    values = torch.logspace(0, np.log10(spread), rank, dtype=torch.float64)  # from 1 down to `spread`
+    a = left[..., :rank] @ torch.diag(values) @ right[..., :rank, :]
+    svd_calls = []
+    svd = torch.linalg.svd
+    monkeypatch.setattr(torch.linalg, "svd", lambda *args, **kw: svd_calls.append(1) or svd(*args, **kw))
+    u, s = functional._left_singular(a)
+    assert bool(svd_calls) == (spread < 1e-3)
+    for layer in range(L):
+        ref_u, ref_s, _ = np.linalg.svd(a[layer].numpy(), full_matrices=False)
+        np.testing.assert_allclose(s[layer, :rank].numpy(), ref_s[:rank], rtol=1e-10)
+        # each direction up to sign: |<u_j, ref_u_j>| = 1
+        overlap = np.abs(np.sum(u[layer, :, :rank].numpy() * ref_u[:, :rank], axis=0))
+        np.testing.assert_allclose(overlap, 1.0, atol=1e-8)
+
+
+def test_nc1_with_a_narrow_class_direction_matches_pinv_reference(monkeypatch):
+    g = torch.Generator().manual_seed(24)
+    targets = torch.arange(60) % 6
+    means = torch.randn(6, 4, generator=g, dtype=torch.float64)
+    h = means[targets].expand(L, -1, -1) + 0.1 * torch.randn(L, 60, 4, generator=g, dtype=torch.float64)
+    wide = nc1(h, targets, 6)
+    h[..., 0] *= 1e-4  # d = 4 <= K - 1: Sigma_B now spans about 1e8 in eigenvalue, the SVD path
+    svd_calls = []
+    svd = torch.linalg.svd
+    monkeypatch.setattr(torch.linalg, "svd", lambda *args, **kw: svd_calls.append(1) or svd(*args, **kw))
+    expected = [ref_nc1(h[layer].numpy(), targets.numpy()) for layer in range(L)]
+    narrow = nc1(h, targets, 6)
+    np.testing.assert_allclose(narrow.numpy(), expected, rtol=1e-6)
+    assert svd_calls
+    torch.testing.assert_close(narrow, wide, rtol=1e-8, atol=0)  # NC1 is invariant under rescaling a feature
+
+
 def test_nc1_collapsed_features_and_large_mean():
     g = torch.Generator().manual_seed(21)
     targets = torch.randint(0, 5, (50,), generator=g)

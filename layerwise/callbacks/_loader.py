@@ -1,8 +1,9 @@
 """What one evaluation dataloader accumulates for a LayerwiseMonitor, and its reduction to global results."""
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, NamedTuple, Optional
 
+import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torchmetrics import Metric
@@ -10,8 +11,18 @@ from torchmetrics import Metric
 from layerwise.callbacks._batch import layer_batch as make_layer_batch
 from layerwise.callbacks._output import FeatureSaver
 from layerwise.callbacks._sampling import rank_indices, real_samples_on_rank
-from layerwise.callbacks.family import Family, LayerSpec
+from layerwise.callbacks.family import Family, LayerBatch, LayerSpec
 from layerwise.metrics import NonFiniteRows, SampleCount, all_reduce_sum_states
+
+
+class _Pending(NamedTuple):
+    """A batch whose non-finite check is still on its way to the host (read when the next batch arrives)."""
+
+    batch: LayerBatch
+    bad: Tensor  # (L, N) bool, on the batch's device
+    any_bad: Tensor  # 0-dim bool on the host, written by a non-blocking copy
+    copied: Optional[torch.cuda.Event]  # recorded after that copy (None on the CPU: nothing in flight)
+    save_features: bool
 
 
 @dataclass
@@ -24,6 +35,7 @@ class LoaderState:
     nonfinite: NonFiniteRows
     budget: Optional[int] = None
     saver: FeatureSaver = field(default_factory=FeatureSaver)
+    pending: Optional[_Pending] = None
 
     @classmethod
     def build(cls, families: list[Family], spec: LayerSpec) -> "LoaderState":
@@ -40,7 +52,13 @@ class LoaderState:
         self.saver.indices = rank_indices(loader) if keep_indices else None
 
     def collect(self, outputs: dict[str, Any], selection: Tensor, token_stride: int, save_features: bool) -> None:
-        """Feed one batch's real samples (the sampler's padding dropped, non-finite rows counted and skipped)."""
+        """Feed one batch's real samples (the sampler's padding dropped, non-finite rows counted and skipped).
+
+        Whether a batch holds non-finite rows is known on the device; reading it on the host would stall the loop
+        until the batch's forward has run (on a GPU, the next batch could no longer be prepared meanwhile). So the
+        answer travels by a non-blocking copy, and the batch is fed when the next one arrives (or at
+        :meth:`reduce`): by then the copy has long landed. The metrics see the same batches in the same order.
+        """
         layer_batch, used = make_layer_batch(outputs, selection, self.budget, token_stride)
         if self.budget is not None:
             self.budget -= used
@@ -48,8 +66,25 @@ class LoaderState:
             return
         if layer_batch.targets is None or layer_batch.readout.nll is None:
             raise ValueError("The batch holds no targets: the analysis needs labels ('labels' key or batch[1]).")
+        self.feed_pending()
         bad = layer_batch.nonfinite_rows()
-        if bool(bad.any()):  # skipped and counted: one NaN sample must not abort training or poison the others
+        if bad.is_cuda:
+            any_bad = torch.empty((), dtype=torch.bool, pin_memory=True).copy_(bad.any(), non_blocking=True)
+            copied: Optional[torch.cuda.Event] = torch.cuda.Event()
+            copied.record()
+        else:
+            any_bad, copied = bad.any(), None
+        self.pending = _Pending(layer_batch, bad, any_bad, copied, save_features)
+
+    def feed_pending(self) -> None:
+        """Feed the batch whose non-finite check was still in flight (waits for that copy only)."""
+        if self.pending is None:
+            return
+        layer_batch, bad, any_bad, copied, save_features = self.pending
+        self.pending = None
+        if copied is not None:
+            copied.synchronize()
+        if bool(any_bad):  # skipped and counted: one NaN sample must not abort training or poison the others
             self.nonfinite.update(bad)
             layer_batch = layer_batch.keep(~bad.any(dim=0))
             if layer_batch.features.shape[1] == 0:
@@ -62,6 +97,7 @@ class LoaderState:
 
     def reduce(self, spec: LayerSpec, stage: str, owner: str) -> tuple[int, dict[str, Any]]:
         """One all-reduce, then the number of samples and every family's results (a collective: every rank)."""
+        self.feed_pending()
         all_reduce_sum_states(self.metrics)
         num_samples = int(self.count.compute().item())
         nonfinite = self.nonfinite.per_layer  # the reduced state: compute() would warn when nothing was updated
@@ -78,5 +114,6 @@ class LoaderState:
 
     def reset(self) -> None:
         """Zero every metric for the next epoch (also after a failed one)."""
+        self.pending = None
         for metric in self.metrics:
             metric.reset()

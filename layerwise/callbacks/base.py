@@ -231,6 +231,7 @@ class LayerwiseMonitor(Callback):
                 families = self.families if index == 0 else copy.deepcopy(self.families)
                 self._states.append(LoaderState.build(families, spec))
             self._selection = torch.tensor([number - 1 for number in numbers])
+        self._selection = self._selection.to(pl_module.device)  # once, not a host-to-device copy at every batch
         for state in self._states:  # already zero: fresh, or reset when the last epoch finished or failed
             for metric in state.metrics:
                 metric.to(pl_module.device)
@@ -277,8 +278,13 @@ class LayerwiseMonitor(Callback):
 
     def _log_scalars(self, trainer: Trainer, pl_module: LightningModule, scalars: dict[str, float]) -> None:
         # Through Lightning, so that ModelCheckpoint(monitor=...), EarlyStopping and every logger see the values by
-        # design. They are already global (the states were reduced above): no sync, no collective per scalar.
-        pl_module.log_dict(scalars, sync_dist=False, on_step=False, on_epoch=True, add_dataloader_idx=False)
+        # design. They are already global (the states were reduced above): no sync, no collective per scalar. As
+        # host tensors: Lightning would copy each Python number to the module's device (hundreds of tiny copies to
+        # a GPU, each one waited for) only for the loggers to read it back.
+        values = torch.tensor(list(scalars.values()), dtype=torch.get_default_dtype()).unbind() if scalars else ()
+        pl_module.log_dict(
+            dict(zip(scalars, values)), sync_dist=False, on_step=False, on_epoch=True, add_dataloader_idx=False
+        )
         stage = next(iter(scalars), "val").split("/")[0]
         if trainer.is_global_zero and stage not in self._charts_logged:
             self._charts_logged[stage] = list(scalars)

@@ -470,6 +470,33 @@ def _nc1_update(
     return counts, class_sums, x.transpose(1, 2) @ x
 
 
+_EIGH_RANGE = 1e-6  # eigenvalues of a Gram matrix above this fraction of its largest: accurate to ~1e-10 relative
+
+
+def _left_singular(a: Tensor) -> tuple[Tensor, Tensor]:
+    """Left singular vectors (L, d, r) and values (L, r), descending, of each (d, K) matrix of ``a`` (L, d, K).
+
+    From ``eigh`` of the smaller Gram matrix (A A^T or A^T A) when every direction of the expected rank
+    min(d, K - 1) (the columns are centred) is well determined, i.e. its eigenvalue is above ``_EIGH_RANGE`` times
+    the largest: an eigenvalue of a float64 Gram matrix is off by about eps * lambda_max, so these are exact to
+    ~1e-10 relative, and the structural null direction is dropped as the SVD's threshold drops it. Otherwise (a
+    between-class spread of more than 1e3 in standard deviation, or fewer directions) the SVD itself. On a GPU
+    ``eigh`` is the cheaper by far: 42 ms against 228 ms for 12 x (384 x 1000), an H100 (``svd`` there runs batched
+    Jacobi rotations).
+    """
+    dim, k = a.shape[-2:]
+    rank = min(dim, k - 1)
+    if rank >= 1:
+        small_side = a @ a.transpose(-1, -2) if dim <= k else a.transpose(-1, -2) @ a
+        eigenvalues, vectors = torch.linalg.eigh(small_side)  # ascending
+        eigenvalues, vectors = eigenvalues.flip(-1)[..., :rank], vectors.flip(-1)[..., :rank]
+        if bool((eigenvalues[..., -1] > _EIGH_RANGE * eigenvalues[..., 0]).all()):
+            s = eigenvalues.sqrt()
+            return (vectors if dim <= k else (a @ vectors) / s.unsqueeze(-2)), s
+    u, s, _ = torch.linalg.svd(a, full_matrices=False)
+    return u, s
+
+
 def _nc1_compute(class_counts: Tensor, class_sums: Tensor, second_moment: Tensor) -> Tensor:
     """NC1 (L,) = (1/K) tr(Sigma_W Sigma_B^+) over the K classes present; NaN with fewer than 2 distinct means.
 
@@ -477,7 +504,7 @@ def _nc1_compute(class_counts: Tensor, class_sums: Tensor, second_moment: Tensor
     pseudo-inverse comes from the SVD A = U S V^T: NC1 = sum_j u_j^T Sigma_W u_j / s_j^2 over s_j above
     max(d, K) * eps * s_max. A is centred twice: the second pass removes the rounding residue of the first,
     which for features with a large common mean would otherwise leave a spurious singular value in the null
-    direction of Sigma_B (rank <= K - 1) and be inverted.
+    direction of Sigma_B (rank <= K - 1) and be inverted. U and S come from :func:`_left_singular`.
     """
     num_layers, _, dim = class_sums.shape
     present = class_counts > 0
@@ -492,7 +519,7 @@ def _nc1_compute(class_counts: Tensor, class_sums: Tensor, second_moment: Tensor
     centred = centred - centred.mean(dim=1, keepdim=True)
     finite = centred.isfinite().all(dim=(1, 2)) & within.isfinite().all(dim=(1, 2))  # inf features: NaN, no SVD error
     centred, within = centred.nan_to_num(0.0, 0.0, 0.0), within.nan_to_num(0.0, 0.0, 0.0)
-    u, s, _ = torch.linalg.svd(centred.transpose(1, 2), full_matrices=False)  # u (L, d, r), s (L, r)
+    u, s = _left_singular(centred.transpose(1, 2))  # u (L, d, r), s (L, r)
     keep = s > max(dim, num_present) * torch.finfo(_F64).eps * s[:, :1]
     projected = torch.einsum("ldj,lde,lej->lj", u, within, u)
     nc1 = torch.where(keep, projected / s.square().clamp_min(torch.finfo(_F64).tiny), 0.0).sum(dim=1)

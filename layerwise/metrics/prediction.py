@@ -173,6 +173,7 @@ class EarlyExit(_SumStateMetric):
         self.depth = max(numbers) if depth is None else _check_positive_int("depth", depth)
         if self.depth < max(numbers):
             raise ValueError(f"Expected `depth` >= max(layer_numbers) = {max(numbers)}, got {depth}.")
+        self._thresholds_tensor: Optional[Tensor] = None
         self._add_sum_state("correct", (len(self.thresholds),))
         self._add_sum_state("exit_counts", (len(self.thresholds), num_layers))
         self._add_sum_state("count", ())
@@ -185,7 +186,11 @@ class EarlyExit(_SumStateMetric):
         self.count += batch_size
 
     def _thresholds(self) -> Tensor:
-        return torch.tensor(self.thresholds, dtype=torch.float64, device=self.count.device)
+        # made once per device: a tensor built from a list on a GPU is a copy the host waits for, at every batch
+        device = self.count.device
+        if self._thresholds_tensor is None or self._thresholds_tensor.device != device:
+            self._thresholds_tensor = torch.tensor(self.thresholds, dtype=torch.float64, device=device)
+        return self._thresholds_tensor
 
     def compute(self) -> dict[str, Tensor]:
         """Return ``{"accuracy": (T,), "exit_counts": (T, L), "speedup": (T,)}``."""
