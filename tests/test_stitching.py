@@ -78,8 +78,8 @@ def oracle():
     return a, b, q, DataLoader(rows[:64], batch_size=8, shuffle=True), DataLoader(rows[64:], batch_size=8)
 
 
-def quiet_trainer(steps: int) -> pl.Trainer:
-    return pl.Trainer(
+def quiet_trainer(steps: int, **kwargs) -> pl.Trainer:
+    options = dict(
         accelerator="cpu",
         max_steps=steps,
         logger=False,
@@ -88,6 +88,7 @@ def quiet_trainer(steps: int) -> pl.Trainer:
         enable_checkpointing=False,
         gradient_clip_val=1.0,
     )
+    return pl.Trainer(**{**options, **kwargs})
 
 
 def test_the_rotated_model_computes_the_same_function(oracle):
@@ -164,18 +165,8 @@ def test_keep_best_ends_at_the_checked_step_with_the_lowest_dev_loss(oracle):
     stitched = Stitched(a, b, 1, 1, lr=0.1, warmup_steps=2, max_steps=12, keep_best=True).double()
     stitched.initialise_phi(fit_loader)
     start = stitched.phi.weight.detach().clone()
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        max_steps=12,
-        val_check_interval=3,
-        check_val_every_n_epoch=None,
-        num_sanity_val_steps=-1,
-        callbacks=[Record()],
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        gradient_clip_val=1.0,
+    trainer = quiet_trainer(
+        12, val_check_interval=3, check_val_every_n_epoch=None, num_sanity_val_steps=-1, callbacks=[Record()]
     )
     trainer.fit(stitched, fit_loader, dev_loader)
     assert [step for step, _ in checks] == [0, 3, 6, 9, 12]
@@ -201,16 +192,12 @@ def test_keep_best_dev_loss_is_the_whole_dev_slice_on_two_processes(oracle):
         stitched = Stitched(a, b, 1, 1, lr=0.0, warmup_steps=1, max_steps=4, keep_best=True).double()
         stitched.initialise_phi(fit_loader)
         options = dict(devices=2, strategy="ddp_fork") if devices == 2 else {}
-        trainer = pl.Trainer(
-            accelerator="cpu",
-            max_steps=4,
+        trainer = quiet_trainer(
+            4,
             val_check_interval=2,
             check_val_every_n_epoch=None,
             num_sanity_val_steps=-1,
-            logger=False,
-            enable_progress_bar=False,
-            enable_model_summary=False,
-            enable_checkpointing=False,
+            gradient_clip_val=None,
             **options,
         )
         trainer.fit(stitched, fit_loader, dev_loader)  # with ddp_fork, the metrics come back from rank 0
