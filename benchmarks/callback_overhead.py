@@ -43,7 +43,8 @@ from typing import Any, Optional
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from lightning.pytorch.loggers import TensorBoardLogger
-from torch.utils.data import DataLoader, Subset, TensorDataset
+from torch import Tensor
+from torch.utils.data import DataLoader, Dataset, Subset
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _record import load_now, record  # noqa: E402
@@ -342,43 +343,183 @@ def _fit_quickstart(epochs: int, analysis: bool, root: str) -> float:
 
 
 def quickstart_fit_case(args: argparse.Namespace) -> None:
-    """The user's view: a whole quickstart fit with the analysis (figures at their default cadence) against none."""
-    times: dict[bool, list[float]] = {False: [], True: []}
+    """The user's view: a whole quickstart fit with the analysis drawing every epoch's figures, against none; the
+    figures drawn by the drawing process (the default) and by a thread (``LAYERWISE_DRAW_IN_THREAD=1``)."""
+    configs = {"off": (False, False), "LayerwiseAnalysis(), drawing process": (True, False)}
+    configs["LayerwiseAnalysis(), drawing thread"] = (True, True)
+    times: dict[str, list[float]] = {name: [] for name in configs}
     root = tempfile.mkdtemp(prefix="layerwise_bench_fit_")
     try:
         for _ in range(args.fit_repeats):
-            for analysis in (False, True):
-                times[analysis].append(_fit_quickstart(args.fit_epochs, analysis, root))
+            for name, (analysis, thread) in configs.items():
+                os.environ["LAYERWISE_DRAW_IN_THREAD"] = "1" if thread else "0"
+                times[name].append(_fit_quickstart(args.fit_epochs, analysis, root))
     finally:
+        os.environ.pop("LAYERWISE_DRAW_IN_THREAD", None)
         shutil.rmtree(root, ignore_errors=True)
-    off = statistics.median(times[False])
+    off = statistics.median(times["off"])
     print(
         f"\n(d) quickstart fit, {args.fit_epochs} epochs, TensorBoard logger both ways, LayerwiseAnalysis() with "
-        f"figures every epoch (drawn in a background thread), median of {args.fit_repeats} interleaved rounds"
+        f"figures every epoch, median of {args.fit_repeats} interleaved rounds"
     )
-    print(f"{'configuration':<38}{'fit s':>9}{'(min-max)':>17}{'ratio':>8}")
-    for name, runs in (("off", times[False]), ("LayerwiseAnalysis(), TensorBoard", times[True])):
+    print(f"{'configuration':<40}{'fit s':>9}{'(min-max)':>17}{'ratio':>8}")
+    for name, runs in times.items():
         print(
-            f"{name:<38}{statistics.median(runs):>9.2f}{f'({min(runs):.1f}-{max(runs):.1f})':>17}"
+            f"{name:<40}{statistics.median(runs):>9.2f}{f'({min(runs):.1f}-{max(runs):.1f})':>17}"
             f"{statistics.median(runs) / off:>7.3f}x"
         )
     if not args.quick:
-        on = statistics.median(times[True])
+        process, thread = (statistics.median(times[name]) for name in list(configs)[1:])
         record(
             "callback_overhead_fit",
-            {"fit_seconds_off": round(off, 1), "fit_seconds_analysis": round(on, 1), "ratio": round(on / off, 3)},
+            {
+                "epochs": args.fit_epochs,
+                "fit_seconds_off": round(off, 1),
+                "fit_seconds_analysis_process": round(process, 1),
+                "fit_seconds_analysis_thread": round(thread, 1),
+                "ratio_process": round(process / off, 3),
+                "ratio_thread": round(thread / off, 3),
+                "rounds": args.fit_repeats,
+            },
             LOAD_BEFORE,
         )
 
 
+def _summary_figures_of(path: str) -> dict[str, Any]:
+    """The figures of one summary JSON (a FigureJob's function: importable by the drawing process)."""
+    from layerwise.figures.summary import summary_figures
+    from layerwise.results import load_summary
+
+    return summary_figures(load_summary(Path(path)))
+
+
+def drawing_case(args: argparse.Namespace) -> None:
+    """What drawing costs the training loop that runs meanwhile: the figures of one quickstart validation drawn
+    by a thread of the training process (how layerwise drew until 2026-11-26) or by the drawing process (now), while
+    the main thread runs training steps of the quickstart ViT (2 torch threads) or a loop of small torch calls
+    (what a GPU training step looks like to the host: launches). Side by side, alternating, medians."""
+    from layerwise.callbacks import _drawing
+    from layerwise.callbacks._loggers import ImageSink
+    from layerwise.results import find_summaries
+
+    seed_everything(0, verbose=False)
+    root = tempfile.mkdtemp(prefix="layerwise_bench_draw_")
+    data = DigitsDataModule(batch_size=64)
+    data.setup("fit")
+    model = _model(QUICKSTART_BACKBONE, "cpu").train()
+    Trainer(
+        accelerator="cpu",
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[LayerwiseAnalysis(log_figures=False, print_table=False)],
+        default_root_dir=root,
+    ).validate(model, data.val_dataloader(), verbose=False)
+    summary = str(find_summaries(Path(root), stage="val")[-1])
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    images, labels = next(iter(data.train_dataloader()))
+    small = torch.randn(64, 64)
+
+    def train_steps() -> None:
+        for _ in range(args.drawing_steps):
+            optimizer.zero_grad()
+            torch.nn.functional.cross_entropy(model(images), labels).backward()
+            optimizer.step()
+
+    def small_calls() -> None:
+        for _ in range(20000):
+            small.add(1.0)
+
+    sink = [ImageSink("null", lambda tag, image, step: None)]
+    jobs: dict[str, Optional[Callable[[], dict[str, Any]]]] = {
+        "no drawing": None,
+        "drawn by a thread": lambda: _summary_figures_of(summary),
+        # by its module's name, not __main__'s: the drawing process imports it
+        "drawn by the drawing process": _drawing.FigureJob(_importable(_summary_figures_of), (summary,)),
+    }
+    _drawing.draw_later(sink, 0, jobs["drawn by the drawing process"])  # start the process before timing
+    _drawing.wait_for_figures()
+    assert _drawing.drawn["process"] == 1, "the drawing process did not draw the job"
+    loops = {"training steps": train_steps, "small torch calls": small_calls}
+    times: dict[tuple[str, str], list[float]] = {(loop, job): [] for loop in loops for job in jobs}
+    drawing: dict[str, list[float]] = {job: [] for job in jobs}
+    for _ in range(args.drawing_repeats):
+        for loop_name, loop in loops.items():
+            for job_name, job in jobs.items():
+                start = time.perf_counter()
+                if job is not None:
+                    _drawing.draw_later(sink, 0, job)
+                loop()
+                times[loop_name, job_name].append(time.perf_counter() - start)
+                _drawing.wait_for_figures()
+                drawing[job_name].append(time.perf_counter() - start)
+    count = _count_figures(summary)
+    shutil.rmtree(root, ignore_errors=True)
+    print(
+        f"\n(e) the training loop while one quickstart validation's figures are drawn ({count} "
+        f"figures), {torch.get_num_threads()} torch threads, median of {args.drawing_repeats} interleaved rounds"
+    )
+    print(f"{'loop':<20}{'drawing':<32}{'loop s':>9}{'ratio':>8}{'until drawn s':>15}")
+    ratios = {}
+    for loop_name in loops:
+        base = statistics.median(times[loop_name, "no drawing"])
+        for job_name in jobs:
+            loop_s = statistics.median(times[loop_name, job_name])
+            ratios[loop_name, job_name] = loop_s / base
+            until = statistics.median(drawing[job_name])
+            print(f"{loop_name:<20}{job_name:<32}{loop_s:>9.3f}{loop_s / base:>7.2f}x{until:>15.3f}")
+    if not args.quick:
+        record(
+            "drawing_vs_training_loop",
+            {
+                f"{loop.replace(' ', '_')}_ratio_{job.split()[-1]}": round(ratios[loop, job], 3)
+                for loop in loops
+                for job in jobs
+                if job != "no drawing"
+            }
+            | {"rounds": args.drawing_repeats, "training_steps_per_loop": args.drawing_steps},
+            LOAD_BEFORE,
+        )
+
+
+def _importable(function: Callable) -> Callable:
+    """``function`` as an attribute of this file imported as a module (run as a script it lives in ``__main__``)."""
+    import importlib
+
+    return getattr(importlib.import_module(Path(__file__).stem), function.__name__)
+
+
+def _count_figures(path: str) -> int:
+    figures = _summary_figures_of(path)
+    for figure in figures.values():
+        figure.clear()
+    return len(figures)
+
+
+class _Cycled(Dataset):
+    """``length`` samples that cycle through a few stored random images (an ImageNet-sized epoch in little memory;
+    with random weights only the shapes matter for the cost)."""
+
+    def __init__(self, images: Tensor, labels: Tensor, length: int) -> None:
+        self.images, self.labels, self.length = images, labels, length
+
+    def __len__(self) -> int:
+        return self.length
+
+    def __getitem__(self, index: int) -> tuple[Tensor, Tensor]:
+        return self.images[index % len(self.images)], self.labels[index]
+
+
 def _deit_s_loader(args: argparse.Namespace) -> DataLoader:
-    """Random images and labels in host memory; ``--workers`` > 0: worker processes and pinned memory, as a user
-    would load ImageNet onto a GPU (the main process then only launches work)."""
-    images = torch.randn(args.num_samples, 3, 224, 224)
+    """Random images and labels in host memory (``--pool``: that many distinct images, cycled); ``--workers`` > 0:
+    worker processes and pinned memory, as a user would load ImageNet onto a GPU (the main process only launches)."""
+    stored = min(args.num_samples, args.pool or args.num_samples)
+    images = torch.randn(stored, 3, 224, 224)
     labels = torch.randint(0, 1000, (args.num_samples,))
     workers = dict(num_workers=args.workers, persistent_workers=True) if args.workers else {}
     pin = args.workers > 0 and args.device == "cuda"
-    return DataLoader(TensorDataset(images, labels), batch_size=args.batch_size, pin_memory=pin, **workers)
+    return DataLoader(_Cycled(images, labels, args.num_samples), batch_size=args.batch_size, pin_memory=pin, **workers)
 
 
 def deit_s_case(args: argparse.Namespace) -> None:
@@ -390,9 +531,10 @@ def deit_s_case(args: argparse.Namespace) -> None:
         # the ratios: untimed (timing the hooks synchronises a GPU around each of them, which the loop never does)
         Config("LayerwiseAnalysis(log_figures=False)", {"a": LayerwiseAnalysis(log_figures=False)}, timed=False),
         Config("LayerwiseAnalysis(), TensorBoard", {"a": LayerwiseAnalysis()}, tensorboard=True, timed=False),
-        # where the time goes: hooks and epoch-end parts timed (synchronised)
-        Config("LayerwiseAnalysis(), hooks timed", {"LayerwiseAnalysis": LayerwiseAnalysis(log_figures=False)}),
     ]
+    if not args.untimed_only:  # where the time goes: hooks and epoch-end parts timed (synchronised)
+        timed = {"LayerwiseAnalysis": LayerwiseAnalysis(log_figures=False)}
+        configs.append(Config("LayerwiseAnalysis(), hooks timed", timed))
     if not args.lean:
         standalone = {
             "LayerSimilarityMonitor": LayerSimilarityMonitor(),
@@ -425,7 +567,8 @@ def deit_s_case(args: argparse.Namespace) -> None:
                 "epoch_seconds_off": round(off, 4),
                 "epoch_seconds_analysis": round(watch, 4),
                 "epoch_seconds_analysis_drawing": round(draw, 4),
-                "epoch_end_seconds_timed": _median_parts(configs[3].finish_runs),
+                "epoch_end_seconds_timed": _median_parts(configs[3].finish_runs) if len(configs) > 3 else None,
+                "distinct_images": min(args.num_samples, args.pool or args.num_samples),
                 "num_samples": args.num_samples,
                 "batch_size": args.batch_size,
                 "loader_workers": args.workers,
@@ -509,8 +652,12 @@ def main() -> None:
     parser.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="auto: cuda if available")
     parser.add_argument("--cases", nargs="+", choices=CASES, default=list(CASES), help="which tables to print")
     parser.add_argument("--workers", type=int, default=0, help="DeiT-S case: loader worker processes (pinned on a GPU)")
+    parser.add_argument("--pool", type=int, default=0, help="DeiT-S case: distinct images, cycled (0: one per sample)")
+    parser.add_argument("--untimed-only", action="store_true", help="DeiT-S case: skip the row that times the hooks")
     parser.add_argument("--lean", action="store_true", help="DeiT-S case: skip the minibatch-CKA and standalone rows")
     parser.add_argument("--record-suffix", default="", help="appended to the record's name (e.g. _8192)")
+    parser.add_argument("--drawing-steps", type=int, default=24, help="drawing case: training steps per loop")
+    parser.add_argument("--drawing-repeats", type=int, default=5, help="drawing case: rounds")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: 8 DeiT-S samples, batch 4, 2 rounds each")
     args = parser.parse_args()
     if args.device == "auto":
@@ -538,6 +685,7 @@ CASES: dict[str, Callable[[argparse.Namespace], None]] = {
     "quickstart_fit": quickstart_fit_case,
     "deit_s": deit_s_case,
     "metrics": metric_costs,
+    "drawing": drawing_case,
 }
 
 if __name__ == "__main__":

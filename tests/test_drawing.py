@@ -35,7 +35,10 @@ def validation_steps(log_dir: str) -> list[int]:
 def test_every_epoch_has_all_its_figures_when_fit_returns(tmp_path):
     logger = TensorBoardLogger(str(tmp_path), name="tb")
     fit = trainer(tmp_path, [LayerwiseAnalysis()], logger=logger, max_epochs=3, limit_train_batches=2)
+    before = dict(_drawing.drawn)
     fit.fit(fitted_module(), train_loader(), val_loader(N))
+    # every epoch's figures were built in the drawing process, none in a thread of this one
+    assert _drawing.drawn["process"] - before["process"] == 3 and _drawing.drawn["thread"] == before["thread"]
     logged = images(logger.log_dir)
     steps = validation_steps(logger.log_dir)
     assert len(steps) == 3
@@ -126,3 +129,108 @@ def test_a_figure_that_fails_to_draw_is_skipped_with_a_warning_and_the_queue_kee
         _drawing.wait_for_figures()
     assert tags == [("val/ok", 2)]
     assert torch.is_tensor(torch.zeros(1))  # the worker left torch usable in this thread
+
+
+def _figures_that_say_where(path: str) -> dict:
+    """A figure job's function: writes the id of the process that builds the figures."""
+    import os
+
+    from layerwise.figures.style import new_figure
+
+    Path(path).write_text(str(os.getpid()))
+    return {"val/where": new_figure(2, 2)[0]}
+
+
+class _PlainOwner:
+    """An owner of a figure method with a plain setting and a tensor the copy must leave behind."""
+
+    def __init__(self):
+        self.title, self.layers, self.weights = "plain", [1, 2], torch.zeros(3)
+
+    def figures(self, results):
+        from layerwise.figures.style import new_figure
+
+        assert not hasattr(self, "weights")  # what reaches the drawing process holds no tensor
+        figure, axes = new_figure(2, 2)
+        axes.set_title(f"{self.title} {self.layers} {results}")
+        return {"val/owned": figure}
+
+
+def _owned_figures(owner, results):
+    return owner.figures(results)
+
+
+def _reads_a_tensor(owner, results):
+    from layerwise.figures.style import new_figure
+
+    figure, axes = new_figure(2, 2)
+    axes.plot(owner.weights.numpy())  # the plain copy has no `weights`: AttributeError in the drawing process
+    return {"val/tensor": figure}
+
+
+def test_figure_jobs_are_built_and_rendered_in_the_drawing_process_not_the_training_process(tmp_path):
+    """The GIL stays with the training loop: a FigureJob's figures are built in another process (its pid is not
+    ours), a plain copy of their owner travels without its tensors, and the images reach the sinks in order."""
+    import os
+
+    from layerwise.callbacks._loggers import ImageSink
+
+    logged = []
+    sink = [ImageSink("test", lambda tag, image, step: logged.append((tag, step, image.shape)))]
+    where = tmp_path / "pid"
+    _drawing.draw_later(sink, 4, _drawing.FigureJob(_figures_that_say_where, (str(where),)))
+    owner = _drawing.plain_copy(_PlainOwner())
+    assert vars(owner) == {"title": "plain", "layers": [1, 2]}
+    _drawing.draw_later(sink, 5, _drawing.FigureJob(_owned_figures, (owner, {"acc": [0.5]})))
+    _drawing.wait_for_figures()
+    assert int(where.read_text()) != os.getpid()
+    assert [(tag, step) for tag, step, _ in logged] == [("val/where", 4), ("val/owned", 5)]
+    assert all(len(shape) == 3 and shape[2] == 3 for _, _, shape in logged)
+
+
+def test_the_figures_of_an_analysis_callback_are_drawn_in_the_drawing_process(tmp_path):
+    """AnalysisCallback's figures (here the residual norm ratio) travel as a plain copy of the callback."""
+    from layerwise.callbacks import ResidualNormRatioMonitor
+
+    before = dict(_drawing.drawn)
+    trainer(tmp_path, [ResidualNormRatioMonitor()]).validate(fitted_module(), val_loader(16), verbose=False)
+    assert _drawing.drawn["process"] - before["process"] == 1 and _drawing.drawn["thread"] == before["thread"]
+    assert list(tmp_path.rglob("residual_norm_ratio*.png"))
+
+
+def test_layerwise_draw_in_thread_draws_every_job_in_the_thread(tmp_path, monkeypatch):
+    import os
+
+    from layerwise.callbacks._loggers import ImageSink
+
+    monkeypatch.setenv("LAYERWISE_DRAW_IN_THREAD", "1")
+    before = dict(_drawing.drawn)
+    where = tmp_path / "pid"
+    job = _drawing.FigureJob(_figures_that_say_where, (str(where),))
+    _drawing.draw_later([ImageSink("test", lambda *a: None)], 1, job)
+    _drawing.wait_for_figures()
+    assert int(where.read_text()) == os.getpid() and _drawing.drawn["thread"] == before["thread"] + 1
+
+
+def test_a_job_that_cannot_travel_or_fails_there_is_drawn_in_the_thread_and_still_logged(tmp_path):
+    """A function the drawing process cannot import (a lambda, a script's __main__) is drawn in the thread; one that
+    fails there (it reads a tensor that its plain copy left behind) is drawn in the thread from the original objects
+    (``here``); each with one warning that says why."""
+    from layerwise.callbacks._loggers import ImageSink
+    from layerwise.figures.style import new_figure
+
+    logged = []
+    sink = [ImageSink("test", lambda tag, image, step: logged.append(tag))]
+    with pytest.warns(UserWarning, match="cannot travel to the drawing process .*lambda"):
+        _drawing.draw_later(sink, 1, _drawing.FigureJob(lambda: {"val/lambda": new_figure(2, 2)[0]}))
+        _drawing.wait_for_figures()
+    original = _PlainOwner()
+    job = _drawing.FigureJob(
+        _reads_a_tensor,
+        (_drawing.plain_copy(original), None),
+        here=lambda: {"val/tensor": new_figure(2, 2)[0]},
+    )
+    with pytest.warns(UserWarning, match="failed in the drawing process .*AttributeError.*weights"):
+        _drawing.draw_later(sink, 2, job)
+        _drawing.wait_for_figures()
+    assert logged == ["val/lambda", "val/tensor"]

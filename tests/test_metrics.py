@@ -250,6 +250,33 @@ def test_centered_cosine_forward_returns_batch_value_and_accumulates():
     assert not metric._buffer and (metric.count == 0).all()
 
 
+@pytest.mark.parametrize("chunk_samples", [1, 2, 60, 10_000])
+def test_centred_buffers_give_the_same_result_whatever_their_chunking(monkeypatch, chunk_samples):
+    """compute joins the buffered batches into chunks (a few passes instead of one per batch): the chunk size,
+    from one batch per pass (smaller than a batch) to all at once, changes no histogram count and no mean beyond
+    rounding, for both centred metrics."""
+    h, (logits, _) = make_features(11, n=300, mean=50.0), make_logits(11, n=300)
+    saturation = saturation_layers(logits.argmax(-1))
+    results = {}
+    for chunk_bytes in (8 * L * D * chunk_samples, None):
+        if chunk_bytes is not None:
+            monkeypatch.setattr(LayerCosineSimilarity, "_CHUNK_BYTES", chunk_bytes)
+            monkeypatch.setattr(SaturationCosine, "_CHUNK_BYTES", 8 * D * chunk_samples)
+        else:
+            monkeypatch.undo()
+        cos, sat = LayerCosineSimilarity(L, bins=40), SaturationCosine(L)
+        for x, s in batches(h, saturation, splits=(100, 1, 150, 49)):
+            cos.update(x)
+            sat.update(x, s)
+        results[chunk_bytes is None] = (*cos.compute_distribution(), sat.compute())
+    (mean, histogram, negative, saturation_cos), default = results[False], results[True]
+    torch.testing.assert_close(histogram, default[1], rtol=0, atol=0)
+    torch.testing.assert_close(negative, default[2], rtol=0, atol=0)
+    torch.testing.assert_close(mean, default[0], rtol=0, atol=1e-13)
+    torch.testing.assert_close(saturation_cos, default[3], rtol=0, atol=1e-13, equal_nan=True)
+    np.testing.assert_allclose(mean.numpy(), ref_cos(np64(h), True), rtol=0, atol=1e-10)
+
+
 # ----------------------------------------------------------------------------------------------- saturation COS
 @pytest.mark.parametrize("center", [True, False])
 def test_saturation_cosine_matches_loop_reference(center):
@@ -438,6 +465,35 @@ def test_nc1_with_a_narrow_class_direction_matches_pinv_reference(monkeypatch):
     np.testing.assert_allclose(narrow.numpy(), expected, rtol=1e-6)
     assert svd_calls
     torch.testing.assert_close(narrow, wide, rtol=1e-8, atol=0)  # NC1 is invariant under rescaling a feature
+
+
+@pytest.mark.parametrize(("spread", "path"), [(0.3, "cholesky"), (3e-3, "cholesky"), (1.5e-3, "eigh"), (1e-4, "svd")])
+def test_nc1_with_more_classes_than_dimensions_takes_the_cheapest_exact_path(monkeypatch, spread, path):
+    """d < K: Sigma_B has full rank and NC1 = tr(Sigma_W Sigma_B^-1), by a Cholesky factor while a sure bound on its
+    condition number is below 1e6; past the bound eigh of the Gram matrix, past eigh's own range the SVD. Every
+    path gives the numpy pinv reference."""
+    from layerwise.metrics import functional
+
+    g = torch.Generator().manual_seed(25)
+    dim, classes, n = 8, 30, 300
+    targets = torch.arange(n) % classes
+    left, _, right = torch.linalg.svd(torch.randn(dim, classes, generator=g, dtype=torch.float64), full_matrices=False)
+    # singular values of the class means: half 1, half `spread`; the sure bound on cond(Sigma_B) is then 4 cond,
+    # so that spread = 1.5e-3 (cond 4.4e5 < 1e6, bound 1.8e6) is refused by the Cholesky path and taken by eigh
+    values = torch.tensor([1.0] * (dim // 2) + [spread] * (dim // 2), dtype=torch.float64)
+    means = (left @ torch.diag(values) @ right).T * 10.0
+    noise = 0.1 * torch.randn(L, n, dim, generator=g, dtype=torch.float64)
+    noise -= noise.view(L, n // classes, classes, dim).mean(dim=1).repeat(1, n // classes, 1)  # zero in every class
+    h = means[targets] + noise + 5.0  # class means exactly `means` (plus a common offset)
+    calls = []
+    for module, name in ((torch.linalg, "cholesky_ex"), (torch.linalg, "eigh"), (torch.linalg, "svd")):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _o=original, _n=name, **k: calls.append(_n) or _o(*a, **k))
+    out = functional.nc1(h, targets, classes)
+    taken = {"cholesky": ["cholesky_ex"], "eigh": ["cholesky_ex", "eigh"], "svd": ["cholesky_ex", "eigh", "svd"]}
+    assert calls == taken[path]
+    expected = [ref_nc1(h[layer].numpy(), targets.numpy()) for layer in range(L)]
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-9 if path != "svd" else 1e-6)
 
 
 def test_nc1_collapsed_features_and_large_mean():

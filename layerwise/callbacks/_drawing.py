@@ -1,13 +1,26 @@
-"""Figures drawn off the training loop: one background thread per process renders them and hands the images over.
+"""Figures drawn off the training loop: a drawing process builds and renders them, a thread hands the images over.
 
 A callback that has results to draw calls :func:`draw_later` with the image sinks of its trainer
-(:func:`layerwise.callbacks._loggers.image_sinks`: TensorBoard, W&B, MLflow, PNG files) and a function that builds
-the figures from those results (already computed, global, on the host). The worker thread builds each figure with
-matplotlib's object API (no pyplot: see :mod:`layerwise.figures.style`), renders it once with Agg to an RGB array,
-and hands that array to every sink at the global step the results belong to. A sink whose logger is not thread-safe
-(W&B) gets its images on the main thread instead: the next :func:`draw_later` or :func:`wait_for_figures` delivers
-them. The training loop only enqueues: the queue is bounded (``MAX_PENDING`` epochs of figures), so a loop that
-outruns the drawing waits for a slot rather than piling up figures in memory.
+(:func:`layerwise.callbacks._loggers.image_sinks`: TensorBoard, W&B, MLflow, PNG files) and a :class:`FigureJob`: a
+picklable recipe (a function and its plain arguments: the results, already computed, global, on the host) that
+builds the figures. One background thread per process takes the jobs in order, has each built and rendered with Agg
+to RGB arrays and hands the arrays to every sink at the global step the results belong to.
+
+Where the figures are built and rendered: in a separate drawing process (one per training process that draws, a
+fresh interpreter started on the first job: ``python -c``, so neither a fork of the training process nor a re-run
+of its ``__main__``). Building and rendering a figure is pure Python and C under the GIL; in a thread of the
+training process it would hold the GIL for most of a second per epoch, and every torch call of the training loop
+releases the GIL and must win it back, waiting up to the interpreter's switch interval (5 ms) each time while the
+drawing runs. The thread here only waits on the process's pipe and logs the arrays. The process runs at the lowest
+priority (``nice 19``): where training keeps every core busy (a CPU run), the figures wait, not the training. A job
+that cannot travel (a figure function defined in a script's ``__main__``, a plain callable) or a drawing process
+that cannot start or died is drawn in the thread instead, with one warning; ``LAYERWISE_DRAW_IN_THREAD=1`` draws
+every figure in the thread (e.g. to step through a figure method in a debugger).
+
+A sink whose logger is not thread-safe (W&B) gets its images on the main thread instead: the next
+:func:`draw_later` or :func:`wait_for_figures` delivers them. The training loop only enqueues: the queue is bounded
+(``MAX_PENDING`` epochs of figures), so a loop that outruns the drawing waits for a slot rather than piling up
+figures in memory.
 
 :func:`wait_for_figures` blocks until every enqueued figure is logged. The callbacks call it in ``teardown`` (a fit,
 validate or test that ends normally, before Lightning finalises the loggers) and in ``on_exception`` (an interrupted
@@ -16,10 +29,18 @@ hangs: a figure that fails to draw is skipped with a warning naming it, and so i
 other loggers still get it).
 """
 
+import atexit
+import os
+import pickle
 import queue
+import signal
+import struct
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, Optional
+from dataclasses import dataclass
+from typing import IO, Any, Optional, Union
 
 import numpy as np
 from lightning.pytorch.utilities import rank_zero_warn
@@ -41,9 +62,15 @@ def _work() -> None:
         try:
             job()
         except Exception as error:  # a figure must never take the run down: skip it, say which
-            rank_zero_warn(f"layerwise: a figure could not be drawn and was skipped ({type(error).__name__}: {error})")
+            _skipped(None, error)
         finally:
             _queue.task_done()
+
+
+def _skipped(tag: Optional[str], error: Union[BaseException, str]) -> None:
+    what = "a figure" if tag is None else f"the figure {tag!r}"
+    cause = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+    rank_zero_warn(f"layerwise: {what} could not be drawn and was skipped ({cause})")
 
 
 def _jobs() -> "queue.Queue[Job]":
@@ -66,23 +93,213 @@ def rendered(figure: Any) -> np.ndarray:
     return np.asarray(canvas.buffer_rgba())[..., :3].copy()
 
 
-def draw_later(sinks: Sequence[Any], step: int, figures: Callable[[], dict[str, Any]]) -> None:
-    """Build ``figures()`` (tag -> matplotlib figure) in the background, render each once and log it at ``step``.
+@dataclass(frozen=True)
+class FigureJob:
+    """A picklable recipe of figures: ``function(*args)`` returns ``{tag: matplotlib figure}``.
 
-    ``sinks`` are :class:`~layerwise.callbacks._loggers.ImageSink`; images for those ``on_main_thread`` wait for the
-    next call of this function or of :func:`wait_for_figures`, which deliver them. Returns at once unless
-    ``MAX_PENDING`` jobs are already waiting.
+    ``function`` is a module-level function (or a method of a class importable by its module path); ``args`` are
+    plain data on the host (results, layer numbers, :func:`plain_copy` of the object that owns a figure method).
+    ``here`` (not pickled) builds the same figures from the original objects: what the background thread draws
+    when the job cannot be drawn in the drawing process.
+    """
+
+    function: Callable[..., dict[str, Any]]
+    args: tuple = ()
+    here: Optional[Callable[[], dict[str, Any]]] = None
+
+    def __call__(self) -> dict[str, Any]:
+        return self.function(*self.args)
+
+    def __reduce__(self) -> tuple[Any, tuple]:
+        return (FigureJob, (self.function, self.args))
+
+
+def _plain(value: Any) -> bool:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple, frozenset, set)):
+        return all(_plain(item) for item in value)
+    if isinstance(value, dict):
+        return all(_plain(key) and _plain(item) for key, item in value.items())
+    return False
+
+
+def plain_copy(owner: Any) -> Any:
+    """``owner`` (a family, a callback) with only its plain settings, which is all a figure method reads.
+
+    Metrics, models and links to other objects are left behind, so that it travels to the drawing process cheaply
+    (no GPU tensor, no model).
+    """
+    copy = object.__new__(type(owner))
+    copy.__dict__.update({name: value for name, value in vars(owner).items() if _plain(value)})
+    return copy
+
+
+Image = Union[np.ndarray, str]  # a rendered figure, or why it could not be drawn
+
+
+def _build_and_render(figures: Callable[[], dict[str, Any]]) -> list[tuple[str, Image]]:
+    """Build the figures and render each once (a figure that fails becomes the reason, the others still render)."""
+    images: list[tuple[str, Image]] = []
+    for tag, figure in figures().items():
+        try:
+            images.append((tag, rendered(figure)))
+        except Exception as error:
+            images.append((tag, f"{type(error).__name__}: {error}"))
+        finally:
+            figure.clear()
+    return images
+
+
+class _Unsent(Exception):
+    """The job could not be drawn in the process: draw it in the thread (``failed``: it ran there and raised)."""
+
+    def __init__(self, reason: str, failed: bool = False) -> None:
+        super().__init__(reason)
+        self.failed = failed
+
+
+def _write_frame(stream: IO[bytes], payload: bytes) -> None:
+    stream.write(struct.pack("<Q", len(payload)))
+    stream.write(payload)
+    stream.flush()
+
+
+def _read_frame(stream: IO[bytes]) -> bytes:
+    header = stream.read(8)
+    if len(header) < 8:
+        raise EOFError("the drawing process closed its pipe")
+    (size,) = struct.unpack("<Q", header)
+    payload = stream.read(size)
+    if len(payload) < size:
+        raise EOFError("the drawing process closed its pipe")
+    return payload
+
+
+class _DrawingProcess:
+    """The drawing process: a fresh interpreter that builds and renders the jobs it reads from its stdin."""
+
+    def __init__(self) -> None:
+        path = os.pathsep.join([entry or os.getcwd() for entry in sys.path] + [os.environ.get("PYTHONPATH", "")])
+        self.process = subprocess.Popen(
+            [sys.executable, "-c", "from layerwise.callbacks._drawing import serve; serve()"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            env={**os.environ, "PYTHONPATH": path, "MPLBACKEND": "Agg"},
+        )
+
+    def draw(self, job: FigureJob) -> list[tuple[str, Image]]:
+        try:
+            payload = pickle.dumps(job, protocol=pickle.HIGHEST_PROTOCOL)
+        except Exception as error:
+            raise _Unsent(f"{type(error).__name__}: {error}") from error
+        assert self.process.stdin is not None and self.process.stdout is not None
+        _write_frame(self.process.stdin, payload)
+        reply = pickle.loads(_read_frame(self.process.stdout))  # waits on the pipe, without the GIL
+        if isinstance(reply, tuple) and reply and reply[0] in ("unsent", "failed"):
+            raise _Unsent(reply[1], failed=reply[0] == "failed")
+        return reply
+
+    def close(self) -> None:
+        try:
+            if self.process.stdin is not None:
+                self.process.stdin.close()
+            self.process.wait(timeout=10)
+        except Exception:
+            self.process.kill()
+
+
+_process: Optional[_DrawingProcess] = None
+_process_failed = False
+_warned_jobs: set[str] = set()
+drawn = {"process": 0, "thread": 0}  # how many jobs each way drew (for tests and curious users)
+
+
+def _draw_in_process(job: FigureJob) -> Optional[list[tuple[str, Image]]]:
+    """The job's images from the drawing process, or None when it must be drawn in this thread instead."""
+    global _process, _process_failed
+    if _process_failed or os.environ.get("LAYERWISE_DRAW_IN_THREAD") == "1":
+        return None
+    try:
+        if _process is None or _process.process.poll() is not None:
+            _process = _DrawingProcess()
+        return _process.draw(job)
+    except _Unsent as unsent:  # e.g. a function of a script's __main__, or a figure method reading a tensor
+        name = getattr(job.function, "__qualname__", repr(job.function))
+        if name not in _warned_jobs:
+            _warned_jobs.add(name)
+            where = "failed in" if unsent.failed else "cannot travel to"
+            rank_zero_warn(
+                f"layerwise: the figures of {name} {where} the drawing process ({unsent}), so they are drawn in a "
+                "thread of the training process, which slows its loop while they are drawn. Define figure functions "
+                "in an importable module (not in the script run), reading only their results and the plain settings "
+                "(numbers, strings) of their object."
+            )
+        return None
+    except (OSError, EOFError, pickle.UnpicklingError) as error:  # could not start, or died: draw here from now on
+        _process_failed = True
+        rank_zero_warn(
+            "layerwise: the drawing process is unavailable, so figures are drawn in a thread of the training "
+            f"process from now on, which slows its loop while they are drawn ({type(error).__name__}: {error})"
+        )
+        return None
+
+
+@atexit.register
+def _close_process() -> None:
+    if _process is not None:
+        _process.close()
+
+
+def serve() -> None:
+    """The drawing process's loop: read a job, build and render its figures, write the images back; stop at EOF."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's to handle; EOF stops this one
+    if hasattr(os, "nice"):  # where the cores are all busy training, the figures wait, not the training
+        os.nice(19)
+    replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
+    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print must not corrupt the replies
+    jobs = sys.stdin.buffer
+    while True:
+        try:
+            payload = _read_frame(jobs)
+        except EOFError:
+            return
+        try:
+            job = pickle.loads(payload)
+        except Exception as error:
+            reply: Any = ("unsent", f"{type(error).__name__}: {error}")
+        else:
+            try:
+                reply = _build_and_render(job)
+            except Exception as error:
+                reply = ("failed", f"{type(error).__name__}: {error}")
+        _write_frame(replies, pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
+
+
+def draw_later(sinks: Sequence[Any], step: int, figures: Callable[[], dict[str, Any]]) -> None:
+    """Build ``figures()`` (tag -> matplotlib figure) off the training loop, render each once and log it at ``step``.
+
+    A :class:`FigureJob` is built and rendered in the drawing process; any other callable (or a job that cannot
+    travel) in the background thread. ``sinks`` are :class:`~layerwise.callbacks._loggers.ImageSink`; images for
+    those ``on_main_thread`` wait for the next call of this function or of :func:`wait_for_figures`, which deliver
+    them. Returns at once unless ``MAX_PENDING`` jobs are already waiting.
     """
     deliver_on_main_thread()
     if not sinks:
         return
 
     def job() -> None:
-        for tag, figure in figures().items():
-            try:
-                image = rendered(figure)
-            finally:
-                figure.clear()
+        images = _draw_in_process(figures) if isinstance(figures, FigureJob) else None
+        if images is None:
+            here = figures.here if isinstance(figures, FigureJob) else None
+            images = _build_and_render(here or figures)
+            drawn["thread"] += 1
+        else:
+            drawn["process"] += 1
+        for tag, image in images:
+            if isinstance(image, str):
+                _skipped(tag, image)
+                continue
             for sink in sinks:
                 if sink.on_main_thread:
                     _for_main_thread.put((sink, tag, image, step))

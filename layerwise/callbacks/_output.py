@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch import Trainer
 from torch import Tensor
 
-from layerwise.callbacks._drawing import draw_later
+from layerwise.callbacks._drawing import FigureJob, draw_later, plain_copy
 from layerwise.callbacks._loggers import add_to_history, image_sinks, log_layer_charts, tensorboards, wandb_loggers
 from layerwise.callbacks._runs import evaluated_split
 from layerwise.callbacks.family import Family, LayerBatch, LayerSpec
@@ -147,25 +147,55 @@ def log_figures_later(trainer: Trainer, figures: Callable[[], dict[str, Any]]) -
 
     The one door from the callbacks to the loggers' images: every logger of the trainer that takes images receives
     them through its own API, PNG files in the run folder stand in for those that do not (CSV, no logger);
-    :mod:`layerwise.callbacks._loggers` decides.
+    :mod:`layerwise.callbacks._loggers` decides. A :class:`~layerwise.callbacks._drawing.FigureJob` is drawn in the
+    drawing process, any other callable in a thread (see :mod:`layerwise.callbacks._drawing`).
     """
+    epoch, step = trainer.current_epoch, trainer.global_step
+    if isinstance(figures, FigureJob):
+        here = figures.here or figures
+        job: Callable[[], dict[str, Any]] = FigureJob(
+            _stamped, (figures, epoch, step), here=lambda: _stamped(here, epoch, step)
+        )
+    else:
+
+        def job() -> dict[str, Any]:
+            return _stamped(figures, epoch, step)
+
+    draw_later(image_sinks(trainer), step, job)
+
+
+def _stamped(figures: Callable[[], dict[str, Any]], epoch: int, step: int) -> dict[str, Any]:
     from layerwise.figures.style import stamp_all  # each image says its stage, epoch and step in its title
 
-    epoch, step = trainer.current_epoch, trainer.global_step
-    draw_later(image_sinks(trainer), step, lambda: stamp_all(figures(), epoch, step))
+    return stamp_all(figures(), epoch, step)
 
 
 def log_figures(trainer: Trainer, stage: str, families: list[Family], results: dict[str, Any], spec: LayerSpec) -> None:
     """Every family's figures as images at the trainer's global step, drawn off the training loop."""
-
-    def figures() -> dict[str, Any]:
-        return {
-            f"{stage}/{tag}": figure for family in families for tag, figure in family.figures(results, spec).items()
-        }
-
-    log_figures_later(trainer, figures)
+    drawable = [plain_copy(family) for family in families]
+    job = FigureJob(
+        _family_figures,
+        (stage, drawable, on_host(results), spec),
+        here=lambda: _family_figures(stage, families, results, spec),
+    )
+    log_figures_later(trainer, job)
     if wandb_loggers(trainer):
         _log_wandb_charts(trainer, stage, families, spec)
+
+
+def _family_figures(stage: str, families: list[Family], results: dict[str, Any], spec: LayerSpec) -> dict[str, Any]:
+    return {f"{stage}/{tag}": figure for family in families for tag, figure in family.figures(results, spec).items()}
+
+
+def on_host(value: Any) -> Any:
+    """``value`` with every tensor in it (in dicts, lists, tuples) on the CPU, to travel to the drawing process."""
+    if isinstance(value, Tensor):
+        return value.detach().cpu()
+    if isinstance(value, dict):
+        return {key: on_host(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(on_host(item) for item in value)
+    return value
 
 
 def _log_wandb_charts(trainer: Trainer, stage: str, families: list[Family], spec: LayerSpec) -> None:

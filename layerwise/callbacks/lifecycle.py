@@ -7,7 +7,7 @@ from typing import Any, ClassVar, Optional
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torchmetrics import Metric
 
-from layerwise.callbacks._drawing import wait_for_figures
+from layerwise.callbacks._drawing import FigureJob, plain_copy, wait_for_figures
 from layerwise.callbacks._output import _log_dir, _run_id, log_figures_later, show, where, write_charts
 from layerwise.callbacks._sampling import evaluation_loaders, real_samples_on_rank, take_real
 from layerwise.callbacks._schedule import analyses_now, draws_figures
@@ -124,7 +124,11 @@ class AnalysisCallback(Callback):
         return f"{self.key} of {type(self).__name__}"
 
     def figures(self, results: Any) -> dict[str, Any]:
-        """Tag (without the stage) -> matplotlib figure of the JSON results, drawn off the training loop."""
+        """Tag (without the stage) -> matplotlib figure of the JSON results, drawn off the training loop.
+
+        It runs in the drawing process on a copy of the callback that holds only its plain settings (numbers,
+        strings, None and containers of them; no metric, model or tensor): read only those and ``results``.
+        """
         return {}
 
     # -- the lifecycle ------------------------------------------------------------------------------------------
@@ -200,4 +204,12 @@ class AnalysisCallback(Callback):
         merge_summary(path, {**header, self.key: written}, _run_id(trainer))
         show(trainer, " ".join(part for part in (self.line(written), where(trainer, path)) if part))
         if draws_figures(trainer, self.log_figures, self.figures_every_n_epochs):
-            log_figures_later(trainer, lambda: {f"{stage}/{tag}": fig for tag, fig in self.figures(written).items()})
+            job = FigureJob(
+                _staged_figures, (plain_copy(self), stage, written), here=lambda: _staged_figures(self, stage, written)
+            )
+            log_figures_later(trainer, job)
+
+
+def _staged_figures(callback: AnalysisCallback, stage: str, results: Any) -> dict[str, Any]:
+    """The callback's figures of its JSON results, tagged with the stage (built in the drawing process)."""
+    return {f"{stage}/{tag}": figure for tag, figure in callback.figures(results).items()}

@@ -497,6 +497,25 @@ def _left_singular(a: Tensor) -> tuple[Tensor, Tensor]:
     return u, s
 
 
+def _nc1_by_cholesky(centred: Tensor, within: Tensor) -> Optional[Tensor]:
+    """sum_j u_j^T W u_j / s_j^2 = tr(W G^-1), G = A A^T (L, d, d), when every G is surely well conditioned, else None.
+
+    With more classes than dimensions G has full rank and the SVD's threshold drops nothing, so NC1 is the trace
+    with the plain inverse, which a Cholesky factor gives at a fraction of the cost of ``eigh`` (on an H100, 12 x
+    384 x 384: ~80 ms of the epoch's end for ``eigh``, whose cuSOLVER path waits on the host per matrix). It is used
+    only when cond(G) <= ||G||_F ||G^-1||_F (a sure bound: each norm is at least the extreme eigenvalue) is below
+    1 / ``_EIGH_RANGE``, where the inverse is exact to about 1e-10 relative; otherwise the caller takes the
+    ``eigh``/SVD path, which handles ill-conditioned and rank-deficient spreads.
+    """
+    gram = centred.transpose(1, 2) @ centred
+    factor, info = torch.linalg.cholesky_ex(gram)
+    inverse = torch.cholesky_inverse(factor)
+    bound = torch.linalg.matrix_norm(gram) * torch.linalg.matrix_norm(inverse)
+    if not bool(((info == 0) & (bound < 1.0 / _EIGH_RANGE)).all()):  # NaN bounds (a failed factor) fail too
+        return None
+    return (within * inverse).sum(dim=(-2, -1))
+
+
 def _nc1_compute(class_counts: Tensor, class_sums: Tensor, second_moment: Tensor) -> Tensor:
     """NC1 (L,) = (1/K) tr(Sigma_W Sigma_B^+) over the K classes present; NaN with fewer than 2 distinct means.
 
@@ -504,7 +523,9 @@ def _nc1_compute(class_counts: Tensor, class_sums: Tensor, second_moment: Tensor
     pseudo-inverse comes from the SVD A = U S V^T: NC1 = sum_j u_j^T Sigma_W u_j / s_j^2 over s_j above
     max(d, K) * eps * s_max. A is centred twice: the second pass removes the rounding residue of the first,
     which for features with a large common mean would otherwise leave a spurious singular value in the null
-    direction of Sigma_B (rank <= K - 1) and be inverted. U and S come from :func:`_left_singular`.
+    direction of Sigma_B (rank <= K - 1) and be inverted. U and S come from :func:`_left_singular`; with more
+    classes than dimensions and a well-conditioned spread the same sum is the trace by a Cholesky factor
+    (:func:`_nc1_by_cholesky`).
     """
     num_layers, _, dim = class_sums.shape
     present = class_counts > 0
@@ -519,6 +540,10 @@ def _nc1_compute(class_counts: Tensor, class_sums: Tensor, second_moment: Tensor
     centred = centred - centred.mean(dim=1, keepdim=True)
     finite = centred.isfinite().all(dim=(1, 2)) & within.isfinite().all(dim=(1, 2))  # inf features: NaN, no SVD error
     centred, within = centred.nan_to_num(0.0, 0.0, 0.0), within.nan_to_num(0.0, 0.0, 0.0)
+    if dim < num_present:  # Sigma_B of full rank d: tr(Sigma_W Sigma_B^-1) by Cholesky, when surely well conditioned
+        nc1 = _nc1_by_cholesky(centred, within)
+        if nc1 is not None:
+            return torch.where(finite, nc1, float("nan"))
     u, s = _left_singular(centred.transpose(1, 2))  # u (L, d, r), s (L, r)
     keep = s > max(dim, num_present) * torch.finfo(_F64).eps * s[:, :1]
     projected = torch.einsum("ldj,lde,lej->lj", u, within, u)

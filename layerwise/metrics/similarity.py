@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterator
 from typing import Any, NamedTuple, Optional
 
 import torch
@@ -113,8 +114,8 @@ class _CenteredBufferMetric(_SumStateMetric):
         """The streamed states plus the buffered samples centred on the global mean, summed over ranks if global."""
         center = self.feature_sum / self.num_samples
         local = [torch.zeros_like(getattr(self, name)) for name in self._streamed]
-        for buffered in self._buffer:
-            for total, part in zip(local, self._centered_stats(*buffered, center=center)):
+        for chunk in self._chunks():
+            for total, part in zip(local, self._centered_stats(*chunk, center=center)):
                 total += part
         flat = torch.cat([part.flatten() for part in local])  # one all-reduce for every state
         self._all_reduce_if_global(flat)
@@ -122,6 +123,35 @@ class _CenteredBufferMetric(_SumStateMetric):
         return tuple(
             getattr(self, name) + part.view_as(getattr(self, name)) for name, part in zip(self._streamed, parts)
         )
+
+    # Where the samples run in each tensor of a buffered entry, and how many float64 bytes of per-sample work one
+    # pass of ``_centered_stats`` may hold (the buffered batches are joined up to this size at compute time: one
+    # pass per chunk instead of one per batch, i.e. a few kernel launches instead of thousands on a GPU).
+    _sample_dims: tuple[int, ...] = (1,)
+    _CHUNK_BYTES = 64 * 2**20
+
+    def _chunks(self) -> Iterator[tuple[Tensor, ...]]:
+        """The buffer's entries joined, in order, into chunks of at most ``_CHUNK_BYTES`` of float64 features."""
+        if not self._buffer:
+            return
+        first = self._buffer[0][0]
+        bytes_per_sample = 8 * max(1, first.numel() // max(1, first.shape[self._sample_dims[0]]))
+        rows = max(1, self._CHUNK_BYTES // bytes_per_sample)
+        group: list[tuple[Tensor, ...]] = []
+        size = 0
+        for entry in self._buffer:
+            batch = entry[0].shape[self._sample_dims[0]]
+            if group and size + batch > rows:
+                yield self._join(group)
+                group, size = [], 0
+            group.append(entry)
+            size += batch
+        yield self._join(group)
+
+    def _join(self, group: list[tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
+        if len(group) == 1:
+            return group[0]
+        return tuple(torch.cat(parts, dim=dim) for parts, dim in zip(zip(*group), self._sample_dims))
 
     def _stream(self, entry: tuple[Tensor, ...], center: Tensor) -> None:
         for name, part in zip(self._streamed, self._centered_stats(*entry, center=center)):
@@ -288,6 +318,8 @@ class SaturationCosine(_CenteredBufferMetric):
         super().__init__(num_layers, center, max_buffered_samples, dim, **kwargs)
         self._add_sum_state("cos_sum", (num_layers,))
         self._add_sum_state("count", (num_layers,))
+
+    _sample_dims = (0, 0, 0)  # buffered entries: h^{s_i} (B, d), h^L (B, d), s (B,)
 
     def update(self, features: Tensor, saturation: Tensor) -> None:
         """Accumulate features (L, B, d) with the 0-based saturation layer (B,) of every sample."""
