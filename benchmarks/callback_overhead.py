@@ -406,9 +406,12 @@ def drawing_case(args: argparse.Namespace) -> None:
     root = tempfile.mkdtemp(prefix="layerwise_bench_draw_")
     data = DigitsDataModule(batch_size=64)
     data.setup("fit")
-    model = _model(QUICKSTART_BACKBONE, "cpu").train()
+    device = args.device
+    synchronize = _synchronizer(device)
+    model = _model(QUICKSTART_BACKBONE, device).train()
     Trainer(
-        accelerator="cpu",
+        accelerator="gpu" if device == "cuda" else "cpu",
+        devices=1,
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -418,18 +421,20 @@ def drawing_case(args: argparse.Namespace) -> None:
     summary = str(find_summaries(Path(root), stage="val")[-1])
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    images, labels = next(iter(data.train_dataloader()))
-    small = torch.randn(64, 64)
+    images, labels = (tensor.to(device) for tensor in next(iter(data.train_dataloader())))
+    small = torch.randn(64, 64, device=device)
 
     def train_steps() -> None:
         for _ in range(args.drawing_steps):
             optimizer.zero_grad()
             torch.nn.functional.cross_entropy(model(images), labels).backward()
             optimizer.step()
+        synchronize()
 
     def small_calls() -> None:
         for _ in range(20000):
             small.add(1.0)
+        synchronize()
 
     sink = [ImageSink("null", lambda tag, image, step: None)]
     jobs: dict[str, Optional[Callable[[], dict[str, Any]]]] = {
@@ -458,7 +463,7 @@ def drawing_case(args: argparse.Namespace) -> None:
     shutil.rmtree(root, ignore_errors=True)
     print(
         f"\n(e) the training loop while one quickstart validation's figures are drawn ({count} "
-        f"figures), {torch.get_num_threads()} torch threads, median of {args.drawing_repeats} interleaved rounds"
+        f"figures), {device}, {torch.get_num_threads()} torch threads, median of {args.drawing_repeats} rounds"
     )
     print(f"{'loop':<20}{'drawing':<32}{'loop s':>9}{'ratio':>8}{'until drawn s':>15}")
     ratios = {}
@@ -471,7 +476,7 @@ def drawing_case(args: argparse.Namespace) -> None:
             print(f"{loop_name:<20}{job_name:<32}{loop_s:>9.3f}{loop_s / base:>7.2f}x{until:>15.3f}")
     if not args.quick:
         record(
-            "drawing_vs_training_loop",
+            "drawing_vs_training_loop" + ("" if device == "cpu" else f"_{device}"),
             {
                 f"{loop.replace(' ', '_')}_ratio_{job.split()[-1]}": round(ratios[loop, job], 3)
                 for loop in loops
