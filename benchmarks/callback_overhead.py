@@ -419,7 +419,7 @@ def drawing_case(args: argparse.Namespace) -> None:
         default_root_dir=root,
     ).validate(model, data.val_dataloader(), verbose=False)
     summary = str(find_summaries(Path(root), stage="val")[-1])
-    model.train()
+    model.to(device).train()  # the Trainer hands the model back on the CPU
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     images, labels = (tensor.to(device) for tensor in next(iter(data.train_dataloader())))
     small = torch.randn(64, 64, device=device)
