@@ -315,7 +315,7 @@ def quickstart_case(args: argparse.Namespace) -> None:
         )
 
 
-def _fit_quickstart(epochs: int, analysis: bool, root: str) -> float:
+def _fit_quickstart(epochs: int, analysis: bool, root: str, figures: bool = True) -> float:
     """Seconds of one quickstart fit (AlternatingAligned, TensorBoard logger) with or without LayerwiseAnalysis."""
     from layerwise.lightning_modules import AlternatingAligned, WarmupCosineLR
 
@@ -335,7 +335,7 @@ def _fit_quickstart(epochs: int, analysis: bool, root: str) -> float:
         enable_model_summary=False,
         enable_checkpointing=False,
         log_every_n_steps=10,
-        callbacks=[LayerwiseAnalysis()] if analysis else [],
+        callbacks=[LayerwiseAnalysis(log_figures=figures)] if analysis else [],
     )
     start = time.perf_counter()
     trainer.fit(model, datamodule=DigitsDataModule(batch_size=64))
@@ -344,18 +344,23 @@ def _fit_quickstart(epochs: int, analysis: bool, root: str) -> float:
 
 def quickstart_fit_case(args: argparse.Namespace) -> None:
     """The user's view: a whole quickstart fit with the analysis drawing every epoch's figures, against none; the
-    figures drawn by the drawing process (the default) and by a thread (``LAYERWISE_DRAW_IN_THREAD=1``)."""
-    configs = {"off": (False, False), "LayerwiseAnalysis(), drawing process": (True, False)}
-    configs["LayerwiseAnalysis(), drawing thread"] = (True, True)
+    figures drawn by the drawing process (``LAYERWISE_FIGURES=process``) and by a thread (``thread``, a CPU run's
+    default)."""
+    configs = {
+        "off": (False, False, False),
+        "LayerwiseAnalysis(log_figures=False)": (True, False, False),
+        "LayerwiseAnalysis(), drawing process": (True, True, False),
+        "LayerwiseAnalysis(), drawing thread": (True, True, True),
+    }
     times: dict[str, list[float]] = {name: [] for name in configs}
     root = tempfile.mkdtemp(prefix="layerwise_bench_fit_")
     try:
         for _ in range(args.fit_repeats):
-            for name, (analysis, thread) in configs.items():
-                os.environ["LAYERWISE_DRAW_IN_THREAD"] = "1" if thread else "0"
-                times[name].append(_fit_quickstart(args.fit_epochs, analysis, root))
+            for name, (analysis, figures, thread) in configs.items():
+                os.environ["LAYERWISE_FIGURES"] = "thread" if thread else "process"
+                times[name].append(_fit_quickstart(args.fit_epochs, analysis, root, figures))
     finally:
-        os.environ.pop("LAYERWISE_DRAW_IN_THREAD", None)
+        os.environ.pop("LAYERWISE_FIGURES", None)
         shutil.rmtree(root, ignore_errors=True)
     off = statistics.median(times["off"])
     print(
@@ -369,12 +374,13 @@ def quickstart_fit_case(args: argparse.Namespace) -> None:
             f"{statistics.median(runs) / off:>7.3f}x"
         )
     if not args.quick:
-        process, thread = (statistics.median(times[name]) for name in list(configs)[1:])
+        no_figures, process, thread = (statistics.median(times[name]) for name in list(configs)[1:])
         record(
             "callback_overhead_fit",
             {
                 "epochs": args.fit_epochs,
                 "fit_seconds_off": round(off, 1),
+                "fit_seconds_analysis_no_figures": round(no_figures, 1),
                 "fit_seconds_analysis_process": round(process, 1),
                 "fit_seconds_analysis_thread": round(thread, 1),
                 "ratio_process": round(process / off, 3),

@@ -32,13 +32,16 @@ def validation_steps(log_dir: str) -> list[int]:
     return sorted(load_summary(path)["global_step"] for path in summaries)
 
 
-def test_every_epoch_has_all_its_figures_when_fit_returns(tmp_path):
+@pytest.mark.parametrize("where", ["auto", "process"])
+def test_every_epoch_has_all_its_figures_when_fit_returns(tmp_path, monkeypatch, where):
+    monkeypatch.setenv("LAYERWISE_FIGURES", where)
     logger = TensorBoardLogger(str(tmp_path), name="tb")
     fit = trainer(tmp_path, [LayerwiseAnalysis()], logger=logger, max_epochs=3, limit_train_batches=2)
     before = dict(_drawing.drawn)
     fit.fit(fitted_module(), train_loader(), val_loader(N))
-    # every epoch's figures were built in the drawing process, none in a thread of this one
-    assert _drawing.drawn["process"] - before["process"] == 3 and _drawing.drawn["thread"] == before["thread"]
+    # every epoch's figures drawn one way: a CPU run in the thread (auto), or all in the drawing process
+    drawn = {way: _drawing.drawn[way] - before[way] for way in before}
+    assert drawn == ({"process": 0, "thread": 3} if where == "auto" else {"process": 3, "thread": 0})
     logged = images(logger.log_dir)
     steps = validation_steps(logger.log_dir)
     assert len(steps) == 3
@@ -188,9 +191,11 @@ def test_figure_jobs_are_built_and_rendered_in_the_drawing_process_not_the_train
     assert all(len(shape) == 3 and shape[2] == 3 for _, _, shape in logged)
 
 
-def test_the_figures_of_an_analysis_callback_are_drawn_in_the_drawing_process(tmp_path):
+def test_the_figures_of_an_analysis_callback_are_drawn_in_the_drawing_process(tmp_path, monkeypatch):
     """AnalysisCallback's figures (here the residual norm ratio) travel as a plain copy of the callback."""
     from layerwise.callbacks import ResidualNormRatioMonitor
+
+    monkeypatch.setenv("LAYERWISE_FIGURES", "process")
 
     before = dict(_drawing.drawn)
     trainer(tmp_path, [ResidualNormRatioMonitor()]).validate(fitted_module(), val_loader(16), verbose=False)
@@ -198,18 +203,42 @@ def test_the_figures_of_an_analysis_callback_are_drawn_in_the_drawing_process(tm
     assert list(tmp_path.rglob("residual_norm_ratio*.png"))
 
 
-def test_layerwise_draw_in_thread_draws_every_job_in_the_thread(tmp_path, monkeypatch):
+def test_where_figures_are_drawn_follows_the_training_device_unless_layerwise_figures_says(tmp_path, monkeypatch):
+    """An accelerator's run draws in the process, a CPU run in the thread (each the measured cheaper way for its
+    loop); LAYERWISE_FIGURES=process|thread overrides; anything else is refused by name."""
     import os
+    from types import SimpleNamespace
 
-    from layerwise.callbacks._loggers import ImageSink
+    from layerwise.callbacks import _output
 
-    monkeypatch.setenv("LAYERWISE_DRAW_IN_THREAD", "1")
-    before = dict(_drawing.drawn)
-    where = tmp_path / "pid"
-    job = _drawing.FigureJob(_figures_that_say_where, (str(where),))
-    _drawing.draw_later([ImageSink("test", lambda *a: None)], 1, job)
-    _drawing.wait_for_figures()
-    assert int(where.read_text()) == os.getpid() and _drawing.drawn["thread"] == before["thread"] + 1
+    monkeypatch.delenv("LAYERWISE_FIGURES", raising=False)
+    assert _drawing.figures_in_process(trains_on_cpu=False) and not _drawing.figures_in_process(trains_on_cpu=True)
+    monkeypatch.setenv("LAYERWISE_FIGURES", "thread")
+    assert not _drawing.figures_in_process(trains_on_cpu=False)
+    monkeypatch.setenv("LAYERWISE_FIGURES", "process")
+    assert _drawing.figures_in_process(trains_on_cpu=True)
+    monkeypatch.setenv("LAYERWISE_FIGURES", "gpu")
+    with pytest.raises(ValueError, match="LAYERWISE_FIGURES='gpu' must be 'process', 'thread' or 'auto'"):
+        _drawing.figures_in_process(trains_on_cpu=True)
+    monkeypatch.delenv("LAYERWISE_FIGURES")
+
+    def run(device: str) -> int:
+        """The pid that drew a figure logged by a trainer training on ``device``."""
+        where = tmp_path / f"pid_{device}"
+        trainer = SimpleNamespace(
+            loggers=[],
+            log_dir=str(tmp_path / device),
+            default_root_dir=str(tmp_path),
+            current_epoch=0,
+            global_step=1,
+            strategy=SimpleNamespace(root_device=torch.device(device)),
+        )
+        _output.log_figures_later(trainer, _drawing.FigureJob(_figures_that_say_where, (str(where),)))
+        _drawing.wait_for_figures()
+        return int(where.read_text())
+
+    assert run("cuda") != os.getpid()  # only the device's type is read: no GPU needed
+    assert run("cpu") == os.getpid()
 
 
 def test_a_job_that_cannot_travel_or_fails_there_is_drawn_in_the_thread_and_still_logged(tmp_path):

@@ -12,10 +12,16 @@ of its ``__main__``). Building and rendering a figure is pure Python and C under
 training process it would hold the GIL for most of a second per epoch, and every torch call of the training loop
 releases the GIL and must win it back, waiting up to the interpreter's switch interval (5 ms) each time while the
 drawing runs. The thread here only waits on the process's pipe and logs the arrays. The process runs at the lowest
-priority (``nice 19``): where training keeps every core busy (a CPU run), the figures wait, not the training. A job
-that cannot travel (a figure function defined in a script's ``__main__``, a plain callable) or a drawing process
-that cannot start or died is drawn in the thread instead, with one warning; ``LAYERWISE_DRAW_IN_THREAD=1`` draws
-every figure in the thread (e.g. to step through a figure method in a debugger).
+priority (``nice 19``) with one thread, so that it takes only cores the training leaves idle.
+
+Which way a run draws (:func:`figures_in_process`): in the process when the model trains on an accelerator, whose
+loop is the host launching work, where a drawing thread costs the most (a GPU training loop ran 3.7x slower while
+a thread drew, 0.88x while the process drew: ``benchmarks/RESULTS.md`` §1); in the thread when it trains on the CPU,
+whose cores the training already keeps busy, so that drawing costs CPU time either way, and a whole 2-core fit that
+drew every epoch took 1.65x the fit without figures with the thread and 1.95x with the process.
+``LAYERWISE_FIGURES=process|thread`` overrides the choice (``thread``, e.g., to step through a figure method in a
+debugger). A job that cannot travel (a figure function defined in a script's ``__main__``, a plain callable) or a
+drawing process that cannot start or died is drawn in the thread instead, with one warning.
 
 A sink whose logger is not thread-safe (W&B) gets its images on the main thread instead: the next
 :func:`draw_later` or :func:`wait_for_figures` delivers them. The training loop only enqueues: the queue is bounded
@@ -185,7 +191,9 @@ class _DrawingProcess:
             [sys.executable, "-c", "from layerwise.callbacks._drawing import serve; serve()"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            env={**os.environ, "PYTHONPATH": path, "MPLBACKEND": "Agg"},
+            # one thread: the figures need no parallel kernels, and idle OpenMP workers spinning beside the training
+            # would take its cores
+            env={**os.environ, "PYTHONPATH": path, "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
         )
 
     def draw(self, job: FigureJob) -> list[tuple[str, Image]]:
@@ -218,7 +226,7 @@ drawn = {"process": 0, "thread": 0}  # how many jobs each way drew (for tests an
 def _draw_in_process(job: FigureJob) -> Optional[list[tuple[str, Image]]]:
     """The job's images from the drawing process, or None when it must be drawn in this thread instead."""
     global _process, _process_failed
-    if _process_failed or os.environ.get("LAYERWISE_DRAW_IN_THREAD") == "1":
+    if _process_failed:
         return None
     try:
         if _process is None or _process.process.poll() is not None:
@@ -276,20 +284,33 @@ def serve() -> None:
         _write_frame(replies, pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def draw_later(sinks: Sequence[Any], step: int, figures: Callable[[], dict[str, Any]]) -> None:
+def figures_in_process(trains_on_cpu: bool) -> bool:
+    """Whether figures are drawn in the drawing process (else in the thread).
+
+    ``LAYERWISE_FIGURES`` when it is ``process`` or ``thread``, else (``auto``, unset) in the process unless the
+    model trains on the CPU.
+    """
+    choice = os.environ.get("LAYERWISE_FIGURES", "auto")
+    if choice not in ("auto", "process", "thread"):
+        raise ValueError(f"LAYERWISE_FIGURES={choice!r} must be 'process', 'thread' or 'auto'.")
+    return choice == "process" or (choice == "auto" and not trains_on_cpu)
+
+
+def draw_later(sinks: Sequence[Any], step: int, figures: Callable[[], dict[str, Any]], in_process: bool = True) -> None:
     """Build ``figures()`` (tag -> matplotlib figure) off the training loop, render each once and log it at ``step``.
 
-    A :class:`FigureJob` is built and rendered in the drawing process; any other callable (or a job that cannot
-    travel) in the background thread. ``sinks`` are :class:`~layerwise.callbacks._loggers.ImageSink`; images for
-    those ``on_main_thread`` wait for the next call of this function or of :func:`wait_for_figures`, which deliver
-    them. Returns at once unless ``MAX_PENDING`` jobs are already waiting.
+    With ``in_process``, a :class:`FigureJob` is built and rendered in the drawing process; any other callable (or
+    a job that cannot travel), and every job without ``in_process``, in the background thread. ``sinks`` are
+    :class:`~layerwise.callbacks._loggers.ImageSink`; images for those ``on_main_thread`` wait for the next call of
+    this function or of :func:`wait_for_figures`, which deliver them. Returns at once unless ``MAX_PENDING`` jobs
+    are already waiting.
     """
     deliver_on_main_thread()
     if not sinks:
         return
 
     def job() -> None:
-        images = _draw_in_process(figures) if isinstance(figures, FigureJob) else None
+        images = _draw_in_process(figures) if in_process and isinstance(figures, FigureJob) else None
         if images is None:
             here = figures.here if isinstance(figures, FigureJob) else None
             images = _build_and_render(here or figures)

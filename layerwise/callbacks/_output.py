@@ -11,7 +11,7 @@ import torch
 from lightning.pytorch import Trainer
 from torch import Tensor
 
-from layerwise.callbacks._drawing import FigureJob, draw_later, plain_copy
+from layerwise.callbacks._drawing import FigureJob, draw_later, figures_in_process, plain_copy
 from layerwise.callbacks._loggers import add_to_history, image_sinks, log_layer_charts, tensorboards, wandb_loggers
 from layerwise.callbacks._runs import evaluated_split
 from layerwise.callbacks.family import Family, LayerBatch, LayerSpec
@@ -148,7 +148,8 @@ def log_figures_later(trainer: Trainer, figures: Callable[[], dict[str, Any]]) -
     The one door from the callbacks to the loggers' images: every logger of the trainer that takes images receives
     them through its own API, PNG files in the run folder stand in for those that do not (CSV, no logger);
     :mod:`layerwise.callbacks._loggers` decides. A :class:`~layerwise.callbacks._drawing.FigureJob` is drawn in the
-    drawing process, any other callable in a thread (see :mod:`layerwise.callbacks._drawing`).
+    drawing process when the model trains on an accelerator, in a thread otherwise (see
+    :mod:`layerwise.callbacks._drawing`).
     """
     epoch, step = trainer.current_epoch, trainer.global_step
     if isinstance(figures, FigureJob):
@@ -161,7 +162,12 @@ def log_figures_later(trainer: Trainer, figures: Callable[[], dict[str, Any]]) -
         def job() -> dict[str, Any]:
             return _stamped(figures, epoch, step)
 
-    draw_later(image_sinks(trainer), step, job)
+    draw_later(image_sinks(trainer), step, job, in_process=figures_in_process(_trains_on_cpu(trainer)))
+
+
+def _trains_on_cpu(trainer: Trainer) -> bool:
+    device = getattr(getattr(trainer, "strategy", None), "root_device", None)
+    return device is None or device.type == "cpu"
 
 
 def _stamped(figures: Callable[[], dict[str, Any]], epoch: int, step: int) -> dict[str, Any]:
