@@ -385,6 +385,7 @@ def quickstart_fit_case(args: argparse.Namespace) -> None:
                 "fit_seconds_analysis_thread": round(thread, 1),
                 "ratio_process": round(process / off, 3),
                 "ratio_thread": round(thread / off, 3),
+                "ratio_analysis_no_figures": round(no_figures / off, 3),
                 "rounds": args.fit_repeats,
             },
             LOAD_BEFORE,

@@ -17,8 +17,8 @@ priority (``nice 19``) with one thread, so that it takes only cores the training
 Which way a run draws (:func:`figures_in_process`): in the process when the model trains on an accelerator, whose
 loop is the host launching work, where a drawing thread costs the most (a GPU training loop ran 3.7x slower while
 a thread drew, 0.88x while the process drew: ``benchmarks/RESULTS.md`` §1); in the thread when it trains on the CPU,
-whose cores the training already keeps busy, so that drawing costs CPU time either way, and a whole 2-core fit that
-drew every epoch took 1.65x the fit without figures with the thread and 1.95x with the process.
+whose cores the training already keeps busy, so that drawing costs CPU time either way (a 10-epoch 2-core fit that
+drew every epoch: 1.76x the fit without the analysis with the thread, 1.82x with the process).
 ``LAYERWISE_FIGURES=process|thread`` overrides the choice (``thread``, e.g., to step through a figure method in a
 debugger). A job that cannot travel (a figure function defined in a script's ``__main__``, a plain callable) or a
 drawing process that cannot start or died is drawn in the thread instead, with one warning.
