@@ -69,7 +69,9 @@ def test_an_image_is_what_add_figure_would_log(tmp_path):
     assert np.abs(logged.astype(int) - _drawing.rendered(figure).astype(int)).mean() < 1.0
 
 
-def test_a_fit_stopped_by_max_steps_keeps_every_figure(tmp_path):
+@pytest.mark.parametrize("where", ["thread", "process"])
+def test_a_fit_stopped_by_max_steps_keeps_every_figure(tmp_path, monkeypatch, where):
+    monkeypatch.setenv("LAYERWISE_FIGURES", where)
     logger = TensorBoardLogger(str(tmp_path), name="tb")
     fit = trainer(
         tmp_path,
@@ -91,7 +93,9 @@ class _Boom(RuntimeError):
     pass
 
 
-def test_an_exception_in_training_keeps_the_figures_already_enqueued_and_does_not_hang(tmp_path):
+@pytest.mark.parametrize("where", ["thread", "process"])
+def test_an_exception_in_training_keeps_the_figures_already_enqueued_and_does_not_hang(tmp_path, monkeypatch, where):
+    monkeypatch.setenv("LAYERWISE_FIGURES", where)
     module = fitted_module()
     original = module.training_step
 

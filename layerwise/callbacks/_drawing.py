@@ -233,12 +233,12 @@ def _draw_in_process(job: FigureJob) -> Optional[list[tuple[str, Image]]]:
             _process = _DrawingProcess()
         return _process.draw(job)
     except _Unsent as unsent:  # e.g. a function of a script's __main__, or a figure method reading a tensor
-        name = getattr(job.function, "__qualname__", repr(job.function))
+        name = _job_name(job)
         if name not in _warned_jobs:
             _warned_jobs.add(name)
             where = "failed in" if unsent.failed else "cannot travel to"
             rank_zero_warn(
-                f"layerwise: the figures of {name} {where} the drawing process ({unsent}), so they are drawn in a "
+                f"layerwise: {name} {where} the drawing process ({unsent}), so its figures are drawn in a "
                 "thread of the training process, which slows its loop while they are drawn. Define figure functions "
                 "in an importable module (not in the script run), reading only their results and the plain settings "
                 "(numbers, strings) of their object."
@@ -251,6 +251,16 @@ def _draw_in_process(job: FigureJob) -> Optional[list[tuple[str, Image]]]:
             f"process from now on, which slows its loop while they are drawn ({type(error).__name__}: {error})"
         )
         return None
+
+
+def _job_name(job: FigureJob) -> str:
+    """What a warning calls a job: the figure methods of its owners (``Local.figures``), else its function."""
+    for arg in job.args:
+        if isinstance(arg, FigureJob):  # a wrapper (e.g. the stamp of stage, epoch and step): name what it wraps
+            return _job_name(arg)
+    owners = [item for arg in job.args for item in (arg if isinstance(arg, list) else [arg])]
+    names = [f"{type(owner).__qualname__}.figures" for owner in owners if hasattr(owner, "figures")]
+    return ", ".join(names) or getattr(job.function, "__qualname__", repr(job.function))
 
 
 @atexit.register
