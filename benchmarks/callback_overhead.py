@@ -595,6 +595,69 @@ def _median_parts(runs: list[dict[str, float]]) -> dict[str, float]:
     return {label: round(statistics.median(run.get(label, 0.0) for run in runs), 4) for label in labels}
 
 
+def host_case(args: argparse.Namespace) -> None:
+    """The host's share of the per-batch work: ``LayerwiseAnalysis()``'s updates of one batch at tiny shapes (12
+    layers, d 16, 10 classes, batch 8), where the arithmetic is nothing and what is left is what a GPU run pays on
+    the host for every batch (Python, dispatch, kernel launches); and how many torch operations one batch costs."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from layerwise.callbacks._loader import LoaderState
+    from layerwise.callbacks.family import LayerSpec
+
+    class _Count(TorchDispatchMode):
+        def __init__(self) -> None:
+            super().__init__()
+            self.calls = 0
+
+        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+            self.calls += 1
+            return func(*args, **(kwargs or {}))
+
+    layers, dim, classes, batch, batches = 12, 16, 10, 8, 50
+    spec = LayerSpec(list(range(1, layers + 1)), layers, dim, classes)
+    state = LoaderState.build(LayerwiseAnalysis().families, spec)
+    selection = torch.arange(layers)
+    generator = torch.Generator().manual_seed(0)
+    outputs = [
+        {
+            "features": torch.randn(layers, batch, dim, generator=generator),
+            "logits": torch.randn(layers, batch, classes, generator=generator),
+            "targets": torch.randint(0, classes, (batch,), generator=generator),
+        }
+        for _ in range(batches)
+    ]
+
+    def epoch() -> None:
+        for output in outputs:
+            state.collect(output, selection, 1, False)
+        state.feed_pending()
+        state.reset()
+
+    epoch()
+    per_batch = []
+    for _ in range(args.host_repeats):
+        start = time.perf_counter()
+        epoch()
+        per_batch.append((time.perf_counter() - start) / batches)
+    counter = _Count()
+    with counter:
+        state.collect(outputs[0], selection, 1, False)
+        state.collect(outputs[1], selection, 1, False)  # feeds the first
+    state.reset()
+    milliseconds = 1e3 * statistics.median(per_batch)
+    print(
+        f"\n(f) host time of the analysis per batch at tiny shapes (L={layers}, d={dim}, C={classes}, batch {batch}), "
+        f"{torch.get_num_threads()} torch threads: {milliseconds:.3f} ms (median of {args.host_repeats} epochs of "
+        f"{batches} batches); torch operations per batch: {counter.calls}"
+    )
+    if not args.quick:
+        record(
+            "analysis_host_per_batch",
+            {"milliseconds": round(milliseconds, 3), "torch_operations": counter.calls, "rounds": args.host_repeats},
+            LOAD_BEFORE,
+        )
+
+
 def metric_costs(args: argparse.Namespace) -> None:
     """Time every metric's update (per batch), compute and reset on random features of the DeiT-S shapes."""
     layers, dim, classes, batch, device = 12, 384, 1000, args.batch_size, args.device
@@ -668,6 +731,7 @@ def main() -> None:
     parser.add_argument("--untimed-only", action="store_true", help="DeiT-S case: skip the row that times the hooks")
     parser.add_argument("--lean", action="store_true", help="DeiT-S case: skip the minibatch-CKA and standalone rows")
     parser.add_argument("--record-suffix", default="", help="appended to the record's name (e.g. _8192)")
+    parser.add_argument("--host-repeats", type=int, default=9, help="host case: epochs (medians over these)")
     parser.add_argument("--drawing-steps", type=int, default=24, help="drawing case: training steps per loop")
     parser.add_argument("--drawing-repeats", type=int, default=5, help="drawing case: rounds")
     parser.add_argument("--quick", action="store_true", help="tiny sizes: 8 DeiT-S samples, batch 4, 2 rounds each")
@@ -698,6 +762,7 @@ CASES: dict[str, Callable[[argparse.Namespace], None]] = {
     "deit_s": deit_s_case,
     "metrics": metric_costs,
     "drawing": drawing_case,
+    "host": host_case,
 }
 
 if __name__ == "__main__":

@@ -161,6 +161,16 @@ def test_trajectory_shape_metric_is_the_mean_over_tokens():
     assert out["lss"].item() == pytest.approx(line_shape_score(trajectories).mean().item(), rel=1e-12)
     assert out["expodistance"].item() == pytest.approx(expodistance(trajectories).mean().item(), rel=1e-12)
     assert out["step_norm"].shape == (4,) and out["step_ratio"].shape == (3,)
+    # the per-layer step statistics, against numpy on the definitions (the metric computes the steps once for all)
+    steps = np.diff(trajectories.numpy(), axis=0)
+    norms = np.linalg.norm(steps, axis=-1)  # (4, 9)
+    np.testing.assert_allclose(out["step_norm"].numpy(), norms.mean(axis=1), rtol=1e-12)
+    np.testing.assert_allclose(out["step_ratio"].numpy(), (norms[1:] / norms[:-1]).mean(axis=1), rtol=1e-12)
+    variation = (norms.std(axis=0) / norms.mean(axis=0)).mean()
+    np.testing.assert_allclose(out["step_variation"].item(), variation, rtol=1e-12)
+    one_step = TrajectoryShape(1)  # one step: no ratio, expodistance undefined
+    one_step.update(trajectories[:2])
+    assert one_step.compute()["expodistance"].isnan() and one_step.compute()["lss"].item() == pytest.approx(1.0)
 
 
 def test_exact_top_singular_equals_the_svd_also_when_ill_conditioned():

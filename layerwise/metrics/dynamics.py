@@ -15,15 +15,11 @@ from layerwise.metrics._base import _check_positive_int, _SumStateMetric
 from layerwise.metrics.functional_dynamics import (
     CouplingForm,
     SvdMethod,
+    _trajectory_statistics,
     coupling_score,
     depth_coupling,
-    expodistance,
-    line_shape_score,
     linearisation_cosine,
     singular_spectra,
-    step_norms,
-    step_ratios,
-    step_variation,
 )
 
 
@@ -153,12 +149,13 @@ class TrajectoryShape(_SumStateMetric):
                 f"Expected trajectories of shape ({self.num_layers + 1}, N, d), got {tuple(trajectories.shape)}."
             )
         device = self.count.device
-        self.lss_sum += line_shape_score(trajectories).sum().to(device)
-        self.variation_sum += step_variation(trajectories).sum().to(device)
-        self.step_norm_sum += step_norms(trajectories).sum(dim=1).to(device)
-        if self.num_layers >= 2:
-            self.expodistance_sum += expodistance(trajectories).sum().to(device)
-            self.step_ratio_sum += step_ratios(trajectories).sum(dim=1).to(device)
+        lss, variation, norms, ratios, expo = _trajectory_statistics(trajectories)  # the steps once, not five times
+        self.lss_sum += lss.sum().to(device)
+        self.variation_sum += variation.sum().to(device)
+        self.step_norm_sum += norms.sum(dim=1).to(device)
+        if ratios is not None and expo is not None:
+            self.expodistance_sum += expo.sum().to(device)
+            self.step_ratio_sum += ratios.sum(dim=1).to(device)
         self.count += trajectories.shape[1]
 
     def compute(self) -> dict[str, Tensor]:
