@@ -9,6 +9,7 @@ from typing import Any, Optional
 
 import torch
 from lightning.pytorch import Trainer
+from lightning.pytorch.utilities import move_data_to_device
 from torch import Tensor
 
 from layerwise.callbacks._drawing import FigureJob, draw_later, figures_in_process, plain_copy
@@ -181,7 +182,7 @@ def log_figures(trainer: Trainer, stage: str, families: list[Family], results: d
     drawable = [plain_copy(family) for family in families]
     job = FigureJob(
         _family_figures,
-        (stage, drawable, on_host(results), spec),
+        (stage, drawable, move_data_to_device(results, torch.device("cpu")), spec),  # travels: on the host
         here=lambda: _family_figures(stage, families, results, spec),
     )
     log_figures_later(trainer, job)
@@ -191,17 +192,6 @@ def log_figures(trainer: Trainer, stage: str, families: list[Family], results: d
 
 def _family_figures(stage: str, families: list[Family], results: dict[str, Any], spec: LayerSpec) -> dict[str, Any]:
     return {f"{stage}/{tag}": figure for family in families for tag, figure in family.figures(results, spec).items()}
-
-
-def on_host(value: Any) -> Any:
-    """``value`` with every tensor in it (in dicts, lists, tuples) on the CPU, to travel to the drawing process."""
-    if isinstance(value, Tensor):
-        return value.detach().cpu()
-    if isinstance(value, dict):
-        return {key: on_host(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return type(value)(on_host(item) for item in value)
-    return value
 
 
 def _log_wandb_charts(trainer: Trainer, stage: str, families: list[Family], spec: LayerSpec) -> None:

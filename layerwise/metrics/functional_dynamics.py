@@ -222,7 +222,12 @@ def _steps(trajectories: Tensor) -> Tensor:
 def line_shape_score(trajectories: Tensor) -> Tensor:
     """LSS of every trajectory (L+1, ..., d) -> (...): L / ||sum of the unit steps||; a zero step adds no direction."""
     steps = _steps(trajectories)
-    norms = steps.norm(dim=-1, keepdim=True)
+    return _line_shape(steps, steps.norm(dim=-1))
+
+
+def _line_shape(steps: Tensor, norms: Tensor) -> Tensor:
+    """LSS from the steps (L, ..., d) and their norms (L, ...)."""
+    norms = norms.unsqueeze(-1)
     unit = torch.where(norms > 0, steps / norms.clamp_min(torch.finfo(_F64).tiny), 0.0)
     return steps.shape[0] / unit.sum(dim=0).norm(dim=-1)
 
@@ -235,6 +240,10 @@ def step_norms(trajectories: Tensor) -> Tensor:
 def step_ratios(trajectories: Tensor) -> Tensor:
     """``beta^l = ||x^{l+1} - x^l|| / ||x^l - x^{l-1}||`` for l = 1..L-1: (L-1, ...)."""
     norms = step_norms(trajectories)
+    return _ratios(norms)
+
+
+def _ratios(norms: Tensor) -> Tensor:
     return norms[1:] / norms[:-1]
 
 
@@ -257,14 +266,13 @@ def step_variation(trajectories: Tensor) -> Tensor:
 def _trajectory_statistics(trajectories: Tensor) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor], Optional[Tensor]]:
     """LSS, step variation, step norms, step ratios and expodistance from one cast and one difference of the points.
 
-    The same values as the functions above (the same operations on the same steps), for a metric that needs them all
+    The same values as the functions above (their shared pieces on the same steps), for a metric that needs them all
     at every batch: one pass instead of five casts and four norms. Ratios and expodistance are None with one step.
     """
     steps = _steps(trajectories)
     norms = steps.norm(dim=-1)
-    unit = torch.where(norms.unsqueeze(-1) > 0, steps / norms.unsqueeze(-1).clamp_min(torch.finfo(_F64).tiny), 0.0)
-    lss = steps.shape[0] / unit.sum(dim=0).norm(dim=-1)
+    lss, variation = _line_shape(steps, norms), _coefficient_of_variation(norms)
     if steps.shape[0] < 2:
-        return lss, _coefficient_of_variation(norms), norms, None, None
-    ratios = norms[1:] / norms[:-1]
-    return lss, _coefficient_of_variation(norms), norms, ratios, _coefficient_of_variation(ratios)
+        return lss, variation, norms, None, None
+    ratios = _ratios(norms)
+    return lss, variation, norms, ratios, _coefficient_of_variation(ratios)
