@@ -9,8 +9,8 @@ from typing import Any, Optional
 
 import torch
 from lightning.pytorch import Trainer
-from lightning.pytorch.utilities import move_data_to_device
 from torch import Tensor
+from torchmetrics.utilities.data import apply_to_collection
 
 from layerwise.callbacks._drawing import FigureJob, draw_later, figures_in_process, plain_copy
 from layerwise.callbacks._loggers import add_to_history, image_sinks, log_layer_charts, tensorboards, wandb_loggers
@@ -53,7 +53,8 @@ _UNCHARTED: "weakref.WeakKeyDictionary[Trainer, list[tuple[str, int, dict[str, A
 
 
 def _on_host(results: dict[str, Any]) -> dict[str, Any]:
-    return {key: value.detach().cpu() if isinstance(value, Tensor) else value for key, value in results.items()}
+    """``results`` with every tensor in it, also in nested lists and dicts, detached on the CPU."""
+    return apply_to_collection(results, Tensor, lambda value: value.detach().cpu())
 
 
 # The summary paths already printed for a Trainer: several callbacks write into one epoch's summary, the console names
@@ -182,7 +183,7 @@ def log_figures(trainer: Trainer, stage: str, families: list[Family], results: d
     drawable = [plain_copy(family) for family in families]
     job = FigureJob(
         _family_figures,
-        (stage, drawable, move_data_to_device(results, torch.device("cpu")), spec),  # travels: on the host
+        (stage, drawable, _on_host(results), spec),  # it travels to the drawing process: on the host
         here=lambda: _family_figures(stage, families, results, spec),
     )
     log_figures_later(trainer, job)
