@@ -3,7 +3,8 @@
 Two random GPT-2-small-shaped base models (12 x 768; ``layerwise compare`` loads base models, no LM head) read the
 same batches of random token ids. Three variants alternate in one process, ``--repeats`` times each:
 
-- ``plain``: A's and B's forwards alone, no hooks, per batch;
+- ``plain``: A's and B's forwards alone, no hooks, per batch, without a KV cache (``use_cache=False``, as
+  ``compare_models`` runs them: only the blocks' outputs are read);
 - ``exact``: ``compare_models(..., precision="exact")``: hooked forwards + every product in float64;
 - ``fast``: ``compare_models(..., precision="fast")``: each batch's products in float32 around the float64 shift,
   summed into the same float64 states.
@@ -34,7 +35,9 @@ from transformers.utils import logging as hf_logging
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _record import load_now, record  # noqa: E402
 
-from layerwise.inference.compare import compare_models  # noqa: E402
+from layerwise.features.paths import get_blocks, layer_paths  # noqa: E402
+from layerwise.inference.compare import compare_models, hidden_states, token_features  # noqa: E402
+from layerwise.metrics.compare import CrossModelCKA  # noqa: E402
 
 hf_logging.set_verbosity_error()
 
@@ -84,8 +87,8 @@ def main() -> None:
             for batch in batches:
                 sync(args.device)
                 start = time.perf_counter()
-                a(**batch)
-                b(**batch)
+                a(**batch, use_cache=False)
+                b(**batch, use_cache=False)
                 sync(args.device)
                 times.append(time.perf_counter() - start)
         return times
@@ -100,8 +103,31 @@ def main() -> None:
         results = compare_models(a, b, batches, precision=precision, progress=progress)
         return [later - earlier for earlier, later in zip(stamps, stamps[1:])], results["cka"]
 
+    blocks = [get_blocks(model, layer_paths(model)) for model in (a, b)]
+
+    def stages() -> dict[str, float]:
+        """One further batch of a comparison, part by part: the hooked forwards, then each precision's update."""
+        batch, out = batches[-1], {}
+        sync(args.device)
+        start = time.perf_counter()
+        features = [token_features(hidden_states(m, k, (), batch, False), None) for m, k in zip((a, b), blocks)]
+        sync(args.device)
+        out["hooked"] = time.perf_counter() - start
+        for precision in ("exact", "fast"):
+            metric = CrossModelCKA(args.layers, args.dim, args.layers, args.dim, precision=precision).to(args.device)
+            metric.update(*features)  # the first update sets the shift and allocates nothing new after
+            sync(args.device)
+            start = time.perf_counter()
+            metric.update(*features)
+            sync(args.device)
+            out[f"update_{precision}"] = time.perf_counter() - start
+            del metric
+        return out
+
     plain()  # warm-up
+    stages()
     times: dict[str, list[float]] = {"plain": [], "exact": [], "fast": []}
+    parts: dict[str, list[float]] = {"hooked": [], "update_exact": [], "update_fast": []}
     errors = []
     for _ in range(args.repeats):
         times["plain"] += plain()
@@ -110,6 +136,8 @@ def main() -> None:
         times["exact"] += exact_times
         times["fast"] += fast_times
         errors.append(float((fast - exact).abs().max()))
+        for key, value in stages().items():
+            parts[key].append(value)
     medians = {name: statistics.median(values) for name, values in times.items()}
     tokens = args.batch * args.tokens
     print(
@@ -124,6 +152,13 @@ def main() -> None:
     }
     for name, label in rows.items():
         print(f"{label:<58}{medians[name]:>9.3f}{medians[name] / medians['plain']:>8.2f}x")
+    for name, label in {
+        "hooked": "  of which: A and B forward with the block hooks",
+        "update_exact": '  of which: CrossModelCKA.update, precision="exact"',
+        "update_fast": '  of which: CrossModelCKA.update, precision="fast"',
+    }.items():
+        value = statistics.median(parts[name])
+        print(f"{label:<58}{value:>9.4f}{value / medians['plain']:>8.2f}x")
     print(f"largest |CKA fast - CKA exact| over every layer pair and repeat: {max(errors):.2e}")
     values = {
         "shape": f"{args.layers}x{args.dim}",
@@ -136,6 +171,9 @@ def main() -> None:
         "fast_s": round(medians["fast"], 3),
         "exact_ratio": round(medians["exact"] / medians["plain"], 2),
         "fast_ratio": round(medians["fast"] / medians["plain"], 2),
+        "hooked_forwards_s": round(statistics.median(parts["hooked"]), 4),
+        "update_exact_s": round(statistics.median(parts["update_exact"]), 4),
+        "update_fast_s": round(statistics.median(parts["update_fast"]), 4),
         "fast_max_abs_error": float(f"{max(errors):.2e}"),
         "fast_max_abs_error_1e9": round(max(errors) * 1e9, 2),  # in units of 1e-9, for README's claim markers
         "repeats": args.repeats,

@@ -98,3 +98,39 @@ def test_compare_models_and_the_command_take_the_fast_precision(tmp_path):
     cli_main([*argv, "--block_size", "16", "--max_blocks", "8", "--precision", "fast", "--out", str(tmp_path / "o")])
     record = json.loads((tmp_path / "o" / "compare.json").read_text())
     assert record["precision"] == "fast" and all(abs(record["cka"][i][i] - 1) < 1e-5 for i in range(2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("into", [torch.float64, torch.float32])
+def test_token_rows_are_the_float64_difference_rounded_once(dtype, into):
+    from layerwise.metrics.compare import _rows_minus
+
+    features = (torch.randn(3, 7, 5, generator=torch.Generator().manual_seed(3)) * 40 + 1e3).to(dtype)
+    shift = torch.randn(15, generator=torch.Generator().manual_seed(4), dtype=torch.float64) + 1e3
+    expected = (features.double().transpose(0, 1).reshape(7, 15) - shift).to(into)
+    rows = _rows_minus(features, shift, into)
+    assert rows.dtype == into and rows.shape == (7, 15) and rows.is_contiguous()
+    assert torch.equal(rows, expected)
+
+
+def test_compare_models_runs_the_language_models_without_a_kv_cache():
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from layerwise.inference.compare import compare_models
+
+    seen = []
+    models = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        config = AutoConfig.for_model("gpt2", n_layer=2, n_embd=32, n_head=4, vocab_size=260, n_positions=64)
+        model = AutoModelForCausalLM.from_config(config).base_model.eval()
+        model.register_forward_pre_hook(
+            lambda module, args, kwargs: seen.append(kwargs.get("use_cache")), with_kwargs=True
+        )
+        models.append(model)
+    batches = [
+        {"input_ids": torch.randint(0, 260, (2, 24), generator=torch.Generator().manual_seed(i))} for i in range(2)
+    ]
+    results = compare_models(*models, batches)
+    assert seen == [False] * 4
+    assert results["num_tokens"] == 96

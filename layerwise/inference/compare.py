@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -38,7 +39,8 @@ def hidden_states(
 ) -> dict[int, Tensor]:
     """Every block's output (the residual stream after it), keyed 1..L, in one forward pass without gradients.
 
-    With ``include_embeddings`` the input of block 1 too, keyed 0.
+    With ``include_embeddings`` the input of block 1 too, keyed 0. A model whose forward takes ``use_cache`` (the
+    Hugging Face language models) runs with ``use_cache=False`` unless ``kwargs`` says otherwise.
     """
     import torch
 
@@ -46,6 +48,8 @@ def hidden_states(
 
     outputs: dict[int, Tensor] = {}
     offset = int(include_embeddings)
+    if "use_cache" not in kwargs and "use_cache" in inspect.signature(model.forward).parameters:
+        kwargs = {**kwargs, "use_cache": False}  # only the blocks' outputs are read: building a KV cache is waste
     with torch.no_grad(), hooked_blocks(blocks, on_output=lambda i, h: outputs.__setitem__(i + offset, h.detach())):
         if include_embeddings:
             with hooked_blocks(blocks, on_input=lambda i, h: outputs.__setitem__(0, h.detach()), indices=[0]):

@@ -31,15 +31,17 @@ class CrossModelCKA(_ShiftedSumStateMetric):
     pairs (i, i) of two models of equal depth (the arccos distance needs nothing else): ``cross`` (L, d_A, d_B),
     L times less work and memory; ``compute`` then holds NaN off the diagonal.
 
-    ``precision="fast"``: each batch's features minus the shift (taken in float64) are rounded to float32 (or kept in
-    float64 if the model gives float64) and the batch's self and cross moments are float32 products, added to the same
-    float64 states (the cross moment in blocks of 2,048 rows, so no (L_A d_A, L_B d_B) temporary). The shift keeps
-    the values small, so an offset costs nothing here either; only the float32 rounding of each batch's sums remains.
-    Stated error: at most 1e-4 absolute on every CKA value. Measured: 3.4e-9 on two random GPT-2-small base models
-    (12 x 768, 4 batches of 128 tokens; 2.1e-9 on 3 of 512, ``benchmarks/compare_precision.py``), below 1e-7 on
-    features with outlier dimensions and an offset of 1e3 (``tests/test_compare_fast.py``). The products run at the
-    float32 rate (on a GPU: TF32 when ``torch.backends.cuda.matmul.allow_tf32`` is set, an error not measured here);
-    the float64 additions remain.
+    ``precision="fast"``: each batch's features minus the shift (subtracted in float64, in the same pass that
+    reorders them into token rows) are rounded once to float32 (bfloat16 and float16 features too; float64 stays
+    float64). The batch's sums (accumulated in float64) and its self and cross moments (float32 products) are taken
+    from those rounded values and added to the same float64 states (the cross moment in blocks of 2,048 rows, so no
+    (L_A d_A, L_B d_B) temporary). The shift keeps the values small, so an offset costs nothing here either; only the
+    float32 rounding of each batch remains. Stated error: at most 1e-4 absolute on every CKA value. Measured: 3.4e-9
+    on two random GPT-2-small base models (12 x 768, 4 batches of 128 tokens; 2.1e-9 on 3 of 512,
+    ``benchmarks/compare_precision.py``), below 1e-7 on features with outlier dimensions and an offset of 1e3
+    (``tests/test_compare_fast.py``). The products run at the float32 rate; on a GPU with
+    ``torch.set_float32_matmul_precision("high")`` at the TF32 rate, 2.7e-6 measured on an H100 at GPT-2-small's shape
+    (``benchmarks/compare_precision.py --matmul-precision high``). The float64 additions remain.
 
     Args:
         layers_a, dim_a: L_A and d_A of model A.
@@ -93,21 +95,21 @@ class CrossModelCKA(_ShiftedSumStateMetric):
         n = a.shape[1]
         if n == 0:
             return
-        flat = torch.cat(
-            [a.to(torch.float64).transpose(0, 1).reshape(n, -1), b.to(torch.float64).transpose(0, 1).reshape(n, -1)],
-            dim=1,
-        )
-        shifted = self._shifted(flat.unsqueeze(0))[0].to(self.cross.device)  # (N, L_A d_A + L_B d_B)
-        self.count += n
+        a, b = a.to(self.cross.device), b.to(self.cross.device)
+        if not self._has_shift:  # this rank's first batch sets the shift (as _shifted does), in float64
+            means = [a.to(torch.float64).mean(dim=1).reshape(-1), b.to(torch.float64).mean(dim=1).reshape(-1)]
+            self.shift = torch.cat(means).unsqueeze(0).to(self.shift.device)
+            self._has_shift = True
         split = self.layers_a * self.dim_a
-        self.sum_a += shifted[:, :split].sum(dim=0).view(self.layers_a, self.dim_a)
-        self.sum_b += shifted[:, split:].sum(dim=0).view(self.layers_b, self.dim_b)
-        if self.precision == "fast":  # the products in the features' precision (at least float32), summed in float64
-            shifted = shifted.to(torch.promote_types(torch.promote_types(a.dtype, b.dtype), torch.float32))
-        flat_a, flat_b = shifted[:, :split], shifted[:, split:]
-        x = flat_a.reshape(n, self.layers_a, self.dim_a).transpose(0, 1)  # (L_A, N, d_A), a view
-        y = flat_b.reshape(n, self.layers_b, self.dim_b).transpose(0, 1)
-        if shifted.dtype != torch.float64:
+        dtype = self._product_dtype(a.dtype, b.dtype)
+        shift = self.shift[0].to(self.cross.device)
+        flat_a, flat_b = _rows_minus(a, shift[:split], dtype), _rows_minus(b, shift[split:], dtype)  # (N, L d)
+        self.count += n
+        self.sum_a += flat_a.sum(dim=0, dtype=torch.float64).view(self.layers_a, self.dim_a)
+        self.sum_b += flat_b.sum(dim=0, dtype=torch.float64).view(self.layers_b, self.dim_b)
+        x = flat_a.view(n, self.layers_a, self.dim_a).transpose(0, 1)  # (L_A, N, d_A), a view
+        y = flat_b.view(n, self.layers_b, self.dim_b).transpose(0, 1)
+        if dtype != torch.float64:
             self._add_low_precision_products(x, y, flat_a, flat_b)
             return
         # In place, straight into the float64 states (the same sums as _cross_cka_update, without a (L_A d_A, L_B d_B)
@@ -118,6 +120,15 @@ class CrossModelCKA(_ShiftedSumStateMetric):
             self.cross.baddbmm_(x.transpose(1, 2), y)
         else:
             self.cross.addmm_(flat_a.T, flat_b)
+
+    def _product_dtype(self, a: torch.dtype, b: torch.dtype) -> torch.dtype:
+        """float64 when exact; when fast, the features' dtype widened to at least float32.
+
+        bfloat16 products would round every centred value to 8 significant bits, too coarse for the stated error.
+        """
+        if self.precision == "exact":
+            return torch.float64
+        return torch.promote_types(torch.promote_types(a, b), torch.float32)
 
     def _add_low_precision_products(self, x: Tensor, y: Tensor, flat_a: Tensor, flat_b: Tensor) -> None:
         """``precision="fast"``: this batch's moments as float32 products, added to the float64 states.
@@ -242,3 +253,14 @@ class MinibatchCrossCKA(_SumStateMetric):
         elif self._num_pending:
             rank_zero_warn(f"MinibatchCrossCKA: the last {self._num_pending} tokens (< 4) form no chunk; left out.")
         return {"mean": cka / chunks, "sum": across / torch.sqrt(torch.outer(self_a, self_b))}
+
+
+def _rows_minus(features: Tensor, shift: Tensor, dtype: torch.dtype) -> Tensor:
+    """(N, L d) token rows of ``features`` (L, N, d) minus ``shift`` (L d,), in ``dtype``.
+
+    Subtracted in float64 and rounded once, in one pass: no float64 copy of the features is made.
+    """
+    layers, n, dim = features.shape
+    rows = torch.empty(n, layers, dim, dtype=dtype, device=features.device)
+    torch.sub(features.transpose(0, 1), shift.view(1, layers, dim), out=rows)
+    return rows.view(n, layers * dim)
