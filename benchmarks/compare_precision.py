@@ -1,20 +1,25 @@
 """Cross-model CKA, exact against fast (issue 24.3): time per batch beside the two plain forwards, and the error.
 
 Two random GPT-2-small-shaped base models (12 x 768; ``layerwise compare`` loads base models, no LM head) read the
-same batches of random token ids. Three variants alternate in one process, ``--repeats`` times each:
+same batches of random token ids, held on the host as the command's loader yields them (``input_ids`` and an
+all-ones ``attention_mask``, pinned on a GPU). Three variants alternate in one process, ``--repeats`` times each:
 
-- ``plain``: A's and B's forwards alone, no hooks, per batch, without a KV cache (``use_cache=False``, as
-  ``compare_models`` runs them: only the blocks' outputs are read);
+- ``plain``: A's and B's forwards alone, no hooks, the ids copied to the device, without a KV cache
+  (``use_cache=False``) and without the all-ones mask, as ``compare_models`` runs them;
 - ``exact``: ``compare_models(..., precision="exact")``: hooked forwards + every product in float64;
 - ``fast``: ``compare_models(..., precision="fast")``: each batch's products in float32 around the float64 shift,
   summed into the same float64 states.
 
-A comparison's per-batch cost is read from its progress callback (the time between the updates of consecutive
-batches), so the first batch, which also allocates the 793 MiB of states, is left out: what is reported is what each
-further batch of a long comparison costs. Medians over all repeats. The error is the largest absolute difference
-between the fast and the exact CKA matrices (every layer pair) of the same comparison.
+Each variant runs twice per repeat, over all ``--batches`` batches and over the first half of them, with the device
+synchronised only at the end of each run (as a user's loop would be); the cost of a further batch is the difference
+of the two times over the difference of the batch counts. So the first batch (which allocates the 793 MiB of states)
+and the final ``compute`` cancel out, and work the device overlaps with the host's (a batch's products queued while
+the host launches the next forwards) counts once, as it costs a user. Medians over the repeats. The "of which" rows
+time one batch part by part, synchronised between parts: they add up to more than the overlapped whole. The error is
+the largest absolute difference between the fast and the exact CKA matrices (every layer pair) of the same
+comparison.
 
-    python benchmarks/compare_precision.py --device cpu --batch 2 --tokens 256 --batches 3 --repeats 3
+    python benchmarks/compare_precision.py --device cpu --batch 2 --tokens 256 --batches 4 --repeats 3
 
 On a GPU, ``--matmul-precision high`` runs the whole process as a user who follows Lightning's advice
 (``torch.set_float32_matmul_precision("high")``) would: float32 products on TF32 tensor cores, the forwards and the
@@ -62,7 +67,7 @@ def main() -> None:
     parser.add_argument("--heads", type=int, default=12)
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--tokens", type=int, default=256)
-    parser.add_argument("--batches", type=int, default=3, help="batches per comparison (>= 2)")
+    parser.add_argument("--batches", type=int, default=4, help="batches of the longer run (>= 2; the shorter has half)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="the models' dtype")
     parser.add_argument(
@@ -76,38 +81,38 @@ def main() -> None:
     load_before = load_now()
     a, b = build(args, 0), build(args, 1)
     generator = torch.Generator().manual_seed(2)
-    batches = [
-        {"input_ids": torch.randint(0, 50257, (args.batch, args.tokens), generator=generator).to(args.device)}
-        for _ in range(max(2, args.batches))
-    ]
+    pin = args.device.startswith("cuda")
+    batches = []
+    for _ in range(max(2, args.batches)):
+        ids = torch.randint(0, 50257, (args.batch, args.tokens), generator=generator)
+        batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+        batches.append({key: value.pin_memory() if pin else value for key, value in batch.items()})
+    halves = (batches, batches[: len(batches) // 2])
+    further = len(batches) - len(halves[1])
 
-    def plain() -> list[float]:
-        times = []
+    def plain(part: list) -> float:
+        sync(args.device)
+        start = time.perf_counter()
         with torch.no_grad():
-            for batch in batches:
-                sync(args.device)
-                start = time.perf_counter()
-                a(**batch, use_cache=False)
-                b(**batch, use_cache=False)
-                sync(args.device)
-                times.append(time.perf_counter() - start)
-        return times
+            for batch in part:
+                ids = batch["input_ids"].to(args.device, non_blocking=True)
+                a(input_ids=ids, use_cache=False)
+                b(input_ids=ids, use_cache=False)
+        sync(args.device)
+        return time.perf_counter() - start
 
-    def comparison(precision: str) -> tuple[list[float], torch.Tensor]:
-        stamps: list[float] = []
-
-        def progress(_: int) -> None:
-            sync(args.device)
-            stamps.append(time.perf_counter())
-
-        results = compare_models(a, b, batches, precision=precision, progress=progress)
-        return [later - earlier for earlier, later in zip(stamps, stamps[1:])], results["cka"]
+    def comparison(precision: str, part: list) -> tuple[float, torch.Tensor]:
+        sync(args.device)
+        start = time.perf_counter()
+        results = compare_models(a, b, part, precision=precision)
+        sync(args.device)
+        return time.perf_counter() - start, results["cka"]
 
     blocks = [get_blocks(model, layer_paths(model)) for model in (a, b)]
 
     def stages() -> dict[str, float]:
         """One further batch of a comparison, part by part: the hooked forwards, then each precision's update."""
-        batch, out = batches[-1], {}
+        batch, out = {"input_ids": batches[-1]["input_ids"].to(args.device)}, {}
         sync(args.device)
         start = time.perf_counter()
         features = [token_features(hidden_states(m, k, (), batch, False), None) for m, k in zip((a, b), blocks)]
@@ -124,18 +129,19 @@ def main() -> None:
             del metric
         return out
 
-    plain()  # warm-up
+    plain(halves[1])  # warm-up
     stages()
     times: dict[str, list[float]] = {"plain": [], "exact": [], "fast": []}
     parts: dict[str, list[float]] = {"hooked": [], "update_exact": [], "update_fast": []}
     errors = []
     for _ in range(args.repeats):
-        times["plain"] += plain()
-        exact_times, exact = comparison("exact")
-        fast_times, fast = comparison("fast")
-        times["exact"] += exact_times
-        times["fast"] += fast_times
-        errors.append(float((fast - exact).abs().max()))
+        times["plain"].append((plain(halves[0]) - plain(halves[1])) / further)
+        runs = {}
+        for precision in ("exact", "fast"):
+            (whole, cka), (half, _) = comparison(precision, halves[0]), comparison(precision, halves[1])
+            times[precision].append((whole - half) / further)
+            runs[precision] = cka
+        errors.append(float((runs["fast"] - runs["exact"]).abs().max()))
         for key, value in stages().items():
             parts[key].append(value)
     medians = {name: statistics.median(values) for name, values in times.items()}
@@ -151,7 +157,7 @@ def main() -> None:
         "fast": 'compare_models precision="fast", each further batch',
     }
     for name, label in rows.items():
-        print(f"{label:<58}{medians[name]:>9.3f}{medians[name] / medians['plain']:>8.2f}x")
+        print(f"{label:<58}{medians[name]:>9.4f}{medians[name] / medians['plain']:>8.2f}x")
     for name, label in {
         "hooked": "  of which: A and B forward with the block hooks",
         "update_exact": '  of which: CrossModelCKA.update, precision="exact"',
@@ -166,9 +172,9 @@ def main() -> None:
         "device": args.device,
         "dtype": args.dtype,
         "matmul_precision": args.matmul_precision,
-        "plain_s": round(medians["plain"], 3),
-        "exact_s": round(medians["exact"], 3),
-        "fast_s": round(medians["fast"], 3),
+        "plain_s": round(medians["plain"], 4),
+        "exact_s": round(medians["exact"], 4),
+        "fast_s": round(medians["fast"], 4),
         "exact_ratio": round(medians["exact"] / medians["plain"], 2),
         "fast_ratio": round(medians["fast"] / medians["plain"], 2),
         "hooked_forwards_s": round(statistics.median(parts["hooked"]), 4),

@@ -144,3 +144,32 @@ def test_compare_command_on_text(tmp_path, capsys):
     with pytest.raises(SystemExit):
         cli_main(["compare", "--model_a", folder_b, "--model_b", folder_b, "--out", str(tmp_path / "never")])
     assert "--text" in capsys.readouterr().err and not (tmp_path / "never").exists()
+
+
+@pytest.mark.parametrize("mask_padding", [True, False])
+def test_compare_models_on_padded_and_unpadded_batches_equals_a_direct_computation(folder_b, mask_padding):
+    """The command's path: masks on the host; an all-ones mask is dropped before the forwards, a padded one kept."""
+    from transformers import AutoModelForCausalLM
+
+    from layerwise.inference.compare import compare_models
+
+    model_a = decoder("gpt2").model.double().eval()
+    model_b = AutoModelForCausalLM.from_pretrained(folder_b).double().eval()
+    first = next(iter(padded_loader()))["input_ids"]
+    batches = [{"input_ids": first, "attention_mask": torch.ones_like(first)}, *padded_loader()]
+    given_a_mask = []
+    model_a.transformer.register_forward_pre_hook(
+        lambda module, args, kwargs: given_a_mask.append("attention_mask" in kwargs), with_kwargs=True
+    )
+    results = compare_models(model_a.transformer, model_b.transformer, batches, mask_padding=mask_padding)
+    assert given_a_mask == [False, True, True, True]
+    features = {"a": [], "b": []}
+    for batch in batches:
+        for name, model in (("a", model_a), ("b", model_b)):
+            outputs = collect_block_outputs(model.transformer.h, lambda model=model, batch=batch: model(**batch))
+            stacked = torch.stack([h.detach() for h in outputs])
+            mask = batch["attention_mask"].bool()
+            features[name].append(stacked[:, mask] if mask_padding else stacked.flatten(1, 2))
+    expected = cross_cka(torch.cat(features["a"], 1), torch.cat(features["b"], 1))
+    torch.testing.assert_close(results["cka"], expected, rtol=0, atol=1e-10)
+    assert results["num_tokens"] == sum(part.shape[1] for part in features["a"])

@@ -71,6 +71,9 @@ def token_features(
     if stacked.dim() == 3:  # (L, B, d): pooled features, one row per sample
         return stacked
     if mask is not None and mask_padding:
+        if mask.device != stacked.device:  # a mask still on the host: pick the rows there, no wait on the device
+            index = mask.bool().flatten().nonzero().squeeze(1).to(stacked.device, non_blocking=True)
+            return stacked.flatten(1, 2).index_select(1, index)
         return stacked[:, mask.bool()]
     return stacked.flatten(1, 2)
 
@@ -104,16 +107,23 @@ def compare_models(
     device_a, device_b = input_device(model_a), input_device(model_b)
     for batch in batches:
         args, kwargs, mask = model_inputs(batch)
+        if mask is not None and mask.device.type == "cpu" and bool(mask.all()):
+            # No padding (packed text): the models run as without a mask, and nothing waits on the device for it
+            # (a mask makes a Hugging Face model check it on the device, which stalls the host until the
+            # previous batch's update has run). Checked on the host, where it is free.
+            kwargs, mask = {key: value for key, value in kwargs.items() if key != "attention_mask"}, None
         on = [
             (model, blocks, device)
             for model, blocks, device in ((model_a, blocks_a, device_a), (model_b, blocks_b, device_b))
         ]
         features = []
         for model, blocks, device in on:
-            moved_args = tuple(value.to(device) for value in args)
-            moved_kwargs = {key: value.to(device) for key, value in kwargs.items()}
+            # Asynchronous copies (the loaders pin memory on a GPU), so the host queues this batch's forwards while
+            # the device still runs the previous batch's products.
+            moved_args = tuple(value.to(device, non_blocking=True) for value in args)
+            moved_kwargs = {key: value.to(device, non_blocking=True) for key, value in kwargs.items()}
             outputs = hidden_states(model, blocks, moved_args, moved_kwargs, include_embeddings)
-            features.append(token_features(outputs, None if mask is None else mask.to(device), mask_padding))
+            features.append(token_features(outputs, mask, mask_padding))
         a, b = features[0], features[1].to(features[0].device)
         if exact is None:
             exact = CrossModelCKA(a.shape[0], a.shape[2], b.shape[0], b.shape[2], pairs=pairs, precision=precision).to(
