@@ -10,14 +10,15 @@ all-ones ``attention_mask``, pinned on a GPU). Three variants alternate in one p
 - ``fast``: ``compare_models(..., precision="fast")``: each batch's products in float32 around the float64 shift,
   summed into the same float64 states.
 
-Each variant runs twice per repeat, over all ``--batches`` batches and over the first half of them, with the device
-synchronised only at the end of each run (as a user's loop would be); the cost of a further batch is the difference
-of the two times over the difference of the batch counts. So the first batch (which allocates the 793 MiB of states)
-and the final ``compute`` cancel out, and work the device overlaps with the host's (a batch's products queued while
-the host launches the next forwards) counts once, as it costs a user. Medians over the repeats. The "of which" rows
-time one batch part by part, synchronised between parts: they add up to more than the overlapped whole. The error is
-the largest absolute difference between the fast and the exact CKA matrices (every layer pair) of the same
-comparison.
+On a GPU each variant runs twice per repeat, over all ``--batches`` batches and over the first half of them, with
+the device synchronised only at the end of each run (as a user's loop would be); the cost of a further batch is the
+difference of the two times over the difference of the batch counts. So the first batch (which allocates the
+793 MiB of states) and the final ``compute`` cancel out, and work the device overlaps with the host's (a batch's
+products queued while the host launches the next forwards) counts once, as it costs a user. On a CPU, where nothing
+overlaps, every batch is timed on its own (a comparison's from one update to the next, the first left out), which
+is the same cost with less noise. Medians over all of them. The "of which" rows time one batch part by part,
+synchronised between parts: on a GPU they add up to more than the overlapped whole. The error is the largest
+absolute difference between the fast and the exact CKA matrices (every layer pair) of the same comparison.
 
     python benchmarks/compare_precision.py --device cpu --batch 2 --tokens 256 --batches 4 --repeats 3
 
@@ -88,9 +89,12 @@ def main() -> None:
         batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         batches.append({key: value.pin_memory() if pin else value for key, value in batch.items()})
     halves = (batches, batches[: len(batches) // 2])
+    on_cpu = args.device == "cpu"  # nothing asynchronous: every batch is timed on its own
     further = len(batches) - len(halves[1])
 
-    def plain(part: list) -> float:
+    def plain(part: list) -> tuple[float, list[float]]:
+        """The whole run's time, and each batch's (meaningful on a CPU, where nothing runs asynchronously)."""
+        stamps = [time.perf_counter()]
         sync(args.device)
         start = time.perf_counter()
         with torch.no_grad():
@@ -98,15 +102,22 @@ def main() -> None:
                 ids = batch["input_ids"].to(args.device, non_blocking=True)
                 a(input_ids=ids, use_cache=False)
                 b(input_ids=ids, use_cache=False)
+                stamps.append(time.perf_counter())
         sync(args.device)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, [later - earlier for earlier, later in zip(stamps, stamps[1:])]
 
-    def comparison(precision: str, part: list) -> tuple[float, torch.Tensor]:
+    def comparison(precision: str, part: list) -> tuple[float, list[float], torch.Tensor]:
+        """The whole run's time, the time between consecutive batches' updates (the first left out), and the CKA."""
+        stamps: list[float] = []
         sync(args.device)
         start = time.perf_counter()
-        results = compare_models(a, b, part, precision=precision)
+        results = compare_models(a, b, part, precision=precision, progress=lambda _: stamps.append(time.perf_counter()))
         sync(args.device)
-        return time.perf_counter() - start, results["cka"]
+        return (
+            time.perf_counter() - start,
+            [later - earlier for earlier, later in zip(stamps, stamps[1:])],
+            results["cka"],
+        )
 
     blocks = [get_blocks(model, layer_paths(model)) for model in (a, b)]
 
@@ -135,12 +146,12 @@ def main() -> None:
     parts: dict[str, list[float]] = {"hooked": [], "update_exact": [], "update_fast": []}
     errors = []
     for _ in range(args.repeats):
-        times["plain"].append((plain(halves[0]) - plain(halves[1])) / further)
+        whole, each = plain(halves[0])
+        times["plain"] += each if on_cpu else [(whole - plain(halves[1])[0]) / further]
         runs = {}
         for precision in ("exact", "fast"):
-            (whole, cka), (half, _) = comparison(precision, halves[0]), comparison(precision, halves[1])
-            times[precision].append((whole - half) / further)
-            runs[precision] = cka
+            whole, each, runs[precision] = comparison(precision, halves[0])
+            times[precision] += each if on_cpu else [(whole - comparison(precision, halves[1])[0]) / further]
         errors.append(float((runs["fast"] - runs["exact"]).abs().max()))
         for key, value in stages().items():
             parts[key].append(value)
@@ -184,6 +195,7 @@ def main() -> None:
         "fast_max_abs_error_1e9": round(max(errors) * 1e9, 2),  # in units of 1e-9, for README's claim markers
         "repeats": args.repeats,
         "batches": len(batches),
+        "each_s": {name: [round(value, 4) for value in values] for name, values in times.items()},  # the spread
     }
     name = "compare_precision" if args.device == "cpu" else f"compare_precision_{args.device}"
     name += {"float32": "", "bfloat16": "_bf16"}[args.dtype] + {"highest": "", "high": "_tf32"}[args.matmul_precision]

@@ -5,7 +5,8 @@
 #         analysis against none) -> callback_overhead_deit_s_cuda_8192_workers; drawing next to a GPU training loop,
 #         by a thread and by the drawing process -> drawing_vs_training_loop_cuda
 #   24.2  depth-wise coupling at GPT-2-small's shape (12 x 768, 64 tokens), >= 24x the authors' method -> coupling_gpu
-#   24.3  cross-model CKA, precision="fast" <= 1.2x the two forwards at GPT-2-small, error <= 1e-4 -> compare_precision_cuda
+#   24.3  cross-model CKA, precision="fast" <= 1.2x the two forwards at GPT-2-small, error <= 1e-4 -> compare_precision_cuda_tf32,
+#         compare_precision_cuda_bf16_tf32 (TF32 products, as Lightning advises on such GPUs)
 # The rows are independent: one that fails (or runs past its ROW_TIMEOUT seconds) is reported and the others still run;
 # the script exits non-zero if any failed. On an H100 it took about 2 minutes (2026-11-26, before the 24.1 rows took their present form, which add ~2 minutes).
 #   bash benchmarks/gpu_rows.sh                 # from the repository root, in the project's environment
@@ -24,7 +25,8 @@ row() {
     echo "=== $name took $((SECONDS - start)) s"
 }
 row 24.2 benchmarks/coupling.py --device cuda --layers 12 --dim 768 --heads 12 --tokens 64 --repeats 3 --record coupling_gpu
-row 24.3 benchmarks/compare_precision.py --device cuda --batch 8 --tokens 256 --batches 4 --repeats 3
+row 24.3 benchmarks/compare_precision.py --device cuda --batch 8 --tokens 256 --batches 16 --repeats 7 --matmul-precision high
+row 24.3-bf16 benchmarks/compare_precision.py --device cuda --batch 8 --tokens 256 --batches 16 --repeats 7 --dtype bfloat16 --matmul-precision high
 row 24.1 benchmarks/callback_overhead.py --device cuda --cases deit_s --lean --workers 8 --num-samples 8192 --repeats 3 --record-suffix _8192_workers
 row 24.1-drawing benchmarks/callback_overhead.py --device cuda --cases drawing
 if ((${#failed[@]})); then echo "failed: ${failed[*]}"; exit 1; fi
