@@ -25,7 +25,7 @@ from layerwise.metrics import Readout, readout_from_logits
 
 
 def layer_batch(outputs: Any, selection: Tensor, budget: Optional[int], token_stride: int) -> tuple[LayerBatch, int]:
-    """The :class:`LayerBatch` of a step's per-layer outputs and how many dataloader samples it used up.
+    """The :class:`LayerBatch` of a step's per-layer outputs and the dataloader samples it used (0 without a budget).
 
     ``budget`` is how many real samples this rank still has (``None``: no padding to drop); ``selection`` the
     0-based layers to keep; ``token_stride`` subsamples positions for the feature-similarity statistics.
@@ -38,7 +38,9 @@ def layer_batch(outputs: Any, selection: Tensor, budget: Optional[int], token_st
         )
     check_layer_outputs(outputs)
     rows = _real_rows(outputs, budget)
-    used = _samples_in(outputs, rows)
+    # Counted only against a budget: for a language model the count reads the device (the largest sample index),
+    # which would stall the host once per batch.
+    used = _samples_in(outputs, rows) if budget is not None else 0
     selection = selection.to(outputs[FEATURES].device)
 
     def pick(value: Optional[Tensor]) -> Optional[Tensor]:
