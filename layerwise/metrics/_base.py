@@ -195,9 +195,13 @@ class _ShiftedSumStateMetric(_SumStateMetric):
         if not self._has_shift:
             if x.shape[1] == 0:
                 return x
-            self.shift = x.mean(dim=1).to(self.shift.device)
-            self._has_shift = True
+            self._take_shift(x.mean(dim=1))
         return x - self.shift.to(x.device).unsqueeze(1)
+
+    def _take_shift(self, mean: Tensor) -> None:
+        """This rank's first batch sets the shift: ``mean``, float64, of the shift's shape."""
+        self.shift = mean.to(self.shift.device)
+        self._has_shift = True
 
     def reset(self) -> None:
         """Reset the states; the next batch sets a new shift."""

@@ -96,10 +96,9 @@ class CrossModelCKA(_ShiftedSumStateMetric):
         if n == 0:
             return
         a, b = a.to(self.cross.device), b.to(self.cross.device)
-        if not self._has_shift:  # this rank's first batch sets the shift (as _shifted does), in float64
+        if not self._has_shift:
             means = [a.to(torch.float64).mean(dim=1).reshape(-1), b.to(torch.float64).mean(dim=1).reshape(-1)]
-            self.shift = torch.cat(means).unsqueeze(0).to(self.shift.device)
-            self._has_shift = True
+            self._take_shift(torch.cat(means).unsqueeze(0))
         split = self.layers_a * self.dim_a
         dtype = self._product_dtype(a.dtype, b.dtype)
         shift = self.shift[0].to(self.cross.device)
