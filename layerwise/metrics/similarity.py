@@ -151,7 +151,7 @@ class _CenteredBufferMetric(_SumStateMetric):
     def _join(self, group: list[tuple[Tensor, ...]]) -> tuple[Tensor, ...]:
         if len(group) == 1:
             return group[0]
-        return tuple(torch.cat(parts, dim=dim) for parts, dim in zip(zip(*group), self._sample_dims))
+        return tuple(torch.cat(parts, dim=dim) for parts, dim in zip(zip(*group), self._sample_dims, strict=True))
 
     def _stream(self, entry: tuple[Tensor, ...], center: Tensor) -> None:
         for name, part in zip(self._streamed, self._centered_stats(*entry, center=center)):
