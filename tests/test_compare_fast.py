@@ -134,3 +134,30 @@ def test_compare_models_runs_the_language_models_without_a_kv_cache():
     results = compare_models(*models, batches)
     assert seen == [False] * 4
     assert results["num_tokens"] == 96
+
+
+@pytest.mark.parametrize("pairs", ["all", "diagonal"])
+def test_fast_products_reuse_one_scratch_buffer_across_batches_and_blocks(monkeypatch, pairs):
+    """Every float32 product lands in one buffer kept from batch to batch (blocks of 50 rows: 50, 50, 44), with the
+    same states as products written to fresh tensors; reset drops the buffer."""
+    import layerwise.metrics.compare as compare
+
+    a, b = (x.float() for x in model_like_pair(1e3))
+    b = b[:LA] if pairs == "diagonal" else b
+    monkeypatch.setattr(compare, "_FAST_ROWS", 50)
+    metric = CrossModelCKA(LA, DA, b.shape[0], DB, pairs=pairs, precision="fast")
+    metric.update(a[:, :128], b[:, :128])
+    buffer = metric._buffer
+    assert buffer is not None and buffer.dtype == torch.float32
+    metric.update(a[:, 128:], b[:, 128:])
+    assert metric._buffer.data_ptr() == buffer.data_ptr()  # no new allocation at the second batch
+
+    reference = CrossModelCKA(LA, DA, b.shape[0], DB, pairs=pairs, precision="fast")
+    monkeypatch.setattr(reference, "_scratch", lambda shape, like: torch.empty(shape, dtype=like.dtype))
+    reference.update(a[:, :128], b[:, :128])
+    reference.update(a[:, 128:], b[:, 128:])
+    for name in ("self_a", "self_b", "cross"):
+        torch.testing.assert_close(getattr(metric, name), getattr(reference, name), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(metric.compute(), reference.compute(), rtol=0, atol=1e-9, equal_nan=True)
+    metric.reset()
+    assert metric._buffer is None
