@@ -104,6 +104,7 @@ def generate(run_dir: Path, layers: list[int]) -> list[str]:
     command = [sys.executable, "-m", "layerwise", "generate", "--checkpoint", str(run_dir / "checkpoints/last.ckpt")]
     command += ["--tokenizer", "byte", "--prompt", PROMPT, "--layers", *map(str, layers), "--max_new_tokens", "56"]
     command += ["--strategy", "top_k", "--top_k", "10", "--seed", "0", "--out", str(run_dir / "generated.json")]
+    command += ["--overwrite", "true"]  # a rerun of the demo replaces its own texts
     subprocess.run(command, cwd=ROOT, check=True, capture_output=True)
     return json.loads((run_dir / "generated.json").read_text())
 
@@ -143,7 +144,7 @@ def compare_demo(out: Path) -> None:
     lines = ["| A vs B | arccos distance | CKA of layers 0..4 | penalty vs B at l = m = 1, 2, 3 |", "|---|---|---|---|"]
     for first, second in COMPARE_PAIRS:
         common = ["--model_a", str(checkpoints[first]), "--model_b", str(checkpoints[second]), "--text", TEXT]
-        common += ["--tokenizer", "byte", "--block_size", "64"]
+        common += ["--tokenizer", "byte", "--block_size", "64", "--overwrite", "true"]  # a rerun replaces its results
         target = out / "compare" / f"{first}_vs_{second}"
         start = time.perf_counter()
         subprocess.run(

@@ -12,9 +12,11 @@ import shutil
 import tempfile
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Union
+
+from layerwise.errors import UsageError
 
 REQUIRED_KEYS = (
     "epoch",
@@ -88,6 +90,29 @@ def write_folder_atomic(folder: Union[str, Path], write: Callable[[Path], Any], 
 def write_text_atomic(path: Union[str, Path], text: str) -> Path:
     """:func:`write_atomic` for UTF-8 text."""
     return write_atomic(path, lambda file: file.write(text.encode("utf-8")))
+
+
+def check_outputs_free(out: Union[str, Path], names: Sequence[str], overwrite: bool, flag: str = "--out") -> None:
+    """Refuse, before any work starts, to write over the results of an earlier run in the folder ``out``.
+
+    ``names`` are the files the command writes into ``out``; one that exists already stops the command with one line
+    naming it, ``flag`` and ``--overwrite true`` (with which the files are replaced, each atomically).
+    """
+    taken = [name for name in names if (Path(out) / name).exists()]
+    if taken and not overwrite:
+        raise UsageError(
+            f"`{flag}={out}` already holds {', '.join(taken)} from an earlier run: give another {flag}, or "
+            "--overwrite true to replace it."
+        )
+
+
+def check_output_free(path: Union[str, Path], overwrite: bool, flag: str = "--out") -> None:
+    """:func:`check_outputs_free` for a command whose ``flag`` names the file itself."""
+    if Path(path).exists() and not overwrite:
+        raise UsageError(
+            f"`{flag}={path}` already exists, from an earlier run: give another {flag}, or --overwrite true to "
+            "replace it."
+        )
 
 
 def save_figure_atomic(path: Union[str, Path], figure: Any, dpi: int = 150) -> Path:

@@ -434,7 +434,13 @@ def test_cli_generate_from_several_layers_writes_json(model_folder: str, gpt2: n
     assert f"--- layer {DEPTH}/{DEPTH} ---" in capsys.readouterr().out
 
     sample = [*argv, "--layer", "2", "--strategy", "nucleus", "--top_p", "0.9", "--temperature", "1.5", "--seed", "3"]
-    cli_main([*sample, "--max_new_tokens", "5", "--out", str(out)])
+    first = out.read_bytes()
+    with pytest.raises(SystemExit):  # the first run's file is kept: refused before any model is loaded
+        cli_main([*sample, "--max_new_tokens", "5", "--out", str(out)])
+    error = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(error) == 1 and "--out=" in error[0] and "already exists" in error[0] and "--overwrite true" in error[0]
+    assert out.read_bytes() == first
+    cli_main([*sample, "--max_new_tokens", "5", "--out", str(out), "--overwrite", "true"])
     expected = generate_from_layer(
         gpt2,
         ids,

@@ -132,6 +132,7 @@ def clip(
     center: bool = True,
     device: Optional[str] = None,
     out: Path = Path("clip"),
+    overwrite: bool = False,
 ) -> None:
     """Layer-wise COS of a CLIP model within and across modalities (App. D of Jiang et al.).
 
@@ -150,15 +151,18 @@ def clip(
         center: centre the within-modality COS on the evaluated mean.
         device: cpu, cuda, ... (default: cuda when available).
         out: output folder.
+        overwrite: replace the results of an earlier run in --out (without it, the command stops at them).
     """
     import torch
     from torch.utils.data import DataLoader, Subset
     from transformers import AutoProcessor
 
     from layerwise.inference._options import check_model_path, load_model_as
+    from layerwise.results import check_outputs_free
 
     if batch_size < 1 or max_pairs < 1:
         raise ValueError("`--batch_size` and `--max_pairs` must be >= 1.")
+    check_outputs_free(out, ["clip.json", *(f"clip_{name}.png" for name in ("vision", "text", "cross"))], overwrite)
     check_model_path(model, "--model")
     images, classes = _image_dataset(data)
     pairs = CaptionedImages(images, classes, template)

@@ -246,6 +246,7 @@ def compare(
     device_map: DeviceMap = None,
     offload_folder: Optional[Path] = None,
     out: Path = Path("compare"),
+    overwrite: bool = False,
 ) -> None:
     """CKA between every layer of two models on the same tokens, and their arccos distance (Brown et al., 2023).
 
@@ -278,13 +279,17 @@ def compare(
             naming the base model's modules ('layers.0') or the causal LM's ('model.layers.0', as lens and coupling).
         offload_folder: where weights offloaded to disk are kept (a sub-folder per model).
         out: output folder.
+        overwrite: replace the results of an earlier run in --out (without it, the command stops at them).
     """
     import torch
     from tqdm.auto import tqdm
 
+    from layerwise.results import check_outputs_free
+
     if block_size < 2 or batch_size < 1 or max_blocks < 1 or chunk < 4:
         raise ValueError("`--block_size` must be >= 2, `--batch_size` and `--max_blocks` >= 1, `--chunk` >= 4.")
     TextSource(text, dataset, dataset_config).check()
+    check_outputs_free(out, ["compare.json", "compare_cka.png"], overwrite)
     target = device or ("cuda" if torch.cuda.is_available() else "cpu")
     loaded = []
     for spec, name in ((model_a, "a"), (model_b, "b")):

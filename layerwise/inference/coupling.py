@@ -441,6 +441,7 @@ def coupling(
     score_column: Optional[str] = None,
     k: Optional[int] = None,
     out: Path = Path("coupling"),
+    overwrite: bool = False,
 ) -> None:
     """Block coupling of a causal LM over prompts (Aristide et al., 2024), or the regression of scores on it.
 
@@ -478,7 +479,11 @@ def coupling(
         score_column: the score column of --correlate (default: the first).
         k: the K whose coupling score --correlate uses (default: the first K of each file).
         out: output folder.
+        overwrite: replace the results of an earlier run in --out (without it, the command stops at them).
     """
+    from layerwise.results import check_outputs_free
+
+    check_outputs_free(out, ["correlation.json"] if correlate is not None else ["coupling.json"], overwrite)
     if correlate is not None:
         _correlate(correlate, score_column, k, out)
         return

@@ -199,6 +199,7 @@ def generate(
     stop_strings: Optional[list[str]] = None,
     seed: int = 0,
     out: Optional[Path] = None,
+    overwrite: bool = False,
 ) -> None:
     """Continue a prompt with blocks 1..l and the model's own final norm + LM head (Hugging Face's generate).
 
@@ -220,8 +221,9 @@ def generate(
         stop_strings: stop a text once it ends with one of these.
         seed: sampling seed; every layer starts from it.
         out: also write the prompt, options and texts to this JSON file.
+        overwrite: replace the --out file of an earlier run (without it, the command stops at it).
     """
-    from layerwise.results import write_text_atomic
+    from layerwise.results import check_output_free, write_text_atomic
 
     if layer is not None and layers:
         raise ValueError("Give --layer or --layers, not both.")
@@ -229,6 +231,8 @@ def generate(
         raise ValueError("`--prompt` is empty; give the text to continue.")
     check_layer_numbers("--layers", layers or [])
     check_generation_options(max_new_tokens, strategy, top_k, top_p, temperature, layer, num_beams)
+    if out is not None:
+        check_output_free(out, overwrite)
     lm, tokenizer_object, total = ModelSource(checkpoint, model, tokenizer, tokenizer_dir).load()
     check_layer_numbers("--layers" if layers else "--layer", layers or ([layer] if layer else []), total)
     prompt_ids = tokenizer_object(prompt, return_tensors="pt")["input_ids"]

@@ -173,6 +173,7 @@ def lens(
     device_map: DeviceMap = None,
     offload_folder: Optional[Path] = None,
     out: Path = Path("."),
+    overwrite: bool = False,
 ) -> None:
     """What the shared head predicts from every layer at every position the full model generates greedily.
 
@@ -191,13 +192,16 @@ def lens(
             JSON object from module name to cpu, a GPU index or disk (accelerate).
         offload_folder: where weights offloaded to disk are kept.
         out: folder for lens.md and lens.png.
+        overwrite: replace the results of an earlier run in --out (without it, the command stops at them).
     """
     from layerwise.inference.generation import check_generation_options
+    from layerwise.results import check_outputs_free
 
     if not prompt:
         raise ValueError("`--prompt` is empty; give the text to continue.")
     check_layer_numbers("--layers", layers or [])
     check_generation_options(max_new_tokens, "greedy", 1, 1.0, 1.0)
+    check_outputs_free(out, ["lens.md", "lens.png"], overwrite)
     lm, tokenizer_object, total = ModelSource(
         checkpoint, model, tokenizer, tokenizer_dir, dtype, device_map, offload_folder
     ).load()

@@ -212,6 +212,7 @@ def stitch(
     accelerator: str = "auto",
     seed: int = 0,
     out: Path = Path("stitch"),
+    overwrite: bool = False,
 ) -> None:
     """Stitching penalties of two causal LMs or two classifiers over a grid of layers (Brown et al., 2023).
 
@@ -262,7 +263,10 @@ def stitch(
         accelerator: Lightning accelerator (auto, cpu, gpu).
         seed: random seed of every pair's fit (phi's initialisation and the order of the training data).
         out: output folder.
+        overwrite: replace the results of an earlier run in --out (without it, the command stops at them).
     """
+    from layerwise.results import check_outputs_free
+
     if steps < 1:
         raise ValueError(f"`--steps={steps}` must be >= 1.")
     warmup_steps = min(200, steps // 10) if warmup_steps is None else warmup_steps
@@ -280,6 +284,7 @@ def stitch(
         raise ValueError("`--task classification` reads a GLUE task: give --glue_task (and --data_dir), not --text.")
     if hans and glue_task != "mnli":
         raise ValueError(f"`--hans` evaluates MNLI classifiers; --glue_task is {glue_task!r}.")
+    check_outputs_free(out, ["stitch.json", "stitch.md", "stitch.png"], overwrite)
     load_as = "causal_lm" if task == "causal_lm" else "classification"
     first, second = load_model_as(model_a, "--model_a", load_as), load_model_as(model_b, "--model_b", load_as)
     check_same_vocab(first, second)
