@@ -68,3 +68,42 @@ def test_models_reading_different_ids_are_refused(folders, tmp_path, capsys, com
     line = error_line(command, argv, capsys)
     assert "`--model_b` reads 300 token ids, `--model_a` 260" in line
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("block_size", [0, 1])
+def test_a_block_too_short_to_predict_is_refused_by_its_own_flag(folders, tmp_path, capsys, command, block_size):
+    """stitch with --block_size 1 used to train, then die in a ZeroDivisionError (no next token to evaluate)."""
+    base = ["--model_a", folders["a"], "--model_b", folders["a"], "--tokenizer", "byte", "--steps", "2"]
+    base = base if command == "stitch" else base[:-2]
+    argv = [*base, "--text", str(folders["root"] / "long.txt"), "--block_size", str(block_size)]
+    line = error_line(command, [*argv, "--out", str(tmp_path / "o")], capsys)
+    assert f"`--block_size={block_size}` must be >= 2" in line and "--text" not in line
+    assert not (tmp_path / "o").exists()
+
+
+def test_compare_names_the_one_option_out_of_range(folders, tmp_path, capsys):
+    base = ["--model_a", folders["a"], "--model_b", folders["a"], "--tokenizer", "byte", "--text"]
+    base += [str(folders["root"] / "long.txt"), "--out", str(tmp_path / "o")]
+    assert "`--chunk=2` must be >= 4" in error_line("compare", [*base, "--chunk", "2"], capsys)
+    assert "`--max_blocks=0` must be >= 1" in error_line("compare", [*base, "--max_blocks", "0"], capsys)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_folder_slash_name_under_a_local_folder_is_a_missing_path_not_a_hub_id(
+    folders, tmp_path, capsys, monkeypatch, command
+):
+    """``models/AA`` where ./models exists: refused at once, instead of ~20 s of offline hub retries."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    argv = ["--model_a", "models/AA", "--model_b", folders["a"], "--tokenizer", "byte"]
+    argv += ["--text", str(folders["root"] / "long.txt"), "--block_size", "32", "--out", str(tmp_path / "o")]
+    line = error_line(command, argv, capsys)
+    assert "`--model_a=models/AA` does not exist" in line and "huggingface" not in line
+
+
+def test_a_model_folder_without_a_tokenizer_points_at_the_tokenizer(folders, tmp_path, capsys):
+    """The folders hold no tokenizer files; without --tokenizer the text encodes to nothing, which names --tokenizer."""
+    argv = ["--model_a", folders["a"], "--model_b", folders["a"], "--text", str(folders["root"] / "long.txt")]
+    line = error_line("compare", [*argv, "--block_size", "32", "--out", str(tmp_path / "o")], capsys)
+    assert "0 tokens" in line and "--tokenizer" in line, line

@@ -41,8 +41,9 @@ def model_tokenizer(model: Optional[str]) -> Optional[str]:
 def check_model_path(spec: Optional[str], flag: str) -> None:
     """Refuse, naming ``flag``, a model written as a local path that is not there.
 
-    A local path starts with ``/``, ``.`` or ``~``, ends with ``.ckpt`` or holds more than one ``/``; a hub id
-    (``name`` or ``owner/name``) is left to the loader.
+    A local path starts with ``/``, ``.`` or ``~``, ends with ``.ckpt``, holds more than one ``/``, or is
+    ``folder/name`` where ``folder`` is a local folder (offline, the loader would otherwise retry the hub for it for
+    ~20 s); any other ``name`` or ``owner/name`` is a hub id, left to the loader.
     """
     if spec is None:
         return
@@ -50,6 +51,12 @@ def check_model_path(spec: Optional[str], flag: str) -> None:
     pathlike = text.startswith(("/", ".", "~")) or text.endswith(".ckpt") or text.count("/") > 1 or "\\" in text
     if pathlike and not Path(text).expanduser().exists():
         raise UsageError(f"`{flag}={text}` does not exist (give a model folder, a layerwise .ckpt or a hub id).")
+    owner = text.split("/", 1)[0] if text.count("/") == 1 else None
+    if owner and Path(owner).is_dir() and not Path(text).exists():
+        raise UsageError(
+            f"`{flag}={text}` does not exist: the folder {owner}/ here holds no {text.split('/', 1)[1]!r} (for the hub "
+            f"id {text}, run from a folder without {owner}/)."
+        )
 
 
 def load_model_as(spec: str, flag: str, *args: Any, **kwargs: Any) -> Any:

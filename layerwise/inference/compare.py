@@ -286,8 +286,12 @@ def compare(
 
     from layerwise.results import check_outputs_free
 
-    if block_size < 2 or batch_size < 1 or max_blocks < 1 or chunk < 4:
-        raise ValueError("`--block_size` must be >= 2, `--batch_size` and `--max_blocks` >= 1, `--chunk` >= 4.")
+    minimums = (("block_size", block_size, 2), ("batch_size", batch_size, 1), ("max_blocks", max_blocks, 1))
+    for flag, value, least in minimums:
+        if value < least:
+            raise ValueError(f"`--{flag}={value}` must be >= {least}.")
+    if chunk < 4:
+        raise ValueError(f"`--chunk={chunk}` must be >= 4 (the unbiased HSIC needs 4 tokens per chunk).")
     TextSource(text, dataset, dataset_config).check()
     check_outputs_free(out, ["compare.json", "compare_cka.png"], overwrite)
     target = device or ("cuda" if torch.cuda.is_available() else "cpu")

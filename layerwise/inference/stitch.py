@@ -269,12 +269,16 @@ def stitch(
 
     if steps < 1:
         raise ValueError(f"`--steps={steps}` must be >= 1.")
+    if batch_size < 1:
+        raise ValueError(f"`--batch_size={batch_size}` must be >= 1.")
     warmup_steps = min(200, steps // 10) if warmup_steps is None else warmup_steps
     if not 0 <= warmup_steps <= steps:
         raise ValueError(f"`--warmup_steps={warmup_steps}` must lie in 0..--steps ({steps}).")
     if dev_blocks < 0:
         raise ValueError(f"`--dev_blocks={dev_blocks}` must be >= 0 (0: phi of the last step).")
     if task == "causal_lm":
+        if block_size < 2:  # a block of one token has no next token to predict: nothing to evaluate
+            raise ValueError(f"`--block_size={block_size}` must be >= 2 (each block predicts its own next tokens).")
         TextSource(text, dataset, dataset_config).check()
         if glue_task is not None or hans:
             raise ValueError(
