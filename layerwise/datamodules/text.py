@@ -271,12 +271,12 @@ class TextDataModule(LightningDataModule):
 
     def _hold_out(self, stream: Tensor, source: str) -> tuple[Tensor, Tensor]:
         """Split ``stream`` into its first and its last ``val_fraction`` (nanoGPT: ``n_train = int(n * (1 - f))``)."""
-        n_train = int(len(stream) * (1 - self.val_fraction))
         if len(stream) == 0:  # a model folder without tokenizer files can give a tokenizer that encodes nothing
             raise ValueError(
                 f"{source}: 0 tokens: the text is empty, or its tokenizer encodes it to nothing (give "
                 f"{flag('tokenizer')}, e.g. byte)"
             )
+        n_train = int(len(stream) * (1 - self.val_fraction))
         if n_train == 0 or n_train == len(stream):
             raise ValueError(
                 f"{source}: {len(stream)} tokens cannot be split by {flag('val_fraction')}={self.val_fraction}"

@@ -49,14 +49,9 @@ def check_model_path(spec: Optional[str], flag: str) -> None:
         return
     text = str(spec)
     pathlike = text.startswith(("/", ".", "~")) or text.endswith(".ckpt") or text.count("/") > 1 or "\\" in text
+    pathlike = pathlike or (text.count("/") == 1 and Path(text.split("/")[0]).is_dir())
     if pathlike and not Path(text).expanduser().exists():
         raise UsageError(f"`{flag}={text}` does not exist (give a model folder, a layerwise .ckpt or a hub id).")
-    owner = text.split("/", 1)[0] if text.count("/") == 1 else None
-    if owner and Path(owner).is_dir() and not Path(text).exists():
-        raise UsageError(
-            f"`{flag}={text}` does not exist: the folder {owner}/ here holds no {text.split('/', 1)[1]!r} (for the hub "
-            f"id {text}, run from a folder without {owner}/)."
-        )
 
 
 def load_model_as(spec: str, flag: str, *args: Any, **kwargs: Any) -> Any:

@@ -154,6 +154,9 @@ def compare_models(
     return results
 
 
+COMPARE_FILES = ("compare.json", "compare_cka.png")  # what `compare` writes into --out
+
+
 def write_comparison(results: dict[str, Any], out: Path) -> list[Path]:
     """``compare.json`` and ``compare_cka.png`` in ``out``."""
     import matplotlib.pyplot as plt
@@ -161,12 +164,13 @@ def write_comparison(results: dict[str, Any], out: Path) -> list[Path]:
     from layerwise.figures.compare import cka_across_models
     from layerwise.results import save_figure_atomic, to_json, write_text_atomic
 
+    json_name, figure_name = COMPARE_FILES
     out.mkdir(parents=True, exist_ok=True)
     record = to_json(results)
-    paths = [write_text_atomic(out / "compare.json", json.dumps(record, indent=1) + "\n")]
+    paths = [write_text_atomic(out / json_name, json.dumps(record, indent=1) + "\n")]
     figure = cka_across_models(record)
     try:
-        paths.append(save_figure_atomic(out / "compare_cka.png", figure))
+        paths.append(save_figure_atomic(out / figure_name, figure))
     finally:
         plt.close(figure)
     return paths
@@ -293,7 +297,7 @@ def compare(
     if chunk < 4:
         raise ValueError(f"`--chunk={chunk}` must be >= 4 (the unbiased HSIC needs 4 tokens per chunk).")
     TextSource(text, dataset, dataset_config).check()
-    check_outputs_free(out, ["compare.json", "compare_cka.png"], overwrite)
+    check_outputs_free(out, COMPARE_FILES, overwrite)
     target = device or ("cuda" if torch.cuda.is_available() else "cpu")
     loaded = []
     for spec, name in ((model_a, "a"), (model_b, "b")):

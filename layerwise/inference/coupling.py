@@ -317,6 +317,9 @@ def coupling_record(analysis: CouplingAnalysis, results: dict[str, Any]) -> dict
     return record
 
 
+COUPLING_JSON, CORRELATION_JSON = "coupling.json", "correlation.json"  # what `coupling` (--correlate) writes first
+
+
 def write_coupling_json(analysis: CouplingAnalysis, results: dict[str, Any], out: Any) -> Any:
     """Write ``coupling.json`` (atomically) into ``out``; returns its path."""
     import json
@@ -327,7 +330,7 @@ def write_coupling_json(analysis: CouplingAnalysis, results: dict[str, Any], out
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     record = coupling_record(analysis, results)
-    return write_text_atomic(out / "coupling.json", json.dumps(record, indent=1) + "\n")
+    return write_text_atomic(out / COUPLING_JSON, json.dumps(record, indent=1) + "\n")
 
 
 def coupling_files(analysis: CouplingAnalysis, results: dict[str, Any], out: Any) -> list[Any]:
@@ -483,7 +486,7 @@ def coupling(
     """
     from layerwise.results import check_outputs_free
 
-    check_outputs_free(out, ["correlation.json"] if correlate is not None else ["coupling.json"], overwrite)
+    check_outputs_free(out, [CORRELATION_JSON if correlate is not None else COUPLING_JSON], overwrite)
     if correlate is not None:
         _correlate(correlate, score_column, k, out)
         return
@@ -553,7 +556,7 @@ def _correlate(table: Path, score_column: Optional[str], k: Optional[int], out: 
         f"{fit['score_column']} = {fit['intercept']:.4g} + {fit['slope']:.4g} * coupling  "
         f"(R² {fit['r2']:.3f}, p {fit['p_value']:.3g}, n {fit['n']})"
     )
-    paths = [write_text_atomic(out / "correlation.json", json.dumps(fit, indent=1) + "\n")]
+    paths = [write_text_atomic(out / CORRELATION_JSON, json.dumps(fit, indent=1) + "\n")]
     points = fit["points"]
     figure = correlation(
         [p["coupling"] for p in points],

@@ -142,6 +142,9 @@ def lens_markdown(table: LensTable) -> str:
     return "\n".join(lines) + "\n"
 
 
+LENS_FILES = ("lens.md", "lens.png")  # what `lens` writes into --out
+
+
 def write_lens(table: LensTable, out_dir: Optional[Path] = None) -> list[Path]:
     """Write ``lens.md`` and ``lens.png`` to ``out_dir`` (default the current folder); returns their paths."""
     from layerwise.figures.lens import lens_figure
@@ -150,7 +153,7 @@ def write_lens(table: LensTable, out_dir: Optional[Path] = None) -> list[Path]:
 
     target = Path(out_dir or ".")
     target.mkdir(parents=True, exist_ok=True)
-    markdown_path, figure_path = target / "lens.md", target / "lens.png"
+    markdown_path, figure_path = (target / name for name in LENS_FILES)
     write_text_atomic(markdown_path, lens_markdown(table))
     figure = lens_figure(table.probs.numpy(), table.tokens, table.generated_tokens, table.layers, table.prompt)
     try:
@@ -201,7 +204,7 @@ def lens(
         raise ValueError("`--prompt` is empty; give the text to continue.")
     check_layer_numbers("--layers", layers or [])
     check_generation_options(max_new_tokens, "greedy", 1, 1.0, 1.0)
-    check_outputs_free(out, ["lens.md", "lens.png"], overwrite)
+    check_outputs_free(out, LENS_FILES, overwrite)
     lm, tokenizer_object, total = ModelSource(
         checkpoint, model, tokenizer, tokenizer_dir, dtype, device_map, offload_folder
     ).load()

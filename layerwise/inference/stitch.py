@@ -157,20 +157,24 @@ def stitch_markdown(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+STITCH_FILES = ("stitch.json", "stitch.md", "stitch.png")  # what `stitch` writes into --out
+
+
 def write_stitch(rows: Sequence[dict[str, Any]], record: dict[str, Any], out: Path) -> list[Path]:
     """``stitch.json``, ``stitch.md`` and ``stitch.png`` (the penalty against B per pair) in ``out``."""
     from layerwise.figures.stitch import stitch_figure
     from layerwise.figures.style import plt
     from layerwise.results import save_figure_atomic, write_text_atomic
 
+    json_name, markdown_name, figure_name = STITCH_FILES
     out.mkdir(parents=True, exist_ok=True)
     paths = [
-        write_text_atomic(out / "stitch.json", json.dumps({**record, "rows": list(rows)}, indent=1) + "\n"),
-        write_text_atomic(out / "stitch.md", stitch_markdown(rows)),
+        write_text_atomic(out / json_name, json.dumps({**record, "rows": list(rows)}, indent=1) + "\n"),
+        write_text_atomic(out / markdown_name, stitch_markdown(rows)),
     ]
     fig = stitch_figure(rows, record)
     try:
-        paths.append(save_figure_atomic(out / "stitch.png", fig))
+        paths.append(save_figure_atomic(out / figure_name, fig))
     finally:
         plt.close(fig)
     return paths
@@ -288,7 +292,7 @@ def stitch(
         raise ValueError("`--task classification` reads a GLUE task: give --glue_task (and --data_dir), not --text.")
     if hans and glue_task != "mnli":
         raise ValueError(f"`--hans` evaluates MNLI classifiers; --glue_task is {glue_task!r}.")
-    check_outputs_free(out, ["stitch.json", "stitch.md", "stitch.png"], overwrite)
+    check_outputs_free(out, STITCH_FILES, overwrite)
     load_as = "causal_lm" if task == "causal_lm" else "classification"
     first, second = load_model_as(model_a, "--model_a", load_as), load_model_as(model_b, "--model_b", load_as)
     check_same_vocab(first, second)
