@@ -56,6 +56,7 @@ from layerwise.callbacks import (
     LayerwiseMonitor,
     LogitLensMonitor,
     NeuralCollapseMonitor,
+    _loader,
 )
 from layerwise.datamodules import DigitsDataModule
 from layerwise.features import TimmViT
@@ -181,6 +182,7 @@ class Config:
     monitors: dict[str, LayerwiseMonitor]
     tensorboard: bool = False
     timed: bool = True  # time the monitors' hooks (on a GPU: a synchronisation around every hook, see _time_hooks)
+    group_batches: Optional[int] = None  # batches fed to the metrics together (None: the default, GROUP_BATCHES)
     trainer: Optional[Trainer] = None
     marks: list[float] = field(default_factory=list)
     hook_seconds: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -215,8 +217,13 @@ class Config:
         self.finish_seconds.clear()
         for seconds in self.hook_seconds.values():
             seconds.update(dict.fromkeys(PARTS, 0.0))
+        default_group = _loader.GROUP_BATCHES
+        _loader.GROUP_BATCHES = self.group_batches or default_group
         start = time.perf_counter()
-        self.trainer.validate(model, loader, verbose=False)
+        try:
+            self.trainer.validate(model, loader, verbose=False)
+        finally:
+            _loader.GROUP_BATCHES = default_group
         if record:
             self.totals.append(time.perf_counter() - start)
             self.epochs.append(self.marks[1] - self.marks[0])
@@ -543,6 +550,8 @@ def deit_s_case(args: argparse.Namespace) -> None:
         # the ratios: untimed (timing the hooks synchronises a GPU around each of them, which the loop never does)
         Config("LayerwiseAnalysis(log_figures=False)", {"a": LayerwiseAnalysis(log_figures=False)}, timed=False),
         Config("LayerwiseAnalysis(), TensorBoard", {"a": LayerwiseAnalysis()}, tensorboard=True, timed=False),
+        # before the batches were fed in groups: each batch's updates on their own (the same code, groups of one)
+        Config("... (log_figures=False), per batch", {"a": LayerwiseAnalysis(log_figures=False)}, False, False, 1),
     ]
     if not args.untimed_only:  # where the time goes: hooks and epoch-end parts timed (synchronised)
         timed = {"LayerwiseAnalysis": LayerwiseAnalysis(log_figures=False)}
@@ -564,10 +573,10 @@ def deit_s_case(args: argparse.Namespace) -> None:
         f"batch {args.batch_size}, {args.device}, loader workers {args.workers}, median of {args.repeats} rounds"
     )
     print_table(title, configs)
-    off, watch, draw = (statistics.median(config.epochs) for config in configs[:3])
+    off, watch, draw, per_batch = (statistics.median(config.epochs) for config in configs[:4])
     print(
-        f"the full analysis / no analysis: {watch / off:.3f}x; a validation that draws every figure (TensorBoard) / "
-        f"one that does not draw: {draw / watch:.3f}x"
+        f"the full analysis / no analysis: {watch / off:.3f}x (fed per batch: {per_batch / off:.3f}x); a validation "
+        f"that draws every figure (TensorBoard) / one that does not draw: {draw / watch:.3f}x"
     )
     if not args.quick:  # issue 24.1's second goal: <= 1.05x on a GPU
         suffix = "" if args.device == "cpu" else f"_{args.device}"
@@ -575,11 +584,14 @@ def deit_s_case(args: argparse.Namespace) -> None:
             f"callback_overhead_deit_s{suffix}{args.record_suffix}",
             {
                 "analysis_vs_off_epoch_ratio": round(watch / off, 3),
+                "analysis_per_batch_vs_off_epoch_ratio": round(per_batch / off, 3),
                 "draw_vs_no_draw_epoch_ratio": round(draw / watch, 3),
                 "epoch_seconds_off": round(off, 4),
                 "epoch_seconds_analysis": round(watch, 4),
                 "epoch_seconds_analysis_drawing": round(draw, 4),
-                "epoch_end_seconds_timed": _median_parts(configs[3].finish_runs) if len(configs) > 3 else None,
+                "epoch_seconds_analysis_per_batch": round(per_batch, 4),
+                "group_batches": _loader.GROUP_BATCHES,
+                "epoch_end_seconds_timed": _median_parts(configs[4].finish_runs) if len(configs) > 4 else None,
                 "distinct_images": min(args.num_samples, args.pool or args.num_samples),
                 "num_samples": args.num_samples,
                 "batch_size": args.batch_size,
@@ -596,9 +608,10 @@ def _median_parts(runs: list[dict[str, float]]) -> dict[str, float]:
 
 
 def host_case(args: argparse.Namespace) -> None:
-    """The host's share of the per-batch work: ``LayerwiseAnalysis()``'s updates of one batch at tiny shapes (12
-    layers, d 16, 10 classes, batch 8), where the arithmetic is nothing and what is left is what a GPU run pays on
-    the host for every batch (Python, dispatch, kernel launches); and how many torch operations one batch costs."""
+    """The host's share of the per-batch work: ``LayerwiseAnalysis()``'s updates at tiny shapes (12 layers, d 16, 10
+    classes, batch 8), where the arithmetic is nothing and what is left is what a GPU run pays on the host for every
+    batch (Python, dispatch, kernel launches); and how many torch operations a batch costs. The batches fed in groups
+    (the default) and one at a time (groups of one, as before), alternated; on ``--device``."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from layerwise.callbacks._loader import LoaderState
@@ -613,47 +626,69 @@ def host_case(args: argparse.Namespace) -> None:
             self.calls += 1
             return func(*args, **(kwargs or {}))
 
-    layers, dim, classes, batch, batches = 12, 16, 10, 8, 50
+    layers, dim, classes, batch, batches, device = 12, 16, 10, 8, 64, args.device
+    synchronize = _synchronizer(device)
     spec = LayerSpec(list(range(1, layers + 1)), layers, dim, classes)
     state = LoaderState.build(LayerwiseAnalysis().families, spec)
-    selection = torch.arange(layers)
+    for metric in state.metrics:
+        metric.to(device)
+    selection = torch.arange(layers, device=device)
     generator = torch.Generator().manual_seed(0)
     outputs = [
         {
-            "features": torch.randn(layers, batch, dim, generator=generator),
-            "logits": torch.randn(layers, batch, classes, generator=generator),
-            "targets": torch.randint(0, classes, (batch,), generator=generator),
+            "features": torch.randn(layers, batch, dim, generator=generator).to(device),
+            "logits": torch.randn(layers, batch, classes, generator=generator).to(device),
+            "targets": torch.randint(0, classes, (batch,), generator=generator).to(device),
         }
         for _ in range(batches)
     ]
+    default_group = _loader.GROUP_BATCHES
+    settings = {"in groups": default_group, "per batch": 1}
 
-    def epoch() -> None:
-        for output in outputs:
-            state.collect(output, selection, 1, False)
-        state.feed_pending()
-        state.reset()
+    def epoch(group: int) -> None:
+        _loader.GROUP_BATCHES = group
+        try:
+            for output in outputs:
+                state.collect(output, selection, 1, False)
+            state.feed_pending()
+            state.reset()
+            synchronize()
+        finally:
+            _loader.GROUP_BATCHES = default_group
 
-    epoch()
-    per_batch = []
+    per_batch: dict[str, list[float]] = {name: [] for name in settings}
+    for group in settings.values():
+        epoch(group)
     for _ in range(args.host_repeats):
-        start = time.perf_counter()
-        epoch()
-        per_batch.append((time.perf_counter() - start) / batches)
-    counter = _Count()
-    with counter:
-        state.collect(outputs[0], selection, 1, False)
-        state.collect(outputs[1], selection, 1, False)  # feeds the first
-    state.reset()
-    milliseconds = 1e3 * statistics.median(per_batch)
+        for name, group in settings.items():
+            start = time.perf_counter()
+            epoch(group)
+            per_batch[name].append((time.perf_counter() - start) / batches)
+    operations, milliseconds = {}, {}
+    for name, group in settings.items():
+        counter = _Count()
+        with counter:
+            epoch(group)  # the batches are fed in groups: count a whole epoch's operations, per batch
+        operations[name] = round(counter.calls / batches, 1)
+        milliseconds[name] = round(1e3 * statistics.median(per_batch[name]), 3)
     print(
         f"\n(f) host time of the analysis per batch at tiny shapes (L={layers}, d={dim}, C={classes}, batch {batch}), "
-        f"{torch.get_num_threads()} torch threads: {milliseconds:.3f} ms (median of {args.host_repeats} epochs of "
-        f"{batches} batches); torch operations per batch: {counter.calls}"
+        f"{device}, {torch.get_num_threads()} torch threads, median of {args.host_repeats} alternated epochs of "
+        f"{batches} batches (groups of {default_group}):"
     )
+    for name in settings:
+        print(f"  {name:<10} {milliseconds[name]:.3f} ms, {operations[name]} torch operations per batch")
     if not args.quick:
         record(
-            "analysis_host_per_batch",
-            {"milliseconds": round(milliseconds, 3), "torch_operations": counter.calls, "rounds": args.host_repeats},
+            "analysis_host_per_batch" + ("" if device == "cpu" else f"_{device}"),
+            {
+                "milliseconds": milliseconds["in groups"],
+                "torch_operations": operations["in groups"],
+                "milliseconds_per_batch_fed_alone": milliseconds["per batch"],
+                "torch_operations_per_batch_fed_alone": operations["per batch"],
+                "group_batches": default_group,
+                "rounds": args.host_repeats,
+            },
             LOAD_BEFORE,
         )
 

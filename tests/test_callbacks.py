@@ -38,6 +38,7 @@ from layerwise.callbacks import (
     LayerwiseAnalysis,
     LogitLensMonitor,
     NeuralCollapseMonitor,
+    _loader,
 )
 from layerwise.callbacks.effective_depth import DEFAULT_EPSILONS
 from layerwise.callbacks.logit_lens import DEFAULT_THRESHOLDS
@@ -296,7 +297,10 @@ def test_every_custom_scalars_chart_refers_to_logged_tags(tmp_path):
 
 
 # ----------------------------------------------------------------------------------------- non-finite samples
-def test_non_finite_samples_are_skipped_counted_and_named_never_poisoning_the_rest(tmp_path):
+@pytest.mark.parametrize("group_batches", [1, 3, _loader.GROUP_BATCHES])
+def test_non_finite_samples_are_skipped_counted_and_named_never_poisoning_others(tmp_path, monkeypatch, group_batches):
+    # fed a batch at a time, in groups of three (the bad rows in three groups), and all seven batches in one group
+    monkeypatch.setattr(_loader, "GROUP_BATCHES", group_batches)
     x, y = val_loader(N).dataset.tensors
     poisoned = x.clone()
     bad = [5, 40, 77]
@@ -325,8 +329,9 @@ def test_non_finite_samples_are_skipped_counted_and_named_never_poisoning_the_re
 
 
 def test_the_last_batch_is_fed_at_the_end_and_a_failed_epoch_leaves_no_batch_behind(tmp_path):
-    # Each batch is fed when the next arrives (its non-finite check travels to the host meanwhile): the last one,
-    # NaN row included, is fed when the states are reduced; an epoch that fails keeps nothing for the next one.
+    # The batches are fed in groups, each when the next is joined (its non-finite check travels to the host
+    # meanwhile): the last group, NaN row included, is fed when the states are reduced; an epoch that fails keeps
+    # nothing for the next one.
     x, y = val_loader(N).dataset.tensors
     poisoned = x.clone()
     poisoned[99, 0, 0, 0] = float("nan")  # in the ragged last batch
@@ -347,7 +352,7 @@ def test_the_last_batch_is_fed_at_the_end_and_a_failed_epoch_leaves_no_batch_beh
     failing = FailsAtBatch(fitted_module().backbone)
     with pytest.raises(RuntimeError, match="boom"):
         trainer(tmp_path / "failed", [callback]).validate(failing, val_loader(N), verbose=False)
-    assert all(state.pending is None for state in callback._states)
+    assert all(state.pending is None and not state.held for state in callback._states)
     trainer(tmp_path / "again", [callback]).validate(fitted_module(), val_loader(N), verbose=False)
     assert read_summary(tmp_path / "again")["num_samples"] == N
 

@@ -15,7 +15,7 @@ from lightning.pytorch import LightningDataModule
 from sklearn.metrics import f1_score
 from torch.utils.data import DataLoader
 
-from layerwise.callbacks import LayerwiseAnalysis, NeuralCollapseMonitor
+from layerwise.callbacks import LayerwiseAnalysis, NeuralCollapseMonitor, _loader
 from layerwise.features import HFCausalLM, HFEncoder
 from layerwise.lightning_modules import Aligned, AlternatingAligned, CosRegularized, MultiExit, Standard
 from layerwise.lightning_modules.readout import chunked_readout
@@ -331,7 +331,10 @@ def lm_reference(backbone: HFCausalLM, loader: DataLoader) -> dict:
     return {"accuracy": accuracy, "loss": loss, "perplexity": loss.exp(), "num_samples": targets.numel()}
 
 
-def test_lm_analysis_equals_reference_and_skips_vocabulary_nc1(tmp_path):
+@pytest.mark.parametrize("group_batches", [1, 2, _loader.GROUP_BATCHES])
+def test_lm_analysis_equals_reference_and_skips_vocabulary_nc1(tmp_path, monkeypatch, group_batches):
+    # the three batches are fed in groups (of one, of two and one, all three): each equals the reference
+    monkeypatch.setattr(_loader, "GROUP_BATCHES", group_batches)
     backbone = decoder("gpt2")
     module = Standard(backbone, chunk_size=5).double()
     callback = LayerwiseAnalysis(log_figures=False, token_stride=2)

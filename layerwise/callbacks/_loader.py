@@ -14,9 +14,15 @@ from layerwise.callbacks._sampling import rank_indices, real_samples_on_rank
 from layerwise.callbacks.family import Family, LayerBatch, LayerSpec
 from layerwise.metrics import NonFiniteRows, SampleCount, all_reduce_sum_states
 
+# Held batches are joined and fed together once they hold this many bytes or batches: the metrics' updates then cost
+# the host (Python, dispatch, kernel launches) once per group instead of once per batch, and a GPU's kernels run on
+# larger inputs. Bounded: at most one group held and one in its check (a batch past the bytes is fed at once).
+GROUP_BYTES = 32 * 2**20
+GROUP_BATCHES = 16
+
 
 class _Pending(NamedTuple):
-    """A batch whose non-finite check is still on its way to the host (read when the next batch arrives)."""
+    """Joined batches whose non-finite check is still on its way to the host (read when the next group is joined)."""
 
     batch: LayerBatch
     bad: Tensor  # (L, N) bool, on the batch's device
@@ -35,6 +41,9 @@ class LoaderState:
     nonfinite: NonFiniteRows
     budget: Optional[int] = None
     saver: FeatureSaver = field(default_factory=FeatureSaver)
+    held: list[LayerBatch] = field(default_factory=list)
+    held_bytes: int = 0
+    save_features: bool = False
     pending: Optional[_Pending] = None
 
     @classmethod
@@ -52,12 +61,14 @@ class LoaderState:
         self.saver.indices = rank_indices(loader) if keep_indices else None
 
     def collect(self, outputs: dict[str, Any], selection: Tensor, token_stride: int, save_features: bool) -> None:
-        """Feed one batch's real samples (the sampler's padding dropped, non-finite rows counted and skipped).
+        """Take one batch's real samples (the sampler's padding dropped); non-finite rows are counted and skipped.
 
-        Whether a batch holds non-finite rows is known on the device; reading it on the host would stall the loop
-        until the batch's forward has run (on a GPU, the next batch could no longer be prepared meanwhile). So the
-        answer travels by a non-blocking copy, and the batch is fed when the next one arrives (or at
-        :meth:`reduce`): by then the copy has long landed. The metrics see the same batches in the same order.
+        The batches are held and joined into groups of up to :data:`GROUP_BYTES` or :data:`GROUP_BATCHES`, and each
+        group is fed to the metrics at once: the same rows in the same order, with the host's per-update cost paid
+        once per group. Whether a group holds non-finite rows is known on the device; reading it on the host would
+        stall the loop until the group's forwards have run (on a GPU, the next batch could no longer be prepared
+        meanwhile). So the answer travels by a non-blocking copy, and the group is fed when the next one is joined
+        (or at :meth:`reduce`): by then the copy has long landed.
         """
         layer_batch, used = make_layer_batch(outputs, selection, self.budget, token_stride)
         if self.budget is not None:
@@ -66,7 +77,19 @@ class LoaderState:
             return
         if layer_batch.targets is None or layer_batch.readout.nll is None:
             raise ValueError("The batch holds no targets: the analysis needs labels ('labels' key or batch[1]).")
-        self.feed_pending()
+        self.save_features = save_features
+        self.held.append(layer_batch)
+        self.held_bytes += layer_batch.nbytes
+        if self.held_bytes >= GROUP_BYTES or len(self.held) >= GROUP_BATCHES:
+            self._check_held()
+
+    def _check_held(self) -> None:
+        """Join the held batches, start their non-finite check, and feed the group checked before them."""
+        if not self.held:
+            return
+        layer_batch = LayerBatch.cat(self.held)
+        self.held, self.held_bytes = [], 0
+        self._feed_checked()
         bad = layer_batch.nonfinite_rows()
         if bad.is_cuda:
             any_bad = torch.empty((), dtype=torch.bool, pin_memory=True).copy_(bad.any(), non_blocking=True)
@@ -74,10 +97,15 @@ class LoaderState:
             copied.record()
         else:
             any_bad, copied = bad.any(), None
-        self.pending = _Pending(layer_batch, bad, any_bad, copied, save_features)
+        self.pending = _Pending(layer_batch, bad, any_bad, copied, self.save_features)
 
     def feed_pending(self) -> None:
-        """Feed the batch whose non-finite check was still in flight (waits for that copy only)."""
+        """Feed every batch taken so far: the group in its check (waits for that copy only), then the held ones."""
+        self._check_held()
+        self._feed_checked()
+
+    def _feed_checked(self) -> None:
+        """Feed the group whose non-finite check was in flight."""
         if self.pending is None:
             return
         layer_batch, bad, any_bad, copied, save_features = self.pending
@@ -115,5 +143,6 @@ class LoaderState:
     def reset(self) -> None:
         """Zero every metric for the next epoch (also after a failed one)."""
         self.pending = None
+        self.held, self.held_bytes = [], 0
         for metric in self.metrics:
             metric.reset()

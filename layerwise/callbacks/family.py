@@ -72,6 +72,46 @@ class LayerBatch:
         return LayerBatch(self.features[:, rows], take(self.readout), targets, take(self.exit_readout), sampled)
 
     @property
+    def nbytes(self) -> int:
+        """Bytes held by the batch's tensors (features, readouts, targets, sampled rows)."""
+        readouts = [value for readout in (self.readout, self.exit_readout) if readout is not None for value in readout]
+        tensors = [self.features, self.targets, self.sampled, *readouts]
+        return sum(value.numel() * value.element_size() for value in tensors if value is not None)
+
+    @classmethod
+    def cat(cls, batches: Sequence["LayerBatch"]) -> "LayerBatch":
+        """One batch of ``batches``' rows in order (their ``sampled`` rows renumbered); one batch is returned as is."""
+        if len(batches) == 1:
+            return batches[0]
+        first = batches[0]
+
+        def join(values: list[Optional[Tensor]], dim: int) -> Optional[Tensor]:
+            return None if values[0] is None else torch.cat(values, dim=dim)  # type: ignore[arg-type]
+
+        def readouts(pick: Any) -> Optional[Readout]:
+            if pick(first) is None:
+                return None
+            fields = range(len(Readout._fields))
+            return Readout(*(join([pick(batch)[field] for batch in batches], 1) for field in fields))
+
+        sampled = None
+        if any(batch.sampled is not None for batch in batches):
+            parts, offset = [], 0
+            for batch in batches:
+                rows = batch.features.shape[1]
+                index = batch.sampled if batch.sampled is not None else torch.arange(rows, device=batch.features.device)
+                parts.append(index + offset)
+                offset += rows
+            sampled = torch.cat(parts)
+        return cls(
+            torch.cat([batch.features for batch in batches], dim=1),
+            readouts(lambda batch: batch.readout),  # type: ignore[arg-type]
+            join([batch.targets for batch in batches], 0),
+            readouts(lambda batch: batch.exit_readout),
+            sampled,
+        )
+
+    @property
     def sampled_features(self) -> Tensor:
         """The features of the rows kept for COS/CKA/saturation-COS: ``(L, N', d)``."""
         return self.features if self.sampled is None else self.features[:, self.sampled]
