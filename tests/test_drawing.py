@@ -32,16 +32,16 @@ def validation_steps(log_dir: str) -> list[int]:
     return sorted(load_summary(path)["global_step"] for path in summaries)
 
 
-@pytest.mark.parametrize("where", ["auto", "process"])
+@pytest.mark.parametrize("where", ["auto", "thread"])
 def test_every_epoch_has_all_its_figures_when_fit_returns(tmp_path, monkeypatch, where):
     monkeypatch.setenv("LAYERWISE_FIGURES", where)
     logger = TensorBoardLogger(str(tmp_path), name="tb")
     fit = trainer(tmp_path, [LayerwiseAnalysis()], logger=logger, max_epochs=3, limit_train_batches=2)
     before = dict(_drawing.drawn)
     fit.fit(fitted_module(), train_loader(), val_loader(N))
-    # every epoch's figures drawn one way: a CPU run in the thread (auto), or all in the drawing process
+    # every epoch's figures drawn one way: in the drawing process (auto, on the CPU too), or all in the thread
     drawn = {way: _drawing.drawn[way] - before[way] for way in before}
-    assert drawn == ({"process": 0, "thread": 3} if where == "auto" else {"process": 3, "thread": 0})
+    assert drawn == ({"process": 3, "thread": 0} if where == "auto" else {"process": 0, "thread": 3})
     logged = images(logger.log_dir)
     steps = validation_steps(logger.log_dir)
     assert len(steps) == 3
@@ -207,28 +207,28 @@ def test_the_figures_of_an_analysis_callback_are_drawn_in_the_drawing_process(tm
     assert list(tmp_path.rglob("residual_norm_ratio*.png"))
 
 
-def test_where_figures_are_drawn_follows_the_training_device_unless_layerwise_figures_says(tmp_path, monkeypatch):
-    """An accelerator's run draws in the process, a CPU run in the thread (each the measured cheaper way for its
-    loop); LAYERWISE_FIGURES=process|thread overrides; anything else is refused by name."""
+def test_figures_are_drawn_in_the_process_on_every_device_unless_layerwise_figures_says(tmp_path, monkeypatch):
+    """A run draws in the drawing process whatever it trains on (a drawing thread stalls a CPU loop too: RESULTS §1);
+    LAYERWISE_FIGURES=thread draws in the thread; anything but process/thread/auto is refused by name."""
     import os
     from types import SimpleNamespace
 
     from layerwise.callbacks import _output
 
     monkeypatch.delenv("LAYERWISE_FIGURES", raising=False)
-    assert _drawing.figures_in_process(trains_on_cpu=False) and not _drawing.figures_in_process(trains_on_cpu=True)
+    assert _drawing.figures_in_process()
     monkeypatch.setenv("LAYERWISE_FIGURES", "thread")
-    assert not _drawing.figures_in_process(trains_on_cpu=False)
+    assert not _drawing.figures_in_process()
     monkeypatch.setenv("LAYERWISE_FIGURES", "process")
-    assert _drawing.figures_in_process(trains_on_cpu=True)
+    assert _drawing.figures_in_process()
     monkeypatch.setenv("LAYERWISE_FIGURES", "gpu")
     with pytest.raises(ValueError, match="LAYERWISE_FIGURES='gpu' must be 'process', 'thread' or 'auto'"):
-        _drawing.figures_in_process(trains_on_cpu=True)
-    monkeypatch.delenv("LAYERWISE_FIGURES")
+        _drawing.figures_in_process()
 
-    def run(device: str) -> int:
-        """The pid that drew a figure logged by a trainer training on ``device``."""
-        where = tmp_path / f"pid_{device}"
+    def run(device: str, choice: str) -> int:
+        """The pid that drew a figure logged by a trainer training on ``device`` under LAYERWISE_FIGURES=choice."""
+        monkeypatch.setenv("LAYERWISE_FIGURES", choice)
+        where = tmp_path / f"pid_{device}_{choice}"
         trainer = SimpleNamespace(
             loggers=[],
             log_dir=str(tmp_path / device),
@@ -241,8 +241,8 @@ def test_where_figures_are_drawn_follows_the_training_device_unless_layerwise_fi
         _drawing.wait_for_figures()
         return int(where.read_text())
 
-    assert run("cuda") != os.getpid()  # only the device's type is read: no GPU needed
-    assert run("cpu") == os.getpid()
+    assert run("cuda", "auto") != os.getpid() and run("cpu", "auto") != os.getpid()  # no GPU needed
+    assert run("cpu", "thread") == os.getpid()
 
 
 def test_a_job_that_cannot_travel_or_fails_there_is_drawn_in_the_thread_and_still_logged(tmp_path):

@@ -14,11 +14,13 @@ releases the GIL and must win it back, waiting up to the interpreter's switch in
 drawing runs. The thread here only waits on the process's pipe and logs the arrays. The process runs at the lowest
 priority (``nice 19``) with one thread, so that it takes only cores the training leaves idle.
 
-Which way a run draws (:func:`figures_in_process`): in the process when the model trains on an accelerator, whose
-loop is the host launching work, where a drawing thread costs the most (a GPU training loop ran 3.7x slower while
-a thread drew, 0.88x while the process drew: ``benchmarks/RESULTS.md`` §1); in the thread when it trains on the CPU,
-whose cores the training already keeps busy, so that drawing costs CPU time either way (a 10-epoch 2-core fit that
-drew every epoch: 1.76x the fit without the analysis with the thread, 1.82x with the process).
+Which way a run draws (:func:`figures_in_process`): in the process, on every device. A drawing thread costs the
+loop the most where the loop is the host launching work (a GPU training loop ran 3.7x slower while a thread drew,
+0.88x while the process drew), and on a CPU it stalls the loop too: CPU training steps 1.69x (thread) against 0.98x
+(process), and a quickstart validation that draws 1.14-1.71x one that does not with the thread, 0.95-1.06x with
+the process (2-core VM, ``benchmarks/RESULTS.md`` §1). Where the training keeps every core busy, drawing costs CPU
+time either way (a 10-epoch 2-core fit that drew every epoch: 1.69-1.76x the fit without the analysis with the
+thread, 1.81-1.82x with the process, whose start is part of it).
 ``LAYERWISE_FIGURES=process|thread`` overrides the choice (``thread``, e.g., to step through a figure method in a
 debugger). A job that cannot travel (a figure function defined in a script's ``__main__``, a plain callable) or a
 drawing process that cannot start or died is drawn in the thread instead, with one warning.
@@ -294,16 +296,15 @@ def serve() -> None:
         _write_frame(replies, pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
 
 
-def figures_in_process(trains_on_cpu: bool) -> bool:
+def figures_in_process() -> bool:
     """Whether figures are drawn in the drawing process (else in the thread).
 
-    ``LAYERWISE_FIGURES`` when it is ``process`` or ``thread``, else (``auto``, unset) in the process unless the
-    model trains on the CPU.
+    ``LAYERWISE_FIGURES`` when it is ``process`` or ``thread``, else (``auto``, unset) in the process.
     """
     choice = os.environ.get("LAYERWISE_FIGURES", "auto")
     if choice not in ("auto", "process", "thread"):
         raise ValueError(f"LAYERWISE_FIGURES={choice!r} must be 'process', 'thread' or 'auto'.")
-    return choice == "process" or (choice == "auto" and not trains_on_cpu)
+    return choice != "thread"
 
 
 def draw_later(sinks: Sequence[Any], step: int, figures: Callable[[], dict[str, Any]], in_process: bool = True) -> None:

@@ -164,12 +164,7 @@ def log_figures_later(trainer: Trainer, figures: Callable[[], dict[str, Any]]) -
         def job() -> dict[str, Any]:
             return _stamped(figures, epoch, step)
 
-    draw_later(image_sinks(trainer), step, job, in_process=figures_in_process(_trains_on_cpu(trainer)))
-
-
-def _trains_on_cpu(trainer: Trainer) -> bool:
-    device = getattr(getattr(trainer, "strategy", None), "root_device", None)
-    return device is None or device.type == "cpu"
+    draw_later(image_sinks(trainer), step, job, in_process=figures_in_process())
 
 
 def _stamped(figures: Callable[[], dict[str, Any]], epoch: int, step: int) -> dict[str, Any]:
