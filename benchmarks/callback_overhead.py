@@ -183,6 +183,7 @@ class Config:
     tensorboard: bool = False
     timed: bool = True  # time the monitors' hooks (on a GPU: a synchronisation around every hook, see _time_hooks)
     group_batches: Optional[int] = None  # batches fed to the metrics together (None: the default, GROUP_BATCHES)
+    figures: Optional[str] = None  # LAYERWISE_FIGURES during this configuration's runs (None: as the environment says)
     trainer: Optional[Trainer] = None
     marks: list[float] = field(default_factory=list)
     hook_seconds: dict[str, dict[str, float]] = field(default_factory=dict)
@@ -217,13 +218,19 @@ class Config:
         self.finish_seconds.clear()
         for seconds in self.hook_seconds.values():
             seconds.update(dict.fromkeys(PARTS, 0.0))
-        default_group = _loader.GROUP_BATCHES
+        default_group, default_figures = _loader.GROUP_BATCHES, os.environ.get("LAYERWISE_FIGURES")
         _loader.GROUP_BATCHES = self.group_batches or default_group
+        if self.figures is not None:
+            os.environ["LAYERWISE_FIGURES"] = self.figures
         start = time.perf_counter()
         try:
             self.trainer.validate(model, loader, verbose=False)
         finally:
             _loader.GROUP_BATCHES = default_group
+            if default_figures is None:
+                os.environ.pop("LAYERWISE_FIGURES", None)
+            else:
+                os.environ["LAYERWISE_FIGURES"] = default_figures
         if record:
             self.totals.append(time.perf_counter() - start)
             self.epochs.append(self.marks[1] - self.marks[0])
@@ -301,6 +308,12 @@ def quickstart_case(args: argparse.Namespace) -> None:
             tensorboard=True,
         ),
         Config("LayerwiseAnalysis(), TensorBoard", {"LayerwiseAnalysis": LayerwiseAnalysis()}, tensorboard=True),
+        Config(
+            "..., TensorBoard, drawing thread",
+            {"LayerwiseAnalysis": LayerwiseAnalysis()},
+            tensorboard=True,
+            figures="thread",
+        ),
     ]
     measure(model, loader, configs, args.quickstart_repeats, args.device)
     title = (
@@ -308,22 +321,25 @@ def quickstart_case(args: argparse.Namespace) -> None:
         f"batch {loader.batch_size}, {args.device}, median of {args.quickstart_repeats} rounds"
     )
     print_table(title, configs)
-    off, analysis, drawing = (statistics.median(config.epochs) for config in configs[1:])
+    off, analysis, drawing, thread = (statistics.median(config.epochs) for config in configs[1:])
     totals = statistics.median(configs[3].totals)
     print(
         f"a validation that draws its figures / one that does not: {drawing / analysis:.3f}x (epoch as the training "
         f"loop sees it; the drawing runs in the background: validate() incl. waiting for it {totals:.3f} s); "
-        f"the analysis without figures / none (TensorBoard both): {analysis / off:.3f}x"
+        f"the analysis without figures / none (TensorBoard both): {analysis / off:.3f}x; drawn by a thread instead of "
+        f"the drawing process: {thread / analysis:.3f}x"
     )
     if not args.quick:
         record(
             "callback_overhead",
             {
                 "draw_vs_no_draw_epoch_ratio": round(drawing / analysis, 3),
+                "draw_thread_vs_no_draw_epoch_ratio": round(thread / analysis, 3),
                 "analysis_vs_off_epoch_ratio": round(analysis / off, 3),
                 "epoch_seconds_off": round(off, 4),
                 "epoch_seconds_no_draw": round(analysis, 4),
                 "epoch_seconds_draw": round(drawing, 4),
+                "epoch_seconds_draw_thread": round(thread, 4),
                 "validate_seconds_draw_incl_background": round(totals, 4),
                 "rounds": args.quickstart_repeats,
             },
