@@ -8,21 +8,19 @@ all-ones ``attention_mask``, pinned on a GPU). Three variants alternate in one p
   (``use_cache=False``) and without the all-ones mask, as ``compare_models`` runs them;
 - ``exact``: ``compare_models(..., precision="exact")``: hooked forwards + every product in float64;
 - ``fast``: ``compare_models(..., precision="fast")``: each batch's products in float32 around the float64 shift,
-  summed into the same float64 states;
-- ``fast_per_batch``: the same with every batch fed to the metric on its own (``GROUP_BYTES`` = 1), as before the
-  comparison held up to ``GROUP_BYTES`` of features per update.
+  summed into the same float64 states.
 
-Each variant runs twice per repeat, over all ``--batches`` batches and over the first half of them, with the device
-synchronised only at the end of each run (as a user's loop would be); the cost of a further batch is the difference
-of the two times over the difference of the batch counts. So the first batch (which allocates the 793 MiB of
-states) and the final ``compute`` cancel out, and work the device overlaps with the host's (a batch's products
-queued while the host launches the next forwards) counts once, as it costs a user. (Until the batches were grouped,
-a CPU run timed each batch from one update to the next; a grouped update comes at the end of a run, so only whole
-runs measure it.) Medians over the repeats. The "of which" rows time one batch part by part, synchronised between
-parts: on a GPU they add up to more than the overlapped whole. The error is the largest absolute difference between
-the fast and the exact CKA matrices (every layer pair) of the same comparison.
+On a GPU each variant runs twice per repeat, over all ``--batches`` batches and over the first half of them, with
+the device synchronised only at the end of each run (as a user's loop would be); the cost of a further batch is the
+difference of the two times over the difference of the batch counts. So the first batch (which allocates the
+793 MiB of states) and the final ``compute`` cancel out, and work the device overlaps with the host's (a batch's
+products queued while the host launches the next forwards) counts once, as it costs a user. On a CPU, where nothing
+overlaps, every batch is timed on its own (a comparison's from one update to the next, the first left out), which
+is the same cost with less noise. Medians over all of them. The "of which" rows time one batch part by part,
+synchronised between parts: on a GPU they add up to more than the overlapped whole. The error is the largest
+absolute difference between the fast and the exact CKA matrices (every layer pair) of the same comparison.
 
-    python benchmarks/compare_precision.py --device cpu --batch 2 --tokens 256 --batches 6 --repeats 3
+    python benchmarks/compare_precision.py --device cpu --batch 2 --tokens 256 --batches 4 --repeats 3
 
 On a GPU, ``--matmul-precision high`` runs the whole process as a user who follows Lightning's advice
 (``torch.set_float32_matmul_precision("high")``) would: float32 products on TF32 tensor cores, the forwards and the
@@ -44,7 +42,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _record import load_now, record  # noqa: E402
 
 from layerwise.features.paths import get_blocks, layer_paths  # noqa: E402
-from layerwise.inference import compare  # noqa: E402
 from layerwise.inference.compare import compare_models, hidden_states, token_features  # noqa: E402
 from layerwise.metrics.compare import CrossModelCKA  # noqa: E402
 
@@ -92,11 +89,12 @@ def main() -> None:
         batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
         batches.append({key: value.pin_memory() if pin else value for key, value in batch.items()})
     halves = (batches, batches[: len(batches) // 2])
+    on_cpu = args.device == "cpu"  # nothing asynchronous: every batch is timed on its own
     further = len(batches) - len(halves[1])
-    variants = {"exact": ("exact", None), "fast": ("fast", None), "fast_per_batch": ("fast", 1)}
 
-    def plain(part: list) -> float:
-        """The whole run's time."""
+    def plain(part: list) -> tuple[float, list[float]]:
+        """The whole run's time, and each batch's (meaningful on a CPU, where nothing runs asynchronously)."""
+        stamps = [time.perf_counter()]
         sync(args.device)
         start = time.perf_counter()
         with torch.no_grad():
@@ -104,22 +102,22 @@ def main() -> None:
                 ids = batch["input_ids"].to(args.device, non_blocking=True)
                 a(input_ids=ids, use_cache=False)
                 b(input_ids=ids, use_cache=False)
+                stamps.append(time.perf_counter())
         sync(args.device)
-        return time.perf_counter() - start
+        return time.perf_counter() - start, [later - earlier for earlier, later in zip(stamps, stamps[1:])]
 
-    def comparison(variant: str, part: list) -> tuple[float, torch.Tensor]:
-        """The whole run's time and the CKA."""
-        precision, group_bytes = variants[variant]
-        default = compare.GROUP_BYTES
-        compare.GROUP_BYTES = group_bytes or default
-        try:
-            sync(args.device)
-            start = time.perf_counter()
-            results = compare_models(a, b, part, precision=precision)
-            sync(args.device)
-        finally:
-            compare.GROUP_BYTES = default
-        return time.perf_counter() - start, results["cka"]
+    def comparison(precision: str, part: list) -> tuple[float, list[float], torch.Tensor]:
+        """The whole run's time, the time between consecutive batches' updates (the first left out), and the CKA."""
+        stamps: list[float] = []
+        sync(args.device)
+        start = time.perf_counter()
+        results = compare_models(a, b, part, precision=precision, progress=lambda _: stamps.append(time.perf_counter()))
+        sync(args.device)
+        return (
+            time.perf_counter() - start,
+            [later - earlier for earlier, later in zip(stamps, stamps[1:])],
+            results["cka"],
+        )
 
     blocks = [get_blocks(model, layer_paths(model)) for model in (a, b)]
 
@@ -144,15 +142,16 @@ def main() -> None:
 
     plain(halves[1])  # warm-up
     stages()
-    times: dict[str, list[float]] = {"plain": [], **{variant: [] for variant in variants}}
+    times: dict[str, list[float]] = {"plain": [], "exact": [], "fast": []}
     parts: dict[str, list[float]] = {"hooked": [], "update_exact": [], "update_fast": []}
     errors = []
     for _ in range(args.repeats):
-        times["plain"].append((plain(halves[0]) - plain(halves[1])) / further)
+        whole, each = plain(halves[0])
+        times["plain"] += each if on_cpu else [(whole - plain(halves[1])[0]) / further]
         runs = {}
-        for variant in variants:
-            whole, runs[variant] = comparison(variant, halves[0])
-            times[variant].append((whole - comparison(variant, halves[1])[0]) / further)
+        for precision in ("exact", "fast"):
+            whole, each, runs[precision] = comparison(precision, halves[0])
+            times[precision] += each if on_cpu else [(whole - comparison(precision, halves[1])[0]) / further]
         errors.append(float((runs["fast"] - runs["exact"]).abs().max()))
         for key, value in stages().items():
             parts[key].append(value)
@@ -167,7 +166,6 @@ def main() -> None:
         "plain": "A and B forward, no hooks",
         "exact": 'compare_models precision="exact", each further batch',
         "fast": 'compare_models precision="fast", each further batch',
-        "fast_per_batch": "  the same, each batch fed to the metric on its own",
     }
     for name, label in rows.items():
         print(f"{label:<58}{medians[name]:>9.4f}{medians[name] / medians['plain']:>8.2f}x")
@@ -190,9 +188,6 @@ def main() -> None:
         "fast_s": round(medians["fast"], 4),
         "exact_ratio": round(medians["exact"] / medians["plain"], 2),
         "fast_ratio": round(medians["fast"] / medians["plain"], 2),
-        "fast_per_batch_s": round(medians["fast_per_batch"], 4),
-        "fast_per_batch_ratio": round(medians["fast_per_batch"] / medians["plain"], 2),
-        "group_bytes": compare.GROUP_BYTES,
         "hooked_forwards_s": round(statistics.median(parts["hooked"]), 4),
         "update_exact_s": round(statistics.median(parts["update_exact"]), 4),
         "update_fast_s": round(statistics.median(parts["update_fast"]), 4),

@@ -11,7 +11,6 @@ from torch.utils.data import DataLoader
 from layerwise.callbacks import CrossModelComparison
 from layerwise.features.hooks import collect_block_outputs
 from layerwise.lightning_modules import Standard
-from layerwise.metrics.compare import MinibatchCrossCKA
 from layerwise.metrics.functional_compare import arccos_distance, cross_cka
 
 
@@ -147,21 +146,12 @@ def test_compare_command_on_text(tmp_path, capsys):
     assert "--text" in capsys.readouterr().err and not (tmp_path / "never").exists()
 
 
-@pytest.mark.parametrize("group_bytes", [1, None])
 @pytest.mark.parametrize("mask_padding", [True, False])
-def test_compare_models_on_padded_and_unpadded_batches_equals_a_direct_computation(
-    folder_b, monkeypatch, mask_padding, group_bytes
-):
-    """The command's path: masks on the host; an all-ones mask is dropped before the forwards, a padded one kept.
-    The exact CKA fed every batch alone (group_bytes 1) or all four in one group (the default bound): both exact;
-    the minibatch CKA's chunks follow the batches either way."""
+def test_compare_models_on_padded_and_unpadded_batches_equals_a_direct_computation(folder_b, mask_padding):
+    """The command's path: masks on the host; an all-ones mask is dropped before the forwards, a padded one kept."""
     from transformers import AutoModelForCausalLM
 
-    from layerwise.inference import compare
     from layerwise.inference.compare import compare_models
-
-    if group_bytes is not None:
-        monkeypatch.setattr(compare, "GROUP_BYTES", group_bytes)
 
     model_a = decoder("gpt2").model.double().eval()
     model_b = AutoModelForCausalLM.from_pretrained(folder_b).double().eval()
@@ -171,9 +161,7 @@ def test_compare_models_on_padded_and_unpadded_batches_equals_a_direct_computati
     model_a.transformer.register_forward_pre_hook(
         lambda module, args, kwargs: given_a_mask.append("attention_mask" in kwargs), with_kwargs=True
     )
-    results = compare_models(
-        model_a.transformer, model_b.transformer, batches, mask_padding=mask_padding, minibatch=True, chunk=8
-    )
+    results = compare_models(model_a.transformer, model_b.transformer, batches, mask_padding=mask_padding)
     assert given_a_mask == [False, True, True, True]
     features = {"a": [], "b": []}
     for batch in batches:
@@ -185,7 +173,3 @@ def test_compare_models_on_padded_and_unpadded_batches_equals_a_direct_computati
     expected = cross_cka(torch.cat(features["a"], 1), torch.cat(features["b"], 1))
     torch.testing.assert_close(results["cka"], expected, rtol=0, atol=1e-10)
     assert results["num_tokens"] == sum(part.shape[1] for part in features["a"])
-    chunked = MinibatchCrossCKA(3, 3, chunk=8).double()
-    for part_a, part_b in zip(features["a"], features["b"]):
-        chunked.update(part_a, part_b)
-    torch.testing.assert_close(results["minibatch_cka_mean"], chunked.compute()["mean"], rtol=0, atol=1e-10)

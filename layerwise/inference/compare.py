@@ -78,12 +78,6 @@ def token_features(
     return stacked.flatten(1, 2)
 
 
-# Token features held before one update of the exact CKA: its float64 additions (a pass over the (L_A d_A, L_B d_B)
-# cross moment, memory-bound) are then paid once per group rather than once per batch. Bounded: a batch past it is fed
-# at once (GPT-2-small pair: ~74 KB per token, so ~7,000 tokens per group).
-GROUP_BYTES = 512 * 2**20
-
-
 def compare_models(
     model_a: nn.Module,
     model_b: nn.Module,
@@ -101,8 +95,6 @@ def compare_models(
     ``pairs="diagonal"``: only layer i of A against layer i of B (equal depths), the ``cka`` matrix NaN elsewhere.
     ``precision="fast"``: the exact CKA's products in float32, summed in float64 (see ``CrossModelCKA``).
     """
-    import torch
-
     from layerwise.features.hf import input_device
     from layerwise.features.paths import get_blocks, layer_paths
     from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
@@ -113,14 +105,6 @@ def compare_models(
     exact: Optional[CrossModelCKA] = None
     chunked = MinibatchCrossCKA(len(blocks_a) + extra, len(blocks_b) + extra, chunk) if minibatch else None
     device_a, device_b = input_device(model_a), input_device(model_b)
-    held: list[tuple[Tensor, Tensor]] = []  # features not yet fed to the exact CKA (up to GROUP_BYTES)
-
-    def feed_held() -> None:
-        if held and exact is not None:
-            joined = [torch.cat(parts, dim=1) if len(held) > 1 else parts[0] for parts in zip(*held)]
-            exact.update(*joined)
-        held.clear()
-
     for batch in batches:
         args, kwargs, mask = model_inputs(batch)
         if mask is not None and mask.device.type == "cpu" and bool(mask.all()):
@@ -146,16 +130,13 @@ def compare_models(
                 a.device
             )
             chunked = chunked.to(a.device) if chunked is not None else None
-        held.append((a, b))  # the minibatch CKA's chunks follow the batches: it is fed each one as it comes
-        if sum(x.numel() * x.element_size() for pair in held for x in pair) >= GROUP_BYTES:
-            feed_held()
+        exact.update(a, b)
         if chunked is not None:
             chunked.update(a, b)
         if progress is not None:
             progress(1)
     if exact is None:
         raise ValueError("No batch to compare: the data is empty.")
-    feed_held()
     cka = exact.compute()
     results: dict[str, Any] = {
         "layers_a": list(range(1 - extra, len(blocks_a) + 1)),
