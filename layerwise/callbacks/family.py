@@ -129,7 +129,11 @@ class Family(abc.ABC):
 
     @abc.abstractmethod
     def update(self, batch: LayerBatch) -> None:
-        """Feed one batch."""
+        """Feed consecutive evaluation batches, joined into one.
+
+        Up to ``_loader.GROUP_BATCHES`` batches or ``_loader.GROUP_BYTES``, rows in order: a sum over rows is the
+        same, and nothing may depend on where one dataloader batch ends.
+        """
 
     @abc.abstractmethod
     def compute(self, spec: LayerSpec) -> dict[str, Any]:
