@@ -328,6 +328,23 @@ def test_non_finite_samples_are_skipped_counted_and_named_never_poisoning_others
     assert fit.current_epoch == 2 and read_summary(tmp_path / "fit", epoch=1)["n_nonfinite"] == 3
 
 
+@pytest.mark.parametrize("group_batches", [1, _loader.GROUP_BATCHES])
+def test_minibatch_cka_is_taken_per_dataloader_batch_whatever_the_grouping(tmp_path, monkeypatch, group_batches):
+    # The minibatch HSIC is an estimator per dataloader batch: its loader is fed batch by batch, never joined.
+    from test_metrics import ref_unbiased_hsic
+
+    monkeypatch.setattr(_loader, "GROUP_BATCHES", group_batches)
+    callback = LayerwiseAnalysis(cka="minibatch", log_figures=False)
+    trainer(tmp_path, [callback]).validate(fitted_module(), val_loader(N), verbose=False)
+    backbone, hsic = fitted_module().backbone, np.zeros((DEPTH, DEPTH))
+    for x, _ in val_loader(N):  # 6 batches of 16 and one of 5, each its own estimate
+        with torch.no_grad():
+            h = backbone(x).double().numpy()
+        hsic += np.array([[ref_unbiased_hsic(h[a], h[b]) for b in range(DEPTH)] for a in range(DEPTH)])
+    expected = hsic / np.sqrt(np.outer(np.diag(hsic), np.diag(hsic)))
+    np.testing.assert_allclose(read_summary(tmp_path)["cka"], expected, rtol=0, atol=1e-9)
+
+
 def test_the_last_batch_is_fed_at_the_end_and_a_failed_epoch_leaves_no_batch_behind(tmp_path):
     # The batches are fed in groups, each when the next is joined (its non-finite check travels to the host
     # meanwhile): the last group, NaN row included, is fed when the states are reduced; an epoch that fails keeps

@@ -63,12 +63,13 @@ class LoaderState:
     def collect(self, outputs: dict[str, Any], selection: Tensor, token_stride: int, save_features: bool) -> None:
         """Take one batch's real samples (the sampler's padding dropped); non-finite rows are counted and skipped.
 
-        The batches are held and joined into groups of up to :data:`GROUP_BYTES` or :data:`GROUP_BATCHES`, and each
-        group is fed to the metrics at once: the same rows in the same order, with the host's per-update cost paid
-        once per group. Whether a group holds non-finite rows is known on the device; reading it on the host would
-        stall the loop until the group's forwards have run (on a GPU, the next batch could no longer be prepared
-        meanwhile). So the answer travels by a non-blocking copy, and the group is fed when the next one is joined
-        (or at :meth:`reduce`): by then the copy has long landed.
+        The batches are held and joined into groups of up to :data:`GROUP_BYTES` or :data:`GROUP_BATCHES` (one
+        batch where a family's estimator is defined per batch, e.g. the minibatch CKA), and each group is fed at
+        once: the same rows in the same order, with the host's per-update cost paid once per group. Whether a group
+        holds non-finite rows is known on the device; reading it on the host would stall the loop until the group's
+        forwards have run (on a GPU, the next batch could no longer be prepared meanwhile). So the answer travels by
+        a non-blocking copy, and the group is fed when the next one is joined (or at :meth:`reduce`): by then the
+        copy has long landed.
         """
         layer_batch, used = make_layer_batch(outputs, selection, self.budget, token_stride)
         if self.budget is not None:
@@ -80,7 +81,8 @@ class LoaderState:
         self.save_features = save_features
         self.held.append(layer_batch)
         self.held_bytes += layer_batch.nbytes
-        if self.held_bytes >= GROUP_BYTES or len(self.held) >= GROUP_BATCHES:
+        most = GROUP_BATCHES if all(family.joins_batches for family in self.families) else 1
+        if self.held_bytes >= GROUP_BYTES or len(self.held) >= most:
             self._check_held()
 
     def _check_held(self) -> None:

@@ -120,6 +120,15 @@ class LayerBatch:
 class Family(abc.ABC):
     """One metric family: builds its metrics, feeds them, turns them into results, scalars and figures."""
 
+    @property
+    def joins_batches(self) -> bool:
+        """Whether :meth:`update` may get several batches joined into one.
+
+        False for an estimator defined per dataloader minibatch: then every family of its dataloader is fed batch by
+        batch.
+        """
+        return True
+
     def configure(self, trainer: Trainer, spec: LayerSpec) -> None:  # noqa: B027 - an optional hook
         """Read what the family needs from the run (e.g. class frequencies) before ``build``; default: nothing."""
 
@@ -132,7 +141,7 @@ class Family(abc.ABC):
         """Feed consecutive evaluation batches, joined into one.
 
         Up to ``_loader.GROUP_BATCHES`` batches or ``_loader.GROUP_BYTES``, rows in order: a sum over rows is the
-        same, and nothing may depend on where one dataloader batch ends.
+        same. A family whose result depends on where a dataloader batch ends says so by :attr:`joins_batches`.
         """
 
     @abc.abstractmethod

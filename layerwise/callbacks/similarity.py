@@ -54,6 +54,10 @@ class SimilarityFamily(Family):
             self.cka = MinibatchCKA(spec.num_layers, sync_on_compute=False)
         return metrics + ([self.cka] if self.cka is not None else [])
 
+    @property
+    def joins_batches(self) -> bool:
+        return self.cka_estimator != "minibatch"  # the minibatch HSIC is an estimator per dataloader batch
+
     def update(self, batch: LayerBatch) -> None:
         self.cos.update(batch.sampled_features)
         if self.cka is not None:
