@@ -196,6 +196,9 @@ class _DrawingProcess:
             # one thread: the figures need no parallel kernels, and idle OpenMP workers spinning beside the training
             # would take its cores
             env={**os.environ, "PYTHONPATH": path, "MPLBACKEND": "Agg", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"},
+            # its own session: a Ctrl-C at the terminal is the training process's alone (it would otherwise reach
+            # this one while it still imports, before serve() ignores SIGINT); it ends at EOF on its stdin
+            start_new_session=True,
         )
 
     def draw(self, job: FigureJob) -> list[tuple[str, Image]]:
