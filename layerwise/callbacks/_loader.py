@@ -28,7 +28,6 @@ class _Pending(NamedTuple):
     bad: Tensor  # (L, N) bool, on the batch's device
     any_bad: Tensor  # 0-dim bool on the host, written by a non-blocking copy
     copied: Optional[torch.cuda.Event]  # recorded after that copy (None on the CPU: nothing in flight)
-    save_features: bool
 
 
 @dataclass
@@ -99,7 +98,7 @@ class LoaderState:
             copied.record()
         else:
             any_bad, copied = bad.any(), None
-        self.pending = _Pending(layer_batch, bad, any_bad, copied, self.save_features)
+        self.pending = _Pending(layer_batch, bad, any_bad, copied)
 
     def feed_pending(self) -> None:
         """Feed every batch taken so far: the group in its check (waits for that copy only), then the held ones."""
@@ -110,7 +109,7 @@ class LoaderState:
         """Feed the group whose non-finite check was in flight."""
         if self.pending is None:
             return
-        layer_batch, bad, any_bad, copied, save_features = self.pending
+        layer_batch, bad, any_bad, copied = self.pending
         self.pending = None
         if copied is not None:
             copied.synchronize()
@@ -122,7 +121,7 @@ class LoaderState:
         self.count.update(layer_batch.features.shape[1])
         for family in self.families:
             family.update(layer_batch)
-        if save_features:
+        if self.save_features:
             self.saver.keep(layer_batch)
 
     def reduce(self, spec: LayerSpec, stage: str, owner: str) -> tuple[int, dict[str, Any]]:
