@@ -173,3 +173,50 @@ def test_compare_models_on_padded_and_unpadded_batches_equals_a_direct_computati
     expected = cross_cka(torch.cat(features["a"], 1), torch.cat(features["b"], 1))
     torch.testing.assert_close(results["cka"], expected, rtol=0, atol=1e-10)
     assert results["num_tokens"] == sum(part.shape[1] for part in features["a"])
+
+
+def test_comparison_states_are_made_on_the_default_device():
+    """`compare_models` builds its states inside `with torch.device(...)`: made there, not filled on the host."""
+    from layerwise.metrics.compare import CrossModelCKA
+
+    with torch.device("meta"):
+        metric = CrossModelCKA(2, 4, 3, 5)
+    assert {getattr(metric, name).device.type for name in metric.sum_state_names} == {"meta"}
+    assert CrossModelCKA(2, 4, 3, 5).cross.device.type == "cpu"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="the side stream of the updates is CUDA's")
+@pytest.mark.parametrize(
+    "dtype, precision, tolerance", [(torch.float64, "exact", 1e-12), (torch.float32, "fast", 1e-5)]
+)
+def test_compare_models_on_cuda_updates_beside_the_forwards_and_equals_the_cpu_result(
+    folder_b, monkeypatch, dtype, precision, tolerance
+):
+    """On CUDA every update runs on the side stream, after the forwards that made its features: same CKA as on CPU."""
+    from transformers import AutoModelForCausalLM
+
+    from layerwise.inference.compare import compare_models
+    from layerwise.metrics.compare import CrossModelCKA
+
+    model_a = decoder("gpt2").model.to(dtype).eval()
+    model_b = AutoModelForCausalLM.from_pretrained(folder_b).to(dtype).eval()
+    first = next(iter(padded_loader()))["input_ids"]
+    batches = [{"input_ids": first, "attention_mask": torch.ones_like(first)}, *padded_loader()] * 3
+    on_cpu = compare_models(
+        model_a.transformer, model_b.transformer, batches, minibatch=True, chunk=8, precision=precision
+    )
+    streams = []
+    update = CrossModelCKA.update
+
+    def spied(self, a, b):
+        streams.append(torch.cuda.current_stream())
+        return update(self, a, b)
+
+    monkeypatch.setattr(CrossModelCKA, "update", spied)
+    on_gpu = compare_models(
+        model_a.transformer.cuda(), model_b.transformer.cuda(), batches, minibatch=True, chunk=8, precision=precision
+    )
+    assert len(streams) == len(batches) and torch.cuda.default_stream() not in streams
+    assert on_gpu["num_tokens"] == on_cpu["num_tokens"]
+    for key in ("cka", "minibatch_cka_mean", "minibatch_cka_sum"):
+        torch.testing.assert_close(on_gpu[key].cpu(), on_cpu[key], rtol=0, atol=tolerance)

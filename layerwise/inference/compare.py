@@ -20,6 +20,7 @@ from layerwise.inference._options import (
 )
 
 if ANNOTATIONS_ONLY:
+    import torch
     from torch import Tensor, nn
 
     from layerwise.metrics.compare import CrossModelCKA
@@ -78,6 +79,56 @@ def token_features(
     return stacked.flatten(1, 2)
 
 
+class UpdateStream:
+    """Runs each batch's metric updates on a CUDA side stream, at most ``depth`` of them queued; inline elsewhere.
+
+    A Hugging Face model waits on the device inside its forward (transformers 5 checks the position ids for packed
+    sequences when it runs without a mask and a cache, and an attention mask for padding). On the forwards' stream,
+    that wait would also wait for the previous batch's products, so they could never overlap the next batch's
+    forwards: on an H100 at GPT-2-small's shape, the fast CKA's products then added their whole device time to every
+    batch. On their own stream they run beside the next forwards. Memory stays bounded: before a new update is
+    queued, the host waits for the one ``depth`` updates back, and a batch's features are kept until their update
+    has run (``record_stream``). :meth:`join` makes the forwards' stream wait for every queued update (before
+    ``compute``).
+    """
+
+    def __init__(self, device: torch.device, depth: int = 2) -> None:
+        import torch
+
+        self.device, self.depth = device, depth
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._queued: list[Any] = []  # one event per queued update, oldest first
+
+    def run(self, metrics: Iterable[Any], *inputs: Tensor) -> None:
+        """``metric.update(*inputs)`` for each metric; on CUDA queued on the side stream after what made ``inputs``."""
+        if self.stream is None:
+            _update_all(metrics, inputs)
+            return
+        import torch
+
+        while len(self._queued) >= self.depth:
+            self._queued.pop(0).synchronize()
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(self.stream):
+            _update_all(metrics, inputs)
+        for tensor in inputs:
+            tensor.record_stream(self.stream)
+        self._queued.append(self.stream.record_event())
+
+    def join(self) -> None:
+        """The forwards' stream waits for every queued update (no host wait)."""
+        if self.stream is not None:
+            import torch
+
+            torch.cuda.current_stream(self.device).wait_stream(self.stream)
+            self._queued.clear()
+
+
+def _update_all(metrics: Iterable[Any], inputs: tuple[Tensor, ...]) -> None:
+    for metric in metrics:
+        metric.update(*inputs)
+
+
 def compare_models(
     model_a: nn.Module,
     model_b: nn.Module,
@@ -95,6 +146,8 @@ def compare_models(
     ``pairs="diagonal"``: only layer i of A against layer i of B (equal depths), the ``cka`` matrix NaN elsewhere.
     ``precision="fast"``: the exact CKA's products in float32, summed in float64 (see ``CrossModelCKA``).
     """
+    import torch
+
     from layerwise.features.hf import input_device
     from layerwise.features.paths import get_blocks, layer_paths
     from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
@@ -126,17 +179,17 @@ def compare_models(
             features.append(token_features(outputs, mask, mask_padding))
         a, b = features[0], features[1].to(features[0].device)
         if exact is None:
-            exact = CrossModelCKA(a.shape[0], a.shape[2], b.shape[0], b.shape[2], pairs=pairs, precision=precision).to(
-                a.device
-            )
+            with torch.device(a.device):  # the float64 states (793 MiB at GPT-2-small's shape) made where they live
+                exact = CrossModelCKA(a.shape[0], a.shape[2], b.shape[0], b.shape[2], pairs=pairs, precision=precision)
+            exact = exact.to(a.device)
             chunked = chunked.to(a.device) if chunked is not None else None
-        exact.update(a, b)
-        if chunked is not None:
-            chunked.update(a, b)
+            updates = UpdateStream(a.device)
+        updates.run([metric for metric in (exact, chunked) if metric is not None], a, b)
         if progress is not None:
             progress(1)
     if exact is None:
         raise ValueError("No batch to compare: the data is empty.")
+    updates.join()
     cka = exact.compute()
     results: dict[str, Any] = {
         "layers_a": list(range(1 - extra, len(blocks_a) + 1)),

@@ -92,10 +92,15 @@ class _SumStateMetric(Float64StatesOnCast, Metric):
         return list(self._sum_state_shapes)
 
     def _add_sum_state(self, name: str, shape: tuple[int, ...]) -> None:
-        """Register a float64 zero state of ``shape`` summed across processes (its default is a placeholder)."""
+        """Register a float64 zero state of ``shape`` summed across processes (its default is a placeholder).
+
+        The zeros are made on torch's default device: a metric built inside ``with torch.device("cuda"):`` has its
+        states made on the GPU, not filled on the host and copied (793 MiB for ``CrossModelCKA`` at GPT-2-small's
+        shape); ``.to(device)`` then moves nothing and sets :attr:`device`.
+        """
         self.add_state(name, default=torch.zeros((), dtype=torch.float64), dist_reduce_fx="sum")
         self._sum_state_shapes[name] = tuple(shape)
-        setattr(self, name, torch.zeros(shape, dtype=torch.float64, device=self.device))
+        setattr(self, name, torch.zeros(shape, dtype=torch.float64))
 
     def set_dtype(self, dst_type: Union[str, torch.dtype]) -> Metric:
         """Cast the states to ``dst_type`` (the one cast that may leave float64, see :meth:`_apply`)."""
