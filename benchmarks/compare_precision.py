@@ -8,7 +8,9 @@ all-ones ``attention_mask``, pinned on a GPU). Three variants alternate in one p
   (``use_cache=False``) and without the all-ones mask, as ``compare_models`` runs them;
 - ``exact``: ``compare_models(..., precision="exact")``: hooked forwards + every product in float64;
 - ``fast``: ``compare_models(..., precision="fast")``: each batch's products in float32 around the float64 shift,
-  summed into the same float64 states.
+  summed into the same float64 states;
+- ``fast_inline`` (on a GPU only): the same, with the updates run on the forwards' stream instead of the side stream
+  of ``UpdateStream`` (as before 744bb3e), so the side stream's gain is measured in the same run.
 
 On a GPU each variant runs twice per repeat, over all ``--batches`` batches and over the first half of them, with
 the device synchronised only at the end of each run (as a user's loop would be); the cost of a further batch is the
@@ -29,10 +31,12 @@ name (``compare_precision_cuda``, ``..._tf32``, ``..._bf16``).
 """
 
 import argparse
+import contextlib
 import statistics
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
@@ -42,7 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _record import load_now, record  # noqa: E402
 
 from layerwise.features.paths import get_blocks, layer_paths  # noqa: E402
-from layerwise.inference.compare import compare_models, hidden_states, token_features  # noqa: E402
+from layerwise.inference import compare as compare_module  # noqa: E402
+from layerwise.inference.compare import UpdateStream, compare_models, hidden_states, token_features  # noqa: E402
 from layerwise.metrics.compare import CrossModelCKA  # noqa: E402
 
 hf_logging.set_verbosity_error()
@@ -109,9 +114,18 @@ def main() -> None:
     def comparison(precision: str, part: list) -> tuple[float, list[float], torch.Tensor]:
         """The whole run's time, the time between consecutive batches' updates (the first left out), and the CKA."""
         stamps: list[float] = []
+        inline = precision.endswith("_inline")  # updates on the forwards' stream: an UpdateStream that has none
+        on_host = mock.patch.object(compare_module, "UpdateStream", lambda device: UpdateStream(torch.device("cpu")))
         sync(args.device)
         start = time.perf_counter()
-        results = compare_models(a, b, part, precision=precision, progress=lambda _: stamps.append(time.perf_counter()))
+        with on_host if inline else contextlib.nullcontext():
+            results = compare_models(
+                a,
+                b,
+                part,
+                precision=precision.removesuffix("_inline"),
+                progress=lambda _: stamps.append(time.perf_counter()),
+            )
         sync(args.device)
         return (
             time.perf_counter() - start,
@@ -142,14 +156,15 @@ def main() -> None:
 
     plain(halves[1])  # warm-up
     stages()
-    times: dict[str, list[float]] = {"plain": [], "exact": [], "fast": []}
+    variants = ("exact", "fast") if on_cpu else ("exact", "fast", "fast_inline")
+    times: dict[str, list[float]] = {"plain": [], **{name: [] for name in variants}}
     parts: dict[str, list[float]] = {"hooked": [], "update_exact": [], "update_fast": []}
     errors = []
     for _ in range(args.repeats):
         whole, each = plain(halves[0])
         times["plain"] += each if on_cpu else [(whole - plain(halves[1])[0]) / further]
         runs = {}
-        for precision in ("exact", "fast"):
+        for precision in variants:
             whole, each, runs[precision] = comparison(precision, halves[0])
             times[precision] += each if on_cpu else [(whole - comparison(precision, halves[1])[0]) / further]
         errors.append(float((runs["fast"] - runs["exact"]).abs().max()))
@@ -166,8 +181,11 @@ def main() -> None:
         "plain": "A and B forward, no hooks",
         "exact": 'compare_models precision="exact", each further batch',
         "fast": 'compare_models precision="fast", each further batch',
+        "fast_inline": "  the same, its updates on the forwards' stream (before 744bb3e)",
     }
     for name, label in rows.items():
+        if name not in medians:
+            continue
         print(f"{label:<58}{medians[name]:>9.4f}{medians[name] / medians['plain']:>8.2f}x")
     for name, label in {
         "hooked": "  of which: A and B forward with the block hooks",
@@ -188,6 +206,14 @@ def main() -> None:
         "fast_s": round(medians["fast"], 4),
         "exact_ratio": round(medians["exact"] / medians["plain"], 2),
         "fast_ratio": round(medians["fast"] / medians["plain"], 2),
+        **(
+            {}
+            if on_cpu
+            else {
+                "fast_inline_s": round(medians["fast_inline"], 4),
+                "fast_inline_ratio": round(medians["fast_inline"] / medians["plain"], 2),
+            }
+        ),
         "hooked_forwards_s": round(statistics.median(parts["hooked"]), 4),
         "update_exact_s": round(statistics.median(parts["update_exact"]), 4),
         "update_fast_s": round(statistics.median(parts["update_fast"]), 4),
