@@ -19,10 +19,12 @@ difference of the two times over the difference of the batch counts. So the firs
 products queued while the host launches the next forwards) counts once, as it costs a user. On a CPU, where nothing
 overlaps, every batch is timed on its own (a comparison's from one update to the next, the first left out), which
 is the same cost with less noise. Medians over all of them. On a GPU a second estimate is printed and recorded
-(``interval_ratio``): the median host time between consecutive batches of every run, never synchronised, against
-the plain forwards'. A Hugging Face forward waits on the device once (transformers 5's packed-sequence check), so the
-host keeps the device's pace, and a median over hundreds of batches shrugs off the runs whose pace jumps (on lent
-H100s and H200s a whole run's per-batch time moved by up to 2x from one run to the next). The "of which" rows time one batch part by part,
+(``interval_ratio``): in each long run, the mean host time between consecutive batches, from the first batch's
+progress call to the last's (never synchronised; the first batch and ``compute`` left out without subtracting a
+second run), medians over the repeats, against the plain forwards'. A Hugging Face forward waits on the device once
+(transformers 5's packed-sequence check), so the host keeps the device's pace. On lent H100s and H200s a whole run's
+per-batch time moved by up to 2x from one run to the next, which the difference of two runs doubles. The "of
+which" rows time one batch part by part,
 synchronised between parts: on a GPU they add up to more than the overlapped whole. The error is the largest
 absolute difference between the fast and the exact CKA matrices (every layer pair) of the same comparison.
 
@@ -162,18 +164,18 @@ def main() -> None:
     stages()
     variants = ("exact", "fast") if on_cpu else ("exact", "fast", "fast_inline")
     times: dict[str, list[float]] = {"plain": [], **{name: [] for name in variants}}
-    intervals: dict[str, list[float]] = {name: [] for name in times}  # host time between batches, never synchronised
+    intervals: dict[str, list[float]] = {name: [] for name in times}  # mean time between batches, one per run
     parts: dict[str, list[float]] = {"hooked": [], "update_exact": [], "update_fast": []}
     errors = []
     for _ in range(args.repeats):
         whole, each = plain(halves[0])
         times["plain"] += each if on_cpu else [(whole - plain(halves[1])[0]) / further]
-        intervals["plain"] += each[1:]
+        intervals["plain"].append(statistics.fmean(each[1:]))
         runs = {}
         for precision in variants:
             whole, each, runs[precision] = comparison(precision, halves[0])
             times[precision] += each if on_cpu else [(whole - comparison(precision, halves[1])[0]) / further]
-            intervals[precision] += each
+            intervals[precision].append(statistics.fmean(each))
         errors.append(float((runs["fast"] - runs["exact"]).abs().max()))
         for key, value in stages().items():
             parts[key].append(value)
@@ -207,8 +209,8 @@ def main() -> None:
         for name in variants:
             interval_ratios[name] = round(statistics.median(intervals[name]) / base, 3)
         print(
-            f"median host time between consecutive batches (no synchronisation; {len(intervals['plain'])} per "
-            f"variant), against the plain forwards': "
+            f"per run, the mean time between consecutive batches (first to last, never synchronised; medians of "
+            f"{len(intervals['plain'])}), against the plain forwards': "
             + ", ".join(f"{name} {ratio:.2f}x" for name, ratio in interval_ratios.items())
         )
     print(f"largest |CKA fast - CKA exact| over every layer pair and repeat: {max(errors):.2e}")
