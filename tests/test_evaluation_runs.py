@@ -64,6 +64,30 @@ def test_a_fit_ends_with_one_line_naming_accuracy_checkpoints_summaries_and_figu
     assert f"val/acc best {float(best['best_model_score']):.4f}, last {last['accuracy'][-1]:.4f}" in closing
     assert f"checkpoints {run / 'checkpoints'}/ (" in closing and "last.ckpt" in closing
     assert f"summaries {run / 'layerwise'}/" in closing and f"`layerwise plot {run}`" in closing
+    assert f"figures in TensorBoard ({run}) and by" in closing
+
+
+def test_the_closing_line_names_where_the_figures_went_without_tensorboard(tmp_path):
+    """A CSV logger gets PNG files; the line says so rather than naming a TensorBoard the run does not have."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        LayerwiseCLI(
+            args=[
+                "fit",
+                "--config",
+                QUICKSTART,
+                *TINY,
+                "--trainer.logger=CSVLogger",
+                f"--trainer.logger.init_args.save_dir={tmp_path}",
+                "--trainer.max_epochs=1",
+                "--trainer.limit_train_batches=2",
+            ]
+        )
+    closing = out.getvalue().strip().splitlines()[-1]
+    images = tmp_path / "quickstart" / "version_0" / "layerwise" / "images"
+    assert "TensorBoard" not in closing and f"figures in PNG files in {images}/ and by" in closing, closing
+    assert list(images.rglob("*.png")), "the line names a folder the figures are not in"
 
 
 def test_a_resumed_fit_that_trains_nothing_says_so(fitted, tmp_path):

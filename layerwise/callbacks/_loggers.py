@@ -69,6 +69,14 @@ def image_sinks(trainer: Trainer) -> list[ImageSink]:
     return sinks
 
 
+def figure_places(trainer: Trainer) -> list[str]:
+    """Where :func:`image_sinks` sends the figures, in words, for a fit's closing line (once the loggers exist).
+
+    ``TensorBoard (<folder>)``, ``W&B``, ``MLflow``, ``PNG files in <folder>/layerwise/images/``.
+    """
+    return [sink.name for sink in image_sinks(trainer)]
+
+
 def tensorboards(trainer: Trainer) -> list[Any]:
     """The experiments of every TensorBoard-like logger (``SummaryWriter``: ``add_image``, ``add_custom_scalars``)."""
     experiments = []
@@ -102,7 +110,8 @@ def _tensorboard_images(experiment: Any) -> ImageSink:
     def log(tag: str, image: np.ndarray, step: int) -> None:
         experiment.add_image(tag, image, global_step=step, dataformats="HWC")
 
-    return ImageSink("TensorBoard", log)
+    folder = getattr(experiment, "log_dir", None)
+    return ImageSink("TensorBoard" + (f" ({folder})" if folder else ""), log)
 
 
 def _wandb_images(logger: WandbLogger) -> ImageSink:
@@ -139,7 +148,7 @@ def _png_files(folder: str) -> ImageSink:
         path = _unused(root.joinpath(*parts[:-1], f"{parts[-1]}_step_{step:07d}.png"))
         write_atomic(path, lambda file: Image.fromarray(image).save(file, format="png"))
 
-    return ImageSink(f"PNG files in {root}", log)
+    return ImageSink(f"PNG files in {root}/", log)
 
 
 def _unused(path: Path) -> Path:

@@ -7,6 +7,8 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_only
 
+from layerwise.callbacks._loggers import figure_places
+
 
 class ProgressLines(Callback):
     """Prints one line every ``every_n_seconds`` while training, and one per finished epoch, on global rank zero.
@@ -80,7 +82,8 @@ def fit_closing_line(trainer: Trainer, start_step: int = 0) -> str:
     if saved and len(folders) == 1:
         parts.append(f"checkpoints {folders.pop()}/ ({', '.join(dict.fromkeys(saved))})")
     if (run / "layerwise").is_dir():
-        parts.append(f"summaries {run / 'layerwise'}/, figures in TensorBoard ({run}) and by `layerwise plot {run}`")
+        places = ", ".join(figure_places(trainer))
+        parts.append(f"summaries {run / 'layerwise'}/, figures in {places} and by `layerwise plot {run}`")
     elif trainer.loggers:
         parts.append(f"logs {run}/")
     return "; ".join(parts) + "."
