@@ -21,7 +21,14 @@ from typing import Any, NoReturn, Optional
 from jsonargparse import ArgumentParser
 
 from layerwise.command_parser import command_parser
-from layerwise.errors import DEBUG_VARIABLE, bad_config_file, check_output_folders, exit_concisely, quiet_upstream
+from layerwise.errors import (
+    DEBUG_VARIABLE,
+    bad_config_file,
+    check_output_folders,
+    check_run_folder,
+    exit_concisely,
+    quiet_upstream,
+)
 from layerwise.help_cache import is_plain_help, print_help
 
 
@@ -182,6 +189,8 @@ def _trainer_classes() -> tuple[type, type]:
                 with self._errors_in_one_line((ValueError,)):
                     check_data_compatible(self.model, self.datamodule)
             check_output_folders(self.trainer)
+            if self.save_config_callback is not None:
+                check_run_folder(self.trainer)
 
         def before_fit(self) -> None:
             self._check_before_run()

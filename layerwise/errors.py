@@ -132,6 +132,24 @@ def check_output_folders(trainer: Any) -> None:
                 break
 
 
+def check_run_folder(trainer: Any) -> None:
+    """Raise a UsageError when the first logger gives the run no folder (Lightning's ``trainer.log_dir`` is None).
+
+    Lightning takes the run folder from the first logger: a TensorBoard or CSV logger's ``log_dir``, any other's
+    ``save_dir``, which MLflow on a database (``sqlite:///...``) does not have. The CLI's config.yaml would then stop
+    the run with a bare ``AssertionError`` (LightningCLI's ``SaveConfigCallback``).
+    """
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    first = trainer.loggers[0] if trainer.loggers else None
+    if first is None or isinstance(first, (TensorBoardLogger, CSVLogger)) or first.save_dir is not None:
+        return
+    raise UsageError(
+        f"`--trainer.logger`: the first logger, {type(first).__name__}, gives the run no folder (its save_dir is "
+        "None), where config.yaml, the checkpoints and the summaries go: put a TensorBoardLogger or CSVLogger first."
+    )
+
+
 _LIGHTNING_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
 
 

@@ -225,3 +225,35 @@ def test_the_quickstarts_commented_alternative_logger_parses_and_builds_csv_wand
     cli = LayerwiseCLI(args=["--config", str(quickstart), "--config", str(alternative)], run=False)
     assert [type(logger) for logger in cli.trainer.loggers] == [CSVLogger, WandbLogger, MLFlowLogger]
     assert [sink.name.split()[0] for sink in image_sinks(cli.trainer)] == ["W&B", "MLflow", "PNG"]
+
+
+def test_mlflow_on_a_database_as_the_first_logger_is_one_line_naming_the_option(tmp_path, monkeypatch, capsys):
+    """Lightning takes the run folder from the first logger; MLflow on SQLite has none: one line, not an assert."""
+    pytest.importorskip("mlflow", reason="mlflow-skinny is absent (pip install -e '.[loggers]')")
+    from layerwise.cli import LayerwiseCLI
+
+    monkeypatch.chdir(tmp_path)
+    quickstart = Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml"
+    with pytest.raises(SystemExit) as exit_info:
+        LayerwiseCLI(
+            args=[
+                "fit",
+                "--config",
+                str(quickstart),
+                "--trainer.logger=MLFlowLogger",
+                f"--trainer.logger.init_args.tracking_uri=sqlite:///{tmp_path / 'mlflow.db'}",
+                "--trainer.max_epochs=1",
+            ]
+        )
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "Traceback" not in err and "AssertionError" not in err, err
+    assert (
+        "`--trainer.logger`" in lines[0]
+        and "MLFlowLogger" in lines[0]
+        and "TensorBoardLogger or CSVLogger first" in lines[0]
+    )
+    assert not (tmp_path / "runs").exists() and not list(tmp_path.glob("lightning_logs")), (
+        "work started before the error"
+    )
