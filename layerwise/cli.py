@@ -135,6 +135,11 @@ def _trainer_classes() -> tuple[type, type]:
             for key, value in config.items(branches=False) if config is not None else ():
                 if key.endswith(".class_path") and isinstance(value, str):
                     options.setdefault(value, key[: -len(".class_path")])
+                elif isinstance(value, list):  # a list of classes: --trainer.logger, --trainer.callbacks
+                    for item in value:
+                        class_path = getattr(item, "class_path", None)
+                        if isinstance(class_path, str):
+                            options.setdefault(class_path, key)
             return options
 
         @contextmanager

@@ -32,6 +32,12 @@ _HEADERS = ("Does not validate against any", "Subtypes:", "Errors:", "Given valu
 _KEY = re.compile(r'^Parser key "([^"]+)":\s*(.*)$')
 _CLASS = re.compile(r"^Problem with given class_path '([^']+)':\s*(.*)$")
 _UNKNOWN_CLASS = re.compile(r"^Expected a dot import path string: (\S+)$")
+# What jsonargparse says of every union member a value is not: never the cause while a real one is in the message.
+_GENERIC = re.compile(
+    r"^(Subclass types expect one of:|a class path \(str\)$|a dict with|a dict without|Not a valid subclass of "
+    r"|Expected a <class )"
+)
+_GIVEN_CLASS = re.compile(r"class_path='([^']+)'")
 
 
 def concise_error(message: str, class_options: Optional[dict[str, str]] = None) -> str:
@@ -62,6 +68,8 @@ def concise_error(message: str, class_options: Optional[dict[str, str]] = None) 
             causes.append((indent, text, tuple(stack)))
     if not causes:
         return lines[0].strip() if lines else message
+    specific = [cause for cause in causes if not _GENERIC.match(cause[1])]
+    causes = specific or causes
     depth = max(indent for indent, _, _ in causes)
     _, cause, path = next(cause for cause in causes if cause[0] == depth)
     option, last_class = "", None
@@ -74,6 +82,10 @@ def concise_error(message: str, class_options: Optional[dict[str, str]] = None) 
     unknown = _UNKNOWN_CLASS.match(cause)
     if unknown:  # a short class name that matches no imported class: jsonargparse asks for an import path
         cause = f"no class named {unknown.group(1)!r}: give an existing class's name or its import path"
+    if not option and last_class is None and specific:
+        # a list of classes (loggers, callbacks): the one not yet instantiated in "Given value" is the one that failed
+        given = [_GIVEN_CLASS.findall(line) for line in lines if line.lstrip(" -").startswith("Given value:")]
+        last_class = given[-1][-1] if given and given[-1] else None
     if not option:
         option = (class_options or {}).get(last_class or "", "")
         if not option:

@@ -110,6 +110,51 @@ def test_concise_error_takes_the_deepest_line_and_builds_the_option():
     )
 
 
+UNION_OF_A_LIST = """Does not validate against any of the Union subtypes
+Subtypes: [<class 'lightning.pytorch.loggers.logger.Logger'>, collections.abc.Iterable[Logger], <class 'bool'>]
+Errors:
+  - Not a valid subclass of Logger. Got value: [Namespace(class_path='lightning.pytorch.loggers.TensorBoardLogger')]
+    Subclass types expect one of:
+    - a class path (str)
+    - a dict with class_path entry
+    - a dict without class_path but with init_args entry (class path given previously)
+    - a dict with parameters accepted by the base class (implicit class_path)
+  - The filesystem tracking backend (e.g., './mlruns') is in maintenance mode. Set `MLFLOW_ALLOW_FILE_STORE=true`.
+  - Expected a <class 'bool'>
+  - Expected a <class 'NoneType'>
+Given value type: <class 'list'>
+Given value: [<TensorBoardLogger object at 0x7f>, Namespace(class_path='lightning.pytorch.loggers.MLFlowLogger')]"""
+
+
+def test_concise_error_of_a_list_of_classes_is_the_failing_class_s_own_message():
+    """jsonargparse's generic union lines ("a class path (str)") are never the cause while the real one is there."""
+    cause = (
+        "The filesystem tracking backend (e.g., './mlruns') is in maintenance mode. Set `MLFLOW_ALLOW_FILE_STORE=true`."
+    )
+    logger = "lightning.pytorch.loggers.MLFlowLogger"
+    assert concise_error(UNION_OF_A_LIST) == f"class_path '{logger}': {cause}"
+    assert concise_error(UNION_OF_A_LIST, {logger: "trainer.logger"}) == f"--trainer.logger={logger}: {cause}"
+
+
+def test_a_logger_in_a_list_that_refuses_its_arguments_is_named_in_one_line(tmp_path, capsys, monkeypatch):
+    """MLflow 3 refuses its file store: the line names --trainer.logger, the class and MLflow's own reason."""
+    pytest.importorskip("mlflow", reason="mlflow-skinny is absent (pip install -e '.[loggers]')")
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    monkeypatch.chdir(tmp_path)
+    loggers = tmp_path / "loggers.yaml"
+    loggers.write_text(
+        "trainer:\n  logger:\n"
+        "    - class_path: lightning.pytorch.loggers.TensorBoardLogger\n      init_args: {save_dir: runs}\n"
+        "    - class_path: lightning.pytorch.loggers.MLFlowLogger\n      init_args: {tracking_uri: 'file:./mlruns'}\n"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        quickstart(tmp_path, "--config", str(loggers))
+    line = one_line(capsys, exit_info)
+    assert line.startswith("layerwise fit: error: --trainer.logger=lightning.pytorch.loggers.MLFlowLogger: "), line
+    assert "MLFLOW_ALLOW_FILE_STORE=true" in line and "a class path" not in line
+    assert not (tmp_path / "runs").exists()
+
+
 # ------------------------------------------------------------------------------ 2: the package's own checks
 
 
