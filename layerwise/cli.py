@@ -25,7 +25,7 @@ from layerwise.errors import (
     DEBUG_VARIABLE,
     bad_config_file,
     check_output_folders,
-    check_run_folder,
+    class_options,
     exit_concisely,
     quiet_upstream,
 )
@@ -124,24 +124,6 @@ def _trainer_classes() -> tuple[type, type]:
             defaults = (ModelSummary, RichModelSummary)
             trainer.callbacks = [CountedModelSummary() if type(c) in defaults else c for c in trainer.callbacks]
 
-        def _class_options(self) -> dict[str, str]:
-            """Each ``class_path`` given in the config -> its option (``--model.init_args.backbone``).
-
-            Names the flag in a constructor's error (jsonargparse names only the class there).
-            """
-            subcommand = self.config.get("subcommand")
-            config = self.config.get(subcommand) if subcommand else self.config
-            options: dict[str, str] = {}
-            for key, value in config.items(branches=False) if config is not None else ():
-                if key.endswith(".class_path") and isinstance(value, str):
-                    options.setdefault(value, key[: -len(".class_path")])
-                elif isinstance(value, list):  # a list of classes: --trainer.logger, --trainer.callbacks
-                    for item in value:
-                        class_path = getattr(item, "class_path", None)
-                        if isinstance(class_path, str):
-                            options.setdefault(class_path, key)
-            return options
-
         @contextmanager
         def _errors_in_one_line(self, kinds: tuple[type[Exception], ...], parsed: bool = True) -> Iterator[None]:
             """A bad value found by a class itself (not by the parser) ends in one line naming the flag, too.
@@ -155,7 +137,9 @@ def _trainer_classes() -> tuple[type, type]:
                 if os.environ.get(DEBUG_VARIABLE):
                     raise
                 prog = f"layerwise {self.subcommand or ''}".strip()
-                exit_concisely(prog, str(error), parsed=parsed, class_options=self._class_options() if parsed else None)
+                subcommand = self.config.get("subcommand")
+                config = self.config.get(subcommand) if subcommand else self.config
+                exit_concisely(prog, str(error), parsed=parsed, class_options=class_options(config) if parsed else None)
 
         def instantiate_classes(self) -> None:
             """Instantiate as LightningCLI does; a bad value found by a class itself ends in one line naming it."""
@@ -193,9 +177,7 @@ def _trainer_classes() -> tuple[type, type]:
             if isinstance(self.model, LayerwiseModule):
                 with self._errors_in_one_line((ValueError,)):
                     check_data_compatible(self.model, self.datamodule)
-            check_output_folders(self.trainer)
-            if self.save_config_callback is not None:
-                check_run_folder(self.trainer)
+            check_output_folders(self.trainer, run_folder=self.save_config_callback is not None)
 
         def before_fit(self) -> None:
             self._check_before_run()

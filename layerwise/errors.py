@@ -129,8 +129,30 @@ def exit_concisely(
     sys.exit(2)
 
 
-def check_output_folders(trainer: Any) -> None:
-    """Raise a UsageError naming the option when the Trainer's or a logger's output folder lies under a file."""
+def class_options(config: Any) -> dict[str, str]:
+    """Each ``class_path`` given in a parsed config -> its option (``model.init_args.backbone``, ``trainer.logger``).
+
+    Names the flag in a constructor's error (jsonargparse names only the class there), also for a class in a list.
+    """
+    options: dict[str, str] = {}
+    for key, value in config.items(branches=False) if config is not None else ():
+        if key.endswith(".class_path") and isinstance(value, str):
+            options.setdefault(value, key[: -len(".class_path")])
+        elif isinstance(value, list):  # a list of classes: --trainer.logger, --trainer.callbacks
+            for item in value:
+                class_path = getattr(item, "class_path", None)
+                if isinstance(class_path, str):
+                    options.setdefault(class_path, key)
+    return options
+
+
+def check_output_folders(trainer: Any, run_folder: bool = False) -> None:
+    """Raise a UsageError naming the option when the Trainer's or a logger's output folder lies under a file.
+
+    ``run_folder``: also when the first logger gives the run no folder (:func:`check_run_folder`).
+    """
+    if run_folder:
+        check_run_folder(trainer)
     folders = [("--trainer.default_root_dir", trainer.default_root_dir)]
     option = "--trainer.logger.init_args.save_dir"
     folders += [(option, logger.save_dir) for logger in trainer.loggers if logger.save_dir]
