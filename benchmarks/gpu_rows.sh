@@ -27,8 +27,8 @@ row() {
     echo "=== $name took $((SECONDS - start)) s"
 }
 row 24.2 benchmarks/coupling.py --device cuda --layers 12 --dim 768 --heads 12 --tokens 64 --repeats 3 --record coupling_gpu
-row 24.3 benchmarks/compare_precision.py --device cuda --batch 8 --tokens 256 --batches 16 --repeats 7 --matmul-precision high
-row 24.3-bf16 benchmarks/compare_precision.py --device cuda --batch 8 --tokens 256 --batches 16 --repeats 7 --dtype bfloat16 --matmul-precision high
+row 24.3 benchmarks/compare_precision.py --device cuda --batch 8 --tokens 256 --batches 48 --repeats 5 --matmul-precision high
+row 24.3-bf16 benchmarks/compare_precision.py --device cuda --batch 8 --tokens 256 --batches 48 --repeats 5 --dtype bfloat16 --matmul-precision high
 row 24.1-host benchmarks/callback_overhead.py --device cuda --cases host
 row 24.1 benchmarks/callback_overhead.py --device cuda --cases deit_s --lean --workers 8 --num-samples 8192 --repeats 4 --record-suffix _8192_workers_groups
 row 24.1-drawing benchmarks/callback_overhead.py --device cuda --cases drawing
