@@ -32,11 +32,10 @@ _HEADERS = ("Does not validate against any", "Subtypes:", "Errors:", "Given valu
 _KEY = re.compile(r'^Parser key "([^"]+)":\s*(.*)$')
 _CLASS = re.compile(r"^Problem with given class_path '([^']+)':\s*(.*)$")
 _UNKNOWN_CLASS = re.compile(r"^Expected a dot import path string: (\S+)$")
-# What jsonargparse says of every union member a value is not: never the cause while a real one is in the message.
-_GENERIC = re.compile(
-    r"^(Subclass types expect one of:|a class path \(str\)$|a dict with|a dict without|Not a valid subclass of "
-    r"|Expected a <class )"
-)
+# What jsonargparse says of every union member a value is not: never the cause while a real one is in the message;
+# its list of the accepted forms of a class never at all, while anything else is.
+_FORMS = re.compile(r"^(Subclass types expect one of:|a class path \(str\)$|a dict with|a dict without)")
+_GENERIC = re.compile(r"^(Not a valid subclass of |Expected a <class )")
 _GIVEN_CLASS = re.compile(r"class_path='([^']+)'")
 
 
@@ -68,6 +67,7 @@ def concise_error(message: str, class_options: Optional[dict[str, str]] = None) 
             causes.append((indent, text, tuple(stack)))
     if not causes:
         return lines[0].strip() if lines else message
+    causes = [cause for cause in causes if not _FORMS.match(cause[1])] or causes
     specific = [cause for cause in causes if not _GENERIC.match(cause[1])]
     causes = specific or causes
     depth = max(indent for indent, _, _ in causes)

@@ -136,6 +136,11 @@ def test_concise_error_of_a_list_of_classes_is_the_failing_class_s_own_message()
     assert concise_error(UNION_OF_A_LIST, {logger: "trainer.logger"}) == f"--trainer.logger={logger}: {cause}"
 
 
+def test_concise_error_of_a_class_that_is_not_a_subclass_says_so_not_the_forms_a_class_takes():
+    message = "\n".join(line for line in UNION_OF_A_LIST.splitlines() if "filesystem tracking backend" not in line)
+    assert concise_error(message).startswith("Not a valid subclass of Logger.")
+
+
 def test_a_logger_in_a_list_that_refuses_its_arguments_is_named_in_one_line(tmp_path, capsys, monkeypatch):
     """MLflow 3 refuses its file store: the line names --trainer.logger, the class and MLflow's own reason."""
     pytest.importorskip("mlflow", reason="mlflow-skinny is absent (pip install -e '.[loggers]')")
