@@ -14,7 +14,7 @@ def folders(tmp_path_factory) -> dict:
     root = tmp_path_factory.mktemp("models")
     torch.manual_seed(0)
     out = {}
-    for name, vocab in (("a", 260), ("b", 300)):
+    for name, vocab in (("a", 260), ("b", 300), ("small", 50)):
         config = AutoConfig.for_model("gpt2", n_layer=2, n_embd=16, n_head=2, vocab_size=vocab, n_positions=64)
         AutoModelForCausalLM.from_config(config).save_pretrained(root / name)
         out[name] = str(root / name)
@@ -67,6 +67,16 @@ def test_models_reading_different_ids_are_refused(folders, tmp_path, capsys, com
     argv = [*base, "--text", str(folders["root"] / "long.txt"), "--block_size", "32", "--out", str(tmp_path / "o")]
     line = error_line(command, argv, capsys)
     assert "`--model_b` reads 300 token ids, `--model_a` 260" in line
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_token_ids_past_the_models_embedding_are_refused(folders, tmp_path, capsys, command):
+    """`byte` has 257 ids, these models read 50: one line naming --tokenizer, not an IndexError in the embedding."""
+    base = ["--model_a", folders["small"], "--model_b", folders["small"], "--tokenizer", "byte"]
+    argv = [*base, "--text", str(folders["root"] / "long.txt"), "--block_size", "32", "--out", str(tmp_path / "o")]
+    line = error_line(command, argv, capsys)
+    assert "`--tokenizer=byte` gives the text token id" in line and "`--model_a` reads ids below 50" in line, line
     assert not (tmp_path / "o").exists()
 
 

@@ -21,6 +21,8 @@ def cka_across_models(compare: dict[str, Any]) -> Figure:
     ax.set_xlabel(f"layer of model B ({_short(compare['model_b'])})")
     distance = compare.get("arccos_distance")
     title = "CKA across models" + (f" · arccos distance {distance:.3f}" if distance is not None else "")
+    if compare.get("precision") == "fast":  # float32 products: say so on the figure, not only in the JSON
+        title += " · fast"
     ax.set_title(title)
     colorbar(fig, image, ax, "CKA")
     return finish(fig)

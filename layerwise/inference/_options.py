@@ -172,6 +172,22 @@ def check_same_vocab(model_a: Any, model_b: Any) -> None:
         )
 
 
+def check_token_ids(largest: int, tokenizer: str, models: dict[str, Any]) -> None:
+    """Refuse text whose token ids (the largest is ``largest``) reach past a model's embedding, before a forward.
+
+    A tokenizer with more ids than the models (``byte`` has 257) would otherwise end in an ``IndexError`` inside the
+    embedding lookup. The ids actually read are checked, not the tokenizer's size: a tokenizer may hold ids the
+    text never uses (an added padding token).
+    """
+    for model_flag, model in models.items():
+        size = vocab_size(model)
+        if size is not None and largest >= size:
+            raise UsageError(
+                f"`--tokenizer={tokenizer}` gives the text token id {largest}, but `{model_flag}` reads ids below "
+                f"{size}: give the tokenizer the models were trained with."
+            )
+
+
 # the TextDataModule options' names in its messages -> the flags of `compare` and `stitch`
 _TEXT_FLAGS = {
     "--data.init_args.train_files": "--text",
@@ -226,8 +242,12 @@ class TextSource:
         max_train_blocks: Optional[int],
         max_val_blocks: Optional[int],
         stage: str,
+        models: Optional[dict[str, Any]] = None,
     ) -> Any:
-        """The packed text blocks ``compare`` and ``stitch`` read (``TextDataModule``: held-out tail of --text)."""
+        """The packed text blocks ``compare`` and ``stitch`` read (``TextDataModule``: held-out tail of --text).
+
+        ``models`` (flag -> loaded model): every token id of the blocks must be one they read (:func:`check_token_ids`).
+        """
         from layerwise.datamodules import TextDataModule
 
         self.check()
@@ -251,4 +271,7 @@ class TextSource:
                 raise
             source = "--text" if self.text else "--dataset"
             raise UsageError(message if source in message else f"`{source}`: {message}") from None
+        blocks = [part for part in (data.train_blocks, data.val_blocks) if part is not None and part.numel()]
+        if models and blocks:
+            check_token_ids(max(int(part.max()) for part in blocks), tokenizer, models)
         return data

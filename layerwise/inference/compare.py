@@ -316,7 +316,7 @@ def compare(
         text: local text files (their last 10 % is read).
         dataset: a hub dataset id instead of --text (its validation split).
         dataset_config: its configuration name.
-        tokenizer: 'byte', 'bpe:N', 'wordpiece:N', a hub name or a folder (default: --model_a's; for a
+        tokenizer: 'byte' (257 ids), 'bpe:N', 'wordpiece:N', a hub name or a folder (default: --model_a's; for a
             TransformerLens checkpoint, the one its config names).
         tokenizer_dir: folder holding trained tokenizers.
         block_size: tokens per block.
@@ -367,6 +367,7 @@ def compare(
         None,
         max_blocks,
         "validate",
+        models={"--model_a": loaded[0], "--model_b": loaded[1]},
     )
     first, second = loaded
     loader = data.val_dataloader()

@@ -240,7 +240,7 @@ def stitch(
         hans: also evaluate on HANS (MNLI classifiers).
         hans_dir: a folder with HANS's heuristics_evaluation_set.txt (default: the hub's jhu-cogsci/hans).
         hans_heuristic: the HANS subset (lexical_overlap is HANS-LO; null: all three).
-        tokenizer: 'byte', 'bpe:N', 'wordpiece:N', a hub name or a folder (default: --model_a's; for a
+        tokenizer: 'byte' (257 ids), 'bpe:N', 'wordpiece:N', a hub name or a folder (default: --model_a's; for a
             TransformerLens checkpoint, the one its config names).
         tokenizer_dir: folder holding trained tokenizers.
         layers: l = m pairs (default: 1 .. min(L_A, L_B) - 1).
@@ -311,6 +311,7 @@ def stitch(
             max_train_blocks,
             max_val_blocks,
             stage,
+            models={"--model_a": first, "--model_b": second},
         )
     else:
         from layerwise.datamodules import GLUEDataModule, HANSDataModule
