@@ -85,6 +85,7 @@ def test_the_closing_line_names_where_the_figures_went_without_tensorboard(tmp_p
             ]
         )
     closing = out.getvalue().strip().splitlines()[-1]
+    assert closing.startswith("layerwise fit: 1 epoch, step 2; "), closing
     images = tmp_path / "quickstart" / "version_0" / "layerwise" / "images"
     assert "TensorBoard" not in closing and f"figures in PNG files in {images}/ and by" in closing, closing
     assert list(images.rglob("*.png")), "the line names a folder the figures are not in"

@@ -64,7 +64,8 @@ def fit_closing_line(trainer: Trainer, start_step: int = 0) -> str:
         ]
         limits = [limit for limit in limits if not limit.endswith(("=-1", "=None"))]
         return f"layerwise fit: nothing was trained ({', '.join(limits)}); {run} holds no new results."
-    parts = [f"layerwise fit: {trainer.current_epoch} epochs, step {trainer.global_step}"]
+    epochs = trainer.current_epoch
+    parts = [f"layerwise fit: {epochs} epoch{'' if epochs == 1 else 's'}, step {trainer.global_step}"]
     last = trainer.callback_metrics.get("val/acc")
     monitored = [c for c in trainer.checkpoint_callbacks if getattr(c, "monitor", None) == "val/acc"]
     best = monitored[0].best_model_score if monitored else None
