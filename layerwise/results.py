@@ -180,14 +180,41 @@ def to_json(value: Any) -> Any:
 def merge_summary(path: Path, updates: dict[str, Any], run_id: str) -> None:
     """Add ``updates`` to the summary at ``path`` (written atomically).
 
-    Several callbacks of one run (same ``run_id``) each contribute their keys to the same epoch's summary; a file left
-    by another run (e.g. an earlier run into the same folder) is replaced, not merged, so no stale key survives.
+    Several callbacks of one run (same ``run_id``) each contribute their keys to the same epoch's summary. A file left
+    by another run (an earlier run into the same folder: no logger, or W&B/MLflow first, do not version the runs) is
+    moved aside as ``<name>.earlier-<time>``, with a warning once per run, and a new summary is written: never merged
+    (no stale key survives), never lost.
     """
     summary = _readable_summary(path) if path.exists() else {}
-    if summary.get("run_id") != run_id:
-        summary = {"run_id": run_id}
+    if summary and summary.get("run_id") != run_id:
+        aside = _aside(path, "earlier")
+        if run_id not in _WARNED_EARLIER:
+            _WARNED_EARLIER.add(run_id)
+            warnings.warn(
+                f"layerwise: {path} held the summary of an earlier run; moved it to {aside.name} (and so for any "
+                "other epoch of it). Give each run its own folder: a TensorBoardLogger or CSVLogger first versions "
+                "them.",
+                UserWarning,
+                stacklevel=2,
+            )
+        summary = {}
+    summary = {"run_id": run_id, **summary}
     summary.update(to_json(updates))
     write_text_atomic(path, json.dumps(summary, indent=1, allow_nan=False))
+
+
+_WARNED_EARLIER: set[str] = set()  # runs already told that their folder held an earlier run's summaries
+
+
+def _aside(path: Path, reason: str) -> Path:
+    """Move ``path`` to ``<name>.<reason>-<time>`` (``_2``, ``_3``, ... when taken) and return where it went."""
+    stem = f"{path.name}.{reason}-{time.strftime('%Y%m%d-%H%M%S')}"
+    aside, number = path.with_name(stem), 1
+    while aside.exists():
+        number += 1
+        aside = path.with_name(f"{stem}_{number}")
+    os.replace(path, aside)
+    return aside
 
 
 def _readable_summary(path: Path) -> dict[str, Any]:
@@ -195,8 +222,7 @@ def _readable_summary(path: Path) -> dict[str, Any]:
     try:
         return load_summary(path)
     except ValueError as error:
-        aside = path.with_name(f"{path.name}.corrupt-{time.strftime('%Y%m%d-%H%M%S')}")
-        os.replace(path, aside)
+        aside = _aside(path, "corrupt")
         warnings.warn(f"{error} Moved it to {aside.name} and wrote a new summary.", UserWarning, stacklevel=3)
         return {}
 

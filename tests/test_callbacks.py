@@ -644,14 +644,18 @@ def test_two_monitors_merge_into_one_json(tmp_path, analysis_run):
     assert_json_close(summary, {key: full[key] for key in summary}, atol=1e-12)
 
 
-def test_a_new_run_replaces_an_old_summary_instead_of_merging(tmp_path):
+def test_a_new_run_replaces_an_old_summary_instead_of_merging_and_keeps_it_aside(tmp_path):
     trainer(tmp_path, [LogitLensMonitor(log_figures=False)]).validate(fitted_module(), val_loader(N), verbose=False)
-    assert "accuracy" in read_summary(tmp_path)
-    trainer(tmp_path, [NeuralCollapseMonitor(log_figures=False)]).validate(
-        fitted_module(), val_loader(N), verbose=False
-    )
+    earlier = read_summary(tmp_path)
+    assert "accuracy" in earlier
+    with pytest.warns(UserWarning, match=r"held the summary of an earlier run; moved it to val_epoch_000.*\.earlier-"):
+        trainer(tmp_path, [NeuralCollapseMonitor(log_figures=False)]).validate(
+            fitted_module(), val_loader(N), verbose=False
+        )
     summary = read_summary(tmp_path)
     assert "nc1" in summary and "accuracy" not in summary  # no stale key from the earlier run
+    kept = list(tmp_path.rglob("val_epoch_*.json.earlier-*"))
+    assert len(kept) == 1 and json.loads(kept[0].read_text()) == earlier  # nothing of the earlier run is lost
 
 
 def test_callbacks_with_different_layers_fail_before_any_work(tmp_path):
