@@ -113,7 +113,7 @@ def test_folder_slash_name_under_a_local_folder_is_a_missing_path_not_a_hub_id(
 
 
 def test_a_model_folder_without_a_tokenizer_points_at_the_tokenizer(folders, tmp_path, capsys):
-    """The folders hold no tokenizer files; without --tokenizer the text encodes to nothing, which names --tokenizer."""
+    """The folders hold no tokenizer files: without --tokenizer, the default (model A's folder) is refused by name."""
     argv = ["--model_a", folders["a"], "--model_b", folders["a"], "--text", str(folders["root"] / "long.txt")]
     line = error_line("compare", [*argv, "--block_size", "32", "--out", str(tmp_path / "o")], capsys)
-    assert "0 tokens" in line and "--tokenizer" in line, line
+    assert f"--tokenizer={folders['a']!r} holds no tokenizer" in line and "--tokenizer=byte" in line, line

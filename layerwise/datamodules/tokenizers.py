@@ -275,6 +275,11 @@ def _pretrained_tokenizer(spec: str, option: str) -> PreTrainedTokenizerFast:
     instead = f"Offline, pass {option}=byte, or {option}=bpe:<vocab_size> or wordpiece:<vocab_size> to train one"
     if Path(spec).expanduser().exists():
         tokenizer = _wrap_errors(lambda: AutoTokenizer.from_pretrained(str(Path(spec).expanduser())), spec, option)
+        if getattr(tokenizer, "vocab_size", None) == 0:  # a model folder without tokenizer files: transformers
+            raise ValueError(  # builds an empty tokenizer from its config, which encodes every text to nothing
+                f"{option}={spec!r} holds no tokenizer (no vocabulary in the folder); "
+                f"give {option}=byte, bpe:<vocab_size> or wordpiece:<vocab_size>, or the folder of the models' own."
+            )
         return _with_pad_token(tokenizer, spec, option)
     try:
         tokenizer = AutoTokenizer.from_pretrained(spec, local_files_only=True)
