@@ -6,13 +6,25 @@ docstring, ``--config FILE`` and ``--print_config``.
 """
 
 import inspect
+import os
 import typing
 from collections.abc import Callable
-from typing import Any, Literal, Optional
+from typing import Any, Literal, NoReturn, Optional
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
+from layerwise.errors import DEBUG_VARIABLE, exit_concisely
+
 _POSITIONAL = {"path", "runs"}
+
+
+class _ConciseParser(ArgumentParser):
+    """A command's parser whose errors are one line naming the option (the whole message with LAYERWISE_DEBUG=1)."""
+
+    def error(self, message: str, ex: Optional[Exception] = None) -> NoReturn:
+        if os.environ.get(DEBUG_VARIABLE) or not getattr(self, "exit_on_error", True):
+            super().error(message, ex)
+        exit_concisely(self.prog, message)
 
 
 def _list_item(annotation: Any) -> Optional[Any]:
@@ -32,7 +44,7 @@ def command_parser(name: str, function: Callable[..., None]) -> ArgumentParser:
 
     docs = parse(function.__doc__ or "")
     help_of = {param.arg_name: param.description for param in docs.params}
-    parser = ArgumentParser(
+    parser = _ConciseParser(
         prog=f"layerwise {name}",
         description=" ".join(filter(None, [docs.short_description, docs.long_description])),
     )

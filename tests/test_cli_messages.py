@@ -47,6 +47,24 @@ def one_line(capsys, exit_info) -> str:
 # ------------------------------------------------------------------------------ 1: the innermost cause, named
 
 
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["compare", "--model_a", "a", "--model_b", "b", "--precision", "fsat"], "--precision: Expected a typing.Lit"),
+        (["plot", "runs", "--nope"], "unrecognized arguments: --nope"),
+        (["sweep"], "the following arguments are required: runs"),
+    ],
+)
+def test_a_commands_bad_option_is_one_line_without_the_usage_block(capsys, argv, expected):
+    """The commands built from functions (`compare`, `plot`, ...) answer like fit: one line, not argparse's usage."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and "usage:" not in err, err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and lines[0].startswith(f"layerwise {argv[0]}: error: ") and expected in lines[0], err
+
+
 def test_a_missing_config_file_says_so(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", "--config", "configs/quickstrat.yaml"])
