@@ -117,3 +117,24 @@ def test_a_model_folder_without_a_tokenizer_points_at_the_tokenizer(folders, tmp
     argv = ["--model_a", folders["a"], "--model_b", folders["a"], "--text", str(folders["root"] / "long.txt")]
     line = error_line("compare", [*argv, "--block_size", "32", "--out", str(tmp_path / "o")], capsys)
     assert f"--tokenizer={folders['a']!r} holds no tokenizer" in line and "--tokenizer=byte" in line, line
+
+
+@pytest.mark.parametrize("offline", [True, False])
+def test_a_hub_id_neither_cached_nor_reachable_is_refused_before_the_loader_retries(
+    folders, tmp_path, capsys, monkeypatch, offline
+):
+    """Offline, the loader would retry the Hub for ~30 s; the command names the flag at once instead."""
+    from layerwise.datamodules import _hub
+    from layerwise.lightning_modules import checkpoint
+
+    monkeypatch.setattr(_hub, "hub_offline", lambda: offline)
+    monkeypatch.setattr(_hub, "hub_unreachable_reason", lambda url, timeout_s=None: "ConnectError: refused")
+    loaded = []
+    original = checkpoint.load_model
+    monkeypatch.setattr(checkpoint, "load_model", lambda spec, *a, **k: loaded.append(spec) or original(spec, *a, **k))
+    argv = ["--model_a", folders["a"], "--model_b", "layerwise-tests/never-cached", "--tokenizer", "byte"]
+    argv += ["--text", str(folders["root"] / "long.txt"), "--block_size", "32", "--out", str(tmp_path / "o")]
+    line = error_line("compare", argv, capsys)
+    assert "`--model_b=layerwise-tests/never-cached` is neither a local folder nor in the Hugging Face cache" in line
+    assert ("HF_HUB_OFFLINE" if offline else "ConnectError: refused") in line, line
+    assert "layerwise-tests/never-cached" not in loaded and not (tmp_path / "o").exists()

@@ -54,11 +54,36 @@ def check_model_path(spec: Optional[str], flag: str) -> None:
         raise UsageError(f"`{flag}={text}` does not exist (give a model folder, a layerwise .ckpt or a hub id).")
 
 
+def check_hub_model(spec: str, flag: str) -> None:
+    """Refuse at once, naming ``flag``, a hub id that is not in the Hugging Face cache while the Hub cannot be reached.
+
+    Offline, the loader would otherwise retry the Hub for ~30 s before saying the same.
+    """
+    from huggingface_hub import try_to_load_from_cache
+
+    from layerwise.datamodules import _hub
+
+    if Path(spec).expanduser().exists() or isinstance(try_to_load_from_cache(spec, "config.json"), str):
+        return
+    where = "offline mode is on (HF_HUB_OFFLINE)"
+    if not _hub.hub_offline():
+        reason = _hub.hub_unreachable_reason(_hub.hub_endpoint())
+        if reason is None:
+            return  # the Hub answers: the loader downloads it, or says why not
+        where = f"the Hub at {_hub.hub_endpoint()} cannot be reached ({reason})"
+    raise UsageError(
+        f"`{flag}={spec}` is neither a local folder nor in the Hugging Face cache, and {where}: give a local model "
+        "folder or a layerwise .ckpt."
+    )
+
+
 def load_model_as(spec: str, flag: str, *args: Any, **kwargs: Any) -> Any:
     """``load_model(spec, flag, ...)``, its errors naming ``flag`` itself (not the training CLI's sub-options)."""
     from layerwise.lightning_modules.checkpoint import load_model
 
     check_model_path(spec, flag)
+    if isinstance(spec, (str, Path)) and not str(spec).endswith(".ckpt"):
+        check_hub_model(str(spec), flag)
     try:
         return load_model(spec, flag, *args, **kwargs)
     except ValueError as error:
