@@ -63,7 +63,12 @@ def check_hub_model(spec: str, flag: str) -> None:
 
     from layerwise.datamodules import _hub
 
-    if Path(spec).expanduser().exists() or isinstance(try_to_load_from_cache(spec, "config.json"), str):
+    if Path(spec).expanduser().exists():
+        return
+    try:
+        if isinstance(try_to_load_from_cache(spec, "config.json"), str):
+            return
+    except ValueError:  # not a valid hub id at all: the loader says so in its own words
         return
     where = "offline mode is on (HF_HUB_OFFLINE)"
     if not _hub.hub_offline():
