@@ -75,6 +75,9 @@ def _trainer_classes() -> tuple[type, type]:
             kwargs.setdefault("model_class", LightningModule)  # LayerwiseModule strategies, Stitched, any other module
             kwargs.setdefault("subclass_mode_model", True)
             kwargs.setdefault("subclass_mode_data", True)
+            from layerwise.callbacks._runs import KeptConfig  # an earlier run's config.yaml is moved aside
+
+            kwargs.setdefault("save_config_callback", KeptConfig)
             kwargs.setdefault("save_config_kwargs", {"overwrite": True})
             kwargs.setdefault("parser_class", _ConciseArgumentParser)
             if not sys.stdout.isatty():  # a log file shows a bar only at the end: plain lines instead (see after_...)

@@ -187,7 +187,7 @@ def merge_summary(path: Path, updates: dict[str, Any], run_id: str) -> None:
     """
     summary = _readable_summary(path) if path.exists() else {}
     if summary and summary.get("run_id") != run_id:
-        aside = _aside(path, "earlier")
+        aside = move_aside(path, "earlier")
         if run_id not in _WARNED_EARLIER:
             _WARNED_EARLIER.add(run_id)
             warnings.warn(
@@ -206,7 +206,7 @@ def merge_summary(path: Path, updates: dict[str, Any], run_id: str) -> None:
 _WARNED_EARLIER: set[str] = set()  # runs already told that their folder held an earlier run's summaries
 
 
-def _aside(path: Path, reason: str) -> Path:
+def move_aside(path: Path, reason: str) -> Path:
     """Move ``path`` to ``<name>.<reason>-<time>`` (``_2``, ``_3``, ... when taken) and return where it went."""
     stem = f"{path.name}.{reason}-{time.strftime('%Y%m%d-%H%M%S')}"
     aside, number = path.with_name(stem), 1
@@ -222,7 +222,7 @@ def _readable_summary(path: Path) -> dict[str, Any]:
     try:
         return load_summary(path)
     except ValueError as error:
-        aside = _aside(path, "corrupt")
+        aside = move_aside(path, "corrupt")
         warnings.warn(f"{error} Moved it to {aside.name} and wrote a new summary.", UserWarning, stacklevel=3)
         return {}
 

@@ -210,3 +210,37 @@ def test_every_datamodule_without_a_test_split_names_the_split_it_tests():
     assert evaluated_split(HANSDataModule, "test") == "validation"
     assert TextDataModule.test_split.fget(SimpleNamespace(test_blocks=None)) == "validation"
     assert TextDataModule.test_split.fget(SimpleNamespace(test_blocks=[1])) == "test"
+
+
+def test_a_second_fit_into_the_same_folder_keeps_the_first_runs_config_and_summaries(tmp_path):
+    """Without a logger runs share --trainer.default_root_dir: the first run's files are moved aside, never lost."""
+
+    def fit() -> list[str]:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            LayerwiseCLI(
+                args=[
+                    "fit",
+                    "--config",
+                    QUICKSTART,
+                    *TINY,
+                    "--trainer.logger=false",
+                    f"--trainer.default_root_dir={tmp_path}",
+                    "--trainer.max_epochs=1",
+                    "--trainer.limit_train_batches=2",
+                ]
+            )
+        return [str(w.message) for w in caught]
+
+    fit()
+    config = (tmp_path / "config.yaml").read_text()
+    summaries = {path.name: path.read_text() for path in (tmp_path / "layerwise").glob("*.json")}
+    assert summaries
+    messages = fit()
+    assert any("held the config of an earlier run" in message for message in messages), messages
+    assert any("held the summary of an earlier run" in message for message in messages), messages
+    kept = list(tmp_path.glob("config.yaml.earlier-*"))
+    assert len(kept) == 1 and kept[0].read_text() == config
+    for name, text in summaries.items():
+        (aside,) = (tmp_path / "layerwise").glob(f"{name}.earlier-*")
+        assert aside.read_text() == text

@@ -7,11 +7,15 @@ the console table and the TensorBoard points all carry them. A sub-folder, not t
 summary of that epoch and step (``<run>/layerwise/val_epoch_EEE_step_SSSSSSS.json``) stays as the fit wrote it.
 """
 
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from lightning.pytorch import Trainer
+from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.cli import SaveConfigCallback
+
+from layerwise.results import move_aside
 
 
 @dataclass(frozen=True)
@@ -143,3 +147,26 @@ def test_split_line(datamodule: Any) -> Optional[str]:
         f"layerwise test: {type(datamodule).__name__} has no test split; testing its {split} split "
         f'(recorded as "split": "{split}" in the summary).'
     )
+
+
+class KeptConfig(SaveConfigCallback):
+    """LightningCLI's ``config.yaml``; one that an earlier run left in the same folder is moved aside, not overwritten.
+
+    Without a logger, or with W&B or MLflow first, runs share one folder. LightningCLI would either refuse to start
+    (``overwrite=False``) or write over the earlier run's config (``overwrite=True``): here it goes to
+    ``config.yaml.earlier-<time>``, with a warning, as the earlier run's summaries do.
+    """
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        if not self.already_saved and self.save_to_log_dir:
+            log_dir = trainer.log_dir  # a collective: every rank asks
+            path = Path(log_dir) / self.config_filename if log_dir and "://" not in str(log_dir) else None
+            if trainer.is_global_zero and path is not None and path.is_file():
+                aside = move_aside(path, "earlier")
+                warnings.warn(
+                    f"layerwise: {path} held the config of an earlier run; moved it to {aside.name}. Give each run "
+                    "its own folder: a TensorBoardLogger or CSVLogger first versions them.",
+                    UserWarning,
+                    stacklevel=2,
+                )
+        super().setup(trainer, pl_module, stage)
