@@ -187,16 +187,8 @@ def merge_summary(path: Path, updates: dict[str, Any], run_id: str) -> None:
     """
     summary = _readable_summary(path) if path.exists() else {}
     if summary and summary.get("run_id") != run_id:
-        aside = move_aside(path, "earlier")
-        if run_id not in _WARNED_EARLIER:
-            _WARNED_EARLIER.add(run_id)
-            warnings.warn(
-                f"layerwise: {path} held the summary of an earlier run; moved it to {aside.name} (and so for any "
-                "other epoch of it). Give each run its own folder: a TensorBoardLogger or CSVLogger first versions "
-                "them.",
-                UserWarning,
-                stacklevel=2,
-            )
+        keep_earlier(path, "summary", warn=run_id not in _WARNED_EARLIER)
+        _WARNED_EARLIER.add(run_id)
         summary = {}
     summary = {"run_id": run_id, **summary}
     summary.update(to_json(updates))
@@ -204,6 +196,18 @@ def merge_summary(path: Path, updates: dict[str, Any], run_id: str) -> None:
 
 
 _WARNED_EARLIER: set[str] = set()  # runs already told that their folder held an earlier run's summaries
+
+
+def keep_earlier(path: Path, what: str, warn: bool = True) -> None:
+    """Move an earlier run's ``path`` (its ``what``: summary, config) aside as ``<name>.earlier-<time>``, and say so."""
+    aside = move_aside(path, "earlier")
+    if warn:
+        warnings.warn(
+            f"layerwise: {path} held the {what} of an earlier run; moved it to {aside.name}. Give each run its own "
+            "folder: a TensorBoardLogger or CSVLogger first versions them.",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def move_aside(path: Path, reason: str) -> Path:

@@ -69,14 +69,6 @@ def image_sinks(trainer: Trainer) -> list[ImageSink]:
     return sinks
 
 
-def figure_places(trainer: Trainer) -> list[str]:
-    """Where :func:`image_sinks` sends the figures, in words, for a fit's closing line (once the loggers exist).
-
-    ``TensorBoard (<folder>)``, ``W&B``, ``MLflow``, ``PNG files in <folder>/layerwise/images/``.
-    """
-    return [sink.name for sink in image_sinks(trainer)]
-
-
 def tensorboards(trainer: Trainer) -> list[Any]:
     """The experiments of every TensorBoard-like logger (``SummaryWriter``: ``add_image``, ``add_custom_scalars``)."""
     experiments = []

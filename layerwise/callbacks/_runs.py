@@ -7,7 +7,6 @@ the console table and the TensorBoard points all carry them. A sub-folder, not t
 summary of that epoch and step (``<run>/layerwise/val_epoch_EEE_step_SSSSSSS.json``) stays as the fit wrote it.
 """
 
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -15,7 +14,7 @@ from typing import Any, Optional
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 
-from layerwise.results import move_aside
+from layerwise.results import keep_earlier
 
 
 @dataclass(frozen=True)
@@ -162,11 +161,5 @@ class KeptConfig(SaveConfigCallback):
             log_dir = trainer.log_dir  # a collective: every rank asks
             path = Path(log_dir) / self.config_filename if log_dir and "://" not in str(log_dir) else None
             if trainer.is_global_zero and path is not None and path.is_file():
-                aside = move_aside(path, "earlier")
-                warnings.warn(
-                    f"layerwise: {path} held the config of an earlier run; moved it to {aside.name}. Give each run "
-                    "its own folder: a TensorBoardLogger or CSVLogger first versions them.",
-                    UserWarning,
-                    stacklevel=2,
-                )
+                keep_earlier(path, "config")
         super().setup(trainer, pl_module, stage)

@@ -7,7 +7,7 @@ from typing import Any
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities import rank_zero_only
 
-from layerwise.callbacks._loggers import figure_places
+from layerwise.callbacks._loggers import image_sinks
 
 
 class ProgressLines(Callback):
@@ -83,7 +83,7 @@ def fit_closing_line(trainer: Trainer, start_step: int = 0) -> str:
     if saved and len(folders) == 1:
         parts.append(f"checkpoints {folders.pop()}/ ({', '.join(dict.fromkeys(saved))})")
     if (run / "layerwise").is_dir():
-        places = ", ".join(figure_places(trainer))
+        places = ", ".join(sink.name for sink in image_sinks(trainer))  # where the figures went, in words
         parts.append(f"summaries {run / 'layerwise'}/, figures in {places} and by `layerwise plot {run}`")
     elif trainer.loggers:
         parts.append(f"logs {run}/")
