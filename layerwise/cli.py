@@ -43,8 +43,8 @@ def _trainer_classes() -> tuple[type, type]:
     from lightning.pytorch.callbacks import ModelSummary, RichModelSummary
     from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-    from layerwise.callbacks._runs import evaluation_line, place_logger, read_position, take_position, test_split_line
-    from layerwise.callbacks.progress import ProgressLines, fit_closing_line
+    from layerwise.callbacks._runs import place_logger, read_position, take_position, test_split_line
+    from layerwise.callbacks.progress import ClosingLine, ProgressLines
     from layerwise.callbacks.summary import CountedModelSummary
     from layerwise.errors import UsageError
     from layerwise.lightning_modules import LayerwiseModule
@@ -60,6 +60,13 @@ def _trainer_classes() -> tuple[type, type]:
                 message = f"{bad_config_file(getattr(self, 'argv', None))}{message}"
             prog = re.sub(r"^\S+", "layerwise", self.prog.replace(" [options]", ""))  # not __main__.py (python -m)
             exit_concisely(prog, message)
+
+        def add_method_arguments(self, *args: Any, **kwargs: Any) -> list[str]:
+            """``validate``/``test`` default to ``--verbose false``: layerwise prints its own per-layer table."""
+            added = super().add_method_arguments(*args, **kwargs)
+            if "verbose" in added:
+                self.set_defaults(verbose=False)
+            return added
 
     class LayerwiseCLI(LightningCLI):
         """LightningCLI over any LightningModule and any LightningDataModule.
@@ -108,11 +115,15 @@ def _trainer_classes() -> tuple[type, type]:
                 place_logger(config.trainer, subcommand, self._position)
 
         def after_instantiate_classes(self) -> None:
-            """Without a terminal and without a progress bar, a fit prints progress as plain lines."""
+            """The command's closing line; without a terminal and a progress bar, a fit prints plain progress lines."""
             super().after_instantiate_classes()
             trainer = getattr(self, "trainer", None)
             if trainer is not None:
                 self._summary_without_uncounted_flops(trainer)
+                if self.subcommand is not None:  # the command's last line, printed where the work ran
+                    fit = self.subcommand == "fit" and read_position(self.config.fit.get("ckpt_path") or "")
+                    start = fit.global_step if fit else 0  # the step a fit resumed from
+                    trainer.callbacks.append(ClosingLine(self.subcommand, start, self._position))
             if trainer is None or sys.stdout.isatty() or trainer.progress_bar_callback is not None:
                 return
             if self.subcommand == "fit" and not any(isinstance(c, ProgressLines) for c in trainer.callbacks):
@@ -146,7 +157,9 @@ def _trainer_classes() -> tuple[type, type]:
 
         def instantiate_classes(self) -> None:
             """Instantiate as LightningCLI does; a bad value found by a class itself ends in one line naming it."""
-            with self._errors_in_one_line((ValueError, TypeError)):
+            from lightning.fabric.utilities.exceptions import MisconfigurationException  # the Trainer's own checks
+
+            with self._errors_in_one_line((ValueError, TypeError, MisconfigurationException)):
                 super().instantiate_classes()
 
         def _parse_ckpt_path(self) -> None:
@@ -168,12 +181,14 @@ def _trainer_classes() -> tuple[type, type]:
             super()._parse_ckpt_path()
 
         def _run_subcommand(self, subcommand: str) -> None:
-            """A mistake found once the run started (a label, a checkpoint: UsageError) ends in one line, too.
-
-            So does a ``FileNotFoundError`` (a file a module or Lightning opens). A bug keeps its traceback.
-            """
+            """A mistake found once the run started (UsageError, missing file, anomaly mode's NaN) ends in one line."""
             with self._errors_in_one_line((UsageError, FileNotFoundError), parsed=False):
-                super()._run_subcommand(subcommand)
+                try:
+                    super()._run_subcommand(subcommand)
+                except RuntimeError as error:  # autograd's anomaly mode found a NaN/inf: the user asked it to stop
+                    if "returned nan values" not in str(error):
+                        raise
+                    raise UsageError(f"`--trainer.detect_anomaly=true` stopped the run: {error}") from error
 
         def _check_before_run(self) -> None:
             # Before the Trainer creates log folders or touches data: a bad combination leaves nothing behind.
@@ -191,34 +206,19 @@ def _trainer_classes() -> tuple[type, type]:
                         "training: `layerwise validate --ckpt_path …`)."
                     )
 
-        def after_fit(self) -> None:
-            if self.trainer.is_global_zero:
-                resumed = read_position(self.config.fit.get("ckpt_path") or "")
-                print(fit_closing_line(self.trainer, resumed.global_step if resumed else 0), flush=True)
-
         def _before_evaluation(self) -> None:
             self._check_before_run()
             if self._position is not None:
                 take_position(self.trainer, self._position)
 
-        def _after_evaluation(self) -> None:
-            if self.trainer.is_global_zero:
-                print(evaluation_line(self.trainer, str(self.subcommand), self._position), flush=True)
-
         def before_validate(self) -> None:
             self._before_evaluation()
-
-        def after_validate(self) -> None:
-            self._after_evaluation()
 
         def before_test(self) -> None:
             self._before_evaluation()
             line = test_split_line(self.datamodule)
             if line and self.trainer.is_global_zero:
                 print(line, flush=True)
-
-        def after_test(self) -> None:
-            self._after_evaluation()
 
         def before_predict(self) -> None:
             self._before_evaluation()

@@ -84,8 +84,10 @@ def evaluation_folder(run: Path, command: str, position: CheckpointPosition) -> 
 def place_logger(trainer_config: Any, command: str, position: CheckpointPosition) -> Optional[Path]:
     """Point a ``TensorBoardLogger`` of the parsed Trainer config at ``<run>/<evaluation folder>``; returns that folder.
 
-    Only when the checkpoint lies in ``<run>/checkpoints/`` and the logger's ``version`` and ``sub_dir`` are not set
-    (those, if given, are the user's choice); otherwise None and Lightning's default (a new ``version_N``).
+    Only when the checkpoint lies in ``<run>/checkpoints/`` and the logger still points where that run lives: its
+    ``save_dir`` and ``name`` are the run's (as the config that trained it set them), and its ``version`` and
+    ``sub_dir`` are not set. A ``save_dir``, ``name``, ``version`` or ``sub_dir`` the user gave for another place is
+    the user's choice and wins: None, and the logger writes where it says.
     """
     run = position.run
     logger = getattr(trainer_config, "logger", None)
@@ -93,6 +95,9 @@ def place_logger(trainer_config: Any, command: str, position: CheckpointPosition
     if run is None or init_args is None or not str(getattr(logger, "class_path", "")).endswith("TensorBoardLogger"):
         return None
     if init_args.get("version") is not None or init_args.get("sub_dir") is not None:
+        return None
+    save_dir, name = init_args.get("save_dir"), init_args.get("name")
+    if save_dir is None or Path(save_dir).resolve() != run.parent.parent.resolve() or name != run.parent.name:
         return None
     folder = evaluation_folder(run, command, position)
     init_args.save_dir, init_args.name = str(run.parent.parent), run.parent.name
@@ -128,13 +133,19 @@ def evaluated_split(datamodule: Any, stage: str) -> str:
     return stage.split("_", 1)[1] if "_" in stage else stage
 
 
-def evaluation_line(trainer: Trainer, command: str, position: Optional[CheckpointPosition]) -> str:
-    """The line ``validate``/``test`` end with: which model was evaluated, and where its results went."""
+def evaluated_model(trainer: Trainer, position: Optional[CheckpointPosition]) -> str:
+    """Which model a command ran: the checkpoint with its epoch and step, or the model as configured."""
     if position is not None:
-        model = f"checkpoint {position.path} (epoch {position.epoch}, step {position.global_step})"
-    else:
-        model = f"checkpoint {trainer.ckpt_path}" if trainer.ckpt_path else "the model as configured (no --ckpt_path)"
-    return f"layerwise {command}: {model} -> {trainer.log_dir or trainer.default_root_dir}"
+        return f"checkpoint {position.path} (epoch {position.epoch}, step {position.global_step})"
+    return f"checkpoint {trainer.ckpt_path}" if trainer.ckpt_path else "the model as configured (no --ckpt_path)"
+
+
+def evaluation_line(trainer: Trainer, command: str, position: Optional[CheckpointPosition], run: Path) -> str:
+    """The line ``validate``/``test`` end with: which model was evaluated, and where its results went.
+
+    ``run``: the run folder (``trainer.log_dir``, asked for on every rank: it is a collective).
+    """
+    return f"layerwise {command}: {evaluated_model(trainer, position)} -> {run}"
 
 
 def test_split_line(datamodule: Any) -> Optional[str]:
