@@ -29,6 +29,27 @@ def built_by_lightning_cli() -> bool:
     return value is not None
 
 
+def already_reduced(keys: Any) -> None:
+    """Tell Lightning that the epoch-level values logged under ``keys`` are already global (no sync advice for them).
+
+    Private use: ``lightning.pytorch.trainer.connectors.logger_connector.result.warning_cache``, the de-duplication
+    set of the warning "It is recommended to use `self.log(key, ..., sync_dist=True)` ..." that Lightning prints once
+    per key under DDP for a value logged without ``sync_dist``. The callbacks log values reduced before (an
+    all-reduce of their sum states) from host tensors, which ``sync_dist=True`` would all-reduce once more per key
+    (and NCCL cannot reduce host tensors). No public API marks a logged value as already reduced; a message already
+    in the set is not printed again. Without the module (another Lightning) the advice is printed as before.
+    """
+    try:
+        from lightning.pytorch.trainer.connectors.logger_connector.result import warning_cache
+    except ImportError:
+        return
+    for key in keys:
+        warning_cache.add(
+            f"It is recommended to use `self.log({key!r}, ..., sync_dist=True)` when logging on epoch level in"
+            " distributed setting to accumulate the metric across devices."
+        )
+
+
 CHECKED_TORCHMETRICS = "1.9"
 
 

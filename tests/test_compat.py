@@ -111,3 +111,18 @@ def test_metric_apply_is_where_float64_states_meet_a_parent_cast():
     metric.set_dtype(torch.float32)  # the metric's own public cast still casts
     assert all(getattr(metric, name).dtype == torch.float32 for name in metric.sum_state_names)
     assert isinstance(parent[0], _compat.Float64StatesOnCast)
+
+
+def test_already_reduced_silences_lightnings_sync_advice_for_those_keys_only(monkeypatch, recwarn):
+    """The advice's text is Lightning's: a key marked already reduced is not advised, another one still is."""
+    from lightning.pytorch.trainer.connectors.logger_connector import result
+
+    monkeypatch.setattr(result, "_distributed_is_initialized", lambda: True)
+    monkeypatch.setattr(result, "warning_cache", type(result.warning_cache)())
+    collection = result._ResultCollection(training=False)
+    for key in ("val/marked/layer_01", "val/user_key"):
+        collection.log("on_validation_epoch_end", key, torch.tensor(1.0), on_step=False, on_epoch=True)
+    _compat.already_reduced(["val/marked/layer_01"])
+    collection.metrics(on_step=False)
+    advised = [str(w.message) for w in recwarn if "sync_dist=True" in str(w.message)]
+    assert len(advised) == 1 and "'val/user_key'" in advised[0], advised

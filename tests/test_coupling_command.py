@@ -235,6 +235,22 @@ def test_coupling_checks_every_prompt_before_any_jacobian(model_folder, tmp_path
     assert not (tmp_path / "never").exists()
 
 
+def test_a_token_index_past_a_prompt_is_refused_before_any_jacobian(model_folder, tmp_path, capsys, monkeypatch):
+    from layerwise.inference.coupling import CouplingAnalysis
+
+    def no_work(self, batch, counted=True):
+        raise AssertionError("a Jacobian was taken before every prompt was checked")
+
+    monkeypatch.setattr(CouplingAnalysis, "add", no_work)
+    texts = [*PROMPTS, "short"]  # 5 byte tokens: --tokens 10 lies past it
+    argv = ["coupling", "--model", model_folder, "--tokenizer", "byte", "--prompts", _prompts_file(tmp_path, texts)]
+    with pytest.raises(SystemExit):
+        cli_main([*argv, "--ks", "2", "--tokens", "10", "--device", "cpu", "--out", str(tmp_path / "never")])
+    line = _one_error_line(capsys)
+    assert "--tokens=10" in line and "prompt 3" in line and "5 tokens" in line
+    assert not (tmp_path / "never").exists()
+
+
 @pytest.mark.parametrize("tokenizer", [[], ["--tokenizer", "byte"]])
 def test_coupling_missing_model_names_model(tmp_path, capsys, tokenizer):
     argv = ["coupling", "--model", str(tmp_path / "no_such_model"), *tokenizer]

@@ -27,7 +27,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.custom_scalar import layout_pb2
 
-from layerwise.callbacks import AnalysisCallback, LayerwiseAnalysis, ResidualNormRatioMonitor
+from layerwise.callbacks import AnalysisCallback, BlockCoupling, LayerwiseAnalysis, ResidualNormRatioMonitor
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "feature_norm.py"
@@ -119,17 +119,32 @@ def test_residual_ratio_charts_share_the_runs_layout_and_its_figure_the_schedule
     assert drawn["val/residual_norm_ratio"] == drawn["val/cos"] == [4, 6]  # epoch 2 and the last, epoch 3
 
 
-def test_only_the_first_validation_dataloader_is_analysed(tmp_path):
-    callbacks = [ResidualNormRatioMonitor(log_figures=False), example_module().FeatureNormMonitor(log_figures=False)]
-    loaders = [val_loader(48), val_loader(N)]
-    trainer(tmp_path, callbacks).validate(fitted_module(), loaders, verbose=False)
+@pytest.mark.parametrize("command", ["validate", "test"])
+def test_every_analysis_reports_on_validate_test_and_every_dataloader(tmp_path, command):
+    """Each analysis callback writes its key for every evaluation stage and dataloader, as LayerwiseAnalysis does.
+
+    The second dataloader's results are its own (``<stage>_more``: 101 samples), not mixed into the first's (48).
+    """
+    callbacks = [
+        LayerwiseAnalysis(log_figures=False),
+        ResidualNormRatioMonitor(log_figures=False),
+        example_module().FeatureNormMonitor(log_figures=False),
+        BlockCoupling(n_samples=3, ks=[2], log_figures=False),
+    ]
+    loaders = {"first": val_loader(48), "more": val_loader(N)}
+    getattr(trainer(tmp_path, callbacks), command)(fitted_module(), loaders, verbose=False)
     alone = tmp_path / "alone"
     trainer(alone, [example_module().FeatureNormMonitor(log_figures=False)]).validate(
-        fitted_module(), val_loader(48), verbose=False
+        fitted_module(), val_loader(N), verbose=False
     )
-    summary = read_summary(tmp_path)
-    assert summary["residual_norm_ratio"]["num_samples"] == 48
-    assert_json_close(summary["feature_norm"], read_summary(alone)["feature_norm"], rtol=1e-12)
+    stage = "val" if command == "validate" else "test"
+    for name, count in ((stage, 48), (f"{stage}_more", N)):
+        summary = read_summary(tmp_path, name)
+        assert summary["num_samples"] == count, name
+        assert summary["residual_norm_ratio"]["num_samples"] == count, name
+        assert {"feature_norm", "coupling", "cka"} <= set(summary), name
+    more = read_summary(tmp_path, f"{stage}_more")["feature_norm"]
+    assert_json_close(more, read_summary(alone)["feature_norm"], rtol=1e-12)
 
 
 def test_an_analysis_without_a_json_key_is_refused():

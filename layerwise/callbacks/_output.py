@@ -9,9 +9,11 @@ from typing import Any, Optional
 
 import torch
 from lightning.pytorch import Trainer
+from lightning.pytorch.utilities.rank_zero import WarningCache
 from torch import Tensor
 from torchmetrics.utilities.data import apply_to_collection
 
+from layerwise._compat import already_reduced
 from layerwise.callbacks._drawing import FigureJob, draw_later, figures_in_process, plain_copy
 from layerwise.callbacks._loggers import add_to_history, image_sinks, log_layer_charts, tensorboards, wandb_loggers
 from layerwise.callbacks._runs import evaluated_split
@@ -26,6 +28,26 @@ def _run_id(trainer: Trainer) -> str:
     if trainer not in _RUN_IDS:
         _RUN_IDS[trainer] = uuid.uuid4().hex
     return _RUN_IDS[trainer]
+
+
+def log_scalars(trainer: Trainer, pl_module: Any, scalars: dict[str, Any]) -> None:
+    """Log already-global values through Lightning, at ``trainer.global_step`` like the summary and the figures.
+
+    Through Lightning, so that ``ModelCheckpoint(monitor=...)``, ``EarlyStopping`` and every logger see them; no
+    sync (the states were reduced before), so no collective per scalar. Lightning files a validation's epoch-end
+    values under its count of finished training batches, one behind ``global_step`` during a fit (the validation
+    runs before that count is raised): the ``step`` value it reads from the logged metrics (its documented override,
+    ``LoggerConnector.log_metrics``) puts them at the step the JSON summary, the figures and the console name. As
+    host tensors: Lightning would copy each number to the module's device only for the loggers to read it back.
+    """
+    if not scalars:
+        return
+    values = {**scalars, "step": trainer.global_step}
+    already_reduced(values)
+    tensors = torch.tensor([float(v) for v in values.values()], dtype=torch.get_default_dtype()).unbind()
+    pl_module.log_dict(
+        dict(zip(values, tensors)), sync_dist=False, on_step=False, on_epoch=True, add_dataloader_idx=False
+    )
 
 
 def write_summary(
@@ -251,5 +273,22 @@ def _merge_ranks(gathered: list[Any]) -> dict[str, Tensor]:
     return merged
 
 
+_NO_FOLDER = WarningCache()
+
+
 def _log_dir(trainer: Trainer) -> str:
-    return str(trainer.log_dir or Path(trainer.default_root_dir))
+    """The run folder the summaries go under (``trainer.log_dir``, a collective: every rank asks).
+
+    A first logger that gives the run no folder (MLflow on a database: no ``save_dir``) leaves Lightning's
+    ``default_root_dir``, the working folder unless set: said once, so that the summaries are not lost from view.
+    """
+    log_dir = trainer.log_dir
+    if log_dir is None:
+        folder = Path(trainer.default_root_dir).resolve()
+        _NO_FOLDER.warn(
+            f"layerwise: the first logger, {type(trainer.loggers[0]).__name__}, gives the run no folder; the summaries"
+            f" go to {folder / 'layerwise'} (Trainer's default_root_dir; set it, or put a TensorBoard or CSV logger"
+            " first)."
+        )
+        return str(folder)
+    return str(log_dir)

@@ -18,6 +18,7 @@ from layerwise.callbacks._output import (
     chart_layout,
     layer_table,
     log_figures,
+    log_scalars,
     show,
     where,
     write_summary,
@@ -277,14 +278,7 @@ class LayerwiseMonitor(Callback):
         state.reset()
 
     def _log_scalars(self, trainer: Trainer, pl_module: LightningModule, scalars: dict[str, float]) -> None:
-        # Through Lightning, so that ModelCheckpoint(monitor=...), EarlyStopping and every logger see the values by
-        # design. They are already global (the states were reduced above): no sync, no collective per scalar. As
-        # host tensors: Lightning would copy each Python number to the module's device (hundreds of tiny copies to
-        # a GPU, each one waited for) only for the loggers to read it back.
-        values = torch.tensor(list(scalars.values()), dtype=torch.get_default_dtype()).unbind() if scalars else ()
-        pl_module.log_dict(
-            dict(zip(scalars, values)), sync_dist=False, on_step=False, on_epoch=True, add_dataloader_idx=False
-        )
+        log_scalars(trainer, pl_module, scalars)
         stage = next(iter(scalars), "val").split("/")[0]
         if trainer.is_global_zero and stage not in self._charts_logged:
             self._charts_logged[stage] = list(scalars)

@@ -1,5 +1,6 @@
 """Watch block coupling emerge during training: depth-wise coupling of a fixed set of validation prompts."""
 
+import math
 from collections.abc import Sequence
 from typing import Any, Literal, Optional, Union
 
@@ -96,13 +97,16 @@ class BlockCoupling(AnalysisCallback):
         analysis = self._analysis
         analysis.reset()
         analysis.to(pl_module.device)  # NCCL reduces device tensors only
-        loader = trainer.val_dataloaders
-        loader = evaluation_loaders(loader)[0]
+        loader = self.loader if self.loader is not None else evaluation_loaders(trainer.val_dataloaders)[0]
         dataset = loader.dataset
         count = min(self.n_samples, len(dataset))
-        for index in range(trainer.global_rank, count, trainer.world_size):
-            batch = loader.collate_fn([dataset[index]])
-            analysis.add(move_data_to_device(batch, pl_module.device))
+        # Every rank analyses as many prompts (the last ones padded, not counted): under FSDP2 every block call is a
+        # collective, so ranks with different numbers of prompts would wait for each other forever.
+        for index in range(
+            trainer.global_rank, math.ceil(count / trainer.world_size) * trainer.world_size, trainer.world_size
+        ):
+            batch = loader.collate_fn([dataset[index % count]])
+            analysis.add(move_data_to_device(batch, pl_module.device), counted=index < count)
         analysis.reduce()
         return analysis.results()
 

@@ -8,11 +8,11 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from torchmetrics import Metric
 
 from layerwise.callbacks._drawing import FigureJob, plain_copy, wait_for_figures
-from layerwise.callbacks._output import _log_dir, _run_id, log_figures_later, show, where, write_charts
+from layerwise.callbacks._output import _log_dir, _run_id, log_figures_later, log_scalars, show, where, write_charts
 from layerwise.callbacks._sampling import evaluation_loaders, real_samples_on_rank, take_real
 from layerwise.callbacks._schedule import analyses_now, draws_figures
 from layerwise.metrics.sync import all_reduce_sum_states
-from layerwise.results import merge_summary, summary_path, to_json
+from layerwise.results import loader_stages, merge_summary, summary_path, to_json
 
 Layout = dict[str, dict[str, list]]
 # One Custom Scalars layout per Trainer: TensorBoard shows the last one a run wrote, so every callback adds to it.
@@ -38,37 +38,41 @@ def _positive_int(name: str, value: Any) -> None:
 
 
 class AnalysisCallback(Callback):
-    """Base of the analysis callbacks that report one JSON key per analysed validation epoch.
+    """Base of the analysis callbacks that report one JSON key per analysed evaluation and dataloader.
 
-    The lifecycle, in order, on every rank unless said otherwise:
+    The lifecycle, in order, on every rank unless said otherwise; the same for ``validate`` (stage ``val``) and
+    ``test`` (stage ``test``), and for every evaluation dataloader (the first reported as the stage itself, the
+    others as ``<stage>_<name>``, :func:`~layerwise.results.loader_stages`):
 
-    1. ``on_validation_epoch_start``: is this epoch analysed (never the sanity check; every ``every_n_epochs``-th
-       epoch while fitting; always in ``validate``)? If so, the padding budget of the first validation dataloader
-       (how many of this rank's samples are real, not the ``DistributedSampler``'s repeats) and :meth:`start`.
-    2. every validation batch: :meth:`before_batch` and :meth:`after_batch`; :meth:`real_rows` says how many rows
-       of a batch count (none of any dataloader but the first: only the first is analysed).
-    3. ``on_validation_epoch_end``: :meth:`stop`, one all-reduce of the float64 sum states of :meth:`metrics`
-       (layerwise's sum-state metrics; a plain torchmetrics ``Metric`` syncs itself in its ``compute``),
-       :meth:`compute` (the global results), the :meth:`scalars` logged through Lightning as ``val/<name>``
-       (already global: no sync) with their Custom Scalars :meth:`charts`; then on global rank zero the results,
-       made JSON, merged under :attr:`key` into the epoch's summary (``<log_dir>/layerwise/val_epoch_..._step_....
-       json``), the console :meth:`line` with the summary's path, and the :meth:`figures`, drawn from the JSON
-       results off the training loop, when ``log_figures`` and the figure schedule say so.
-    4. ``on_exception`` and ``teardown``: :meth:`stop`, and the figures already enqueued reach the logger first.
+    1. ``on_{validation,test}_epoch_start``: is this evaluation analysed (never the sanity check; every
+       ``every_n_epochs``-th epoch while fitting; always in ``validate``/``test``)?
+    2. the first batch of each dataloader (Lightning evaluates them one after the other): the previous dataloader's
+       report (step 3), then :attr:`stage` and :attr:`loader` set, the padding budget of this dataloader (how many
+       of this rank's samples are real, not the ``DistributedSampler``'s repeats) and :meth:`start`.
+    3. every batch: :meth:`before_batch` and :meth:`after_batch`; :meth:`real_rows` says how many rows of a batch
+       count.
+    4. after a dataloader's last batch (at the next one's first batch, or at ``on_{validation,test}_epoch_end``):
+       :meth:`stop`, one all-reduce of the float64 sum states of :meth:`metrics` (layerwise's sum-state metrics; a
+       plain torchmetrics ``Metric`` syncs itself in its ``compute``), :meth:`compute` (the global results), the
+       :meth:`scalars` logged through Lightning as ``<stage>/<name>`` at ``trainer.global_step`` (already global:
+       no sync) with their Custom Scalars :meth:`charts`; then on global rank zero the results, made JSON, merged
+       under :attr:`key` into the epoch's summary (``<log_dir>/layerwise/<stage>_epoch_..._step_....json``), the
+       console :meth:`line` with the summary's path, and the :meth:`figures`, drawn from the JSON results off the
+       training loop, when ``log_figures`` and the figure schedule say so.
+    5. ``on_exception`` and ``teardown``: :meth:`stop`, and the figures already enqueued reach the logger first.
 
     A subclass sets :attr:`key` and overrides what it needs of :meth:`start`, :meth:`before_batch`,
     :meth:`after_batch`, :meth:`stop`, :meth:`metrics`, :meth:`compute`, :meth:`scalars`, :meth:`charts`,
     :meth:`line` and :meth:`figures`; ``README.md`` ("Add your own analysis") shows one, ``examples/feature_norm.py``.
 
     Args:
-        every_n_epochs: analyse every n-th validation epoch while fitting (``validate`` always analyses).
+        every_n_epochs: analyse every n-th validation epoch while fitting (``validate`` and ``test`` always do).
         log_figures: draw the figures as images in every logger (PNG files without one; global rank zero).
         figures_every_n_epochs: while fitting, draw them only every n-th epoch and at the last one (the schedule of
             :class:`~layerwise.callbacks.LayerwiseMonitor`); ``validate`` always draws.
     """
 
     key: ClassVar[str] = ""  # the JSON key of the results in the epoch's summary
-    stage: ClassVar[str] = "val"
 
     def __init__(self, every_n_epochs: int = 1, log_figures: bool = True, figures_every_n_epochs: int = 1) -> None:
         if not self.key:
@@ -80,7 +84,11 @@ class AnalysisCallback(Callback):
         self.figures_every_n_epochs = figures_every_n_epochs
         self._active = False
         self._budget: Optional[int] = None
-        self._first_loader = True
+        self._stages: list[str] = []
+        self._loaders: list[Any] = []
+        self._loader_index: Optional[int] = None
+        self.stage = "val"  # the results' name: val, test, or val_<name> / test_<name> for a further dataloader
+        self.loader: Any = None  # the evaluation dataloader being analysed
 
     # -- what an analysis implements ----------------------------------------------------------------------------
 
@@ -134,25 +142,25 @@ class AnalysisCallback(Callback):
     # -- the lifecycle ------------------------------------------------------------------------------------------
 
     def real_rows(self, size: int) -> int:
-        """How many of the ``size`` rows of the current batch count: this rank's real samples of the first loader."""
-        if not self._first_loader:
-            return 0
+        """How many of the ``size`` rows of the current batch count: this rank's real samples of its dataloader."""
         rows, self._budget = take_real(self._budget, size)
         return rows
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self.stop()
-        self._active = analyses_now(trainer, self.every_n_epochs)
-        if self._active:
-            self._budget = real_samples_on_rank(evaluation_loaders(trainer.val_dataloaders)[0])
-            self.start(trainer, pl_module)
+        self._begin(trainer, "val", trainer.val_dataloaders)
+
+    def on_test_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._begin(trainer, "test", trainer.test_dataloaders)
 
     def on_validation_batch_start(
         self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
     ) -> None:
-        if self._active:
-            self._first_loader = dataloader_idx == 0
-            self.before_batch(trainer, pl_module, batch)
+        self._before(trainer, pl_module, batch, dataloader_idx)
+
+    def on_test_batch_start(
+        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
+    ) -> None:
+        self._before(trainer, pl_module, batch, dataloader_idx)
 
     def on_validation_batch_end(
         self,
@@ -164,20 +172,59 @@ class AnalysisCallback(Callback):
         dataloader_idx: int = 0,
     ) -> None:
         if self._active:
-            self._first_loader = dataloader_idx == 0
+            self.after_batch(trainer, pl_module, outputs, batch)
+
+    def on_test_batch_end(
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
+        if self._active:
             self.after_batch(trainer, pl_module, outputs, batch)
 
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._end(trainer, pl_module)
+
+    def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._end(trainer, pl_module)
+
+    def _begin(self, trainer: Trainer, stage: str, dataloaders: Any) -> None:
+        self.stop()
+        self._active = analyses_now(trainer, self.every_n_epochs)
+        self._stages = loader_stages(stage, dataloaders)
+        self._loaders = evaluation_loaders(dataloaders)
+        self._loader_index = None
+
+    def _before(self, trainer: Trainer, pl_module: LightningModule, batch: Any, dataloader_idx: int) -> None:
         if not self._active:
             return
-        self._active = False
+        if dataloader_idx != self._loader_index:  # Lightning evaluates its dataloaders one after the other
+            if self._loader_index is not None:
+                self.stop()
+                self._report(trainer, pl_module)
+            self._loader_index = dataloader_idx
+            self.stage = self._stages[dataloader_idx]
+            self.loader = self._loaders[dataloader_idx]
+            self._budget = real_samples_on_rank(self.loader)
+            self.start(trainer, pl_module)
+        self.before_batch(trainer, pl_module, batch)
+
+    def _end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        active, self._active = self._active, False
+        if not active or self._loader_index is None:
+            return
+        self._loader_index = None
         self.stop()
         self._report(trainer, pl_module)
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it
         self.stop()
-        self._active = False
+        self._active, self._loader_index = False, None
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it
@@ -188,8 +235,7 @@ class AnalysisCallback(Callback):
         all_reduce_sum_states(list(self.metrics()))
         results = self.compute(trainer, pl_module)
         scalars = {f"{self.stage}/{name}": value for name, value in self.scalars(results).items()}
-        if scalars:  # already global (the states were reduced above): no sync, no collective per scalar
-            pl_module.log_dict(scalars, sync_dist=False, on_step=False, on_epoch=True, add_dataloader_idx=False)
+        log_scalars(trainer, pl_module, scalars)  # already global: no sync, no collective per scalar
         log_dir = _log_dir(trainer)  # a broadcast under DDP: every rank asks
         if not trainer.is_global_zero:
             return

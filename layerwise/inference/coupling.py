@@ -175,8 +175,12 @@ class CouplingAnalysis:
         extra = no_cache(self.model) if kwargs else {}
         return trace_blocks(self.blocks, lambda: self.model(*args, **kwargs, **extra))
 
-    def add(self, batch: Any) -> None:
-        """Analyse the first prompt of ``batch`` (gradients on, eval mode, outside any inference mode)."""
+    def add(self, batch: Any, counted: bool = True) -> None:
+        """Analyse the first prompt of ``batch`` (gradients on, eval mode, outside any inference mode).
+
+        ``counted=False`` makes the same block calls and counts nothing: a rank with fewer prompts than another
+        pads with it, so that every rank calls every (possibly sharded, FSDP2) block as often as the others.
+        """
         import torch
 
         from layerwise.features.jacobian import diagonal_jacobians
@@ -188,14 +192,17 @@ class CouplingAnalysis:
             token = resolve_token(self.tokens, num_tokens)
             jacobians = diagonal_jacobians(self.blocks, trace, token, chunk_size=self.chunk_size)
             trajectory = trace.trajectory
+            first = self.example_trajectory is None
+            token_coupling = self._token_coupling(trace) if first and self.token_pair_blocks is not None else None
+            if not counted:
+                return
             self.depth.update(jacobians)
             self.spectrum.update(jacobians)
             self.linearisation.update(jacobians, trajectory[0, token], trajectory[-1, token])
             self.trajectory.update(trajectory)
-            if self.example_trajectory is None:
+            if first:
                 self.example_trajectory = trajectory.detach().cpu()
-                if self.token_pair_blocks is not None:
-                    self.token_coupling = self._token_coupling(trace)
+                self.token_coupling = token_coupling
 
     def _token_coupling(self, trace: BlockTrace) -> Tensor:
         """Token-wise coupling of the two chosen blocks on this prompt, for the smallest K."""
@@ -521,9 +528,15 @@ def coupling(
     batches = []
     for number, text in enumerate(texts, 1):  # every prompt checked before any Jacobian
         batch = tokenizer_object(text, return_tensors="pt", truncation=True, max_length=max_tokens)
-        if batch["input_ids"].shape[1] < 2:
-            flag = "--prompts" if prompts is not None else "--dataset"
+        flag = "--prompts" if prompts is not None else "--dataset"
+        length = batch["input_ids"].shape[1]
+        if length < 2:
             raise UsageError(f"`{flag}`: prompt {number} ({text!r}) has fewer than 2 tokens; remove it.")
+        if isinstance(tokens, int) and not -length <= tokens < length:
+            raise UsageError(
+                f"`--tokens={tokens}`: prompt {number} of `{flag}` has {length} tokens (index {-length} to "
+                f"{length - 1}); give a smaller index, or first/last."
+            )
         batches.append(dict(batch))
     source = str(prompts) if prompts is not None else f"{dataset}:{split}:{column}"
     header = {"model": model or str(checkpoint), "prompts": source, "max_tokens": max_tokens}
