@@ -37,6 +37,10 @@ _UNKNOWN_CLASS = re.compile(r"^Expected a dot import path string: (\S+)$")
 _FORMS = re.compile(r"^(Subclass types expect one of:|a class path \(str\)$|a dict with|a dict without)")
 _GENERIC = re.compile(r"^(Not a valid subclass of |Expected a <class )")
 _GIVEN_CLASS = re.compile(r"class_path='([^']+)'")
+# A key header at the end of another line: `Type ... expects a function or a callable class: Parser key "lr":`.
+_TRAILING_KEY = re.compile(r'^(.*?):\s*Parser key "([^"]+)":\s*$')
+_SCALAR = re.compile(r"^Expected a <class '(int|float|bool)'>$")
+_GIVEN_VALUE = re.compile(r"^Given value: (.*?)(?:\. Got value: .*)?$")
 
 
 def concise_error(message: str, class_options: Optional[dict[str, str]] = None) -> str:
@@ -60,18 +64,31 @@ def concise_error(message: str, class_options: Optional[dict[str, str]] = None) 
         while stack and stack[-1][0] >= indent:
             stack.pop()
         header = _KEY.match(text) or _CLASS.match(text)
+        trailing = None if header else _TRAILING_KEY.match(text)
         if header:
             stack.append((indent, "key" if header.re is _KEY else "class", header.group(1)))
             text = header.group(2)
+        elif trailing:  # the key is the cause's owner; the text before it only says the outer type's form
+            if "callable class" in trailing.group(1):  # a class given as a callable: the key is an init_arg
+                stack.append((indent, "class", "callable"))
+            stack.append((indent, "key", trailing.group(2)))
+            text = ""
         if text and not text.startswith(_HEADERS):
             causes.append((indent, text, tuple(stack)))
     if not causes:
         return lines[0].strip() if lines else message
+    every = causes
     causes = [cause for cause in causes if not _FORMS.match(cause[1])] or causes
     specific = [cause for cause in causes if not _GENERIC.match(cause[1])]
     causes = specific or causes
     depth = max(indent for indent, _, _ in causes)
     _, cause, path = next(cause for cause in causes if cause[0] == depth)
+    if _UNKNOWN_CLASS.match(cause) or cause.startswith("Expected a path"):
+        # a number option given a word (float | Tensor): the type it takes, not what a Tensor would have needed
+        scalar = next((c for c in every if c[2] == path and _SCALAR.match(c[1])), None)
+        given = [match.group(1) for line in lines if (match := _GIVEN_VALUE.match(line.lstrip(" -")))]
+        if scalar is not None and given:
+            return _with_option(path, f"expected {_SCALAR.match(scalar[1]).group(1)}, got {given[0]!r}")
     option, last_class = "", None
     for _, kind, name in path:
         if kind == "key":
@@ -91,6 +108,18 @@ def concise_error(message: str, class_options: Optional[dict[str, str]] = None) 
         if not option:
             return f"class_path '{last_class}': {cause}" if last_class else cause
     return f"--{option}={last_class}: {cause}" if last_class else f"--{option}: {cause}"
+
+
+def _with_option(path: tuple[tuple[int, str, str], ...], cause: str) -> str:
+    """``--option: cause`` for the option the headers ``path`` name (a key after a class is its ``init_args``)."""
+    option, last_class = "", None
+    for _, kind, name in path:
+        if kind == "key":
+            option = f"{option}.init_args.{name}" if last_class else f"{option}.{name}" if option else name
+            last_class = None
+        else:
+            last_class = name
+    return f"--{option}: {cause}"
 
 
 def bad_config_file(argv: Optional[list[str]] = None) -> str:
@@ -222,13 +251,9 @@ def quiet_upstream() -> None:
     - Lightning's advertisement for its cloud logger and its accelerator inventory (logging, INFO).
     - ``isinstance(treespec, LeafSpec)`` is deprecated: Lightning 2.6's own use of torch's pytree, harmless, fixed
       upstream in later releases.
-    - "It is recommended to use `self.log(..., sync_dist=True)`" for the callbacks' values, already global.
+    (Lightning's advice to sync the callbacks' already-global values is withheld per key where they are logged:
+    ``layerwise._compat.already_reduced``.)
     """
     for name in _LIGHTNING_LOGGERS:
         logging.getLogger(name).addFilter(_UpstreamNoise())
     warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)` is deprecated")
-    # layerwise's callbacks log per-layer values already reduced over every process (their metric states are
-    # all-reduced before compute), with sync_dist=False on purpose: no collective per scalar. Lightning cannot be told
-    # a value is already global and asks, once per key, for sync_dist=True (82 lines in a quickstart DDP run). Their
-    # keys have three parts (stage/group/name: val/acc/layer_01); the module's val/loss and val/acc are synced.
-    warnings.filterwarnings("ignore", message=r"It is recommended to use `self\.log\('(val|test)[^'/]*/[^'/]+/[^']+', ")

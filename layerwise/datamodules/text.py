@@ -122,14 +122,14 @@ class TextDataModule(LightningDataModule):
             if value is not None:
                 check_positive_int(name, value)
         if isinstance(val_fraction, bool) or not isinstance(val_fraction, (int, float)) or not 0 < val_fraction < 1:
-            raise ValueError(f"{flag('val_fraction')} must lie in (0, 1), got {val_fraction!r}")
+            raise UsageError(f"{flag('val_fraction')} must lie in (0, 1), got {val_fraction!r}")
         parse_spec(tokenizer, flag("tokenizer"))
         if val_files is not None and train_files is None:
-            raise ValueError(f"{flag('val_files')} needs {flag('train_files')} too (local files or neither)")
+            raise UsageError(f"{flag('val_files')} needs {flag('train_files')} too (local files or neither)")
         self.train_files = _check_files("train_files", train_files)
         self.val_files = _check_files("val_files", val_files)
         if self.train_files is None and not dataset:
-            raise ValueError(f"Pass {flag('train_files')}=[...] (local text files) or {flag('dataset')}=<hub id>")
+            raise UsageError(f"Pass {flag('train_files')}=[...] (local text files) or {flag('dataset')}=<hub id>")
         self.dataset = dataset
         self.dataset_config = dataset_config
         self.val_fraction = float(val_fraction)
@@ -272,13 +272,13 @@ class TextDataModule(LightningDataModule):
     def _hold_out(self, stream: Tensor, source: str) -> tuple[Tensor, Tensor]:
         """Split ``stream`` into its first and its last ``val_fraction`` (nanoGPT: ``n_train = int(n * (1 - f))``)."""
         if len(stream) == 0:  # a model folder without tokenizer files can give a tokenizer that encodes nothing
-            raise ValueError(
+            raise UsageError(
                 f"{source}: 0 tokens: the text is empty, or its tokenizer encodes it to nothing (give "
                 f"{flag('tokenizer')}, e.g. byte)"
             )
         n_train = int(len(stream) * (1 - self.val_fraction))
         if n_train == 0 or n_train == len(stream):
-            raise ValueError(
+            raise UsageError(
                 f"{source}: {len(stream)} tokens cannot be split by {flag('val_fraction')}={self.val_fraction}"
             )
         return stream[:n_train], stream[n_train:]
@@ -335,10 +335,10 @@ class TextDataModule(LightningDataModule):
     def _hub_split(self, splits: Any, split: str) -> Any:
         """Split ``split`` of the loaded dataset, checked to have a ``"text"`` column."""
         if split not in splits:
-            raise ValueError(f"{flag('dataset')}={self.dataset} has no '{split}' split (found {sorted(splits)})")
+            raise UsageError(f"{flag('dataset')}={self.dataset} has no '{split}' split (found {sorted(splits)})")
         dataset = splits[split]
         if TEXT_COLUMN not in dataset.column_names:
-            raise ValueError(
+            raise UsageError(
                 f"{flag('dataset')}={self.dataset} split '{split}' has no '{TEXT_COLUMN}' column "
                 f"(found {dataset.column_names})"
             )
@@ -364,7 +364,7 @@ def _check_files(arg: str, files: Optional[list[str]]) -> Optional[list[Path]]:
     if files is None:
         return None
     if isinstance(files, (str, Path)) or not files:
-        raise ValueError(f"{flag(arg)} must be a non-empty list of text files, got {files!r}")
+        raise UsageError(f"{flag(arg)} must be a non-empty list of text files, got {files!r}")
     paths = [Path(file).expanduser().resolve() for file in files]
     missing = [str(path) for path in paths if not path.is_file()]
     if missing:
@@ -394,7 +394,7 @@ def _file_chunks(files: list[Path], arg: str) -> Iterator[str]:
             with open(path, encoding="utf-8") as handle:
                 yield from iter(lambda handle=handle: handle.read(READ_CHARS), "")
         except UnicodeDecodeError as err:
-            raise ValueError(f"{flag(arg)}: {str(path)!r} is not UTF-8 text ({err})") from err
+            raise UsageError(f"{flag(arg)}: {str(path)!r} is not UTF-8 text ({err})") from err
 
 
 def _row_chunks(dataset: Any) -> Iterator[str]:

@@ -20,7 +20,7 @@ def check_pooling(pooling: str, option: str = "pooling") -> None:
 def pool_tokens(
     tokens: Tensor, pooling: str, num_prefix_tokens: int = 1, attention_mask: Optional[Tensor] = None
 ) -> Tensor:
-    """Pool ``tokens`` of shape ``(B, T, d)`` to ``(B, d)``.
+    """Pool ``tokens`` of shape ``(B, T, d)`` to ``(B, d)``; ``(B, d)`` (one token per sample) is returned as is.
 
     Args:
         tokens: a block's output sequence.
@@ -29,8 +29,13 @@ def pool_tokens(
         num_prefix_tokens: leading class/register tokens that ``"mean"`` skips (timm's convention).
         attention_mask: optional ``(B, T)`` mask of real (1) versus padding (0) tokens.
     """
+    if tokens.ndim == 2:  # one token per sample (an MLP's block): it is the sample's feature, whatever the rule
+        return tokens
     if tokens.ndim != 3:
-        raise UsageError(f"Expected block output of shape (B, T, d), got {tuple(tokens.shape)}.")
+        raise UsageError(
+            f"A block output of shape {tuple(tokens.shape)}: the modules a callback's `blocks` path names must return "
+            "(B, T, d) token sequences or (B, d) features; give `blocks` the dotted path of such a module list."
+        )
     if pooling == "cls":
         return tokens[:, 0]
     if pooling == "mean":

@@ -73,5 +73,6 @@ class AlternatingAligned(Aligned):
         aligned = self.step_number() % 2 == 0
         self.log("train/aligned_step", float(aligned))
         loss = self.aligned_loss(outputs) if aligned else self.last_layer_loss(outputs)
-        self.log("train/loss_aligned" if aligned else "train/loss_last", loss)
+        self.objective = "aligned" if aligned else "last"  # which loss this batch's train/loss is (progress lines)
+        self.log(f"train/loss_{self.objective}", loss)
         return loss

@@ -109,7 +109,8 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
         self.chunk_size = chunk_size
         # The first optimizer step whose training loss was NaN/inf (-1: none yet), kept on the loss's device so that
         # watching costs no synchronisation; read at logging steps and warned about once per run.
-        self._first_nonfinite_step: Optional[Tensor] = None
+        self._first_nonfinite_step: Optional[Tensor] = None  # (epoch, batch, step, rows) of the first, on device
+        self._nonfinite_batches: Optional[Tensor] = None
         self._nonfinite_warned = False
         # Predict-time early exit ({"threshold": 0.9}, {"entropy": e} or {"patience": p}), set for the duration of
         # `predict` by layerwise.callbacks.EarlyExitPredictionWriter; None runs the full model.
@@ -170,6 +171,8 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         outputs = self.samples(batch)
+        with torch.no_grad():  # samples with a non-finite feature at any layer (read only if the loss is not finite)
+            self._last_nonfinite_rows = (~torch.isfinite(outputs[FEATURES])).any(dim=-1).any(dim=0).sum()
         loss = self.compute_loss(outputs)
         self.log("train/loss", loss, prog_bar=True)
         if not self.backbone.token_level:
@@ -180,38 +183,63 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
 
     def on_fit_start(self) -> None:
         self._first_nonfinite_step, self._nonfinite_warned = None, False  # once per run, not once per module
+        self._nonfinite_batches: Optional[Tensor] = None
 
     def on_train_batch_start(self, batch: Any, batch_idx: int) -> None:
         self._batch_step = self.trainer.global_step  # the step Lightning logs this batch's metrics under
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        """Watch the training loss: the first non-finite one is warned about once, with its step (see below)."""
+        """Watch the training loss: the first non-finite one is reported once, with its batch (see below).
+
+        On the loss's device, so that watching costs no synchronisation: the first bad batch's epoch, batch index,
+        step and non-finite sample rows, and the count of bad batches, read only when Lightning logs and at the end.
+        """
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if self._nonfinite_warned or not isinstance(loss, Tensor):
+        if not isinstance(loss, Tensor):
             return
-        step = torch.tensor(getattr(self, "_batch_step", self.trainer.global_step), device=loss.device)
-        first = self._first_nonfinite_step
-        if first is None:
-            first = torch.full((), -1, dtype=torch.long, device=loss.device)
+        device = loss.device
+        here = torch.tensor(
+            [self.trainer.current_epoch, batch_idx, getattr(self, "_batch_step", self.trainer.global_step)],
+            device=device,
+        )
+        if self._first_nonfinite_step is None:
+            self._first_nonfinite_step = torch.full((4,), -1, dtype=torch.long, device=device)
+            self._nonfinite_batches = torch.zeros((), dtype=torch.long, device=device)
+        rows = getattr(self, "_last_nonfinite_rows", None)
+        here = torch.cat([here, (rows if rows is not None else torch.zeros((), device=device)).long().view(1)])
         bad = ~torch.isfinite(loss.detach()).all()
-        self._first_nonfinite_step = torch.where(bad & (first < 0), step, first)
+        first = self._first_nonfinite_step
+        self._first_nonfinite_step = torch.where(bad & (first[0] < 0), here, first)
+        self._nonfinite_batches = self._nonfinite_batches + bad.long()
         if (batch_idx + 1) % max(1, self.trainer.log_every_n_steps) == 0:  # read (a sync) only when Lightning logs
             self._warn_nonfinite_loss()
 
     def on_train_epoch_end(self) -> None:
         self._warn_nonfinite_loss()
 
+    def nonfinite_training(self) -> Optional[str]:
+        """How many training batches had a non-finite loss, and the first (a sync); None when all were finite."""
+        if self._first_nonfinite_step is None or int(self._nonfinite_batches) == 0:
+            return None
+        epoch, batch, step, rows = (int(value) for value in self._first_nonfinite_step.tolist())
+        count = int(self._nonfinite_batches)
+        return (
+            f"{count} training batch{'es' if count > 1 else ''} with a non-finite loss (the first: epoch {epoch}, "
+            f"batch {batch}, step {step}, {rows} sample{'' if rows == 1 else 's'} with non-finite features)"
+        )
+
     def _warn_nonfinite_loss(self) -> None:
         if self._nonfinite_warned or self._first_nonfinite_step is None:
             return
-        step = int(self._first_nonfinite_step)
-        if step < 0:
+        epoch, batch, step, rows = (int(value) for value in self._first_nonfinite_step.tolist())
+        if epoch < 0:
             return
         self._nonfinite_warned = True
         rank_zero_warn(
-            f"{type(self).__name__}: the training loss was not finite (NaN/inf) at global step {step}, the first "
-            "such step (warned once per run): check the inputs for NaN/inf, or lower the learning rate; the analysis "
-            "skips non-finite samples and counts them in `n_nonfinite`."
+            f"layerwise fit: the training loss is not finite (NaN/inf) from epoch {epoch}, batch {batch} (step "
+            f"{step}), whose features are non-finite in {rows} sample{'' if rows == 1 else 's'}; the run goes on "
+            "(once NaN reaches the weights, every later value is NaN): `--trainer.detect_anomaly=true` stops it at "
+            "the first non-finite gradient. Check the inputs for NaN/inf, or lower the learning rate."
         )
 
     @torch.no_grad()
