@@ -40,12 +40,11 @@ def _trainer_classes() -> tuple[type, type]:
     without it.
     """
     from lightning.pytorch import LightningModule
-    from lightning.pytorch.callbacks import ModelSummary, RichModelSummary
     from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
     from layerwise.callbacks._runs import place_logger, read_position, take_position, test_split_line
     from layerwise.callbacks.progress import ClosingLine, ProgressLines
-    from layerwise.callbacks.summary import CountedModelSummary
+    from layerwise.callbacks.summary import replace_default_summary
     from layerwise.errors import UsageError
     from layerwise.lightning_modules import LayerwiseModule
     from layerwise.lightning_modules.base import check_data_compatible
@@ -109,6 +108,8 @@ def _trainer_classes() -> tuple[type, type]:
             config = self.config[subcommand]
             self._position = read_position(config.get("ckpt_path")) if config.get("ckpt_path") else None
             if subcommand == "predict":  # it logs nothing (the predictions go to Python or a writer callback)
+                if any(str(arg).startswith("--trainer.logger") for arg in (self._argv or sys.argv[1:])):
+                    print("layerwise predict: --trainer.logger is not used: predict logs nothing.", file=sys.stderr)
                 config.trainer.logger = False
                 self.save_config_callback = None
             elif self._position is not None:
@@ -130,13 +131,13 @@ def _trainer_classes() -> tuple[type, type]:
                 trainer.callbacks.append(ProgressLines())
 
         def _summary_without_uncounted_flops(self, trainer: Any) -> None:
-            """Lightning's default model summary -> ``CountedModelSummary`` (no column of zero FLOPs, no "Total: 0")."""
+            """Lightning's default model summary -> ``CountedModelSummary``; a configured one stays as configured."""
             config = self.config.get(self.subcommand) if self.subcommand else self.config
+            defaults = (self.trainer_defaults or {}).get("callbacks") or []
             given = config.get("trainer.callbacks") if config is not None else None
-            if any("ModelSummary" in str(getattr(c, "class_path", c)) for c in (given or [])):
-                return  # a summary the user configured stays as configured
-            defaults = (ModelSummary, RichModelSummary)
-            trainer.callbacks = [CountedModelSummary() if type(c) in defaults else c for c in trainer.callbacks]
+            replace_default_summary(
+                trainer, [*(given or []), *(defaults if isinstance(defaults, list) else [defaults])]
+            )
 
         @contextmanager
         def _errors_in_one_line(self, kinds: tuple[type[Exception], ...], parsed: bool = True) -> Iterator[None]:

@@ -201,3 +201,22 @@ def test_clip_config_parses_with_the_command_parser(tmp_path):
     config = Path(__file__).resolve().parents[1] / "configs" / "clip" / "cifar10.yaml"
     parsed = command_parser("clip", clip).parse_args(["--config", str(config), "--data", str(tmp_path)])
     assert parsed.model == "openai/clip-vit-base-patch32" and "{label}" in parsed.template
+
+
+def test_a_rank_without_pairs_holds_states_of_the_same_shapes_as_one_with_pairs():
+    """The all-reduce packs every rank's states into one buffer: a rank that saw no pair must pack the same length."""
+    from layerwise.inference.clip import CLIPAnalysis
+
+    model = tiny_clip()
+    empty, fed = CLIPAnalysis(model), CLIPAnalysis(model)
+    torch.manual_seed(0)
+    fed.add(
+        {
+            "pixel_values": torch.randn(3, 3, 16, 16),
+            "input_ids": torch.tensor([[0, 3, 4, len(VOCAB) - 1]] * 3),
+            "attention_mask": torch.ones(3, 4, dtype=torch.long),
+        }
+    )
+    for name in fed.metrics:
+        shapes = {key: tuple(value.shape) for key, value in fed.metrics[name].metric_state.items()}
+        assert {key: tuple(value.shape) for key, value in empty.metrics[name].metric_state.items()} == shapes, name

@@ -407,3 +407,31 @@ def test_cli_predict_with_the_writer_on_the_quickstart_config(tmp_path, monkeypa
     summary = json.loads((tmp_path / "exits.summary.json").read_text())
     assert summary["num_layers"] == 2 and sum(summary["exit_counts"]) == 360
     assert math.isfinite(summary["layer_count_speedup"]) and summary["accuracy"] is not None
+
+
+@pytest.mark.parametrize("rows", [16, 0])
+def test_a_sharded_backbone_runs_every_block_whatever_its_samples_exit(monkeypatch, rows):
+    """FSDP2 gathers a block's weights in a collective at every call: a rank whose samples all exited at block 1
+    (or that has none) still calls every block, on no rows, with the same predictions as without sharding."""
+    from layerwise.inference import early_exit
+
+    backbone = fitted_backbone()
+    inputs = digits()[2][:rows]
+    alone = early_exit_predict(backbone, inputs, threshold=0.0)  # everyone exits at layer 1
+    monkeypatch.setattr(early_exit, "is_sharded", lambda module: True)
+    calls = [0] * backbone.num_layers
+
+    def counting(index):
+        def hook(module, args):
+            calls[index] += 1
+
+        return hook
+
+    handles = [block.register_forward_pre_hook(counting(i)) for i, block in enumerate(backbone.model.blocks)]
+    try:
+        locked = early_exit_predict(backbone, inputs, threshold=0.0)
+    finally:
+        for handle in handles:
+            handle.remove()
+    assert calls == [1] * backbone.num_layers
+    assert torch.equal(locked.predictions, alone.predictions) and torch.equal(locked.exit_layers, alone.exit_layers)

@@ -190,3 +190,29 @@ def test_a_block_output_of_another_shape_names_the_option():
 
     with pytest.raises(UsageError, match=r"shape \(2, 3, 4, 5\).*`blocks`"):
         pool_tokens(torch.zeros(2, 3, 4, 5), "cls")
+
+
+def test_a_model_summary_given_through_trainer_defaults_stays(tmp_path):
+    from lightning.pytorch.callbacks import ModelSummary
+
+    from layerwise.callbacks.summary import CountedModelSummary
+    from layerwise.cli import LayerwiseCLI
+
+    mine = ModelSummary(max_depth=3)
+    argv = ["--config", QUICKSTART, f"--trainer.default_root_dir={tmp_path}"]
+    cli = LayerwiseCLI(args=argv, run=False, trainer_defaults={"callbacks": [mine]})
+    assert mine in cli.trainer.callbacks
+    assert not any(isinstance(c, CountedModelSummary) for c in cli.trainer.callbacks)
+    plain = LayerwiseCLI(args=argv, run=False)  # without one: Lightning's default becomes the counted summary
+    assert any(isinstance(c, CountedModelSummary) for c in plain.trainer.callbacks)
+
+
+def test_predict_says_it_does_not_use_an_explicit_logger(tmp_path, capsys):
+    main(["fit", *TINY, f"--trainer.logger.init_args.save_dir={tmp_path}"])
+    checkpoint = next(tmp_path.rglob("last.ckpt"))
+    capsys.readouterr()
+    main(["predict", *TINY, f"--trainer.logger.init_args.save_dir={tmp_path / 'p'}", f"--ckpt_path={checkpoint}"])
+    captured = capsys.readouterr()
+    assert "layerwise predict: --trainer.logger is not used: predict logs nothing." in captured.err
+    assert captured.out.rstrip().splitlines()[-1].startswith("layerwise predict: checkpoint ")
+    assert not (tmp_path / "p").exists()

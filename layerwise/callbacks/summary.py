@@ -1,6 +1,7 @@
 """Lightning's model summary without the FLOPs it did not count."""
 
 import importlib.util
+from collections.abc import Sequence
 from typing import Any
 
 from lightning.pytorch.callbacks import ModelSummary, RichModelSummary
@@ -74,3 +75,15 @@ def summary_table(
     ]
     lines += [f"{value:<10} {label}" for value, label in totals]
     return "\n".join(lines)
+
+
+def replace_default_summary(trainer: Any, given: Sequence[Any]) -> None:
+    """Lightning's default model summary -> :class:`CountedModelSummary`, unless ``given`` holds a ``ModelSummary``.
+
+    ``given``: the callbacks the user configured (class paths from a config or a flag, objects from
+    ``trainer_defaults``); a summary among them stays as configured.
+    """
+    if any("ModelSummary" in str(getattr(callback, "class_path", type(callback))) for callback in given):
+        return
+    defaults = (ModelSummary, RichModelSummary)
+    trainer.callbacks = [CountedModelSummary() if type(c) in defaults else c for c in trainer.callbacks]

@@ -43,11 +43,15 @@ class CLIPAnalysis:
         check_clip(model)
         self.model = model.eval()
         vision_layers, text_layers = clip_depths(model).values()
+        # The widths up front: the centred states are then allocated on every rank, also one that sees no pair,
+        # so that the all-reduce packs states of one length everywhere.
+        config = model.config
+        vision, text, joint = config.vision_config.hidden_size, config.text_config.hidden_size, config.projection_dim
         self.metrics = {
-            "vision_cos": LayerCosineSimilarity(vision_layers, center, sync_on_compute=False),
-            "text_cos": LayerCosineSimilarity(text_layers, center, sync_on_compute=False),
-            "vision_cos_projected": LayerCosineSimilarity(vision_layers, center, sync_on_compute=False),
-            "text_cos_projected": LayerCosineSimilarity(text_layers, center, sync_on_compute=False),
+            "vision_cos": LayerCosineSimilarity(vision_layers, center, dim=vision, sync_on_compute=False),
+            "text_cos": LayerCosineSimilarity(text_layers, center, dim=text, sync_on_compute=False),
+            "vision_cos_projected": LayerCosineSimilarity(vision_layers, center, dim=joint, sync_on_compute=False),
+            "text_cos_projected": LayerCosineSimilarity(text_layers, center, dim=joint, sync_on_compute=False),
             "cross_cos": PairedCosine(vision_layers, text_layers, sync_on_compute=False),
         }
         device = next(model.parameters()).device

@@ -170,7 +170,10 @@ def early_exit_predict(
     exit_layers = torch.full((num_samples,), backbone.num_layers, dtype=torch.long, device=device)
     remaining = torch.arange(num_samples, device=device)  # batch row of every sample still running
     state = rule.start(num_samples, device)
-    for index in range(backbone.num_layers if num_samples else 0):
+    # Sharded blocks (FSDP2) gather their weights in a collective at every call: every rank then runs every block,
+    # on no rows once its own samples have all exited, so that no rank waits for a call another never makes.
+    lockstep = is_sharded(backbone)
+    for index in range(backbone.num_layers if num_samples or lockstep else 0):
         hidden = backbone.run_block(index, hidden, context)
         logits = backbone.head(backbone.pool(hidden, context))
         if index == last:  # everyone left exits here: no criterion to evaluate
@@ -182,12 +185,21 @@ def early_exit_predict(
             continue
         predictions[remaining[exited]] = layer_predictions[exited]
         exit_layers[remaining[exited]] = index + 1
-        if exited.numel() == remaining.numel():
+        if exited.numel() == remaining.numel() and not lockstep:
             break
         keep = (~exits).nonzero().squeeze(1)
         hidden, context, state = hidden[keep], backbone.select(context, keep), rule.select(state, keep)
         remaining = remaining[keep]
     return EarlyExitResult(predictions, exit_layers, backbone.num_layers, criterion)
+
+
+def is_sharded(module: Any) -> bool:
+    """Whether any parameter of ``module`` is a ``DTensor`` (sharded by FSDP2's ``fully_shard``)."""
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch without distributed
+        return False
+    return any(isinstance(parameter, DTensor) for parameter in module.parameters())
 
 
 def measure_speedup(
