@@ -1,11 +1,7 @@
-"""The one ``layerwise`` command line.
+"""The one ``layerwise`` command line: :class:`LayerwiseCLI`, the :data:`COMMANDS` registry and ``main``.
 
-``fit``, ``validate``, ``test`` and ``predict`` are :class:`LayerwiseCLI` (LightningCLI); the other commands
-(:data:`COMMANDS`) are typed functions next to what they run (``plot`` in ``figures/plot.py``, the others in
-``inference/<module>.py``), each turned into a jsonargparse parser from its signature and docstring: ``--snake_case``
-flags, ``--help``, ``--config FILE`` and ``--print_config`` for every command (``layerwise/command_parser.py``), and
-one error style (usage, then ``error: ...`` naming the flag, exit code 2; written in ``layerwise/errors.py``). This
-module holds only ``LayerwiseCLI``, the registry and ``main``.
+LayerwiseCLI (LightningCLI) runs fit, validate, test and predict; the other commands are typed functions next to
+what they run, each a parser from its signature (``command_parser.py``), with one error style (``errors.py``).
 """
 
 import functools
@@ -34,11 +30,9 @@ from layerwise.help_cache import is_plain_help, print_help
 
 @functools.cache
 def _trainer_classes() -> tuple[type, type]:
-    """``(_ConciseArgumentParser, LayerwiseCLI)``, defined on first use.
-
-    Lightning is imported only when a LightningCLI command runs: ``layerwise --help`` and the other commands answer
-    without it.
-    """
+    """``(_ConciseArgumentParser, LayerwiseCLI)``, defined on first use (``--help`` and the rest need no Lightning)."""
+    import torch
+    from jsonargparse.typing import PositiveInt
     from lightning.pytorch import LightningModule
     from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
@@ -98,11 +92,17 @@ def _trainer_classes() -> tuple[type, type]:
             parser.argv = self._argv
             return parser
 
+        def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
+            parser.add_argument("--threads", type=Optional[PositiveInt], help=THREADS_HELP)
+
         def before_instantiate_classes(self) -> None:
             """``validate``/``test --ckpt_path``: log beside the checkpoint's run; ``predict``: no log folder at all."""
             super().before_instantiate_classes()
             self._position = None
             subcommand = self.config.get("subcommand")
+            threads = (self.config.get(subcommand) if subcommand else self.config).get("threads")
+            if threads:  # before any tensor work of this process
+                torch.set_num_threads(threads)
             if subcommand not in ("validate", "test", "predict"):
                 return
             config = self.config[subcommand]
@@ -221,8 +221,7 @@ def _trainer_classes() -> tuple[type, type]:
             if line and self.trainer.is_global_zero:
                 print(line, flush=True)
 
-        def before_predict(self) -> None:
-            self._before_evaluation()
+        before_predict = _before_evaluation
 
     for cls in (_ConciseArgumentParser, LayerwiseCLI):
         cls.__qualname__ = cls.__name__  # layerwise.cli.LayerwiseCLI, as if defined at the top (module __getattr__)
@@ -237,6 +236,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+THREADS_HELP = "torch's intra-op threads of this process (default: torch's, one per core; the quickstart sets 1)."
 TRAINER_COMMANDS = {
     "fit": "Train a model, analysing every validation (LightningCLI).",
     "validate": "Analyse a model on the validation set (LightningCLI).",
