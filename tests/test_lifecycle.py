@@ -58,7 +58,9 @@ def test_the_docs_quote_the_example_verbatim():
     page = (REPO / "docs" / "callbacks.md").read_text()
     section = page.split("## Add your own analysis", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    assert EXAMPLE.read_text() in blocks, "docs/callbacks.md's 'Add your own analysis' block differs from examples/feature_norm.py"
+    assert EXAMPLE.read_text() in blocks, (
+        "docs/callbacks.md's 'Add your own analysis' block differs from examples/feature_norm.py"
+    )
     assert issubclass(example_module().FeatureNormMonitor, AnalysisCallback)
 
 

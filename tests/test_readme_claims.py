@@ -1,7 +1,7 @@
 """README's and the docs' numbers are the ones their scripts last measured.
 
-A number in README or a page of ``docs/`` that a script in ``benchmarks/`` produces carries a marker right after it (and its unit):
-``about 2 <!-- claim: quickstart.minutes --> minutes``. The marker names the script's record
+A number in README or a page of ``docs/`` that a script in ``benchmarks/`` produces carries a marker right after it
+(and its unit): ``about 2 <!-- claim: quickstart.minutes --> minutes``. The marker names the script's record
 (``benchmarks/recorded/<name>.json``, written by ``benchmarks/_record.py``) and the key of the value (dotted for a
 nested one). The stated
 number must equal the recorded value rounded to the decimals README writes. Each record also says when, on what

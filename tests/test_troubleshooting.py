@@ -1,7 +1,7 @@
-"""Issue 23: the troubleshooting table (docs/troubleshooting.md, once README's) shows the messages as the commands print them.
+"""Issue 23: the troubleshooting table (docs/troubleshooting.md) shows the messages as the commands print them.
 
-Each case runs a command the way a user mistypes it and matches the printed `error:` line against the README row that
-describes it; a "…" in the README stands for the parts that depend on the user's paths and files.
+Each case runs a command the way a user mistypes it and matches the printed `error:` line against the table's row that
+describes it; a "…" in the table stands for the parts that depend on the user's paths and files.
 """
 
 import re
