@@ -9,7 +9,7 @@ The collector reads each fenced block and the line right before it:
   (``--trainer.max_epochs=1 --trainer.limit_train_batches=2``); a command that ran once (README and a page both
   show it) is not run again.
 - ```` ```yaml ````: parsed; every ``class_path`` is imported and built with its ``init_args``.
-- ```` ```text ```` after ``<!-- output -->``: the printed output of the page's last block before it; each quoted line
+- ```` ```text ```` after ``<!-- output -->``: what the page's block right before it printed; each quoted line
   must be a printed line, in order, "…" standing for the parts that depend on the run (as in the troubleshooting
   table). Other ``text`` blocks and blocks without a language (diagrams) are not code.
 - ``<!-- not run: REASON -->`` right before the fence: not run, and REASON must say why (a GPU, a download, hours).
@@ -98,7 +98,8 @@ def test_every_block_is_code_that_runs_or_says_why_not(block):
         assert len(block.reason.split()) >= 3, f"{block.id}: `<!-- {block.marker}: REASON -->` needs its reason"
     if block.marker == "output":
         assert block.language == "text", f"{block.id}: quoted output goes in a ```text block"
-        assert any(earlier.language == "bash" for earlier in block.earlier), f"{block.id}: output of which command?"
+        ran = [earlier for earlier in block.earlier if earlier.language in ("bash", "python")]
+        assert ran and ran[-1].marker != "not run", f"{block.id}: the output of which block that runs here?"
 
 
 def test_the_install_block_is_what_ci_runs():
@@ -169,23 +170,31 @@ def quickstart(workspace, capfd):
 
 
 NAMESPACES: dict[Path, tuple[int, dict]] = {}  # page -> (line of the last Python block run, its namespace)
-OPENINGS: dict[str, dict] = {}  # a page's first Python block -> the namespace it left: README and a page share one
+# a page's first Python block -> the namespace and output it left: README and a page show one example, run once
+OPENINGS: dict[str, tuple[dict, str]] = {}
+PRINTED: dict[str, str] = {}  # block id -> what it printed
 
 
-def run_python(block: Block, folder: Path) -> None:
+def run_python(block: Block, folder: Path, capfd) -> str:
+    """Run the page's Python blocks up to ``block`` in one namespace; what ``block`` printed."""
     done, namespace = NAMESPACES.get(block.page, (0, {"__name__": "__docs__"}))
     for python in [*block.earlier, block]:
         if python.language != "python" or python.marker == "not run" or python.line <= done:
             continue
         if not done and python.code in OPENINGS:  # the same example already ran, from a fresh namespace
-            namespace = dict(OPENINGS[python.code])
+            opened, PRINTED[python.id] = OPENINGS[python.code]
+            namespace = dict(opened)
         else:
+            capfd.readouterr()
             with inside(folder):
                 exec(compile(python.code, python.id, "exec"), namespace)  # the docs' own code
+            captured = capfd.readouterr()
+            PRINTED[python.id] = captured.out + captured.err
             if not done:
-                OPENINGS[python.code] = dict(namespace)
+                OPENINGS[python.code] = (dict(namespace), PRINTED[python.id])
         done = python.line
     NAMESPACES[block.page] = (done, namespace)
+    return PRINTED[block.id]
 
 
 def build_classes(node) -> int:
@@ -225,12 +234,12 @@ def test_block_runs(block, request, capfd, tmp_path, monkeypatch):
     monkeypatch.setenv("LAYERWISE_FIGURES", "thread")  # no drawing process to start (it imports torch: seconds)
     if block.language == "yaml":
         assert build_classes(yaml.safe_load(block.code)) >= 1, f"{block.id}: no class_path to check"
-    elif block.language == "python":
-        run_python(block, tmp_path)
+        return
+    if block.language == "python":
+        printed = run_python(block, tmp_path, capfd)
     else:
         workspace = request.getfixturevalue("quickstart")
         printed = "".join(workspace.run(words, capfd) for words in commands(block.code))
-        page = page_blocks(block.page)
-        following = next((later for later in page if later.line > block.line), None)
-        if following is not None and following.marker == "output":
-            assert_quoted(following, printed)
+    following = next((later for later in page_blocks(block.page) if later.line > block.line), None)
+    if following is not None and following.marker == "output":
+        assert_quoted(following, printed)
