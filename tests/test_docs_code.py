@@ -111,6 +111,16 @@ def test_the_install_block_is_what_ci_runs():
         assert all(line in ci for line in first.code.splitlines()), f"{first.id} differs from .ci/run"
 
 
+def test_the_readmes_links_resolve():
+    """README is not built by mkdocs (whose --strict checks the pages' links): its relative links and images here."""
+    text = (REPO / "README.md").read_text()
+    targets = re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", text)
+    local = [target for target in targets if "://" not in target]
+    assert len(local) >= 10 and all((REPO / target).is_file() for target in local), [
+        target for target in local if not (REPO / target).is_file()
+    ]
+
+
 # ------------------------------------------------------------------------------------------- running the blocks
 
 
