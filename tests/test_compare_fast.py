@@ -8,7 +8,7 @@ from test_compare_metrics import features, ref_cka
 from layerwise.metrics.compare import CrossModelCKA
 
 N, LA, DA, LB, DB = 600, 3, 48, 4, 40
-STATED_ERROR = 1e-4  # the bound the docstrings and README state for precision="fast"
+STATED_ERROR = 1e-4  # the bound the docstrings and docs/compare.md state for precision="fast"
 
 
 def model_like_pair(offset: float) -> tuple[torch.Tensor, torch.Tensor]:

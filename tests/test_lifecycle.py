@@ -1,6 +1,6 @@
-"""The one lifecycle of the analysis callbacks (callbacks/lifecycle.py), and the README's example written on it.
+"""The one lifecycle of the analysis callbacks (callbacks/lifecycle.py), and the docs' example written on it.
 
-The README's "Add your own analysis" quotes ``examples/feature_norm.py`` verbatim; the example runs on 1 and on 2
+docs/callbacks.md's "Add your own analysis" quotes ``examples/feature_norm.py`` verbatim; the example runs on 1 and on 2
 gloo processes (``ddp_fork``, 101 samples: one padded) and gives the same JSON, equal to a float64 reference taken
 from the backbone directly. The residual norm ratio, ported onto the lifecycle, gets its Custom Scalars charts in
 the run's one layout (next to LayerwiseAnalysis's) and draws on the figure schedule of the other callbacks.
@@ -54,11 +54,13 @@ def layout(accumulator: EventAccumulator) -> dict[str, str]:
     return {chart.title: chart.multiline.tag[0] for category in written.category for chart in category.chart}
 
 
-def test_the_readme_quotes_the_example_verbatim():
-    readme = (REPO / "README.md").read_text()
-    section = readme.split("### Add your own analysis", 1)[1].split("\n## ", 1)[0]
+def test_the_docs_quote_the_example_verbatim():
+    page = (REPO / "docs" / "callbacks.md").read_text()
+    section = page.split("## Add your own analysis", 1)[1].split("\n## ", 1)[0]
     blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
-    assert EXAMPLE.read_text() in blocks, "README's 'Add your own analysis' block differs from examples/feature_norm.py"
+    assert EXAMPLE.read_text() in blocks, (
+        "docs/callbacks.md's 'Add your own analysis' block differs from examples/feature_norm.py"
+    )
     assert issubclass(example_module().FeatureNormMonitor, AnalysisCallback)
 
 

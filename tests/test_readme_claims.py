@@ -1,7 +1,7 @@
-"""README's numbers are the ones its scripts last measured.
+"""README's and the docs' numbers are the ones their scripts last measured.
 
-A number in README that a script in ``benchmarks/`` produces carries a marker right after it (and its unit):
-``about 2 <!-- claim: quickstart.minutes --> minutes``. The marker names the script's record
+A number in README or a page of ``docs/`` that a script in ``benchmarks/`` produces carries a marker right after it
+(and its unit): ``about 2 <!-- claim: quickstart.minutes --> minutes``. The marker names the script's record
 (``benchmarks/recorded/<name>.json``, written by ``benchmarks/_record.py``) and the key of the value (dotted for a
 nested one). The stated
 number must equal the recorded value rounded to the decimals README writes. Each record also says when, on what
@@ -16,6 +16,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+PAGES = [README, *sorted((REPO / "docs").rglob("*.md"))]  # README and the documentation site's pages
 RECORDED = REPO / "benchmarks" / "recorded"
 # a number, optionally its unit, then the marker
 CLAIM = re.compile(
@@ -24,7 +25,7 @@ CLAIM = re.compile(
 
 
 def claims() -> list[tuple[str, str, str]]:
-    return [match.groups() for match in CLAIM.finditer(README.read_text())]
+    return [match.groups() for page in PAGES for match in CLAIM.finditer(page.read_text())]
 
 
 def recorded_value(name: str, key: str):
@@ -56,7 +57,7 @@ def test_stated_number_equals_the_recorded_measurement(stated, name, key):
 
 
 def test_every_record_is_cited_and_every_marker_is_well_formed():
-    text = README.read_text()
+    text = "\n".join(page.read_text() for page in PAGES)
     malformed = [
         m for m in re.findall(r"<!-- claim:[^>]*-->", text) if not re.fullmatch(r"<!-- claim: \w+(?:\.\w+)+ -->", m)
     ]

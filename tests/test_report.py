@@ -142,7 +142,7 @@ def test_report_holds_the_config_every_summary_and_the_figures_of_the_latest_val
 
     config = (run / "config.yaml").read_text(encoding="utf-8")
     assert page.pre == [config] and "DigitsDataModule" in config
-    assert out.stat().st_size < 500_000  # the README's bound: the figures of one validation only
+    assert out.stat().st_size < 500_000  # docs/loggers-report.md's bound: the figures of one validation only
 
 
 def test_report_has_typed_options_and_help(capsys):

@@ -239,7 +239,7 @@ def test_probes_on_the_shipped_transfer_pipeline_equal_logistic_regression(tmp_p
     """configs/transfer as shipped: pretrain digits_vit_standard.yaml (30 epochs), then digits_probe.yaml on its
     checkpoint; every layer's probe accuracy within 1 point of scikit-learn's LogisticRegression on the same frozen
     features at the probe's held-out-chosen C = 1 / (weight_decay * n). LogisticRegression at its default C = 1 is
-    printed beside it (benchmarks/probes.py records both for README)."""
+    printed beside it (benchmarks/probes.py records both for docs/appendices/transfer.md)."""
     from pathlib import Path
 
     from layerwise.cli import LayerwiseCLI

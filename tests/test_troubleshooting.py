@@ -1,7 +1,7 @@
-"""Issue 23: README's troubleshooting table shows the messages as the commands print them.
+"""Issue 23: the troubleshooting table (docs/troubleshooting.md) shows the messages as the commands print them.
 
-Each case runs a command the way a user mistypes it and matches the printed `error:` line against the README row that
-describes it; a "…" in the README stands for the parts that depend on the user's paths and files.
+Each case runs a command the way a user mistypes it and matches the printed `error:` line against the table's row that
+describes it; a "…" in the table stands for the parts that depend on the user's paths and files.
 """
 
 import re
@@ -18,9 +18,9 @@ QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 
 
 def readme_messages() -> list[str]:
-    """The code spans of the first column of README's troubleshooting table."""
-    text = (ROOT / "README.md").read_text()
-    table = text.split("## Troubleshooting", 1)[1].split("\n## ", 1)[0]
+    """The code spans of the first column of the troubleshooting table (docs/troubleshooting.md)."""
+    text = (ROOT / "docs" / "troubleshooting.md").read_text()
+    table = text.split("# Troubleshooting", 1)[1].split("\n## ", 1)[0]
     spans = []
     for row in table.splitlines():
         if row.startswith("| ") and not row.startswith("| what you see"):
