@@ -461,3 +461,41 @@ def test_every_callback_figure_says_its_stage_epoch_and_step():
         _drawing.rendered = original
     assert titles["val/cos"][0] == 736
     assert titles[0][0] == "COS\nval epoch 31, step 736"  # as `layerwise plot` draws it from the summary
+
+
+# ------------------------------------------------------------------ figures for print
+def saved_pdfs(folder) -> list:
+    """Every PDF the package writes, written into ``folder``: ``layerwise plot`` (every summary figure, the
+    residual, comparison and coupling figures included), the sweep command's figure, and every other figure of
+    ``layerwise.figures`` saved as PDF the way the commands save figures."""
+    import json
+    from types import SimpleNamespace
+
+    from layerwise.figures.plot import plot_summary
+    from layerwise.inference.sweep import write_sweep
+    from layerwise.results import save_figure_atomic, summary_path
+
+    summary = synthetic_summary(6)
+    path = summary_path(str(folder / "run"), "val", 31, 736)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(summary))
+    written = plot_summary(path, folder / "plot", formats=("pdf",))
+    rows = [{"threshold": tau, "speedup": 4.0 - 3.0 * tau, "accuracy": 0.7 + 0.25 * tau} for tau in (0.5, 0.9, 0.99)]
+    curves = [SimpleNamespace(label="standard", key="early_exit", name="standard (shared head)", rows=rows)]
+    written += [p for p in write_sweep(curves, folder / "sweep", formats=("pdf",)) if p.suffix == ".pdf"]
+    for name, figure in every_figure(6).items():
+        written.append(save_figure_atomic(folder / "every" / f"{name}.pdf", figure))
+        plt.close(figure)
+    return written
+
+
+def test_every_pdf_the_package_writes_embeds_truetype_fonts_not_type3(tmp_path):
+    """Publishers refuse Type 3 fonts (matplotlib's default in PDF): every PDF embeds its fonts as TrueType."""
+    import re
+
+    pdfs = saved_pdfs(tmp_path)
+    assert len(pdfs) >= 20
+    type3 = [path.name for path in pdfs if re.search(rb"/Subtype\s*/Type3", path.read_bytes())]
+    assert not type3, f"Type 3 fonts in {type3}"
+    no_truetype = [path.name for path in pdfs if b"/FontFile2" not in path.read_bytes()]
+    assert not no_truetype, f"no embedded TrueType font in {no_truetype}"
