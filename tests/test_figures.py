@@ -463,7 +463,98 @@ def test_every_callback_figure_says_its_stage_epoch_and_step():
     assert titles[0][0] == "COS\nval epoch 31, step 736"  # as `layerwise plot` draws it from the summary
 
 
-# ------------------------------------------------------------------ figures for print
+# ------------------------------------------------------------------ figures for print: fonts, colours, the defects
+# a reader's complaints (issue part 6): each test below fails on the figures before the fix
+
+# Machado, Oliveira & Fernandes (2009), severity 1.0, applied to linear RGB: how a dichromat sees a colour
+CVD = {
+    "protanopia": np.array(
+        [[0.152286, 1.052583, -0.204868], [0.114503, 0.786281, 0.099216], [-0.003882, -0.048116, 1.051998]]
+    ),
+    "deuteranopia": np.array(
+        [[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413], [-0.011820, 0.042940, 0.968881]]
+    ),
+    "tritanopia": np.array(
+        [[1.255528, -0.076749, -0.178779], [-0.078411, 0.930809, 0.147602], [0.004733, 0.691367, 0.303900]]
+    ),
+}
+
+
+def linear_rgb(colour) -> np.ndarray:
+    from matplotlib.colors import to_rgb
+
+    rgb = np.asarray(to_rgb(colour))
+    return np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+
+
+def cielab(linear: np.ndarray) -> np.ndarray:
+    """CIELAB (D65) of a linear-RGB colour."""
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ np.clip(
+        linear, 0, 1
+    )
+    f = [v ** (1 / 3) if v > 0.008856 else 7.787 * v + 16 / 116 for v in xyz / np.array([0.95047, 1.0, 1.08883])]
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def distance(a, b, vision: str = "normal") -> float:
+    """CIELAB ΔE76 between colours ``a`` and ``b`` as seen with normal ``vision`` or one of :data:`CVD`."""
+    seen = (lambda x: x) if vision == "normal" else (lambda x: CVD[vision] @ x)
+    return float(np.linalg.norm(cielab(seen(linear_rgb(a))) - cielab(seen(linear_rgb(b)))))
+
+
+def worst_distance(a, b) -> float:
+    return min(distance(a, b, vision) for vision in ("normal", *CVD))
+
+
+def contrast_with_white(colour) -> float:
+    """WCAG contrast ratio of ``colour`` on white (a line of contrast under 2 looks faint)."""
+    luminance = float(np.array([0.2126, 0.7152, 0.0722]) @ linear_rgb(colour))
+    return 1.05 / (luminance + 0.05)
+
+
+@pytest.mark.parametrize("depth", [2, 4, 6, 8, 12])
+def test_every_layer_of_a_model_up_to_12_layers_has_a_colour_a_colour_blind_reader_tells_apart(depth):
+    """Every pair of layers of a ``depth``-layer model differs by ΔE >= 10 for normal, protanopic, deuteranopic and
+    tritanopic vision (>= 20 up to 6 layers), and no layer is faint on white (the quickstart's layer 6 was a pale
+    yellow-green, its layers 4-6 ΔE 12 apart for a tritanope: viridis)."""
+    from itertools import combinations
+
+    from layerwise.figures.style import layer_colour
+
+    colours = [layer_colour(layer, depth) for layer in range(1, depth + 1)]
+    closest = min(
+        ((worst_distance(a, b), la, lb) for (la, a), (lb, b) in combinations(enumerate(colours, 1), 2)),
+        default=(np.inf, 0, 0),
+    )
+    assert closest[0] >= (20 if depth <= 6 else 10), f"layers {closest[1]} and {closest[2]}: ΔE {closest[0]:.1f}"
+    faint = {
+        layer: round(contrast_with_white(c), 2) for layer, c in enumerate(colours, 1) if contrast_with_white(c) < 2.2
+    }
+    assert not faint, f"layers faint on white (contrast): {faint}"
+    assert [layer_colour(layer, 12) for layer in range(1, depth + 1)] == colours, "a layer keeps its colour"
+
+
+@pytest.mark.parametrize("depth", [13, 24, 48])
+def test_deeper_models_shade_their_layers_in_order_without_a_faint_end(depth):
+    """Beyond 12 layers no palette keeps every layer apart: a sequential map, its lightness in layer order."""
+    from layerwise.figures.style import layer_colour
+
+    colours = [layer_colour(layer, depth) for layer in range(1, depth + 1)]
+    lightness = [cielab(linear_rgb(colour))[0] for colour in colours]
+    assert all(b > a for a, b in zip(lightness, lightness[1:])), "lightness grows with depth"
+    assert min(contrast_with_white(colour) for colour in colours) >= 2.0
+
+
+def test_the_report_draws_layers_in_the_figures_colours():
+    from matplotlib.colors import to_hex
+
+    from layerwise.figures.report import layer_colors
+    from layerwise.figures.style import layer_colour
+
+    for depth in (6, 12, 24):
+        assert layer_colors(depth) == [to_hex(layer_colour(layer, depth)) for layer in range(1, depth + 1)]
+
+
 def saved_pdfs(folder) -> list:
     """Every PDF the package writes, written into ``folder``: ``layerwise plot`` (every summary figure, the
     residual, comparison and coupling figures included), the sweep command's figure, and every other figure of

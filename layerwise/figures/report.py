@@ -213,11 +213,12 @@ def _config(run: Path) -> tuple[str, str]:
 
 
 def layer_colors(count: int) -> list[str]:
-    """One colour per layer, shallow to deep (viridis, without its pale yellow end)."""
-    from matplotlib import colormaps
+    """One colour per layer of a ``count``-layer model, the colours of the figures (``style.layer_colour``)."""
+    from matplotlib.colors import to_hex
 
-    cmap = colormaps["viridis"]
-    return [_hex(cmap(0.9 * index / max(1, count - 1))) for index in range(count)]
+    from layerwise.figures.style import layer_colour
+
+    return [to_hex(layer_colour(layer, count)) for layer in range(1, count + 1)]
 
 
 def _tab10() -> list[Any]:
