@@ -417,8 +417,8 @@ def test_accuracy_uses_its_axis():
     summary = synthetic_summary(6)
     summary["accuracy"] = [0.84, 0.95, 0.967, 0.983, 0.972, 0.969]  # a quickstart run's
     figure = summary_figures(summary)["similarity_accuracy"]
-    twin = figure.axes[1]
-    low, high = twin.get_ylim()
+    (axes,) = [ax for ax in figure.axes if ax.get_ylabel() == "accuracy"]
+    low, high = axes.get_ylim()
     assert (max(summary["accuracy"]) - min(summary["accuracy"])) / (high - low) >= 0.6
 
 
@@ -553,6 +553,58 @@ def test_the_report_draws_layers_in_the_figures_colours():
 
     for depth in (6, 12, 24):
         assert layer_colors(depth) == [to_hex(layer_colour(layer, depth)) for layer in range(1, depth + 1)]
+
+
+def test_early_exit_thresholds_are_told_apart_even_when_their_exits_coincide():
+    """Seven thresholds: neighbouring τ differ by ΔE >= 20 (0.95 and 0.99 were both dark purple, ΔE 16), each has
+    its own marker, and τ whose exits are the same at every layer (0.9, 0.95, 0.99 on the quickstart) are drawn
+    side by side, not one over the other."""
+    summary = synthetic_summary(6)
+    for row in summary["early_exit"][4:]:
+        row["exit_counts"] = [0, 0, 0, 0, 0, 360]
+    ax = summary_figures(summary)["early_exit"].axes[0]
+    lines = [line for line in ax.lines if line.get_label().startswith("τ")]
+    assert len(lines) == 7
+    colours = [line.get_color() for line in lines]
+    gaps = [distance(a, b) for a, b in zip(colours, colours[1:])]
+    assert min(gaps) >= 20, [round(gap, 1) for gap in gaps]
+    assert len({line.get_marker() for line in lines}) == 7
+    points = [tuple(zip(line.get_xdata(), line.get_ydata())) for line in lines[4:]]
+    assert len(set(points)) == 3, "τ 0.9, 0.95 and 0.99 are drawn on top of each other"
+    for line in lines:  # each point stays nearer its own layer than the next one
+        offsets = np.asarray(line.get_xdata()) - np.asarray(summary["layers"])
+        assert np.all(np.abs(offsets) < 0.25)
+
+
+def test_accuracy_is_not_on_a_twin_axis_over_the_similarity():
+    """Accuracy (0.84-0.98) on a twin axis seemed to cross the CKA line where no value crosses: it has its own axes,
+    which overlap no axes of another scale."""
+    summary = synthetic_summary(6)
+    summary["accuracy"] = [0.84, 0.95, 0.967, 0.983, 0.972, 0.969]
+    figure = summary_figures(summary)["similarity_accuracy"]
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    holders = {}
+    for ax in figure.axes:
+        for line in ax.lines:
+            holders[line.get_label()] = ax
+    accuracy, cka = holders["accuracy (shared head)"], holders["CKA to the last layer"]
+    assert accuracy is not cka
+    assert not accuracy.get_window_extent(renderer).overlaps(cka.get_window_extent(renderer))
+    assert accuracy.get_ylabel() == "accuracy" and "similarity" in cka.get_ylabel()
+    assert accuracy.get_shared_x_axes().joined(accuracy, cka), "one layer axis for both"
+
+
+def test_every_figure_has_a_caption_in_words():
+    """The report captioned its figures with their keys (``cos_distribution``)."""
+    from layerwise.figures.summary import caption
+
+    summary = synthetic_summary(6)
+    names = set(summary_figures(summary)) | {"detection_ap50"}
+    for name in names:
+        words = caption(name)
+        assert "_" not in words and words != name and len(words.split()) >= 4, (name, words)
+    plt.close("all")
 
 
 def saved_pdfs(folder) -> list:

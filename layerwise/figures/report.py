@@ -167,20 +167,22 @@ def _figures(
     stages: list[str], records: list[dict[str, Any]], summaries: list[dict[str, Any]], chosen: tuple[int, int]
 ) -> dict[str, list[Figure]]:
     """PNG figures per section: each stage's figures at ``chosen``; a section's latest at or before it."""
+    from layerwise.figures.summary import caption
+
     out: dict[str, list[Figure]] = {}
     for stage in stages:
         of_stage = [(tuple(r["order"]), s) for r, s in zip(records, summaries) if r["stage"] == stage]
         at = [s for order, s in of_stage if order == chosen]
         if at:
             general = {key: value for key, value in at[-1].items() if key not in SECTION_FIGURES}
-            out.setdefault("general", []).extend((stage, name, name, png) for name, png in _encoded(general))
+            out.setdefault("general", []).extend((stage, name, caption(name), png) for name, png in _encoded(general))
         for section in SECTION_FIGURES:
             earlier = [(order, s) for order, s in of_stage if order <= chosen and s.get(section)]
             if earlier:
                 (epoch, step), summary = earlier[-1]
                 drawn = _encoded({section: summary[section], "layers": summary.get("layers")})
-                caption = f"(epoch {epoch}, step {step})"
-                out.setdefault(section, []).extend((stage, name, f"{name} {caption}", png) for name, png in drawn)
+                when = f"(epoch {epoch}, step {step})"
+                out.setdefault(section, []).extend((stage, name, f"{caption(name)} {when}", png) for name, png in drawn)
     return out
 
 
