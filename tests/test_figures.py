@@ -595,6 +595,26 @@ def test_accuracy_is_not_on_a_twin_axis_over_the_similarity():
     assert accuracy.get_shared_x_axes().joined(accuracy, cka), "one layer axis for both"
 
 
+@pytest.mark.parametrize(
+    ("token", "pooling", "says"),
+    [
+        ("cls", None, "read at token 0 ([CLS])"),
+        ("last", None, "read at each sample's last real token"),
+        ("cls", "mean", "the head reads the mean of the tokens"),
+    ],
+)
+def test_the_residual_figure_says_where_the_ratio_is_read_not_how_the_model_pools(token, pooling, says):
+    """A mean-pooled ViT's figure said "at the cls token", as if its head read that token."""
+    results = dict(synthetic_summary(6)["residual_norm_ratio"], token=token)
+    if pooling:
+        results["pooling"] = pooling
+    figure = summary_figures({"residual_norm_ratio": results})["residual_norm_ratio"]
+    title = figure.axes[0].get_title()
+    assert says in title
+    assert "the cls token" not in title
+    assert not text_problems(figure)
+
+
 def test_every_figure_has_a_caption_in_words():
     """The report captioned its figures with their keys (``cos_distribution``)."""
     from layerwise.figures.summary import caption
