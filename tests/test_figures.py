@@ -205,6 +205,7 @@ def every_figure(num_layers: int) -> dict:
 
     from layerwise.figures.clip import clip_figures
     from layerwise.figures.coupling import correlation, token_coupling, trajectory_pca
+    from layerwise.figures.curves import chart_figures
     from layerwise.figures.lens import lens_figure
     from layerwise.figures.stitch import stitch_figure
     from layerwise.figures.style import stamp_all
@@ -269,7 +270,28 @@ def every_figure(num_layers: int) -> dict:
         for a, b in pairs
     ]
     figures["stitch"] = stitch_figure(rows, {"glue_task": "mnli", "phi": "linear"})
+    figures.update(chart_figures("val", synthetic_charts(num_layers)))
     return figures
+
+
+def synthetic_charts(num_layers: int) -> dict:
+    """Per-layer scalars over six validations as the callbacks log them (title -> tag -> [(step, value)]): an
+    accuracy, an NC1 that starts near 60 and ends near 1, and the early-exit accuracy per threshold."""
+    steps = [23, 46, 69, 92, 115, 138]
+    return {
+        "accuracy per layer": {
+            f"val/acc/layer_{layer:02d}": [(step, 0.1 + 0.8 * layer / num_layers * step / 138) for step in steps]
+            for layer in range(1, num_layers + 1)
+        },
+        "NC1 per layer": {
+            f"val/nc1/layer_{layer:02d}": [(step, 1.0 + 60.0 / layer * np.exp(-step / 30)) for step in steps]
+            for layer in range(1, num_layers + 1)
+        },
+        "early-exit accuracy": {
+            f"val/early_exit/acc/tau_{tau}": [(step, 0.5 + 0.3 * tau * step / 138) for step in steps]
+            for tau in (0.5, 0.9, 0.95, 0.99)
+        },
+    }
 
 
 def drawn_texts(figure) -> list:
@@ -662,3 +684,64 @@ def test_every_pdf_the_package_writes_embeds_truetype_fonts_not_type3(tmp_path):
     assert not type3, f"Type 3 fonts in {type3}"
     no_truetype = [path.name for path in pdfs if b"/FontFile2" not in path.read_bytes()]
     assert not no_truetype, f"no embedded TrueType font in {no_truetype}"
+
+
+# ------------------------------------------------------------------ TensorBoard: the per-layer charts as images
+def test_the_tensorboard_chart_images_give_every_layer_its_colour_and_a_legend():
+    """TensorBoard's Custom Scalars draw every layer in one colour, told apart by a marker, the legend folded away:
+    the chart images draw each layer in its colour (the figures' colours) and name every layer in a legend."""
+    from matplotlib.colors import to_hex
+
+    from layerwise.figures.curves import chart_figures
+    from layerwise.figures.style import layer_colour
+
+    figures = chart_figures("val", synthetic_charts(12))
+    assert set(figures) == {
+        "layerwise val/accuracy per layer",
+        "layerwise val/NC1 per layer",
+        "layerwise val/early-exit accuracy",
+    }
+    accuracy = figures["layerwise val/accuracy per layer"]
+    lines = accuracy.axes[0].lines
+    assert [to_hex(line.get_color()) for line in lines] == [to_hex(layer_colour(k, 12)) for k in range(1, 13)]
+    (legend,) = accuracy.legends
+    assert sorted(text.get_text() for text in legend.get_texts()) == sorted(f"layer {k}" for k in range(1, 13))
+    nc1 = figures["layerwise val/NC1 per layer"].axes[0]
+    assert nc1.get_yscale() == "log" and "log scale" in nc1.get_title()
+    exits = figures["layerwise val/early-exit accuracy"]
+    assert sorted(text.get_text() for text in exits.legends[0].get_texts()) == ["τ 0.5", "τ 0.9", "τ 0.95", "τ 0.99"]
+    assert len({to_hex(line.get_color()) for line in exits.axes[0].lines}) == 4
+    plt.close("all")
+
+
+def test_log_tensorboard_charts_logs_an_image_per_chart():
+    """What the callbacks hand over at a figure epoch (the analysed epochs' scalars, the charts' regexes) becomes
+    one image per chart in the run's TensorBoard, under the Custom Scalars' section and chart names."""
+    from layerwise.callbacks import _drawing, _loggers
+
+    images = {}
+
+    class Writer:
+        log_dir = "runs/quickstart/version_0"
+
+        def add_custom_scalars(self, layout):
+            pass
+
+        def add_image(self, tag, image, global_step, dataformats):
+            images[tag] = (global_step, image.shape, dataformats)
+
+    class Trainer:  # a weak-referenceable stand-in: the history is kept per trainer
+        loggers = [type("Logger", (), {"experiment": Writer()})()]
+
+    trainer = Trainer()
+    for step in (23, 46, 69):
+        scalars = {f"val/acc/layer_{k:02d}": 0.1 * k + step / 1000 for k in range(1, 7)}
+        scalars.update({f"val/nc1/layer_{k:02d}": 60.0 / step / k for k in range(1, 7)})
+        _loggers.add_to_history(trainer, "val", step, scalars)
+    charts = {"accuracy per layer": r"val/acc/layer_\d+", "NC1 per layer": r"val/nc1/layer_\d+", "loss": r"val/loss"}
+    assert _loggers.chart_loggers(trainer) == [trainer.loggers[0].experiment]
+    _loggers.log_tensorboard_charts(trainer, "val", charts)
+    _drawing.wait_for_figures()
+    assert set(images) == {"layerwise val/accuracy per layer", "layerwise val/NC1 per layer"}
+    for step, shape, dataformats in images.values():
+        assert step == 69 and dataformats == "HWC" and shape[2] == 3 and shape[0] > 200
