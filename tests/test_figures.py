@@ -745,3 +745,15 @@ def test_log_tensorboard_charts_logs_an_image_per_chart():
     assert set(images) == {"layerwise val/accuracy per layer", "layerwise val/NC1 per layer"}
     for step, shape, dataformats in images.values():
         assert step == 69 and dataformats == "HWC" and shape[2] == 3 and shape[0] > 200
+
+
+def test_saturation_cos_is_not_on_a_twin_axis_over_the_bars():
+    """The mean COS of the saturating samples ran across the bars on a twin axis: it has its own axes below."""
+    figure = summary_figures(synthetic_summary(12))["saturation"]
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    (bars,) = [ax for ax in figure.axes if ax.patches]
+    (cos,) = [ax for ax in figure.axes if ax.lines]
+    assert bars is not cos and not bars.get_window_extent(renderer).overlaps(cos.get_window_extent(renderer))
+    assert "COS" in cos.get_ylabel() and bars.get_ylabel() == "samples"
+    plt.close(figure)

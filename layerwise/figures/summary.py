@@ -168,22 +168,27 @@ def run_title(summary: dict[str, Any], what: str) -> str:
 
 
 def saturation_histogram(counts: Sequence[float], layers: Sequence[int], cos: Optional[Sequence] = None) -> Figure:
-    """How many samples saturate at each layer; with the mean COS(h^l, h^L) of those samples on a twin axis."""
-    fig, ax = new_figure(5.2, 3.8, right_axis=cos is not None)
+    """How many samples saturate at each layer; below it, the mean COS(h^l, h^L) of those samples.
+
+    The COS has its own axes under the bars, sharing the layer axis: on a twin axis its line ran across the bars
+    as if it measured them.
+    """
+    if cos is not None:
+        fig, (ax, below) = new_figure(5.2, 4.6, height_ratios=(3, 2))
+    else:
+        fig, ax = new_figure(5.2, 3.8)
+        below = ax
     depth = max(layers) if len(layers) else 1
     ax.bar(layers, counts, color=[layer_colour(layer, depth) for layer in layers])
     if len(layers):
         ax.set_xlim(min(layers) - 0.7, max(layers) + 0.7)  # one layer: a bar, not a filled canvas
-    ax.set_xlabel("saturation layer")
-    layer_ticks(ax, layers, axis="x", at_values=True)
     ax.set_ylabel("samples")
     if cos is not None:
-        twin = ax.twinx()
         values = [np.nan if value is None else value for value in cos]
-        colour = series_colour("cos")
-        twin.plot(layers, values, color=colour, marker="o")
-        twin.set_ylabel("mean COS to the last layer", color=colour)
-        twin.tick_params(axis="y", colors=colour)
+        below.plot(layers, values, color="0.25", marker="o")
+        below.set_ylabel("their mean COS\nto the last layer")
+    below.set_xlabel("saturation layer")
+    layer_ticks(below, layers, axis="x", at_values=True)
     ax.set_title("saturation events")
     return finish(fig)
 
