@@ -91,7 +91,7 @@ function chart(title, xlabel, series, timeline, log) {
   for (const v of xt.values) svg += `<line x1="${X(v)}" x2="${X(v)}" y1="${H - B}" y2="${H - B + 4}" stroke="#888"/><text x="${X(v)}" y="${H - B + 15}" text-anchor="middle">${label(v, xt.step)}</text>`;
   svg += `<rect x="${L}" y="${T}" width="${W - L - R}" height="${H - T - B}" fill="none" stroke="#888"/>`;
   svg += `<text x="${(L + W - R) / 2}" y="${H - 6}" text-anchor="middle">${esc(xlabel)}</text>`;
-  if (timeline) svg += `<line class="marker" x1="${L}" x2="${L}" y1="${T}" y2="${H - B}" stroke="#d62728" stroke-dasharray="4 3" visibility="hidden"/>`;
+  if (timeline) svg += `<line class="marker" x1="${L}" x2="${L}" y1="${T}" y2="${H - B}" stroke="#444" stroke-dasharray="4 3" visibility="hidden"/>`;
   const dots = Math.max(...series.map((s) => s.xs.length)) <= 60;
   for (const s of series) {
     let d = "", pen = false;
