@@ -757,3 +757,15 @@ def test_saturation_cos_is_not_on_a_twin_axis_over_the_bars():
     assert bars is not cos and not bars.get_window_extent(renderer).overlaps(cos.get_window_extent(renderer))
     assert "COS" in cos.get_ylabel() and bars.get_ylabel() == "samples"
     plt.close(figure)
+
+
+@pytest.mark.parametrize("names", [("cos", "cka", "accuracy"), ("block", "attention", "mlp"), ("model a", "model b")])
+def test_named_series_drawn_together_are_told_apart_with_any_colour_vision(names):
+    """The residual figure's attention (orange) and mlp (green) branches were ΔE 5 apart for a deuteranope."""
+    from itertools import combinations
+
+    from layerwise.figures.style import series_colour
+
+    colours = [series_colour(name) for name in names]
+    worst = min(worst_distance(a, b) for a, b in combinations(colours, 2))
+    assert worst >= 20, f"{names}: ΔE {worst:.1f}"

@@ -113,7 +113,7 @@ _SERIES = {
     "negative": "tab:purple",
     "block": "tab:blue",
     "attention": "tab:orange",
-    "mlp": "tab:green",
+    "mlp": "#882255",  # wine: tab:green and tab:orange look alike to a deuteranope (ΔE 5), this is >= 32 from both
     "model a": "tab:blue",
     "model b": "tab:orange",
 }
