@@ -132,3 +132,27 @@ def test_nc1_over_training_is_drawn_on_a_log_axis(page):
     assert all(top <= y <= top + height for y in later)
     labels = nc1.locator("text").all_text_contents()
     assert "10" in labels and "1" in labels
+
+
+def test_curves_colour_each_layer_by_its_number_as_the_figures_do(page, tmp_path):
+    """A run that analyses layers 4-6 of 6: their curves have layers 4-6's colours, not layers 1-3's."""
+    from matplotlib.colors import to_hex
+
+    from layerwise.figures.style import layer_colour
+
+    run = tmp_path / "run"
+    for epoch in (0, 1):
+        summary = {"stage": "val", "epoch": epoch, "global_step": 5 * (epoch + 1), "depth": 6, "layers": [4, 5, 6]}
+        summary["accuracy"] = [0.5 + 0.1 * epoch, 0.6, 0.7]
+        path = summary_path(str(run), "val", epoch, summary["global_step"])
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(summary))
+    out, _ = write_report(run, tmp_path / "report.html")
+    tab = page.context.new_page()  # a second tab of the module's browser
+    try:
+        tab.goto(out.as_uri())
+        chart = tab.locator("#curvecharts svg").first
+        strokes = chart.locator("path").evaluate_all("(paths) => paths.map((p) => p.getAttribute('stroke'))")
+    finally:
+        tab.close()
+    assert strokes == [to_hex(layer_colour(layer, 6)) for layer in (4, 5, 6)]

@@ -109,13 +109,14 @@ function chart(title, xlabel, series, timeline, log) {
 }
 
 // one line per layer of a per-layer value over training (x: global step)
-function curves(stage, title, get, names, log) {
+// colorOf(l): the colour of the l-th series (default: the l-th layer's)
+function curves(stage, title, get, names, log, colorOf) {
   const rows = (byStage[stage] || []).map((x) => ({step: x.order[1], v: get(x.s)})).filter((r) => Array.isArray(r.v));
   if (!rows.length) return "";
   const width = Math.max(...rows.map((r) => r.v.length));
   const series = [];
   for (let l = 0; l < width; l++) {
-    series.push({name: names ? names(l) : `layer ${l + 1}`, color: layerColor(l), integer: true,
+    series.push({name: names ? names(l) : `layer ${l + 1}`, color: colorOf ? colorOf(l) : layerColor(l), integer: true,
       xs: rows.map((r) => r.step), ys: rows.map((r) => (r.v[l] === undefined ? null : r.v[l]))});
   }
   return chart(`${stage}: ${title}`, "global step", series, true, log);
@@ -124,6 +125,13 @@ function curves(stage, title, get, names, log) {
 function layerNames(stage) {
   const s = (byStage[stage] || []).map((x) => x.s).find((s) => Array.isArray(s.layers));
   return (l) => `layer ${s ? s.layers[l] : l + 1}`;
+}
+
+// the colour of the l-th analysed layer of a stage: its layer number's, as in the figures (layers 7-12 of 12 are not
+// coloured as layers 1-6)
+function layerColors(stage) {
+  const s = (byStage[stage] || []).map((x) => x.s).find((s) => Array.isArray(s.layers));
+  return (l) => layerColor(s && Number.isInteger(s.layers[l]) ? s.layers[l] - 1 : l);
 }
 
 function table(stage, s) {
@@ -198,7 +206,7 @@ function drawCurves() {
   for (const stage of META.stages) {
     const names = layerNames(stage);
     let charts = "";
-    for (const [, title, get, , log] of COLUMNS) charts += curves(stage, title, get, names, log);
+    for (const [, title, get, , log] of COLUMNS) charts += curves(stage, title, get, names, log, layerColors(stage));
     if (charts) html += `<h3>${esc(stage)}</h3><div class="grid">${charts}</div>`;
   }
   document.getElementById("curvecharts").innerHTML = html;

@@ -79,7 +79,7 @@ def build_html(run: Path, files: list[Path], summaries: list[dict[str, Any]], ch
         for file, summary in zip(files, summaries)
     ]
     config_name, config_text = _config(run)
-    depth = max((len(s.get("layers") or []) for s in summaries), default=0)
+    depth = max((s.get("depth") or max(s.get("layers") or [0]) for s in summaries), default=0)  # layer numbers
     meta = {
         "run": str(run),
         "stages": stages,
