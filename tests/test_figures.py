@@ -205,6 +205,7 @@ def every_figure(num_layers: int) -> dict:
 
     from layerwise.figures.clip import clip_figures
     from layerwise.figures.coupling import correlation, token_coupling, trajectory_pca
+    from layerwise.figures.curves import chart_figures
     from layerwise.figures.lens import lens_figure
     from layerwise.figures.stitch import stitch_figure
     from layerwise.figures.style import stamp_all
@@ -269,7 +270,28 @@ def every_figure(num_layers: int) -> dict:
         for a, b in pairs
     ]
     figures["stitch"] = stitch_figure(rows, {"glue_task": "mnli", "phi": "linear"})
+    figures.update(chart_figures("val", synthetic_charts(num_layers)))
     return figures
+
+
+def synthetic_charts(num_layers: int) -> dict:
+    """Per-layer scalars over six validations as the callbacks log them (title -> tag -> [(step, value)]): an
+    accuracy, an NC1 that starts near 60 and ends near 1, and the early-exit accuracy per threshold."""
+    steps = [23, 46, 69, 92, 115, 138]
+    return {
+        "accuracy per layer": {
+            f"val/acc/layer_{layer:02d}": [(step, 0.1 + 0.8 * layer / num_layers * step / 138) for step in steps]
+            for layer in range(1, num_layers + 1)
+        },
+        "NC1 per layer": {
+            f"val/nc1/layer_{layer:02d}": [(step, 1.0 + 60.0 / layer * np.exp(-step / 30)) for step in steps]
+            for layer in range(1, num_layers + 1)
+        },
+        "early-exit accuracy": {
+            f"val/early_exit/acc/tau_{tau}": [(step, 0.5 + 0.3 * tau * step / 138) for step in steps]
+            for tau in (0.5, 0.9, 0.95, 0.99)
+        },
+    }
 
 
 def drawn_texts(figure) -> list:
@@ -417,8 +439,8 @@ def test_accuracy_uses_its_axis():
     summary = synthetic_summary(6)
     summary["accuracy"] = [0.84, 0.95, 0.967, 0.983, 0.972, 0.969]  # a quickstart run's
     figure = summary_figures(summary)["similarity_accuracy"]
-    twin = figure.axes[1]
-    low, high = twin.get_ylim()
+    (axes,) = [ax for ax in figure.axes if ax.get_ylabel() == "accuracy"]
+    low, high = axes.get_ylim()
     assert (max(summary["accuracy"]) - min(summary["accuracy"])) / (high - low) >= 0.6
 
 
@@ -461,3 +483,289 @@ def test_every_callback_figure_says_its_stage_epoch_and_step():
         _drawing.rendered = original
     assert titles["val/cos"][0] == 736
     assert titles[0][0] == "COS\nval epoch 31, step 736"  # as `layerwise plot` draws it from the summary
+
+
+# ------------------------------------------------------------------ figures for print: fonts, colours, the defects
+# a reader's complaints (issue part 6): each test below fails on the figures before the fix
+
+# Machado, Oliveira & Fernandes (2009), severity 1.0, applied to linear RGB: how a dichromat sees a colour
+CVD = {
+    "protanopia": np.array(
+        [[0.152286, 1.052583, -0.204868], [0.114503, 0.786281, 0.099216], [-0.003882, -0.048116, 1.051998]]
+    ),
+    "deuteranopia": np.array(
+        [[0.367322, 0.860646, -0.227968], [0.280085, 0.672501, 0.047413], [-0.011820, 0.042940, 0.968881]]
+    ),
+    "tritanopia": np.array(
+        [[1.255528, -0.076749, -0.178779], [-0.078411, 0.930809, 0.147602], [0.004733, 0.691367, 0.303900]]
+    ),
+}
+
+
+def linear_rgb(colour) -> np.ndarray:
+    from matplotlib.colors import to_rgb
+
+    rgb = np.asarray(to_rgb(colour))
+    return np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+
+
+def cielab(linear: np.ndarray) -> np.ndarray:
+    """CIELAB (D65) of a linear-RGB colour."""
+    xyz = np.array([[0.4124, 0.3576, 0.1805], [0.2126, 0.7152, 0.0722], [0.0193, 0.1192, 0.9505]]) @ np.clip(
+        linear, 0, 1
+    )
+    f = [v ** (1 / 3) if v > 0.008856 else 7.787 * v + 16 / 116 for v in xyz / np.array([0.95047, 1.0, 1.08883])]
+    return np.array([116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])])
+
+
+def distance(a, b, vision: str = "normal") -> float:
+    """CIELAB ΔE76 between colours ``a`` and ``b`` as seen with normal ``vision`` or one of :data:`CVD`."""
+    seen = (lambda x: x) if vision == "normal" else (lambda x: CVD[vision] @ x)
+    return float(np.linalg.norm(cielab(seen(linear_rgb(a))) - cielab(seen(linear_rgb(b)))))
+
+
+def worst_distance(a, b) -> float:
+    return min(distance(a, b, vision) for vision in ("normal", *CVD))
+
+
+def contrast_with_white(colour) -> float:
+    """WCAG contrast ratio of ``colour`` on white (a line of contrast under 2 looks faint)."""
+    luminance = float(np.array([0.2126, 0.7152, 0.0722]) @ linear_rgb(colour))
+    return 1.05 / (luminance + 0.05)
+
+
+@pytest.mark.parametrize("depth", [2, 4, 6, 8, 12])
+def test_every_layer_of_a_model_up_to_12_layers_has_a_colour_a_colour_blind_reader_tells_apart(depth):
+    """Every pair of layers of a ``depth``-layer model differs by ΔE >= 10 for normal, protanopic, deuteranopic and
+    tritanopic vision (>= 20 up to 6 layers), and no layer is faint on white (the quickstart's layer 6 was a pale
+    yellow-green, its layers 4-6 ΔE 12 apart for a tritanope: viridis)."""
+    from itertools import combinations
+
+    from layerwise.figures.style import layer_colour
+
+    colours = [layer_colour(layer, depth) for layer in range(1, depth + 1)]
+    closest = min(
+        ((worst_distance(a, b), la, lb) for (la, a), (lb, b) in combinations(enumerate(colours, 1), 2)),
+        default=(np.inf, 0, 0),
+    )
+    assert closest[0] >= (20 if depth <= 6 else 10), f"layers {closest[1]} and {closest[2]}: ΔE {closest[0]:.1f}"
+    faint = {
+        layer: round(contrast_with_white(c), 2) for layer, c in enumerate(colours, 1) if contrast_with_white(c) < 2.2
+    }
+    assert not faint, f"layers faint on white (contrast): {faint}"
+    assert [layer_colour(layer, 12) for layer in range(1, depth + 1)] == colours, "a layer keeps its colour"
+
+
+@pytest.mark.parametrize("depth", [13, 24, 48])
+def test_deeper_models_shade_their_layers_in_order_without_a_faint_end(depth):
+    """Beyond 12 layers no palette keeps every layer apart: a sequential map, its lightness in layer order."""
+    from layerwise.figures.style import layer_colour
+
+    colours = [layer_colour(layer, depth) for layer in range(1, depth + 1)]
+    lightness = [cielab(linear_rgb(colour))[0] for colour in colours]
+    assert all(b > a for a, b in zip(lightness, lightness[1:])), "lightness grows with depth"
+    assert min(contrast_with_white(colour) for colour in colours) >= 2.0
+
+
+def test_the_report_draws_layers_in_the_figures_colours():
+    from matplotlib.colors import to_hex
+
+    from layerwise.figures.report import layer_colors
+    from layerwise.figures.style import layer_colour
+
+    for depth in (6, 12, 24):
+        assert layer_colors(depth) == [to_hex(layer_colour(layer, depth)) for layer in range(1, depth + 1)]
+
+
+def test_early_exit_thresholds_are_told_apart_even_when_their_exits_coincide():
+    """Seven thresholds: neighbouring τ differ by ΔE >= 20 (0.95 and 0.99 were both dark purple, ΔE 16), each has
+    its own marker, and τ whose exits are the same at every layer (0.9, 0.95, 0.99 on the quickstart) are drawn
+    side by side, not one over the other."""
+    summary = synthetic_summary(6)
+    for row in summary["early_exit"][4:]:
+        row["exit_counts"] = [0, 0, 0, 0, 0, 360]
+    ax = summary_figures(summary)["early_exit"].axes[0]
+    lines = [line for line in ax.lines if line.get_label().startswith("τ")]
+    assert len(lines) == 7
+    colours = [line.get_color() for line in lines]
+    gaps = [distance(a, b) for a, b in zip(colours, colours[1:])]
+    assert min(gaps) >= 20, [round(gap, 1) for gap in gaps]
+    assert len({line.get_marker() for line in lines}) == 7
+    points = [tuple(zip(line.get_xdata(), line.get_ydata())) for line in lines[4:]]
+    assert len(set(points)) == 3, "τ 0.9, 0.95 and 0.99 are drawn on top of each other"
+    for line in lines:  # each point stays nearer its own layer than the next one
+        offsets = np.asarray(line.get_xdata()) - np.asarray(summary["layers"])
+        assert np.all(np.abs(offsets) < 0.25)
+
+
+def test_accuracy_is_not_on_a_twin_axis_over_the_similarity():
+    """Accuracy (0.84-0.98) on a twin axis seemed to cross the CKA line where no value crosses: it has its own axes,
+    which overlap no axes of another scale."""
+    summary = synthetic_summary(6)
+    summary["accuracy"] = [0.84, 0.95, 0.967, 0.983, 0.972, 0.969]
+    figure = summary_figures(summary)["similarity_accuracy"]
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    holders = {}
+    for ax in figure.axes:
+        for line in ax.lines:
+            holders[line.get_label()] = ax
+    accuracy, cka = holders["accuracy (shared head)"], holders["CKA to the last layer"]
+    assert accuracy is not cka
+    assert not accuracy.get_window_extent(renderer).overlaps(cka.get_window_extent(renderer))
+    assert accuracy.get_ylabel() == "accuracy" and "similarity" in cka.get_ylabel()
+    assert accuracy.get_shared_x_axes().joined(accuracy, cka), "one layer axis for both"
+
+
+@pytest.mark.parametrize(
+    ("token", "pooling", "says"),
+    [
+        ("cls", None, "read at token 0 ([CLS])"),
+        ("last", None, "read at each sample's last real token"),
+        ("cls", "mean", "the head reads the mean of the tokens"),
+    ],
+)
+def test_the_residual_figure_says_where_the_ratio_is_read_not_how_the_model_pools(token, pooling, says):
+    """A mean-pooled ViT's figure said "at the cls token", as if its head read that token."""
+    results = dict(synthetic_summary(6)["residual_norm_ratio"], token=token)
+    if pooling:
+        results["pooling"] = pooling
+    figure = summary_figures({"residual_norm_ratio": results})["residual_norm_ratio"]
+    title = figure.axes[0].get_title()
+    assert says in title
+    assert "the cls token" not in title
+    assert not text_problems(figure)
+
+
+def test_every_figure_has_a_caption_in_words():
+    """The report captioned its figures with their keys (``cos_distribution``)."""
+    from layerwise.figures.summary import caption
+
+    summary = synthetic_summary(6)
+    names = set(summary_figures(summary)) | {"detection_ap50"}
+    for name in names:
+        words = caption(name)
+        assert "_" not in words and words != name and len(words.split()) >= 4, (name, words)
+    plt.close("all")
+
+
+def saved_pdfs(folder) -> list:
+    """Every PDF the package writes, written into ``folder``: ``layerwise plot`` (every summary figure, the
+    residual, comparison and coupling figures included), the sweep command's figure, and every other figure of
+    ``layerwise.figures`` saved as PDF the way the commands save figures."""
+    import json
+    from types import SimpleNamespace
+
+    from layerwise.figures.plot import plot_summary
+    from layerwise.inference.sweep import write_sweep
+    from layerwise.results import save_figure_atomic, summary_path
+
+    summary = synthetic_summary(6)
+    path = summary_path(str(folder / "run"), "val", 31, 736)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps(summary))
+    written = plot_summary(path, folder / "plot", formats=("pdf",))
+    rows = [{"threshold": tau, "speedup": 4.0 - 3.0 * tau, "accuracy": 0.7 + 0.25 * tau} for tau in (0.5, 0.9, 0.99)]
+    curves = [SimpleNamespace(label="standard", key="early_exit", name="standard (shared head)", rows=rows)]
+    written += [p for p in write_sweep(curves, folder / "sweep", formats=("pdf",)) if p.suffix == ".pdf"]
+    for name, figure in every_figure(6).items():
+        written.append(save_figure_atomic(folder / "every" / f"{name}.pdf", figure))
+        plt.close(figure)
+    return written
+
+
+def test_every_pdf_the_package_writes_embeds_truetype_fonts_not_type3(tmp_path):
+    """Publishers refuse Type 3 fonts (matplotlib's default in PDF): every PDF embeds its fonts as TrueType."""
+    import re
+
+    pdfs = saved_pdfs(tmp_path)
+    assert len(pdfs) >= 20
+    type3 = [path.name for path in pdfs if re.search(rb"/Subtype\s*/Type3", path.read_bytes())]
+    assert not type3, f"Type 3 fonts in {type3}"
+    no_truetype = [path.name for path in pdfs if b"/FontFile2" not in path.read_bytes()]
+    assert not no_truetype, f"no embedded TrueType font in {no_truetype}"
+
+
+# ------------------------------------------------------------------ TensorBoard: the per-layer charts as images
+def test_the_tensorboard_chart_images_give_every_layer_its_colour_and_a_legend():
+    """TensorBoard's Custom Scalars draw every layer in one colour, told apart by a marker, the legend folded away:
+    the chart images draw each layer in its colour (the figures' colours) and name every layer in a legend."""
+    from matplotlib.colors import to_hex
+
+    from layerwise.figures.curves import chart_figures
+    from layerwise.figures.style import layer_colour
+
+    figures = chart_figures("val", synthetic_charts(12))
+    assert set(figures) == {
+        "layerwise val/accuracy per layer",
+        "layerwise val/NC1 per layer",
+        "layerwise val/early-exit accuracy",
+    }
+    accuracy = figures["layerwise val/accuracy per layer"]
+    lines = accuracy.axes[0].lines
+    assert [to_hex(line.get_color()) for line in lines] == [to_hex(layer_colour(k, 12)) for k in range(1, 13)]
+    (legend,) = accuracy.legends
+    assert sorted(text.get_text() for text in legend.get_texts()) == sorted(f"layer {k}" for k in range(1, 13))
+    nc1 = figures["layerwise val/NC1 per layer"].axes[0]
+    assert nc1.get_yscale() == "log" and "log scale" in nc1.get_title()
+    exits = figures["layerwise val/early-exit accuracy"]
+    assert sorted(text.get_text() for text in exits.legends[0].get_texts()) == ["τ 0.5", "τ 0.9", "τ 0.95", "τ 0.99"]
+    assert len({to_hex(line.get_color()) for line in exits.axes[0].lines}) == 4
+    plt.close("all")
+
+
+def test_log_tensorboard_charts_logs_an_image_per_chart():
+    """What the callbacks hand over at a figure epoch (the analysed epochs' scalars, the charts' regexes) becomes
+    one image per chart in the run's TensorBoard, under the Custom Scalars' section and chart names."""
+    from layerwise.callbacks import _drawing, _loggers
+
+    images = {}
+
+    class Writer:
+        log_dir = "runs/quickstart/version_0"
+
+        def add_custom_scalars(self, layout):
+            pass
+
+        def add_image(self, tag, image, global_step, dataformats):
+            images[tag] = (global_step, image.shape, dataformats)
+
+    class Trainer:  # a weak-referenceable stand-in: the history is kept per trainer
+        loggers = [type("Logger", (), {"experiment": Writer()})()]
+
+    trainer = Trainer()
+    for step in (23, 46, 69):
+        scalars = {f"val/acc/layer_{k:02d}": 0.1 * k + step / 1000 for k in range(1, 7)}
+        scalars.update({f"val/nc1/layer_{k:02d}": 60.0 / step / k for k in range(1, 7)})
+        _loggers.add_to_history(trainer, "val", step, scalars)
+    charts = {"accuracy per layer": r"val/acc/layer_\d+", "NC1 per layer": r"val/nc1/layer_\d+", "loss": r"val/loss"}
+    assert _loggers.chart_loggers(trainer) == [trainer.loggers[0].experiment]
+    _loggers.log_tensorboard_charts(trainer, "val", charts)
+    _drawing.wait_for_figures()
+    assert set(images) == {"layerwise val/accuracy per layer", "layerwise val/NC1 per layer"}
+    for step, shape, dataformats in images.values():
+        assert step == 69 and dataformats == "HWC" and shape[2] == 3 and shape[0] > 200
+
+
+def test_saturation_cos_is_not_on_a_twin_axis_over_the_bars():
+    """The mean COS of the saturating samples ran across the bars on a twin axis: it has its own axes below."""
+    figure = summary_figures(synthetic_summary(12))["saturation"]
+    figure.canvas.draw()
+    renderer = figure.canvas.get_renderer()
+    (bars,) = [ax for ax in figure.axes if ax.patches]
+    (cos,) = [ax for ax in figure.axes if ax.lines]
+    assert bars is not cos and not bars.get_window_extent(renderer).overlaps(cos.get_window_extent(renderer))
+    assert "COS" in cos.get_ylabel() and bars.get_ylabel() == "samples"
+    plt.close(figure)
+
+
+@pytest.mark.parametrize("names", [("cos", "cka", "accuracy"), ("block", "attention", "mlp"), ("model a", "model b")])
+def test_named_series_drawn_together_are_told_apart_with_any_colour_vision(names):
+    """The residual figure's attention (orange) and mlp (green) branches were ΔE 5 apart for a deuteranope."""
+    from itertools import combinations
+
+    from layerwise.figures.style import series_colour
+
+    colours = [series_colour(name) for name in names]
+    worst = min(worst_distance(a, b) for a, b in combinations(colours, 2))
+    assert worst >= 20, f"{names}: ΔE {worst:.1f}"

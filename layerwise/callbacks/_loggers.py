@@ -4,7 +4,8 @@
 logger                             figures (rendered once, RGB uint8 arrays)   per-layer charts
 =================================  ==========================================  ====================================
 ``TensorBoardLogger`` (any logger  ``SummaryWriter.add_image``                 Custom Scalars (``write_charts``)
-whose experiment has ``add_image``)
+whose experiment has ``add_image``)                                             and a chart image per quantity, a
+                                                                                colour per layer (see below)
 ``WandbLogger``                    ``WandbLogger.log_image``                   ``wandb.plot.line_series`` per quantity
 ``MLFlowLogger``                   ``MlflowClient.log_image(key=, step=)``     its metrics, layer in the key
 ``CSVLogger``, no logger, any      PNG files under                             the CSV's columns
@@ -19,6 +20,13 @@ wandb issue 1824; ``Run._log`` advances the run's step without a lock). TensorBo
 under a lock (the design before the other loggers came); ``MlflowClient`` calls are stateless calls into the tracking
 store and artifact repository (MLflow's own asynchronous logging makes them from its worker threads), given a run id
 resolved on the main thread; the PNG files are layerwise's own.
+
+TensorBoard's Custom Scalars draw all layers of a chart in the run's one colour, told apart only by a marker, the
+legend folded away. :func:`log_tensorboard_charts` therefore logs each chart as an image too (``figures/curves.py``:
+a colour per layer, the figures' colours, and a legend) under ``layerwise <stage>/<title>``, the Custom Scalars'
+section and chart names: one image per chart at each figure epoch, drawn off the loop like the figures. (One
+TensorBoard run per layer would colour the Custom Scalars themselves, but it needs a SummaryWriter per layer and the
+scalars logged twice, and fills the run selector with 6-24 runs per fit.)
 """
 
 import math
@@ -84,6 +92,11 @@ def tensorboards(trainer: Trainer) -> list[Any]:
 def wandb_loggers(trainer: Trainer) -> list[WandbLogger]:
     """The trainer's W&B loggers."""
     return [logger for logger in trainer.loggers if isinstance(logger, WandbLogger)]
+
+
+def chart_loggers(trainer: Trainer) -> list[Any]:
+    """The loggers that get per-layer charts from the :func:`history`: W&B's and TensorBoard's experiments."""
+    return [*wandb_loggers(trainer), *tensorboards(trainer)]
 
 
 def run_folder(trainer: Trainer) -> str:
@@ -171,6 +184,22 @@ def add_to_history(trainer: Trainer, stage: str, step: int, scalars: dict[str, f
         history(trainer, stage).setdefault(tag, []).append((step, float(value)))
 
 
+def chart_series(trainer: Trainer, stage: str, charts: dict[str, str]) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    r"""Each chart's finite points from the stage's :func:`history`: title -> tag -> [(global step, value)].
+
+    ``charts`` maps a title to the regex of its tags (``val/acc/layer_\d+``); a chart without a point is left out.
+    """
+    found = {}
+    logged = sorted(history(trainer, stage).items())
+    for title, regex in charts.items():
+        series = {tag: points for tag, points in logged if re.fullmatch(regex, tag)}
+        series = {tag: [(x, y) for x, y in points if math.isfinite(y)] for tag, points in series.items()}
+        series = {tag: points for tag, points in series.items() if points}
+        if series:
+            found[title] = series
+    return found
+
+
 def log_layer_charts(trainer: Trainer, stage: str, charts: dict[str, str]) -> None:
     r"""Per quantity one W&B line plot with one series per layer over the global step (as TensorBoard's Custom Scalars).
 
@@ -184,13 +213,7 @@ def log_layer_charts(trainer: Trainer, stage: str, charts: dict[str, str]) -> No
     import wandb
 
     plots = {}
-    for title, regex in charts.items():
-        logged = sorted(history(trainer, stage).items())
-        series = {tag: points for tag, points in logged if re.fullmatch(regex, tag)}
-        series = {tag: [(x, y) for x, y in points if math.isfinite(y)] for tag, points in series.items()}
-        series = {tag: points for tag, points in series.items() if points}
-        if not series:
-            continue
+    for title, series in chart_series(trainer, stage, charts).items():
         plots[f"layerwise {stage}/{title}"] = wandb.plot.line_series(
             xs=[[x for x, _ in points] for points in series.values()],
             ys=[[y for _, y in points] for points in series.values()],
@@ -201,3 +224,21 @@ def log_layer_charts(trainer: Trainer, stage: str, charts: dict[str, str]) -> No
     for logger in loggers:
         if plots:
             logger.experiment.log(dict(plots))
+
+
+def log_tensorboard_charts(trainer: Trainer, stage: str, charts: dict[str, str]) -> None:
+    r"""Per quantity one image in every TensorBoard of the trainer: a line per layer over the global step.
+
+    Each layer in its colour and a legend (what the Custom Scalars lack), drawn off the loop as the figures are.
+    ``charts`` as for :func:`log_layer_charts`; each image is logged under ``layerwise <stage>/<title>`` at the
+    latest step of the :func:`history`, again at every figure epoch with the whole history. Main thread only.
+    """
+    from layerwise.callbacks._drawing import FigureJob, draw_later, figures_in_process
+    from layerwise.figures.curves import chart_figures
+
+    sinks = [_tensorboard_images(experiment) for experiment in tensorboards(trainer)]
+    found = chart_series(trainer, stage, charts) if sinks else {}
+    if not found:
+        return
+    step = max(x for series in found.values() for points in series.values() for x, _ in points)
+    draw_later(sinks, step, FigureJob(chart_figures, (stage, found)), in_process=figures_in_process())

@@ -79,7 +79,7 @@ def build_html(run: Path, files: list[Path], summaries: list[dict[str, Any]], ch
         for file, summary in zip(files, summaries)
     ]
     config_name, config_text = _config(run)
-    depth = max((len(s.get("layers") or []) for s in summaries), default=0)
+    depth = max((s.get("depth") or max(s.get("layers") or [0]) for s in summaries), default=0)  # layer numbers
     meta = {
         "run": str(run),
         "stages": stages,
@@ -167,20 +167,22 @@ def _figures(
     stages: list[str], records: list[dict[str, Any]], summaries: list[dict[str, Any]], chosen: tuple[int, int]
 ) -> dict[str, list[Figure]]:
     """PNG figures per section: each stage's figures at ``chosen``; a section's latest at or before it."""
+    from layerwise.figures.summary import caption
+
     out: dict[str, list[Figure]] = {}
     for stage in stages:
         of_stage = [(tuple(r["order"]), s) for r, s in zip(records, summaries) if r["stage"] == stage]
         at = [s for order, s in of_stage if order == chosen]
         if at:
             general = {key: value for key, value in at[-1].items() if key not in SECTION_FIGURES}
-            out.setdefault("general", []).extend((stage, name, name, png) for name, png in _encoded(general))
+            out.setdefault("general", []).extend((stage, name, caption(name), png) for name, png in _encoded(general))
         for section in SECTION_FIGURES:
             earlier = [(order, s) for order, s in of_stage if order <= chosen and s.get(section)]
             if earlier:
                 (epoch, step), summary = earlier[-1]
                 drawn = _encoded({section: summary[section], "layers": summary.get("layers")})
-                caption = f"(epoch {epoch}, step {step})"
-                out.setdefault(section, []).extend((stage, name, f"{name} {caption}", png) for name, png in drawn)
+                when = f"(epoch {epoch}, step {step})"
+                out.setdefault(section, []).extend((stage, name, f"{caption(name)} {when}", png) for name, png in drawn)
     return out
 
 
@@ -213,11 +215,12 @@ def _config(run: Path) -> tuple[str, str]:
 
 
 def layer_colors(count: int) -> list[str]:
-    """One colour per layer, shallow to deep (viridis, without its pale yellow end)."""
-    from matplotlib import colormaps
+    """One colour per layer of a ``count``-layer model, the colours of the figures (``style.layer_colour``)."""
+    from matplotlib.colors import to_hex
 
-    cmap = colormaps["viridis"]
-    return [_hex(cmap(0.9 * index / max(1, count - 1))) for index in range(count)]
+    from layerwise.figures.style import layer_colour
+
+    return [to_hex(layer_colour(layer, count)) for layer in range(1, count + 1)]
 
 
 def _tab10() -> list[Any]:

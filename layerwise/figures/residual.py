@@ -18,10 +18,14 @@ from layerwise.figures.style import (
 
 
 def norm_ratio_figure(results: dict[str, Any]) -> Figure:
-    """||x|| / ||F(x)|| per layer: one line per branch (the median), its interquartile band, the mean dashed."""
+    """||x|| / ||F(x)|| per layer: one line per branch (the median), its interquartile band, the mean dashed.
+
+    The title says at which token the ratio was read (:func:`where_read`), not as if the model's head read it there.
+    """
     layers = results["layers"]
     levels = [round(float(level), 6) for level in results["quantile_levels"]]
-    fig, ax = new_figure(5.4, 3.6)
+    title = f"residual norm ratio, {where_read(results)}"
+    fig, ax = new_figure(5.4, 3.6, title_lines=title.count("\n") + 1)
     for index, name in enumerate(results["branches"]):
         color = series_colour(name, index)
         rows = results["quantiles"][index]
@@ -49,5 +53,21 @@ def norm_ratio_figure(results: dict[str, Any]) -> Figure:
     ]
     labels += ["median", "quartiles", "mean"]
     legend_below(fig, handles, labels, max_columns=3)
-    ax.set_title(f"residual norm ratio at the {results['token']} token")
+    ax.set_title(title)
     return finish(fig)
+
+
+def where_read(results: dict[str, Any]) -> str:
+    """Which token the ratios were read at, in words; and how the head pools, where the results say and it differs.
+
+    The ratio is read at one token per sample (``token``: ``cls`` = position 0, ``last`` = the last real token),
+    which is not always what the classifier reads: a mean-pooled ViT still has its class token at position 0.
+    """
+    token = results.get("token")
+    where = {"cls": "read at token 0 ([CLS])", "last": "read at each sample's last real token"}.get(
+        token, f"read at the {token} token"
+    )
+    pooling = results.get("pooling")
+    if pooling and pooling != token:
+        where += f"\n(the head reads the {'mean of the tokens' if pooling == 'mean' else pooling + ' token'})"
+    return where

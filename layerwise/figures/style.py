@@ -9,8 +9,12 @@ report and the commands' figures:
   read on TensorBoard's image cards (a 5-inch figure is shown at about 60 %);
 - margins in inches (:func:`new_figure`), not in fractions of the canvas, so that a small or a large figure keeps
   room for its labels; no constrained layout (a third more drawing time at every epoch);
-- one colour per layer (:func:`layer_colour`, the same layer has the same colour in every figure of a run), one per
-  named series (:func:`series_colour`: COS, CKA, accuracy, residual branches...);
+- one colour per layer (:func:`layer_colour`, the same layer has the same colour in every figure of a run): up to
+  12 layers a qualitative palette whose colours stay apart for colour-blind readers (:data:`LAYER_PALETTE`), beyond
+  it a sequential map without its pale end; one colour per named series (:func:`series_colour`: COS, CKA, accuracy,
+  residual branches...); ordered series (thresholds) told apart by colour and by marker (:func:`ordered_style`);
+- fonts embedded in PDF and PostScript as TrueType (``pdf.fonttype`` 42), not as Type 3 fonts, which many
+  publishers refuse;
 - legends either inside the axes when short (:func:`legend_inside`) or in a band below the axes that is measured, not
   guessed (:func:`legend_below`); never on the right of the canvas;
 - titles: what the figure shows, and on a second line which run and validation it belongs to (:func:`stamp`,
@@ -30,8 +34,13 @@ import numpy as np  # noqa: E402
 from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
+# TrueType (Type 42) fonts in every PDF and PostScript file, as publishers ask, instead of matplotlib's Type 3 default
+matplotlib.rcParams["pdf.fonttype"] = 42
+matplotlib.rcParams["ps.fonttype"] = 42
+
 __all__ = [
     "LABEL_SIZE",
+    "LAYER_PALETTE",
     "LEGEND_SIZE",
     "NOTE_SIZE",
     "TICK_SIZE",
@@ -39,6 +48,7 @@ __all__ = [
     "Figure",
     "FigureCanvasAgg",
     "colorbar",
+    "dodge",
     "finish",
     "finite_values",
     "layer_colour",
@@ -48,6 +58,7 @@ __all__ = [
     "new_figure",
     "no_data_note",
     "ordered_colour",
+    "ordered_style",
     "place_labels",
     "plt",
     "run_line",
@@ -68,6 +79,33 @@ NOTE_SIZE = 8
 LEFT, BOTTOM, RIGHT, RIGHT_AXIS, COLORBAR = 0.8, 0.6, 0.25, 0.8, 0.6
 TITLE_LINE = 0.22
 
+# One colour per layer up to 12 layers, chosen from Okabe & Ito's palette and Paul Tol's "muted", "bright" and "vibrant"
+# (each colour-blind safe on its own) without their pale colours (contrast with white >= 2.2, so a line is never
+# faint): the 12 that stay furthest apart (CIELAB ΔE76 >= 10.7 for every pair, seen with normal vision and through
+# Machado et al.'s protanopia, deuteranopia and tritanopia matrices), ordered so that the first 4, 6 and 8 are as far
+# apart as they can be (ΔE >= 38, 24, 17) and neighbouring layers are >= 24 apart. tests/test_figures.py measures it.
+LAYER_PALETTE = (
+    "#E69F00",  # orange (Okabe-Ito)
+    "#332288",  # indigo (Tol muted)
+    "#56B4E9",  # sky blue (Okabe-Ito)
+    "#882255",  # wine (Tol muted)
+    "#CC3311",  # red (Tol vibrant)
+    "#EE6677",  # rose (Tol bright)
+    "#0077BB",  # blue (Tol vibrant)
+    "#CC79A7",  # reddish purple (Okabe-Ito)
+    "#228833",  # green (Tol bright)
+    "#AA4499",  # purple (Tol muted)
+    "#999933",  # olive (Tol muted)
+    "#AA3377",  # purple-red (Tol bright)
+)
+# beyond 12 layers: viridis from dark blue to green, without its pale yellow end
+_DEEP_MAP, _DEEP_END = "viridis", 0.75
+# ordered series (thresholds): plasma from dark blue to orange (its pale yellow end left out), sampled at equal
+# colour distances rather than equal steps of the map, whose dark end changes slowly (two thresholds there looked
+# the same dark purple)
+_ORDERED_MAP, _ORDERED_END = "plasma", 0.8
+_ORDERED_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+
 _SERIES = {
     "cos": "tab:blue",
     "cka": "tab:orange",
@@ -75,7 +113,7 @@ _SERIES = {
     "negative": "tab:purple",
     "block": "tab:blue",
     "attention": "tab:orange",
-    "mlp": "tab:green",
+    "mlp": "#882255",  # wine: tab:green and tab:orange look alike to a deuteranope (ΔE 5), this is >= 32 from both
     "model a": "tab:blue",
     "model b": "tab:orange",
 }
@@ -88,8 +126,12 @@ def new_figure(
     title_lines: int = 1,
     right: Optional[float] = None,
     colorbar: bool = False,
+    height_ratios: Optional[Sequence[float]] = None,
 ) -> tuple[Figure, Any]:
     """One axes on a ``width`` x ``height`` inch canvas with margins in inches (see the module's docstring).
+
+    With ``height_ratios``, a column of axes of those relative heights sharing the x axis (their list is returned):
+    quantities on different scales each on their own axes, never on a twin axis over the same area.
 
     Args:
         width: canvas width in inches.
@@ -98,10 +140,15 @@ def new_figure(
         colorbar: leave room on the right for a colorbar's ticks and label (see :func:`colorbar`).
         title_lines: lines of title to leave room for above the axes (:func:`stamp` adds a line's room itself).
         right: the right margin in inches, overriding ``right_axis``.
+        height_ratios: relative heights of a column of axes that share the x axis, top first.
     """
     fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)  # no pyplot: figures may be drawn off the training loop, in a worker thread
-    ax = fig.subplots()
+    if height_ratios:
+        ax = list(fig.subplots(len(height_ratios), 1, sharex=True, height_ratios=height_ratios))
+        fig.subplots_adjust(hspace=0.12)
+    else:
+        ax = fig.subplots()
     margin_right = right if right is not None else (RIGHT_AXIS if right_axis else COLORBAR if colorbar else RIGHT)
     set_margins(fig, left=LEFT, right=margin_right, bottom=BOTTOM, top=0.12 + TITLE_LINE * title_lines)
     return fig, ax
@@ -145,14 +192,50 @@ def finish(fig: Figure) -> Figure:
 
 
 def layer_colour(layer: int, depth: int) -> Any:
-    """The colour of layer ``layer`` (1-based) of a ``depth``-layer model: the same in every figure of that model."""
-    position = 0.0 if depth <= 1 else (layer - 1) / (depth - 1)
-    return matplotlib.colormaps["viridis"](0.05 + 0.85 * position)
+    """The colour of layer ``layer`` (1-based) of a ``depth``-layer model: the same in every figure of that model.
+
+    Up to 12 layers the ``layer``-th of :data:`LAYER_PALETTE` (a 6-layer and a 12-layer model share their first six
+    colours); deeper models, where no palette keeps every layer apart, shade from dark blue (first) to green (last).
+    """
+    if depth <= len(LAYER_PALETTE):
+        return LAYER_PALETTE[(layer - 1) % len(LAYER_PALETTE)]
+    return matplotlib.colormaps[_DEEP_MAP](_DEEP_END * (layer - 1) / (depth - 1))
 
 
 def ordered_colour(index: int, count: int) -> Any:
-    """The colour of the ``index``-th of ``count`` ordered series (e.g. confidence thresholds): light to dark."""
-    return matplotlib.colormaps["plasma"](0.85 * (1.0 - index / max(1, count - 1)))
+    """The colour of the ``index``-th of ``count`` ordered series (e.g. confidence thresholds): light to dark.
+
+    Neighbours are equally far apart in CIELAB; :func:`ordered_style` adds a marker per series.
+    """
+    cmap = matplotlib.colormaps[_ORDERED_MAP]
+    grid = np.linspace(0.0, _ORDERED_END, 256)
+    lab = _cielab(cmap(grid)[:, :3])
+    travelled = np.concatenate([[0.0], np.cumsum(np.linalg.norm(np.diff(lab, axis=0), axis=1))])
+    target = travelled[-1] * (1.0 - index / max(1, count - 1))
+    return cmap(float(np.interp(target, travelled, grid)))
+
+
+def _cielab(rgb: np.ndarray) -> np.ndarray:
+    """CIELAB (D65) of sRGB rows in [0, 1]."""
+    linear = np.where(rgb <= 0.04045, rgb / 12.92, ((rgb + 0.055) / 1.055) ** 2.4)
+    xyz = linear @ np.array([[0.4124, 0.2126, 0.0193], [0.3576, 0.7152, 0.1192], [0.1805, 0.0722, 0.9505]])
+    xyz = xyz / np.array([0.95047, 1.0, 1.08883])
+    f = np.where(xyz > 0.008856, np.cbrt(xyz), 7.787 * xyz + 16 / 116)
+    return np.stack([116 * f[:, 1] - 16, 500 * (f[:, 0] - f[:, 1]), 200 * (f[:, 1] - f[:, 2])], axis=1)
+
+
+def ordered_style(index: int, count: int) -> dict[str, Any]:
+    """Line style of the ``index``-th of ``count`` ordered series: its colour (:func:`ordered_colour`), its marker."""
+    return {"color": ordered_colour(index, count), "marker": _ORDERED_MARKERS[index % len(_ORDERED_MARKERS)]}
+
+
+def dodge(index: int, count: int, width: float = 0.36) -> float:
+    """How far to shift the ``index``-th of ``count`` series along a categorical x axis (layers), within ``width``.
+
+    Series that coincide (two thresholds with the same exits at every layer) are drawn side by side, not one
+    hidden under the other.
+    """
+    return 0.0 if count <= 1 else width * (index / (count - 1) - 0.5)
 
 
 def series_colour(name: str, index: int = 0) -> str:

@@ -12,6 +12,7 @@ from layerwise.figures.heatmap import heatmap
 from layerwise.figures.residual import norm_ratio_figure
 from layerwise.figures.style import (
     Figure,
+    dodge,
     finish,
     finite_values,
     layer_colour,
@@ -20,40 +21,69 @@ from layerwise.figures.style import (
     legend_inside,
     new_figure,
     no_data_note,
-    ordered_colour,
+    ordered_style,
     run_line,
     series_colour,
     stamp,
 )
 
+# What each figure of summary_figures() shows, in words: the captions of the report (and of anyone listing the figures)
+CAPTIONS = {
+    "cos": "COS similarity between every pair of layers",
+    "cka": "CKA similarity between every pair of layers",
+    "cos_distribution": "Per-sample COS of each layer to the last layer (box plots)",
+    "similarity_accuracy": "Similarity to the last layer and accuracy of the shared head, per layer",
+    "saturation": "Saturation events: the layer from which each sample's prediction no longer changes",
+    "early_exit": "Early exit with the shared head: exits per layer for each confidence threshold",
+    "effective_depth": "ε-effective depth: the first layer within ε of the target accuracy",
+    "detection_ap50": "Detection AP50 of every decoder layer",
+    "residual_norm_ratio": "Residual norm ratio ||x|| / ||F(x)|| per block and branch",
+    "compare_cka": "CKA between the layers of model A and model B",
+    "coupling_depth": "Depth-wise mis-coupling of the block Jacobians",
+    "coupling_spectra": "Singular spectra of the block Jacobians",
+    "coupling_trajectory": "Trajectory of the prompts' tokens through the blocks (PCA)",
+}
+
+
+def caption(name: str) -> str:
+    """The caption of figure ``name`` (a key of :func:`summary_figures`) in words; an unknown name, spaced out."""
+    return CAPTIONS.get(name, name.replace("_", " ").capitalize())
+
 
 def similarity_and_accuracy(summary: dict[str, Any]) -> Figure:
-    """COS (and CKA) of every layer to the last layer, with the shared head's accuracy per layer on a twin axis.
+    """COS (and CKA) of every layer to the last layer above, the shared head's accuracy per layer below.
 
-    One legend for both axes, below them, so that it never covers a curve; both axes scaled to their data.
+    Two axes sharing the layer axis, each scaled to its data: the accuracy keeps a readable scale of its own, and
+    no line of one quantity seems to cross a line of the other, as on a twin axis over the same area. One legend,
+    below the axes.
     """
     layers = summary["layers"]
-    fig, ax = new_figure(5.2, 3.6, right_axis=summary.get("accuracy") is not None)
+    similarity = [key for key in ("cos", "cka") if summary.get(key) is not None]
+    accuracy = summary.get("accuracy")
+    if similarity and accuracy is not None:
+        fig, (ax, below) = new_figure(5.2, 4.6, height_ratios=(3, 2))
+    else:
+        fig, ax = new_figure(5.2, 3.6)
+        below = ax
     for key, marker in (("cos", "o"), ("cka", "s")):
-        if summary.get(key) is not None:
+        if key in similarity:
             values = [np.nan if row[-1] is None else row[-1] for row in summary[key]]
-            ax.plot(layers, values, marker=marker, color=series_colour(key), label=f"{key.upper()} to last layer")
-    ax.set_xlabel("layer")
-    ax.set_ylabel("similarity to the last layer")
-    layer_ticks(ax, layers, axis="x", at_values=True)
-    handles, labels = ax.get_legend_handles_labels()
-    if summary.get("accuracy") is not None:
-        twin = ax.twinx()
-        accuracy = [np.nan if value is None else value for value in summary["accuracy"]]
-        colour = series_colour("accuracy")
-        twin.plot(layers, accuracy, color=colour, marker="^", label="accuracy (shared head)")
-        twin.set_ylabel("accuracy", color=colour)
-        twin.tick_params(axis="y", colors=colour)
-        more_handles, more_labels = twin.get_legend_handles_labels()
+            ax.plot(layers, values, marker=marker, color=series_colour(key), label=f"{key.upper()} to the last layer")
+    if similarity:
+        ax.set_ylabel("similarity to\nthe last layer")
+    if accuracy is not None:
+        values = [np.nan if value is None else value for value in accuracy]
+        below.plot(layers, values, marker="^", color=series_colour("accuracy"), label="accuracy (shared head)")
+        below.set_ylabel("accuracy")
+    below.set_xlabel("layer")
+    layer_ticks(below, layers, axis="x", at_values=True)
+    handles, labels = [], []
+    for axes in dict.fromkeys((ax, below)):
+        more_handles, more_labels = axes.get_legend_handles_labels()
         handles, labels = handles + more_handles, labels + more_labels
     if handles:
         legend_below(fig, handles, labels)
-    ax.set_title("similarity to the last layer")
+    ax.set_title("similarity to the last layer and accuracy per layer")
     return finish(fig)
 
 
@@ -138,34 +168,43 @@ def run_title(summary: dict[str, Any], what: str) -> str:
 
 
 def saturation_histogram(counts: Sequence[float], layers: Sequence[int], cos: Optional[Sequence] = None) -> Figure:
-    """How many samples saturate at each layer; with the mean COS(h^l, h^L) of those samples on a twin axis."""
-    fig, ax = new_figure(5.2, 3.8, right_axis=cos is not None)
+    """How many samples saturate at each layer; below it, the mean COS(h^l, h^L) of those samples.
+
+    The COS has its own axes under the bars, sharing the layer axis: on a twin axis its line ran across the bars
+    as if it measured them.
+    """
+    if cos is not None:
+        fig, (ax, below) = new_figure(5.2, 4.6, height_ratios=(3, 2))
+    else:
+        fig, ax = new_figure(5.2, 3.8)
+        below = ax
     depth = max(layers) if len(layers) else 1
     ax.bar(layers, counts, color=[layer_colour(layer, depth) for layer in layers])
     if len(layers):
         ax.set_xlim(min(layers) - 0.7, max(layers) + 0.7)  # one layer: a bar, not a filled canvas
-    ax.set_xlabel("saturation layer")
-    layer_ticks(ax, layers, axis="x", at_values=True)
     ax.set_ylabel("samples")
     if cos is not None:
-        twin = ax.twinx()
         values = [np.nan if value is None else value for value in cos]
-        colour = series_colour("cos")
-        twin.plot(layers, values, color=colour, marker="o")
-        twin.set_ylabel("mean COS to the last layer", color=colour)
-        twin.tick_params(axis="y", colors=colour)
+        below.plot(layers, values, color="0.25", marker="o")
+        below.set_ylabel("their mean COS\nto the last layer")
+    below.set_xlabel("saturation layer")
+    layer_ticks(below, layers, axis="x", at_values=True)
     ax.set_title("saturation events")
     return finish(fig)
 
 
 def exits_per_layer(early_exit: Sequence[dict[str, Any]], layers: Sequence[int]) -> Figure:
-    """Exit counts per layer, one line per confidence threshold τ, with accuracy and speedup in the legend below."""
+    """Exit counts per layer, one line per confidence threshold τ, with accuracy and speedup in the legend below.
+
+    Each τ has its colour (light to dark as τ grows) and its own marker, and is shifted a little along the layer axis
+    (:func:`~layerwise.figures.style.dodge`), so that thresholds with the same exits are drawn side by side.
+    """
     fig, ax = new_figure(5.4, 3.6)
-    colours = [ordered_colour(i, len(early_exit)) for i in range(len(early_exit))]
-    for row, colour in zip(early_exit, colours):
+    for index, row in enumerate(early_exit):
         accuracy, speedup = (f"{row[key]:.3f}" if row[key] is not None else "-" for key in ("accuracy", "speedup"))
         label = f"τ {row['threshold']:g}: acc {accuracy}, ×{speedup}"
-        ax.plot(layers, row["exit_counts"], marker="o", markersize=3.5, color=colour, label=label)
+        shifted = [layer + dodge(index, len(early_exit)) for layer in layers]
+        ax.plot(shifted, row["exit_counts"], label=label, markersize=4.5, **ordered_style(index, len(early_exit)))
     ax.set_xlabel("exit layer")
     ax.set_ylabel("samples")
     layer_ticks(ax, layers, axis="x", at_values=True)
