@@ -105,6 +105,9 @@ def test_tensorboard_wandb_and_mlflow_at_once_receive_the_same_images_and_per_la
         wandb.finish()
 
     expected = tensorboard_images(tensorboard.log_dir)
+    charts = {tag for tag in expected if tag.startswith("layerwise val/")}  # TensorBoard's own per-layer chart images
+    assert {"layerwise val/NC1 per layer", "layerwise val/COS to last layer"} <= charts
+    expected = {tag: by_step for tag, by_step in expected.items() if tag not in charts}
     steps = summary_steps(tensorboard.log_dir)
     assert len(steps) == 2 and {"val/cos", "val/cka", "val/saturation"} <= set(expected)
     assert all(sorted(by_step) == steps for by_step in expected.values())

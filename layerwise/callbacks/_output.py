@@ -15,7 +15,14 @@ from torchmetrics.utilities.data import apply_to_collection
 
 from layerwise._compat import already_reduced
 from layerwise.callbacks._drawing import FigureJob, draw_later, figures_in_process, plain_copy
-from layerwise.callbacks._loggers import add_to_history, image_sinks, log_layer_charts, tensorboards, wandb_loggers
+from layerwise.callbacks._loggers import (
+    add_to_history,
+    chart_loggers,
+    image_sinks,
+    log_layer_charts,
+    log_tensorboard_charts,
+    tensorboards,
+)
 from layerwise.callbacks._runs import evaluated_split
 from layerwise.callbacks.family import Family, LayerBatch, LayerSpec
 from layerwise.results import merge_summary, summary_path, write_atomic
@@ -65,7 +72,7 @@ def write_summary(
     }
     path = summary_path(log_dir, stage, trainer.current_epoch, trainer.global_step)
     merge_summary(path, {**header, **results}, _run_id(trainer))
-    if wandb_loggers(trainer):  # the W&B per-layer charts need every analysed epoch, also those drawn later
+    if chart_loggers(trainer):  # the per-layer charts (W&B, TensorBoard images) need every analysed epoch
         _UNCHARTED.setdefault(trainer, []).append((stage, trainer.global_step, _on_host(results)))
     return path
 
@@ -204,7 +211,7 @@ def log_figures(trainer: Trainer, stage: str, families: list[Family], results: d
         here=lambda: _family_figures(stage, families, results, spec),
     )
     log_figures_later(trainer, job)
-    if wandb_loggers(trainer):
+    if chart_loggers(trainer):
         _log_wandb_charts(trainer, stage, families, spec)
 
 
@@ -223,6 +230,7 @@ def _log_wandb_charts(trainer: Trainer, stage: str, families: list[Family], spec
         add_to_history(trainer, stage, step, scalars)
     charts = {title: f"{stage}/{pattern}" for family in families for title, pattern in family.charts().items()}
     log_layer_charts(trainer, stage, charts)
+    log_tensorboard_charts(trainer, stage, charts)
 
 
 class FeatureSaver:

@@ -73,6 +73,8 @@ class ResidualNormRatioMonitor(AnalysisCallback):
         blocks = get_blocks(pl_module, paths)
         self._norms = BranchNorms(blocks, paths.branches, option=f"ResidualNormRatioMonitor ({paths.family})")
         self._token = self.token if self.token != "auto" else default_token(paths)
+        pooling = getattr(getattr(pl_module, "backbone", None), "pooling", None) or paths.pooling
+        self._pooling = pooling if pooling in ("cls", "mean", "last") else None  # what the head reads, for the figure
         self._metric = ResidualNormRatio(len(self._norms.names), len(blocks), LEVELS, sync_on_compute=False)
 
     def start(self, trainer: Trainer, pl_module: LightningModule) -> None:
@@ -113,6 +115,7 @@ class ResidualNormRatioMonitor(AnalysisCallback):
             "branches": list(names),
             "layers": list(range(1, depth + 1)),
             "token": self._token,
+            "pooling": self._pooling,
             "num_samples": int(count.reshape(len(names), depth)[0, 0]),
             "mean": mean,
             "quantile_levels": list(LEVELS),

@@ -10,6 +10,8 @@ by construction. Lightning's ``ModelParallelStrategy`` calls ``LayerwiseModule.c
 :func:`shard_backbone` with the data-parallel mesh.
 """
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, Optional
 
 from torch import nn
@@ -31,3 +33,25 @@ def shard_backbone(backbone: nn.Module, mesh: Any, mp_policy: Optional[Any] = No
     for block in get_blocks(backbone.model, backbone.paths):
         fully_shard(block, **options)
     fully_shard(backbone, **options)
+
+
+@contextmanager
+def gathered_root(module: Any) -> Iterator[None]:
+    """The FSDP2 root unit's own parameters (embeddings, final norm, head) gathered for the duration, if sharded.
+
+    Its forward gathers them itself; a walk that calls the backbone's parts instead (early exit: ``embed``, each
+    block, ``head``) needs them gathered around it (``FSDPModule.unshard``/``reshard``, FSDP2's public API). Each
+    block, its own unit, still gathers its weights in its forward.
+    """
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch without FSDP2
+        FSDPModule = ()  # noqa: N806
+    if not isinstance(module, FSDPModule):
+        yield
+        return
+    module.unshard()
+    try:
+        yield
+    finally:
+        module.reshard()

@@ -163,16 +163,23 @@ def early_exit_predict(
     criterion = check_criterion(threshold, entropy, patience)
     if backbone.token_level:
         raise ValueError(f"Early exit classifies whole samples; {type(backbone).__name__} is token-level.")
-    rule = _ExitRule(criterion)
+    from layerwise.features.sharding import gathered_root
+
+    # Sharded blocks (FSDP2) gather their weights in a collective at every call: every rank then runs every block,
+    # on no rows once its own samples have all exited, so that no rank waits for a call another never makes.
+    lockstep = is_sharded(backbone)
+    with gathered_root(backbone):  # the root unit's embeddings and head, used here outside its forward
+        return _walk(backbone, inputs, _ExitRule(criterion), criterion, lockstep)
+
+
+def _walk(backbone: Backbone, inputs: Any, rule: "_ExitRule", criterion: dict[str, Any], lockstep: bool) -> Any:
+    """The block-by-block walk of :func:`early_exit_predict`."""
     hidden, context = backbone.embed(inputs)
     num_samples, device, last = hidden.shape[0], hidden.device, backbone.num_layers - 1
     predictions = torch.zeros(num_samples, dtype=torch.long, device=device)
     exit_layers = torch.full((num_samples,), backbone.num_layers, dtype=torch.long, device=device)
     remaining = torch.arange(num_samples, device=device)  # batch row of every sample still running
     state = rule.start(num_samples, device)
-    # Sharded blocks (FSDP2) gather their weights in a collective at every call: every rank then runs every block,
-    # on no rows once its own samples have all exited, so that no rank waits for a call another never makes.
-    lockstep = is_sharded(backbone)
     for index in range(backbone.num_layers if num_samples or lockstep else 0):
         hidden = backbone.run_block(index, hidden, context)
         logits = backbone.head(backbone.pool(hidden, context))
