@@ -244,3 +244,23 @@ def test_a_second_fit_into_the_same_folder_keeps_the_first_runs_config_and_summa
     for name, text in summaries.items():
         (aside,) = (tmp_path / "layerwise").glob(f"{name}.earlier-*")
         assert aside.read_text() == text
+
+
+@pytest.mark.parametrize("given", ["name", "save_dir"])
+def test_a_logger_name_or_folder_the_user_typed_wins_over_the_placement_beside_the_run(fitted, tmp_path, given):
+    save_dir, _ = fitted
+    checkpoint = save_dir / "quickstart" / "version_0" / "checkpoints" / "last.ckpt"
+    before = folders(save_dir)
+    if given == "name":
+        cli, output, _ = run_cli(
+            save_dir, "validate", f"--ckpt_path={checkpoint}", "--trainer.logger.init_args.name=val_one"
+        )
+        expected = save_dir / "val_one" / "version_0"
+    else:
+        elsewhere = tmp_path / "elsewhere"
+        cli, output, _ = run_cli(elsewhere, "validate", f"--ckpt_path={checkpoint}")
+        expected = elsewhere / "quickstart" / "version_0"
+    assert cli.trainer.log_dir == str(expected)
+    assert list((expected / "layerwise").glob("val_epoch_*.json"))
+    assert not {f for f in folders(save_dir) - before if "validate_" in f.name}  # nothing beside the fitted run
+    assert output.rstrip().splitlines()[-1].endswith(f"-> {expected}")
