@@ -26,6 +26,7 @@ from layerwise.errors import (
     quiet_upstream,
 )
 from layerwise.help_cache import is_plain_help, print_help
+from layerwise.shipped_configs import with_shipped_configs
 
 
 @functools.cache
@@ -337,13 +338,13 @@ def run_command(name: str, argv: list[str]) -> None:
 def main(args: Optional[list[str]] = None) -> None:
     """Entry point of ``layerwise`` and ``python -m layerwise``."""
     quiet_upstream()
-    argv = sys.argv[1:] if args is None else list(args)
+    argv = with_shipped_configs(args)  # `--config quickstart`: the config the package ships
     if argv and argv[0] in COMMANDS:
         run_command(argv[0], argv[1:])
     elif args is None and argv and argv[0] in TRAINER_COMMANDS and is_plain_help(argv):  # a fresh process only:
         print_help(argv[0], lambda: _trainer_classes()[1](args=args))  # in-process callers may list their classes
     elif argv and argv[0] in TRAINER_COMMANDS or argv[:1] and argv[0].startswith("--config"):
-        _trainer_classes()[1](args=args)  # None: LightningCLI reads sys.argv itself
+        _trainer_classes()[1](args=None if args is None else argv)  # None: LightningCLI reads sys.argv
     else:  # --help lists every command; anything else is an error naming the choices
         parser = build_parser()
         if parser.parse_args(argv).command is None:  # not `required` for jsonargparse: it would add a "(required)" line
