@@ -1,3 +1,3 @@
 """layerwise: trace and train layer-wise representation progression in transformers."""
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
