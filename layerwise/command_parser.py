@@ -9,7 +9,7 @@ import inspect
 import os
 import typing
 from collections.abc import Callable
-from typing import Any, Literal, NoReturn, Optional
+from typing import Any, Literal, NoReturn, Optional, Union
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
@@ -50,7 +50,9 @@ def command_parser(name: str, function: Callable[..., None]) -> ArgumentParser:
     )
     parser.add_argument("--config", action=ActionConfigFile, help="a YAML file with any of the options below")
     hints = typing.get_type_hints(function)
-    manual = {key for key in hints if key != "return" and (key in _POSITIONAL or _list_item(hints[key]) is not None)}
+    manual: set[Union[str, int]] = {
+        key for key in hints if key != "return" and (key in _POSITIONAL or _list_item(hints[key]) is not None)
+    }
     parser.add_function_arguments(function, skip=manual, as_positional=False)
     for key, parameter in inspect.signature(function).parameters.items():
         if key not in manual:

@@ -10,7 +10,7 @@ and branch — never a hidden state.
 branches; for a post-LN block such as BERT's, the update after its LayerNorms).
 """
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from functools import partial
 from typing import Optional, Union
@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 from layerwise.features.hooks import hooked_blocks
-from layerwise.features.paths import Branch, LayerPaths, get_part
+from layerwise.features.paths import Blocks, Branch, LayerPaths, get_part
 
 BLOCK = "block"
 
@@ -63,7 +63,7 @@ class BranchNorms:
     ``names`` (``block`` first) and L blocks.
     """
 
-    def __init__(self, blocks: Sequence[nn.Module], branches: Mapping[str, Branch], option: str = "branches") -> None:
+    def __init__(self, blocks: Blocks, branches: Mapping[str, Branch], option: str = "branches") -> None:
         if not branches:
             raise ValueError(
                 f"`{option}`: the family table gives no residual branches for this model; add `branches` to its "

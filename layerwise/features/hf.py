@@ -3,7 +3,7 @@
 Where a model's blocks, final norm and head are comes from :mod:`layerwise.features.paths`.
 """
 
-from typing import Any, Optional
+from typing import Any, Optional, Union, cast
 
 import torch
 from torch import Tensor, nn
@@ -21,7 +21,7 @@ def build_model(
     config_overrides: Optional[dict[str, Any]],
     option: str,
     **config_kwargs: Any,
-) -> nn.Module:
+) -> Any:  # a transformers model: its config and methods are dynamic
     """Build an ``auto_class`` model from a hub name / local path, or from ``model_type`` alone (offline, random).
 
     ``pretrained=False`` with a name builds the named architecture with random weights (its config is still read);
@@ -72,7 +72,8 @@ def input_device(model: nn.Module) -> torch.device:
     With a ``device_map`` the model is spread over devices and some weights may be offloaded (on the meta device,
     loaded by accelerate's hooks, which also move the inputs): the CPU is then a safe place for the inputs.
     """
-    embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    get_embeddings = getattr(model, "get_input_embeddings", None)
+    embeddings = get_embeddings() if callable(get_embeddings) else None
     candidates = list(embeddings.parameters()) if isinstance(embeddings, nn.Module) else []
     for parameter in [*candidates, *model.parameters()]:
         if not parameter.is_meta:
@@ -87,10 +88,12 @@ class HFBackbone(nn.Module):
     module deep-copies, pickles and exports like the plain model.
     """
 
+    model: Any  # a transformers model: its config and methods are dynamic
+
     def __init__(self, model: nn.Module, option: str, activation_checkpointing: bool = False) -> None:
         super().__init__()
         if activation_checkpointing:  # transformers' own: every block recomputed in the backward pass
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            cast(Any, model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         # from_pretrained returns the model in eval mode, and Lightning (>= 2.2) keeps the modes it finds at the start
         # of fit: without this, a pretrained backbone would be fine-tuned with dropout off. Validation still runs in
         # eval mode (Lightning switches the whole module and restores these modes afterwards).
@@ -99,10 +102,10 @@ class HFBackbone(nn.Module):
         blocks = get_blocks(model, self.paths, option)
         self._option = option
         self.num_layers = len(blocks)
-        self.embed_dim = int(model.config.hidden_size)
+        self.embed_dim = int(self.model.config.hidden_size)
 
     @property
-    def blocks(self) -> nn.ModuleList:
+    def blocks(self) -> Union[nn.ModuleList, nn.Sequential]:
         """The model's block list."""
         return get_blocks(self.model, self.paths, self._option)
 

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from layerwise.errors import UsageError
 from layerwise.features.outputs import FEATURES, LOGITS
-from layerwise.features.paths import HeadSteps, LayerPaths, find_layer_paths, get_blocks
+from layerwise.features.paths import Blocks, HeadSteps, LayerPaths, find_layer_paths, get_blocks
 from layerwise.features.pooling import check_pooling, pool_tokens
 
 BlockCallback = Callable[[int, Tensor], None]
@@ -37,7 +37,7 @@ def _output_hook(on_output: BlockCallback, index: int) -> Callable[..., None]:
 
 @contextmanager
 def hooked_blocks(
-    blocks: Sequence[nn.Module],
+    blocks: Blocks,
     on_output: Optional[BlockCallback] = None,
     on_input: Optional[BlockCallback] = None,
     indices: Optional[Sequence[int]] = None,
@@ -87,7 +87,7 @@ def hooked_blocks(
             handle.remove()
 
 
-def collect_block_outputs(blocks: Sequence[nn.Module], run: Callable[[], Any]) -> list[Tensor]:
+def collect_block_outputs(blocks: Blocks, run: Callable[[], Any]) -> list[Tensor]:
     """Call ``run()`` (one forward pass) and return every block's output, in block order, gradients kept."""
     outputs: list[Tensor] = []
     with hooked_blocks(blocks, on_output=lambda index, hidden: outputs.append(hidden)):
@@ -237,7 +237,7 @@ class _Stop(Exception):
     """Raised by :func:`residual_after`'s hook to stop the forward pass once the wanted residual is taken."""
 
 
-def residual_after(blocks: Sequence[nn.Module], layer: int, run: Callable[[], Any]) -> Tensor:
+def residual_after(blocks: Blocks, layer: int, run: Callable[[], Any]) -> Tensor:
     """The residual stream after block ``layer`` (1-based; 0 = the input of block 1, the embeddings) of ``run()``.
 
     The model's own forward runs up to that point and stops there: no later block or head runs.
@@ -266,7 +266,7 @@ def residual_after(blocks: Sequence[nn.Module], layer: int, run: Callable[[], An
 
 
 @contextmanager
-def replaced_block_input(blocks: Sequence[nn.Module], index: int, hidden: Tensor) -> Iterator[None]:
+def replaced_block_input(blocks: Blocks, index: int, hidden: Tensor) -> Iterator[None]:
     """Within the body, block ``index`` (0-based) is called with ``hidden`` instead of its input; removed on exit.
 
     The model's own forward still computes everything else (masks, positions, RoPE) from its inputs.

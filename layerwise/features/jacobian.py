@@ -34,6 +34,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from layerwise.features.hooks import _block_input, block_output, hooked_blocks
+from layerwise.features.paths import Blocks
 from layerwise.features.token_rows import split_attention, split_block
 
 JacobianMethod = Literal["auto", "full"]
@@ -84,7 +85,7 @@ class _AllBlocksTraced(Exception):
 
 
 @torch.no_grad()
-def trace_blocks(blocks: Sequence[nn.Module], run: Callable[[], Any]) -> BlockTrace:
+def trace_blocks(blocks: Blocks, run: Callable[[], Any]) -> BlockTrace:
     """Run ``run()`` (one forward pass on ONE prompt, batch size 1) and record every block's call.
 
     The forward pass stops once the last block has returned: what follows (the final norm, the head: for a language
@@ -309,7 +310,7 @@ def diagonal_block_jacobian(
 
 
 def diagonal_jacobians(
-    blocks: Sequence[nn.Module],
+    blocks: Blocks,
     trace: BlockTrace,
     token: int = -1,
     dtype: Optional[torch.dtype] = None,

@@ -338,6 +338,10 @@ def get_part(root: nn.Module, path: str, option: str) -> Optional[nn.Module]:
     raise UsageError(f"`{option}`: {type(root).__name__} has no submodule {path!r}.")
 
 
+# A backbone's blocks: what get_blocks returns, or any sequence of modules.
+Blocks = Union[Sequence[nn.Module], nn.ModuleList, nn.Sequential]
+
+
 def get_blocks(root: nn.Module, paths: LayerPaths, option: str = "blocks") -> Union[nn.ModuleList, nn.Sequential]:
     """The block list of ``paths``, checked to be a ModuleList/Sequential."""
     blocks = get_part(root, paths.blocks, option)

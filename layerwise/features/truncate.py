@@ -113,7 +113,7 @@ def truncated_config(config: Any, depth: int) -> Any:
     return config
 
 
-def timm_create_kwargs(model: nn.Module, depth: int) -> dict[str, Any]:
+def timm_create_kwargs(model: Any, depth: int) -> dict[str, Any]:  # a timm VisionTransformer
     """The ``timm.create_model`` arguments of a timm VisionTransformer with ``depth`` blocks."""
     architecture = (getattr(model, "pretrained_cfg", None) or {}).get("architecture")
     if not architecture:

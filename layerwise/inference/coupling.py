@@ -22,6 +22,7 @@ if ANNOTATIONS_ONLY:
     from torch import Tensor, nn
 
     from layerwise.features.jacobian import BlockTrace
+    from layerwise.features.paths import Blocks
 
 Token = Union[Literal["last", "first"], int]
 # layerwise.metrics.functional_dynamics's own (a test keeps them equal), here so that `coupling --help` needs no torch
@@ -32,7 +33,7 @@ _TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
 
 
 def token_coupling(
-    blocks: Sequence[nn.Module],
+    blocks: Blocks,
     trace: BlockTrace,
     first: int,
     second: int,

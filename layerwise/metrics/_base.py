@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import functools
 from collections.abc import Callable
-from typing import Any, Optional, Union
+from typing import TYPE_CHECKING, Any, Optional, Union, cast
 
 import torch
 import torch.distributed as dist
@@ -48,6 +48,11 @@ class _SumStateMetric(Float64StatesOnCast, Metric):
     is_differentiable = False
     higher_is_better = None
     full_state_update = False
+
+    if TYPE_CHECKING:  # the states, set by name in _add_sum_state: Tensors, not nn.Module's Tensor | Module
+        _forward_cache: Any  # None in torchmetrics' __init__, a batch's value after forward
+
+        def __getattr__(self, name: str) -> Tensor: ...
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("compute_with_cache", False)
@@ -186,6 +191,8 @@ class _ShiftedSumStateMetric(_SumStateMetric):
     ``forward`` returns the batch value from the functional form and accumulates like ``update``.
     """
 
+    shift: Tensor  # the state of _add_shift_state
+
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._has_shift = False
@@ -264,6 +271,7 @@ class _ShiftedSumStateMetric(_SumStateMetric):
     def merge_state(self, incoming_state: Any) -> None:
         """Add another instance's states (or a state dict), re-expressed around this instance's shift."""
         incoming = incoming_state.metric_state if isinstance(incoming_state, Metric) else dict(incoming_state)
+        incoming = cast(dict[str, Tensor], incoming)  # a sum-state metric's states are all tensors
         states = {name: incoming[name].to(torch.float64) for name in self.sum_state_names}
         if float(self._sample_count(states)) == 0:
             return

@@ -367,6 +367,8 @@ def _layer_accuracy_update(
     readout = _as_readout(scores, targets, num_layers)
     targets = targets.to(device=readout.predictions.device, dtype=torch.long)
     correct = (readout.predictions == targets).sum(dim=1).to(_F64)
+    if readout.nll is None:
+        raise ValueError("Expected a Readout with `nll` (one read out with targets) to sum the loss, got nll=None.")
     loss = readout.nll.to(_F64).sum(dim=1)
     return correct, loss, readout.predictions.shape[1]
 

@@ -15,6 +15,8 @@ from model B on the same N tokens (padding removed by the caller); the widths ma
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
@@ -114,7 +116,8 @@ def minibatch_cross_cka(a: Tensor, b: Tensor, chunk: int = 1024, aggregation: st
     _check_pair(a, b)
     if aggregation not in ("mean", "sum"):
         raise ValueError(f"`aggregation` must be 'mean' or 'sum', got {aggregation!r}.")
-    cka_sum, across_sum, self_a_sum, self_b_sum, chunks = 0.0, 0.0, 0.0, 0.0, 0
+    zero: Any = 0.0  # each sum is a tensor once a chunk is added, and at least one is
+    cka_sum, across_sum, self_a_sum, self_b_sum, chunks = zero, zero, zero, zero, 0
     for start in range(0, a.shape[1], chunk):
         part_a, part_b = a[:, start : start + chunk], b[:, start : start + chunk]
         if part_a.shape[1] < 4:

@@ -77,12 +77,12 @@ def top_singular(
             f"tol={tol:g}); using the full SVD. Raise `niter`/`oversample` or use method='full'.",
             UserWarning,
         )
-        method = "full (randomized did not converge)"
+        used = "full (randomized did not converge)"
     elif method not in ("full", "randomized"):
         raise ValueError(f"`method` must be 'full' or 'randomized', got {method!r}.")
     else:
-        method = "full"
-    return TopSingular(*_top_singular_exact(x, k), method)
+        used = "full"
+    return TopSingular(*_top_singular_exact(x, k), used)
 
 
 def _top_singular_exact(x: Tensor, k: int) -> tuple[Tensor, Tensor, Tensor]:

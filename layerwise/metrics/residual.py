@@ -17,7 +17,7 @@ class NormRatio(NamedTuple):
 
     mean: Tensor
     quantiles: Tensor
-    count: Tensor
+    count: Tensor  # type: ignore[assignment]  # the field shadows tuple.count, on purpose
     below: Tensor
     above: Tensor
 

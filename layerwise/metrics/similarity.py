@@ -46,6 +46,8 @@ class _CenteredBufferMetric(_SumStateMetric):
     buffer into the streamed ``cos_sum`` state and streams the rest with that fixed center (approximate).
     """
 
+    feature_sum: Tensor  # a sum state, reassigned while the width is unknown
+
     def __init__(self, num_layers: int, center: bool, max_buffered_samples: int, dim: Optional[int], **kwargs: Any):
         super().__init__(**kwargs)
         self.num_layers = _check_positive_int("num_layers", num_layers)
@@ -270,7 +272,7 @@ class LayerCosineSimilarity(_CenteredBufferMetric):
             return _cosine_distribution_update(features, self.num_layers, self.bins, center=center)
         return _cosine_update(features, self.num_layers, center=center)
 
-    def _centered_stats(self, features: Tensor, center: Tensor) -> tuple[Tensor, ...]:
+    def _centered_stats(self, features: Tensor, center: Tensor) -> tuple[Tensor, ...]:  # type: ignore[override]
         """The streamed statistics of one buffered batch with a given center."""
         return self._stats(features, center)
 
@@ -348,7 +350,7 @@ class SaturationCosine(_CenteredBufferMetric):
             return _saturation_cosine_compute(self.cos_sum, self.count)
         return _saturation_cosine_compute(*self._buffered_stats())
 
-    def _centered_stats(
+    def _centered_stats(  # type: ignore[override]  # its own entries, as the base's *entry allows
         self, selected: Tensor, last: Tensor, saturation: Tensor, center: Tensor
     ) -> tuple[Tensor, Tensor]:
         """Cosine sum and count per saturation layer (L,) of one buffered batch with a given center."""
@@ -383,6 +385,8 @@ class LayerCKA(_ShiftedSumStateMetric):
     Shapes:
         ``update(features)``: (L, B, dim). ``compute()``: (L, L) float64 (NaN for a constant layer).
     """
+
+    cross: Tensor  # a sum state, reassigned by update
 
     def __init__(self, num_layers: int, dim: int, **kwargs: Any) -> None:
         super().__init__(**kwargs)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any, Optional, cast
 
 import torch
 import torch.distributed as dist
@@ -54,7 +54,7 @@ def all_reduce_sum_states(metrics: Sequence[Metric], process_group: Optional[Any
     for metric in metrics:
         if isinstance(metric, _ShiftedSumStateMetric):
             metric._align_shift(process_group)  # one small all-reduce: every rank's sums around one shift
-        for attr in metric.sum_state_names:
+        for attr in cast(_SumStateMetric, metric).sum_state_names:  # checked above
             states.append((metric, attr, getattr(metric, attr)))
     if states:
         device = states[0][2].device
