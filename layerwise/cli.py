@@ -16,7 +16,7 @@ from typing import Any, NoReturn, Optional
 
 from jsonargparse import ArgumentParser
 
-from layerwise.command_parser import command_parser
+from layerwise.command_parser import command_parser, with_shipped_configs
 from layerwise.errors import (
     DEBUG_VARIABLE,
     bad_config_file,
@@ -26,7 +26,6 @@ from layerwise.errors import (
     quiet_upstream,
 )
 from layerwise.help_cache import is_plain_help, print_help
-from layerwise.shipped_configs import with_shipped_configs
 
 
 @functools.cache

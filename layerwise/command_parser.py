@@ -2,13 +2,16 @@
 
 ``layerwise plot``, ``compare``, ``stitch``... are typed functions next to what they run
 (:data:`layerwise.cli.COMMANDS`); :func:`command_parser` gives each ``--snake_case`` flags, ``--help`` from the
-docstring, ``--config FILE`` and ``--print_config``.
+docstring, ``--config FILE`` and ``--print_config``. Every command's ``--config NAME`` of a config the package
+ships is that file (:func:`with_shipped_configs`): ``layerwise fit --config quickstart`` runs from any folder.
 """
 
 import inspect
 import os
+import sys
 import typing
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, Literal, NoReturn, Optional, Union
 
 from jsonargparse import ActionConfigFile, ArgumentParser
@@ -67,3 +70,31 @@ def command_parser(name: str, function: Callable[..., None]) -> ArgumentParser:
             extra["type"] = item or hints[key]
         parser.add_argument(flag, nargs="+" if item else None, help=help_of.get(key), **extra)
     return parser
+
+
+SHIPPED = Path(__file__).parent / "configs"  # copies of files under the repository's configs/, byte for byte
+_CONFIG_FLAGS = ("--config", "-c")
+
+
+def shipped_config(name: str) -> Optional[Path]:
+    """The shipped config called ``name`` (``quickstart`` or ``quickstart.yaml``); None for a file of the user's own."""
+    shipped = {str(path.relative_to(SHIPPED).with_suffix("")): path for path in SHIPPED.rglob("*.yaml")}
+    path = shipped.get(name.removesuffix(".yaml"))
+    return None if path is None or Path(name).is_file() else path
+
+
+def with_shipped_configs(args: Optional[list[str]]) -> list[str]:
+    """``args`` (None: ``sys.argv[1:]``), each ``--config NAME`` of a shipped config given as its path.
+
+    Given None, ``sys.argv`` is rewritten too: LightningCLI reads it itself.
+    """
+    argv = sys.argv[1:] if args is None else list(args)
+    for index, arg in enumerate(argv):
+        flag, equals, value = arg.partition("=")
+        if equals and flag in _CONFIG_FLAGS and (path := shipped_config(value)):
+            argv[index] = f"{flag}={path}"
+        elif index and argv[index - 1] in _CONFIG_FLAGS and (path := shipped_config(arg)):
+            argv[index] = str(path)
+    if args is None:
+        sys.argv[1:] = argv
+    return argv
