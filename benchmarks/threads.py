@@ -55,13 +55,21 @@ def main() -> None:
             worker.start()
         try:
             for threads in (1, 2):
-                seconds.setdefault(f"busy_{load}", {})[f"threads_{threads}"] = round(fit_seconds(threads, args.epochs), 1)
-                print(f"{load} busy process(es), {threads} thread(s): {seconds[f'busy_{load}'][f'threads_{threads}']} s")
+                seconds.setdefault(f"busy_{load}", {})[f"threads_{threads}"] = round(
+                    fit_seconds(threads, args.epochs), 1
+                )
+                print(
+                    f"{load} busy process(es), {threads} thread(s): {seconds[f'busy_{load}'][f'threads_{threads}']} s"
+                )
         finally:
             for worker in workers:
                 worker.terminate()
     ratios = {load: round(row["threads_2"] / row["threads_1"], 2) for load, row in seconds.items()}
-    record(f"threads_{args.epochs}_epochs", {"epochs": args.epochs, "seconds": seconds, "two_over_one": ratios}, load_before)
+    record(
+        f"threads_{args.epochs}_epochs",
+        {"epochs": args.epochs, "seconds": seconds, "two_over_one": ratios},
+        load_before,
+    )
 
 
 if __name__ == "__main__":
