@@ -15,6 +15,7 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from layerwise.callbacks import LayerwiseAnalysis, _drawing
+from layerwise.figures import worker
 from layerwise.figures.summary import summary_figures
 from layerwise.results import find_summaries, load_summary
 
@@ -39,10 +40,11 @@ def test_every_epoch_has_all_its_figures_when_fit_returns(tmp_path, monkeypatch,
     fit = trainer(tmp_path, [LayerwiseAnalysis()], logger=logger, max_epochs=3, limit_train_batches=2)
     before = dict(_drawing.drawn)
     fit.fit(fitted_module(), train_loader(), val_loader(N))
-    # every epoch's figures drawn one way: in the drawing process (auto, on the CPU too), or all in the thread
+    # every epoch's figures drawn one way: in the drawing process (auto, on the CPU too), or all in the thread; two
+    # jobs per epoch: the summary's figures and TensorBoard's per-layer chart images
     drawn = {way: _drawing.drawn[way] - before[way] for way in before}
-    assert drawn == ({"process": 3, "thread": 0} if where == "auto" else {"process": 0, "thread": 3})
-    logged = images(logger.log_dir)
+    assert drawn == ({"process": 6, "thread": 0} if where == "auto" else {"process": 0, "thread": 6})
+    logged = {tag: at for tag, at in images(logger.log_dir).items() if not tag.startswith("layerwise ")}
     steps = validation_steps(logger.log_dir)
     assert len(steps) == 3
     expected = summary_figures(load_summary(find_summaries(Path(logger.log_dir), stage="val")[-1]))
@@ -65,8 +67,8 @@ def test_an_image_is_what_add_figure_would_log(tmp_path):
 
     logged = np.asarray(Image.open(io.BytesIO(event.encoded_image_string)).convert("RGB"))
     figure = summary_figures(load_summary(find_summaries(Path(logger.log_dir), stage="val")[-1]))["cos"]
-    assert logged.shape == _drawing.rendered(figure).shape
-    assert np.abs(logged.astype(int) - _drawing.rendered(figure).astype(int)).mean() < 1.0
+    assert logged.shape == worker.rendered(figure).shape
+    assert np.abs(logged.astype(int) - worker.rendered(figure).astype(int)).mean() < 1.0
 
 
 @pytest.mark.parametrize("where", ["thread", "process"])
@@ -267,3 +269,58 @@ def test_a_job_that_cannot_travel_or_fails_there_is_drawn_in_the_thread_and_stil
         _drawing.draw_later(sink, 2, job)
         _drawing.wait_for_figures()
     assert logged == ["val/lambda", "val/tensor"]
+
+
+def test_a_figure_logged_in_training_is_the_one_plot_draws_from_the_summary_pixel_for_pixel(tmp_path):
+    """One table from results to figures: the drawing process gets the JSON the callbacks wrote and draws it with
+    summary_figures, the function `layerwise plot` draws the summary file with (which saves it at 150 dpi)."""
+    import io
+
+    from PIL import Image
+
+    from layerwise.callbacks import ResidualNormRatioMonitor
+
+    logger = TensorBoardLogger(str(tmp_path), name="tb")
+    callbacks = [LayerwiseAnalysis(), ResidualNormRatioMonitor()]
+    trainer(tmp_path, callbacks, logger=logger, max_epochs=1, limit_train_batches=1).fit(
+        fitted_module(), train_loader(), val_loader(N)
+    )
+    summary = load_summary(find_summaries(Path(logger.log_dir), stage="val")[-1])
+    expected = summary_figures(summary)
+    events = EventAccumulator(logger.log_dir, size_guidance={"images": 0})
+    events.Reload()
+    logged = [tag for tag in events.Tags()["images"] if tag.startswith("val/")]
+    assert {"val/cos", "val/cka", "val/similarity_accuracy", "val/residual_norm_ratio"} <= set(logged)
+    for tag in logged:
+        (event,) = events.Images(tag)
+        image = np.asarray(Image.open(io.BytesIO(event.encoded_image_string)).convert("RGB"))
+        assert np.array_equal(image, worker.rendered(expected[tag.split("/", 1)[1]])), tag
+
+
+def test_the_drawing_process_imports_no_torch_lightning_or_torchmetrics(tmp_path):
+    """The worker as the training process starts it, fed a real job: only numpy and matplotlib come in."""
+    import pickle
+    import subprocess
+    import sys
+
+    from layerwise.figures.summary import evaluation_figures
+
+    logger = TensorBoardLogger(str(tmp_path), name="tb")
+    trainer(tmp_path, [LayerwiseAnalysis(log_figures=False)], logger=logger, max_epochs=1, limit_train_batches=1).fit(
+        fitted_module(), train_loader(), val_loader(N)
+    )
+    summary = load_summary(find_summaries(Path(logger.log_dir), stage="val")[-1])
+    job = pickle.dumps(worker.FigureJob(evaluation_figures, ("val", summary)))
+    frame = len(job).to_bytes(8, "little") + job
+    script = (
+        "import sys\n"
+        "from layerwise.figures.worker import serve\n"
+        "serve()\n"
+        "heavy = [name for name in ('torch', 'lightning', 'torchmetrics') if name in sys.modules]\n"
+        "sys.stderr.write('HEAVY=' + ','.join(heavy))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], input=frame, capture_output=True, timeout=120)
+    assert result.returncode == 0, result.stderr.decode()[-2000:]
+    reply = pickle.loads(result.stdout[8:])
+    assert {tag for tag, _ in reply} >= {"val/cos", "val/cka"} and all(not isinstance(i, str) for _, i in reply)
+    assert result.stderr.decode().endswith("HEAVY="), result.stderr.decode()[-500:]

@@ -449,6 +449,7 @@ def test_every_callback_figure_says_its_stage_epoch_and_step():
     from types import SimpleNamespace
 
     from layerwise.callbacks import _drawing, _output
+    from layerwise.figures import worker
     from layerwise.figures.heatmap import heatmap
 
     titles = {}
@@ -460,7 +461,7 @@ def test_every_callback_figure_says_its_stage_epoch_and_step():
         def add_image(self, tag, image, global_step, dataformats):
             titles[tag] = (global_step, image.shape)
 
-    original = _drawing.rendered
+    original = worker.rendered
 
     def rendered(figure):
         titles[len(titles)] = [ax.get_title() for ax in figure.axes] + [
@@ -475,12 +476,12 @@ def test_every_callback_figure_says_its_stage_epoch_and_step():
         current_epoch=31,
         global_step=736,
     )
-    _drawing.rendered = rendered
+    worker.rendered = rendered
     try:
         _output.log_figures_later(trainer, lambda: {"val/cos": heatmap(np.eye(3), [1, 2, 3], "COS")})
         _drawing.wait_for_figures()
     finally:
-        _drawing.rendered = original
+        worker.rendered = original
     assert titles["val/cos"][0] == 736
     assert titles[0][0] == "COS\nval epoch 31, step 736"  # as `layerwise plot` draws it from the summary
 

@@ -21,6 +21,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from layerwise.callbacks import LayerwiseAnalysis, _drawing
 from layerwise.callbacks._loggers import ImageSink, image_sinks, mlflow_key
+from layerwise.figures import worker
 from layerwise.figures.summary import summary_figures
 from layerwise.results import find_summaries, load_summary
 
@@ -170,7 +171,7 @@ def test_csv_logger_gets_png_files_in_its_run_folder_never_overwritten(tmp_path)
     assert {"cos", "cka", "saturation", "early_exit"} <= set(written) <= set(figures)
     assert all(sorted(found) == steps for found in written.values())
     image = png((folder / f"cos_step_{steps[-1]:07d}.png").read_bytes())
-    assert np.abs(image.astype(int) - _drawing.rendered(figures["cos"]).astype(int)).mean() < 1.0
+    assert np.abs(image.astype(int) - worker.rendered(figures["cos"]).astype(int)).mean() < 1.0
 
     before = (folder / f"cos_step_{steps[-1]:07d}.png").read_bytes()
     fit.validate(module, val_loader(N))  # the same global step again: a second file, the first one untouched

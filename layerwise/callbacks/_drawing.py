@@ -41,17 +41,16 @@ import atexit
 import os
 import pickle
 import queue
-import signal
-import struct
 import subprocess
 import sys
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import IO, Any, Optional, Union
+from typing import Any, Optional, Union
 
 import numpy as np
 from lightning.pytorch.utilities import rank_zero_warn
+
+from layerwise.figures.worker import FigureJob, Image, build_and_render, read_frame, write_frame
 
 MAX_PENDING = 4
 
@@ -92,36 +91,6 @@ def _jobs() -> "queue.Queue[Job]":
         return _queue
 
 
-def rendered(figure: Any) -> np.ndarray:
-    """A matplotlib figure as an (H, W, 3) uint8 array, rendered with Agg at the figure's dpi (as ``add_figure``)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    canvas = figure.canvas if isinstance(figure.canvas, FigureCanvasAgg) else FigureCanvasAgg(figure)
-    canvas.draw()
-    return np.asarray(canvas.buffer_rgba())[..., :3].copy()
-
-
-@dataclass(frozen=True)
-class FigureJob:
-    """A picklable recipe of figures: ``function(*args)`` returns ``{tag: matplotlib figure}``.
-
-    ``function`` is a module-level function (or a method of a class importable by its module path); ``args`` are
-    plain data on the host (results, layer numbers, :func:`plain_copy` of the object that owns a figure method).
-    ``here`` (not pickled) builds the same figures from the original objects: what the background thread draws
-    when the job cannot be drawn in the drawing process.
-    """
-
-    function: Callable[..., dict[str, Any]]
-    args: tuple = ()
-    here: Optional[Callable[[], dict[str, Any]]] = None
-
-    def __call__(self) -> dict[str, Any]:
-        return self.function(*self.args)
-
-    def __reduce__(self) -> tuple[Any, tuple]:
-        return (FigureJob, (self.function, self.args))
-
-
 def _plain(value: Any) -> bool:
     if value is None or isinstance(value, (bool, int, float, str)):
         return True
@@ -143,22 +112,6 @@ def plain_copy(owner: Any) -> Any:
     return copy
 
 
-Image = Union[np.ndarray, str]  # a rendered figure, or why it could not be drawn
-
-
-def _build_and_render(figures: Callable[[], dict[str, Any]]) -> list[tuple[str, Image]]:
-    """Build the figures and render each once (a figure that fails becomes the reason, the others still render)."""
-    images: list[tuple[str, Image]] = []
-    for tag, figure in figures().items():
-        try:
-            images.append((tag, rendered(figure)))
-        except Exception as error:
-            images.append((tag, f"{type(error).__name__}: {error}"))
-        finally:
-            figure.clear()
-    return images
-
-
 class _Unsent(Exception):
     """The job could not be drawn in the process: draw it in the thread (``failed``: it ran there and raised)."""
 
@@ -167,30 +120,13 @@ class _Unsent(Exception):
         self.failed = failed
 
 
-def _write_frame(stream: IO[bytes], payload: bytes) -> None:
-    stream.write(struct.pack("<Q", len(payload)))
-    stream.write(payload)
-    stream.flush()
-
-
-def _read_frame(stream: IO[bytes]) -> bytes:
-    header = stream.read(8)
-    if len(header) < 8:
-        raise EOFError("the drawing process closed its pipe")
-    (size,) = struct.unpack("<Q", header)
-    payload = stream.read(size)
-    if len(payload) < size:
-        raise EOFError("the drawing process closed its pipe")
-    return payload
-
-
 class _DrawingProcess:
     """The drawing process: a fresh interpreter that builds and renders the jobs it reads from its stdin."""
 
     def __init__(self) -> None:
         path = os.pathsep.join([entry or os.getcwd() for entry in sys.path] + [os.environ.get("PYTHONPATH", "")])
         self.process = subprocess.Popen(
-            [sys.executable, "-c", "from layerwise.callbacks._drawing import serve; serve()"],
+            [sys.executable, "-c", "from layerwise.figures.worker import serve; serve()"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             # one thread: the figures need no parallel kernels, and idle OpenMP workers spinning beside the training
@@ -207,8 +143,8 @@ class _DrawingProcess:
         except Exception as error:
             raise _Unsent(f"{type(error).__name__}: {error}") from error
         assert self.process.stdin is not None and self.process.stdout is not None
-        _write_frame(self.process.stdin, payload)
-        reply = pickle.loads(_read_frame(self.process.stdout))  # waits on the pipe, without the GIL
+        write_frame(self.process.stdin, payload)
+        reply = pickle.loads(read_frame(self.process.stdout))  # waits on the pipe, without the GIL
         if isinstance(reply, tuple) and reply and reply[0] in ("unsent", "failed"):
             raise _Unsent(reply[1], failed=reply[0] == "failed")
         return reply
@@ -263,6 +199,8 @@ def _job_name(job: FigureJob) -> str:
     for arg in job.args:
         if isinstance(arg, FigureJob):  # a wrapper (e.g. the stamp of stage, epoch and step): name what it wraps
             return _job_name(arg)
+        if callable(arg) and hasattr(arg, "__qualname__"):  # an analysis's own figure function
+            return f"{arg.__module__}.{arg.__qualname__}"
     owners = [item for arg in job.args for item in (arg if isinstance(arg, list) else [arg])]
     names = [f"{type(owner).__qualname__}.figures" for owner in owners if hasattr(owner, "figures")]
     return ", ".join(names) or getattr(job.function, "__qualname__", repr(job.function))
@@ -272,31 +210,6 @@ def _job_name(job: FigureJob) -> str:
 def _close_process() -> None:
     if _process is not None:
         _process.close()
-
-
-def serve() -> None:
-    """The drawing process's loop: read a job, build and render its figures, write the images back; stop at EOF."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the training process's to handle; EOF stops this one
-    if hasattr(os, "nice"):  # where the cores are all busy training, the figures wait, not the training
-        os.nice(19)
-    replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")
-    os.dup2(sys.stderr.fileno(), sys.stdout.fileno())  # a stray print must not corrupt the replies
-    jobs = sys.stdin.buffer
-    while True:
-        try:
-            payload = _read_frame(jobs)
-        except EOFError:
-            return
-        try:
-            job = pickle.loads(payload)
-        except Exception as error:
-            reply: Any = ("unsent", f"{type(error).__name__}: {error}")
-        else:
-            try:
-                reply = _build_and_render(job)
-            except Exception as error:
-                reply = ("failed", f"{type(error).__name__}: {error}")
-        _write_frame(replies, pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL))
 
 
 def figures_in_process() -> bool:
@@ -327,7 +240,7 @@ def draw_later(sinks: Sequence[Any], step: int, figures: Callable[[], dict[str, 
         images = _draw_in_process(figures) if in_process and isinstance(figures, FigureJob) else None
         if images is None:
             here = figures.here if isinstance(figures, FigureJob) else None
-            images = _build_and_render(here or figures)
+            images = build_and_render(here or figures)
             drawn["thread"] += 1
         else:
             drawn["process"] += 1

@@ -14,7 +14,7 @@ from torch import Tensor
 from torchmetrics.utilities.data import apply_to_collection
 
 from layerwise._compat import already_reduced
-from layerwise.callbacks._drawing import FigureJob, draw_later, figures_in_process, plain_copy
+from layerwise.callbacks._drawing import FigureJob, draw_later, figures_in_process
 from layerwise.callbacks._loggers import (
     add_to_history,
     chart_loggers,
@@ -25,7 +25,8 @@ from layerwise.callbacks._loggers import (
 )
 from layerwise.callbacks._runs import evaluated_split
 from layerwise.callbacks.family import Family, LayerBatch, LayerSpec
-from layerwise.results import merge_summary, summary_path, write_atomic
+from layerwise.figures.summary import evaluation_figures, stamped_figures
+from layerwise.results import merge_summary, summary_path, to_json, write_atomic
 
 # One id per Trainer: every layerwise callback of a run writes into the same per-epoch summary under it.
 _RUN_IDS: "weakref.WeakKeyDictionary[Trainer, str]" = weakref.WeakKeyDictionary()
@@ -59,8 +60,8 @@ def log_scalars(trainer: Trainer, pl_module: Any, scalars: dict[str, Any]) -> No
 
 def write_summary(
     trainer: Trainer, log_dir: str, stage: str, spec: LayerSpec, num_samples: int, results: dict[str, Any]
-) -> Path:
-    """Add this callback's results to the epoch's summary JSON (global rank zero only)."""
+) -> tuple[Path, dict[str, Any]]:
+    """Add this callback's results to the epoch's summary JSON (global rank zero only); its path and what it added."""
     header = {
         "stage": stage,
         "split": evaluated_split(trainer.datamodule, stage),
@@ -71,10 +72,11 @@ def write_summary(
         "layers": spec.layer_numbers,
     }
     path = summary_path(log_dir, stage, trainer.current_epoch, trainer.global_step)
-    merge_summary(path, {**header, **results}, _run_id(trainer))
+    written = to_json({**header, **results})
+    merge_summary(path, written, _run_id(trainer))
     if chart_loggers(trainer):  # the per-layer charts (W&B, TensorBoard images) need every analysed epoch
         _UNCHARTED.setdefault(trainer, []).append((stage, trainer.global_step, _on_host(results)))
-    return path
+    return path, written
 
 
 # Per trainer: (stage, global step, results) of the analysed epochs not yet in the W&B per-layer charts.
@@ -173,50 +175,37 @@ def write_charts(trainer: Trainer, layout: dict[str, dict[str, list]]) -> None:
             experiment.add_custom_scalars(layout)
 
 
-def log_figures_later(trainer: Trainer, figures: Callable[[], dict[str, Any]]) -> None:
+def log_figures_later(trainer: Trainer, figures: Callable[[], dict[str, Any]], stamp: bool = True) -> None:
     """Log ``figures()`` (tag -> matplotlib figure) as images at the trainer's global step, drawn off the loop.
 
     The one door from the callbacks to the loggers' images: every logger of the trainer that takes images receives
     them through its own API, PNG files in the run folder stand in for those that do not (CSV, no logger);
-    :mod:`layerwise.callbacks._loggers` decides. A :class:`~layerwise.callbacks._drawing.FigureJob` is drawn in the
-    drawing process when the model trains on an accelerator, in a thread otherwise (see
-    :mod:`layerwise.callbacks._drawing`).
+    :mod:`layerwise.callbacks._loggers` decides. A :class:`~layerwise.figures.worker.FigureJob` is drawn in the
+    drawing process (see :mod:`layerwise.callbacks._drawing`). ``stamp``: write the stage, epoch and step under each
+    title (a job of :mod:`layerwise.figures.summary` stamps its figures itself, from the summary).
     """
     epoch, step = trainer.current_epoch, trainer.global_step
-    if isinstance(figures, FigureJob):
+    job: Callable[[], dict[str, Any]] = figures
+    if stamp and isinstance(figures, FigureJob):
         here = figures.here or figures
-        job: Callable[[], dict[str, Any]] = FigureJob(
-            _stamped, (figures, epoch, step), here=lambda: _stamped(here, epoch, step)
-        )
-    else:
+        job = FigureJob(stamped_figures, (figures, epoch, step), here=lambda: stamped_figures(here, epoch, step))
+    elif stamp:
 
         def job() -> dict[str, Any]:
-            return _stamped(figures, epoch, step)
+            return stamped_figures(figures, epoch, step)
 
     draw_later(image_sinks(trainer), step, job, in_process=figures_in_process())
 
 
-def _stamped(figures: Callable[[], dict[str, Any]], epoch: int, step: int) -> dict[str, Any]:
-    from layerwise.figures.style import stamp_all  # each image says its stage, epoch and step in its title
+def log_figures(trainer: Trainer, stage: str, families: list[Family], summary: dict[str, Any], spec: LayerSpec) -> None:
+    """The figures of what the families wrote into the summary, as images at the trainer's global step.
 
-    return stamp_all(figures(), epoch, step)
-
-
-def log_figures(trainer: Trainer, stage: str, families: list[Family], results: dict[str, Any], spec: LayerSpec) -> None:
-    """Every family's figures as images at the trainer's global step, drawn off the training loop."""
-    drawable = [plain_copy(family) for family in families]
-    job = FigureJob(
-        _family_figures,
-        (stage, drawable, _on_host(results), spec),  # it travels to the drawing process: on the host
-        here=lambda: _family_figures(stage, families, results, spec),
-    )
-    log_figures_later(trainer, job)
+    Drawn in the drawing process by :func:`layerwise.figures.summary.evaluation_figures` from ``summary`` (the JSON
+    written: header and the families' results), the function ``layerwise plot`` draws the summary file with.
+    """
+    log_figures_later(trainer, FigureJob(evaluation_figures, (stage, summary)), stamp=False)
     if chart_loggers(trainer):
         _log_wandb_charts(trainer, stage, families, spec)
-
-
-def _family_figures(stage: str, families: list[Family], results: dict[str, Any], spec: LayerSpec) -> dict[str, Any]:
-    return {f"{stage}/{tag}": figure for family in families for tag, figure in family.figures(results, spec).items()}
 
 
 def _log_wandb_charts(trainer: Trainer, stage: str, families: list[Family], spec: LayerSpec) -> None:

@@ -266,13 +266,13 @@ class LayerwiseMonitor(Callback):
         self._log_scalars(trainer, pl_module, scalars)
         if trainer.is_global_zero:
             results["n_nonfinite"] = int(state.nonfinite.rows)
-            written = write_summary(trainer, log_dir, stage, spec, num_samples, results)
+            written, summary = write_summary(trainer, log_dir, stage, spec, num_samples, results)
             if self.print_table:
                 table = layer_table(stage, trainer.current_epoch, trainer.global_step, results, spec)
                 note = where(trainer, written)
                 show(trainer, f"{table}\n{note}" if note else table)
             if self._draws_figures(trainer):
-                log_figures(trainer, stage, state.families, results, spec)
+                log_figures(trainer, stage, state.families, summary, spec)
         if self.save_features:
             state.saver.write(trainer, stage, log_dir)
         state.reset()

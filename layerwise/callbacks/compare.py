@@ -181,8 +181,3 @@ class CrossModelComparison(AnalysisCallback):
         return f"compare with {self.model_b_name}: mean diagonal CKA {mean:.4f}" + (
             f", arccos distance {distance:.4f}" if distance is not None else ""
         )
-
-    def figures(self, results: dict[str, Any]) -> dict[str, Any]:
-        from layerwise.figures.compare import cka_across_models
-
-        return {"compare_cka": cka_across_models(results)}

@@ -113,8 +113,3 @@ class BlockCoupling(AnalysisCallback):
     def line(self, results: dict[str, Any]) -> str:
         score = ", ".join(f"K={k}: {float(s):.3f}" for k, s in zip(self.ks, results["coupling_score"]))
         return f"block coupling ({results['num_prompts']} prompts): {score}; LSS {float(results['trajectory_lss']):.3f}"
-
-    def figures(self, results: dict[str, Any]) -> dict[str, Any]:
-        from layerwise.figures.coupling import coupling_figures
-
-        return coupling_figures(results)

@@ -71,11 +71,6 @@ class DetectionLayerAP(AnalysisCallback):
     def line(self, ap50: list[float]) -> str:
         return f"AP50 per decoder layer: {', '.join(f'{value:.3f}' for value in ap50)}"
 
-    def figures(self, ap50: list[float]) -> dict[str, Any]:
-        from layerwise.figures.summary import ap50_per_layer
-
-        return {"detection_ap50": ap50_per_layer(ap50)}
-
 
 def _ground_truth(label: dict[str, Any]) -> dict[str, torch.Tensor]:
     """The image's ground truth for the COCO evaluation (xyxy pixels of the original image).

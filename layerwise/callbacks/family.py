@@ -152,10 +152,6 @@ class Family(abc.ABC):
         """Scalars to log, keyed without the stage prefix, e.g. ``acc/layer_03``."""
         return {}
 
-    def figures(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, Any]:
-        """Matplotlib figures to log as images, keyed by tag suffix."""
-        return {}
-
     def charts(self) -> dict[str, str]:
         """TensorBoard multi-line charts: title -> regex of tag suffixes (all layers of one quantity)."""
         return {}

@@ -1,16 +1,18 @@
 """The one lifecycle of an analysis callback: its metric, its JSON key and its figure; the rest happens here."""
 
+import inspect
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Optional
 
 from lightning.pytorch import Callback, LightningModule, Trainer
 from torchmetrics import Metric
 
-from layerwise.callbacks._drawing import FigureJob, plain_copy, wait_for_figures
+from layerwise.callbacks._drawing import FigureJob, wait_for_figures
 from layerwise.callbacks._output import _log_dir, _run_id, log_figures_later, log_scalars, show, where, write_charts
 from layerwise.callbacks._sampling import evaluation_loaders, real_samples_on_rank, take_real
 from layerwise.callbacks._schedule import analyses_now, draws_figures
+from layerwise.figures.summary import evaluation_figures, own_figures
 from layerwise.metrics.sync import all_reduce_sum_states
 from layerwise.results import loader_stages, merge_summary, summary_path, to_json
 
@@ -57,13 +59,15 @@ class AnalysisCallback(Callback):
        :meth:`scalars` logged through Lightning as ``<stage>/<name>`` at ``trainer.global_step`` (already global:
        no sync) with their Custom Scalars :meth:`charts`; then on global rank zero the results, made JSON, merged
        under :attr:`key` into the epoch's summary (``<log_dir>/layerwise/<stage>_epoch_..._step_....json``), the
-       console :meth:`line` with the summary's path, and the :meth:`figures`, drawn from the JSON results off the
-       training loop, when ``log_figures`` and the figure schedule say so.
+       console :meth:`line` with the summary's path, and the figures of the JSON results (:attr:`figures`, or the
+       package's own), drawn in the drawing process off the training loop, when ``log_figures`` and the figure
+       schedule say so.
     5. ``on_exception`` and ``teardown``: :meth:`stop`, and the figures already enqueued reach the logger first.
 
     A subclass sets :attr:`key` and overrides what it needs of :meth:`start`, :meth:`before_batch`,
     :meth:`after_batch`, :meth:`stop`, :meth:`metrics`, :meth:`compute`, :meth:`scalars`, :meth:`charts`,
-    :meth:`line` and :meth:`figures`; ``README.md`` ("Add your own analysis") shows one, ``examples/feature_norm.py``.
+    :meth:`line`, and sets :attr:`figures` to a module-level function of its JSON results; ``docs/callbacks.md``
+    ("Add your own analysis") shows one, ``examples/feature_norm.py``.
 
     Args:
         every_n_epochs: analyse every n-th validation epoch while fitting (``validate`` and ``test`` always do).
@@ -73,6 +77,10 @@ class AnalysisCallback(Callback):
     """
 
     key: ClassVar[str] = ""  # the JSON key of the results in the epoch's summary
+    # A module-level function of the JSON results -> {name: matplotlib figure}, drawn in the drawing process (which
+    # imports its module by name, and no torch unless that module does); None: the package's own figures of `key`
+    # (layerwise.figures.summary.summary_figures, which `layerwise plot` draws from the summary file too).
+    figures: ClassVar[Optional[Callable[[Any], dict[str, Any]]]] = None
 
     def __init__(self, every_n_epochs: int = 1, log_figures: bool = True, figures_every_n_epochs: int = 1) -> None:
         if not self.key:
@@ -130,14 +138,6 @@ class AnalysisCallback(Callback):
     def line(self, results: Any) -> str:
         """One console line on the JSON results (global rank zero; the summary's path is appended)."""
         return f"{self.key} of {type(self).__name__}"
-
-    def figures(self, results: Any) -> dict[str, Any]:
-        """Tag (without the stage) -> matplotlib figure of the JSON results, drawn off the training loop.
-
-        It runs in the drawing process on a copy of the callback that holds only its plain settings (numbers,
-        strings, None and containers of them; no metric, model or tensor): read only those and ``results``.
-        """
-        return {}
 
     # -- the lifecycle ------------------------------------------------------------------------------------------
 
@@ -250,12 +250,10 @@ class AnalysisCallback(Callback):
         merge_summary(path, {**header, self.key: written}, _run_id(trainer))
         show(trainer, " ".join(part for part in (self.line(written), where(trainer, path)) if part))
         if draws_figures(trainer, self.log_figures, self.figures_every_n_epochs):
-            job = FigureJob(
-                _staged_figures, (plain_copy(self), stage, written), here=lambda: _staged_figures(self, stage, written)
-            )
-            log_figures_later(trainer, job)
-
-
-def _staged_figures(callback: AnalysisCallback, stage: str, results: Any) -> dict[str, Any]:
-    """The callback's figures of its JSON results, tagged with the stage (built in the drawing process)."""
-    return {f"{stage}/{tag}": figure for tag, figure in callback.figures(results).items()}
+            summary = {**header, self.key: written}
+            own = inspect.getattr_static(type(self), "figures")
+            own = getattr(own, "__func__", own)  # a staticmethod's function
+            if own is None:
+                log_figures_later(trainer, FigureJob(evaluation_figures, (stage, summary)), stamp=False)
+            else:
+                log_figures_later(trainer, FigureJob(own_figures, (own, stage, summary, self.key)), stamp=False)

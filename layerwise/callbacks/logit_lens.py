@@ -3,13 +3,11 @@
 from collections.abc import Sequence
 from typing import Any, Optional
 
-import torch
 from lightning.pytorch import Trainer
 from torchmetrics import Metric
 
 from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor
 from layerwise.callbacks.family import per_layer, shaped
-from layerwise.figures.summary import exits_per_layer, saturation_histogram
 from layerwise.metrics import (
     EarlyExit,
     LayerAccuracy,
@@ -152,13 +150,6 @@ class LogitLensFamily(Family):
                 scalars[f"{key}/accuracy/{name}"] = row["accuracy"]
                 scalars[f"{key}/speedup/{name}"] = row["speedup"]
         return scalars
-
-    def figures(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, Any]:
-        cos = [None if not torch.isfinite(v) else float(v) for v in results["saturation_cos"]]
-        return {
-            "saturation": saturation_histogram(results["saturation_counts"].tolist(), spec.layer_numbers, cos),
-            "early_exit": exits_per_layer(results["early_exit"], spec.layer_numbers),
-        }
 
     def charts(self) -> dict[str, str]:
         return {

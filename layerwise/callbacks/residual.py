@@ -141,11 +141,6 @@ class ResidualNormRatioMonitor(AnalysisCallback):
         means = ", ".join(f"{name} {_range(row)}" for name, row in zip(results["branches"], results["mean"]))
         return f"residual norm ratio ||x||/||F(x)|| (layer 1 -> {len(results['layers'])}): {means}"
 
-    def figures(self, results: dict[str, Any]) -> dict[str, Any]:
-        from layerwise.figures.residual import norm_ratio_figure
-
-        return {"residual_norm_ratio": norm_ratio_figure(results)}
-
 
 def _range(row: Sequence[Optional[float]]) -> str:
     first, last = row[0], row[-1]

@@ -6,8 +6,6 @@ from torchmetrics import Metric
 
 from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor
 from layerwise.callbacks.family import per_layer, shaped
-from layerwise.figures.heatmap import heatmap
-from layerwise.figures.summary import cos_box_plots
 from layerwise.metrics import LayerCKA, LayerCosineSimilarity, MinibatchCKA
 from layerwise.metrics.functional_distribution import histogram_quantiles
 
@@ -86,19 +84,6 @@ class SimilarityFamily(Family):
         if results.get("cos_negative_fraction") is not None:
             scalars.update(per_layer(results["cos_negative_fraction"][:, -1], spec, "cos_negative_to_last"))
         return scalars
-
-    def figures(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, Any]:
-        figures = {"cos": heatmap(results["cos"].cpu(), spec.layer_numbers, "COS")}
-        if results["cka"] is not None:
-            figures["cka"] = heatmap(results["cka"].cpu(), spec.layer_numbers, f"CKA ({self.cka_estimator})")
-        if results.get("cos_quantiles") is not None:
-            figures["cos_distribution"] = cos_box_plots(
-                results["cos_quantiles"][:, -1].tolist(),
-                results["cos_quantile_levels"],
-                results["cos_negative_fraction"][:, -1].tolist(),
-                spec.layer_numbers,
-            )
-        return figures
 
     def charts(self) -> dict[str, str]:
         return {

@@ -25,6 +25,7 @@ from layerwise.figures.style import (
     run_line,
     series_colour,
     stamp,
+    stamp_all,
 )
 
 # What each figure of summary_figures() shows, in words: the captions of the report (and of anyone listing the figures)
@@ -267,3 +268,28 @@ def summary_figures(summary: dict[str, Any]) -> dict[str, Figure]:
         figures.update(coupling_figures(summary["coupling"]))
     line = run_line(summary)
     return {name: stamp(figure, line) for name, figure in figures.items()}
+
+
+def evaluation_figures(stage: str, summary: dict[str, Any]) -> dict[str, Figure]:
+    """What a training run logs of one evaluation: :func:`summary_figures` of its summary, tagged ``stage/name``.
+
+    The one table from results to figures: the callbacks hand the drawing process the JSON they write into the
+    summary (with its ``stage``, ``epoch`` and ``global_step``), and ``layerwise plot`` and ``report`` draw the same
+    function from the file, so a figure logged during training is the figure ``plot`` writes from that summary.
+    """
+    return {f"{stage}/{name}": figure for name, figure in summary_figures(summary).items()}
+
+
+def own_figures(function: Any, stage: str, summary: dict[str, Any], key: str) -> dict[str, Figure]:
+    """The figures of a user's own analysis: ``function(summary[key])`` (name -> figure), stamped and tagged.
+
+    ``function`` is the analysis's module-level figure function (``AnalysisCallback.figures``): it travels to the
+    drawing process by name, with the JSON results.
+    """
+    line = run_line(summary)
+    return {f"{stage}/{name}": stamp(figure, line) for name, figure in function(summary[key]).items()}
+
+
+def stamped_figures(figures: Any, epoch: int, step: int) -> dict[str, Figure]:
+    """``figures()`` (``stage/name`` -> figure), each stamped with its stage, epoch and global step under its title."""
+    return stamp_all(figures(), epoch, step)
