@@ -71,10 +71,15 @@ def test_a_nan_training_loss_is_warned_once_with_its_step(tmp_path):
         job.fit(module, nan_loader(48, first_bad=16))  # batch 0 finite, batches 1 and 2 NaN
     messages = [str(w.message) for w in caught if "training loss" in str(w.message)]
     assert messages == [
-        "Standard: the training loss was not finite (NaN/inf) at global step 1, the first such step (warned once per "
-        "run): check the inputs for NaN/inf, or lower the learning rate; the analysis skips non-finite samples and "
-        "counts them in `n_nonfinite`."
+        "Standard: the training loss is not finite (NaN/inf) from epoch 0, batch 1 (step 1), whose features are "
+        "non-finite in 16 samples; the run goes on (once NaN reaches the weights, every later value is NaN): "
+        "`--trainer.detect_anomaly=true` stops it at the first non-finite gradient. Check the inputs for NaN/inf, or "
+        "lower the learning rate."
     ]
+    assert module.nonfinite_training() == (
+        "2 training batches with a non-finite loss (the first: epoch 0, batch 1, step 1, 16 samples with non-finite "
+        "features)"
+    )
 
 
 def test_empty_data_draws_a_note_not_an_error():

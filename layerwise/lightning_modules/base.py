@@ -236,7 +236,7 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
             return
         self._nonfinite_warned = True
         rank_zero_warn(
-            f"layerwise fit: the training loss is not finite (NaN/inf) from epoch {epoch}, batch {batch} (step "
+            f"{type(self).__name__}: the training loss is not finite (NaN/inf) from epoch {epoch}, batch {batch} (step "
             f"{step}), whose features are non-finite in {rows} sample{'' if rows == 1 else 's'}; the run goes on "
             "(once NaN reaches the weights, every later value is NaN): `--trainer.detect_anomaly=true` stops it at "
             "the first non-finite gradient. Check the inputs for NaN/inf, or lower the learning rate."
