@@ -1,6 +1,6 @@
 """Early exit that saves time: the measured wall-clock speedup next to the paper's layer-count speedup.
 
-For batch sizes 1, 32 and 256 (``--batch-sizes``), :func:`layerwise.inference.early_exit.measure_speedup` times batched
+For batch sizes 1, 32 and 256 (``--batch-sizes``), :func:`layerwise.engines.early_exit.measure_speedup` times batched
 early exit (samples that meet the criterion leave the batch; the rest run on) against the full model on the same
 batches,
 and the table shows the layer-count speedup ``Σ L·m_l / Σ l·m_l``, the measured speedup (full wall time / early-exit
@@ -47,8 +47,8 @@ import torch
 from lightning.pytorch import Trainer, seed_everything
 
 from layerwise.cli import LayerwiseCLI
+from layerwise.engines.early_exit import EarlyExitResult, layer_count_speedup, measure_speedup
 from layerwise.features import Backbone, TimmViT
-from layerwise.inference.early_exit import EarlyExitResult, layer_count_speedup, measure_speedup
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = REPO / "configs" / "quickstart.yaml"

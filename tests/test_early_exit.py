@@ -19,8 +19,8 @@ from torch import nn
 
 from layerwise.callbacks import EarlyExitPredictionWriter
 from layerwise.cli import LayerwiseCLI
+from layerwise.engines.early_exit import check_criterion, early_exit_predict, measure_speedup
 from layerwise.features import Backbone, HFEncoder, TimmViT
-from layerwise.inference.early_exit import check_criterion, early_exit_predict, measure_speedup
 from layerwise.metrics.functional import _early_exit_compute, _early_exit_update
 
 QUICKSTART = str(Path(__file__).resolve().parents[1] / "configs" / "quickstart.yaml")
@@ -413,7 +413,7 @@ def test_cli_predict_with_the_writer_on_the_quickstart_config(tmp_path, monkeypa
 def test_a_sharded_backbone_runs_every_block_whatever_its_samples_exit(monkeypatch, rows):
     """FSDP2 gathers a block's weights in a collective at every call: a rank whose samples all exited at block 1
     (or that has none) still calls every block, on no rows, with the same predictions as without sharding."""
-    from layerwise.inference import early_exit
+    from layerwise.engines import early_exit
 
     backbone = fitted_backbone()
     inputs = digits()[2][:rows]

@@ -13,8 +13,8 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
+from layerwise.engines.early_exit import EXIT_LAYERS, check_criterion, layer_count_speedup
 from layerwise.features import IGNORE_INDEX, PREDICTIONS, TARGETS
-from layerwise.inference.early_exit import EXIT_LAYERS, check_criterion, layer_count_speedup
 from layerwise.results import to_json, write_text_atomic
 
 _OPTION = "--trainer.callbacks."
@@ -26,9 +26,9 @@ class EarlyExitPredictionWriter(BasePredictionWriter):
 
     On predict start it sets the module's ``early_exit`` attribute, so that
     :meth:`~layerwise.lightning_modules.LayerwiseModule.predict_step` runs
-    :func:`layerwise.inference.early_exit.early_exit_predict` (block by block; samples that meet the criterion leave
+    :func:`layerwise.engines.early_exit.early_exit_predict` (block by block; samples that meet the criterion leave
     the batch and skip the remaining blocks) instead of the full model, and resets it when predict ends. Give exactly
-    one criterion (see :mod:`layerwise.inference.early_exit` for the exact definitions).
+    one criterion (see :mod:`layerwise.engines.early_exit` for the exact definitions).
 
     Rows are collected on every rank, gathered to global rank zero (under DDP each process predicts a part of the
     data) and written there, ordered by dataset index, each sample once. Both files are written atomically

@@ -390,3 +390,8 @@ class _Function(nn.Module):
 
 class _Steps(nn.Sequential):
     """A copied head: the same steps as ``HeadSteps``, owning its parameters."""
+
+
+def num_blocks(model: nn.Module, option: str = "--model") -> int:
+    """Number of blocks ``L`` of a model known to :data:`FAMILIES` (``option`` names it in an error)."""
+    return len(get_blocks(model, layer_paths(model, option), option))

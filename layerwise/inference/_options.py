@@ -127,7 +127,7 @@ class ModelSource:
 
     def load(self) -> tuple[Any, Any, int]:
         """The model, its tokenizer and its number of blocks; a bad combination of options fails before loading."""
-        from layerwise.inference.generation import num_blocks
+        from layerwise.features.paths import num_blocks
 
         checkpoint, model, tokenizer = self.checkpoint, self.model, self.tokenizer
         if (checkpoint is None) == (model is None):

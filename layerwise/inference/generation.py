@@ -25,13 +25,6 @@ Strategy = Literal["greedy", "top_k", "nucleus", "beam"]
 STRATEGIES: tuple[str, ...] = ("greedy", "top_k", "nucleus", "beam")
 
 
-def num_blocks(model: nn.Module, option: str = "--model") -> int:
-    """Number of blocks ``L`` of a model known to :data:`~layerwise.features.paths.FAMILIES`."""
-    from layerwise.features.paths import get_blocks, layer_paths
-
-    return len(get_blocks(model, layer_paths(model, option), option))
-
-
 def check_generation_options(
     max_new_tokens: int,
     strategy: str,

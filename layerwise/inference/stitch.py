@@ -11,7 +11,6 @@ from typing import Any, Literal, Optional
 from layerwise.errors import lightning_lines_silenced
 from layerwise.inference._lazy import ANNOTATIONS_ONLY
 from layerwise.inference._options import TextSource, check_block_size, check_same_vocab, load_model_as, model_tokenizer
-from layerwise.inference.generation import num_blocks
 
 if ANNOTATIONS_ONLY:
     from torch import nn
@@ -298,6 +297,8 @@ def stitch(
     check_same_vocab(first, second)
     if task == "causal_lm":
         check_block_size(block_size, {"--model_a": first, "--model_b": second})
+    from layerwise.features.paths import num_blocks
+
     depth_a, depth_b = num_blocks(first, "--model_a"), num_blocks(second, "--model_b")
     chosen = parse_pairs(layers, pairs, depth_a, depth_b)
     stage = "validate" if phi == "identity" else "fit"

@@ -11,6 +11,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from layerwise._compat import built_by_lightning_cli
+from layerwise.engines.early_exit import EXIT_LAYERS, early_exit_predict
 from layerwise.errors import UsageError
 from layerwise.features import (
     EXIT_LOGITS,
@@ -26,7 +27,6 @@ from layerwise.features import (
     TARGETS,
     Backbone,
 )
-from layerwise.inference.early_exit import EXIT_LAYERS, early_exit_predict
 from layerwise.lightning_modules.checkpoint import use_checkpoint_reader
 from layerwise.lightning_modules.readout import DEFAULT_CHUNK_SIZE, Head, chunked_cross_entropy, chunked_readout
 from layerwise.metrics import Readout, readout_from_logits
