@@ -101,8 +101,9 @@ def _trainer_classes() -> tuple[type, type]:
             self._position = None
             subcommand = self.config.get("subcommand")
             threads = (self.config.get(subcommand) if subcommand else self.config).get("threads")
-            if threads:  # before any tensor work of this process
+            if threads:  # before any tensor work; OMP_NUM_THREADS keeps Lightning's DDP launcher from resetting it
                 torch.set_num_threads(threads)
+                os.environ["OMP_NUM_THREADS"] = str(threads)
             if subcommand not in ("validate", "test", "predict"):
                 return
             config = self.config[subcommand]
@@ -133,11 +134,7 @@ def _trainer_classes() -> tuple[type, type]:
         def _summary_without_uncounted_flops(self, trainer: Any) -> None:
             """Lightning's default model summary -> ``CountedModelSummary``; a configured one stays as configured."""
             config = self.config.get(self.subcommand) if self.subcommand else self.config
-            defaults = (self.trainer_defaults or {}).get("callbacks") or []
-            given = config.get("trainer.callbacks") if config is not None else None
-            replace_default_summary(
-                trainer, [*(given or []), *(defaults if isinstance(defaults, list) else [defaults])]
-            )
+            replace_default_summary(trainer, config.get("trainer.callbacks") if config else None, self.trainer_defaults)
 
         @contextmanager
         def _errors_in_one_line(self, kinds: tuple[type[Exception], ...], parsed: bool = True) -> Iterator[None]:

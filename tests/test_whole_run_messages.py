@@ -216,3 +216,19 @@ def test_predict_says_it_does_not_use_an_explicit_logger(tmp_path, capsys):
     assert "layerwise predict: --trainer.logger is not used: predict logs nothing." in captured.err
     assert captured.out.rstrip().splitlines()[-1].startswith("layerwise predict: checkpoint ")
     assert not (tmp_path / "p").exists()
+
+
+def test_threads_sets_torch_and_keeps_lightnings_ddp_launcher_from_resetting_them(tmp_path, monkeypatch):
+    from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
+
+    from layerwise.cli import LayerwiseCLI
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    try:
+        LayerwiseCLI(args=["--config", QUICKSTART, f"--trainer.default_root_dir={tmp_path}", "--threads=1"], run=False)
+        assert torch.get_num_threads() == 1
+        _set_num_threads_if_needed(num_processes=1)  # what Lightning's DDP launchers call before they start ranks
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

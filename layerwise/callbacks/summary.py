@@ -2,7 +2,7 @@
 
 import importlib.util
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
 
 from lightning.pytorch.callbacks import ModelSummary, RichModelSummary
 from lightning.pytorch.utilities.model_summary import get_formatted_model_size, get_human_readable_count
@@ -77,12 +77,14 @@ def summary_table(
     return "\n".join(lines)
 
 
-def replace_default_summary(trainer: Any, given: Sequence[Any]) -> None:
-    """Lightning's default model summary -> :class:`CountedModelSummary`, unless ``given`` holds a ``ModelSummary``.
+def replace_default_summary(trainer: Any, configured: Optional[Sequence[Any]], defaults: Optional[dict]) -> None:
+    """Lightning's default model summary -> :class:`CountedModelSummary`, unless the user configured a summary.
 
-    ``given``: the callbacks the user configured (class paths from a config or a flag, objects from
-    ``trainer_defaults``); a summary among them stays as configured.
+    ``configured``: the callbacks of the parsed config (class paths, from a config file or a flag); ``defaults``:
+    LightningCLI's ``trainer_defaults``, whose ``callbacks`` are objects. A ``ModelSummary`` in either stays.
     """
+    extra = (defaults or {}).get("callbacks") or []
+    given = [*(configured or []), *(extra if isinstance(extra, (list, tuple)) else [extra])]
     if any("ModelSummary" in str(getattr(callback, "class_path", type(callback))) for callback in given):
         return
     defaults = (ModelSummary, RichModelSummary)
