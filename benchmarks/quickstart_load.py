@@ -11,26 +11,19 @@ idle". Records the wall times and the ratios, measured side by side in one run.
 """
 
 import argparse
-import multiprocessing
 import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _load import busy_processes, fit_seconds  # noqa: E402
 from _record import load_now, record  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "quickstart.yaml"
-
-
-def busy() -> None:
-    while True:
-        pass
 
 
 def without_analysis(folder: Path) -> Path:
@@ -43,18 +36,6 @@ def without_analysis(folder: Path) -> Path:
     return path
 
 
-def fit_seconds(config: Path, epochs: int) -> float:
-    command = [sys.executable, "-m", "layerwise", "fit", "--config", str(config)]
-    command += [f"--trainer.max_epochs={epochs}", f"--model.init_args.lr_scheduler.init_args.max_epochs={epochs}"]
-    with tempfile.TemporaryDirectory() as folder:
-        start = time.perf_counter()
-        result = subprocess.run(command, cwd=folder, capture_output=True, text=True)
-        seconds = time.perf_counter() - start
-    if result.returncode != 0:
-        raise SystemExit(f"the fit failed (rc {result.returncode}):\n{result.stderr[-3000:]}")
-    return seconds
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--epochs", type=int, default=40)
@@ -65,17 +46,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         plain = without_analysis(Path(folder))
         for load in (0, cores):
-            workers = [multiprocessing.Process(target=busy, daemon=True) for _ in range(load)]
-            for worker in workers:
-                worker.start()
-            try:
+            with busy_processes(load):
                 row = seconds.setdefault("quiet" if load == 0 else f"busy_{load}", {})
                 row["shipped"] = round(fit_seconds(CONFIG, args.epochs), 1)
                 row["without_analysis"] = round(fit_seconds(plain, args.epochs), 1)
                 print(load, "busy:", row, flush=True)
-            finally:
-                for worker in workers:
-                    worker.terminate()
     ratios = {load: round(row["shipped"] / row["without_analysis"], 2) for load, row in seconds.items()}
     values = {"epochs": args.epochs, "busy_processes": cores, "seconds": seconds, "ratio": ratios}
     record(f"quickstart_load_{args.epochs}_epochs", values, load_before)

@@ -11,36 +11,15 @@ the 2-core machine has cores at most: "a laptop busy with something else".
 """
 
 import argparse
-import multiprocessing
-import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _load import busy_processes, fit_seconds  # noqa: E402
 from _record import load_now, record  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIG = REPO / "configs" / "quickstart.yaml"
-
-
-def busy() -> None:
-    while True:
-        pass
-
-
-def fit_seconds(threads: int, epochs: int) -> float:
-    """Wall seconds of one quickstart fit with ``threads`` intra-op threads, in a fresh folder."""
-    command = [sys.executable, "-m", "layerwise", "fit", "--config", str(CONFIG), f"--threads={threads}"]
-    command += [f"--trainer.max_epochs={epochs}", f"--model.init_args.lr_scheduler.init_args.max_epochs={epochs}"]
-    with tempfile.TemporaryDirectory() as folder:
-        start = time.perf_counter()
-        result = subprocess.run(command, cwd=folder, capture_output=True, text=True)
-        seconds = time.perf_counter() - start
-    if result.returncode != 0:
-        raise SystemExit(f"the fit failed (rc {result.returncode}):\n{result.stderr[-3000:]}")
-    return seconds
 
 
 def main() -> None:
@@ -50,20 +29,14 @@ def main() -> None:
     load_before = load_now()
     seconds: dict[str, dict[str, float]] = {}
     for load in (0, 1, 2):
-        workers = [multiprocessing.Process(target=busy, daemon=True) for _ in range(load)]
-        for worker in workers:
-            worker.start()
-        try:
+        with busy_processes(load):
             for threads in (1, 2):
                 seconds.setdefault(f"busy_{load}", {})[f"threads_{threads}"] = round(
-                    fit_seconds(threads, args.epochs), 1
+                    fit_seconds(CONFIG, args.epochs, f"--threads={threads}"), 1
                 )
                 print(
                     f"{load} busy process(es), {threads} thread(s): {seconds[f'busy_{load}'][f'threads_{threads}']} s"
                 )
-        finally:
-            for worker in workers:
-                worker.terminate()
     ratios = {load: round(row["threads_2"] / row["threads_1"], 2) for load, row in seconds.items()}
     record(
         f"threads_{args.epochs}_epochs",

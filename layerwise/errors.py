@@ -88,14 +88,8 @@ def concise_error(message: str, class_options: Optional[dict[str, str]] = None) 
         scalar = next((c for c in every if c[2] == path and _SCALAR.match(c[1])), None)
         given = [match.group(1) for line in lines if (match := _GIVEN_VALUE.match(line.lstrip(" -")))]
         if scalar is not None and given:
-            return _with_option(path, f"expected {_SCALAR.match(scalar[1]).group(1)}, got {given[0]!r}")
-    option, last_class = "", None
-    for _, kind, name in path:
-        if kind == "key":
-            option = f"{option}.init_args.{name}" if last_class else f"{option}.{name}" if option else name
-            last_class = None
-        else:
-            last_class = name
+            return f"--{_option(path)[0]}: expected {_SCALAR.match(scalar[1]).group(1)}, got {given[0]!r}"
+    option, last_class = _option(path)
     unknown = _UNKNOWN_CLASS.match(cause)
     if unknown:  # a short class name that matches no imported class: jsonargparse asks for an import path
         cause = f"no class named {unknown.group(1)!r}: give an existing class's name or its import path"
@@ -110,8 +104,8 @@ def concise_error(message: str, class_options: Optional[dict[str, str]] = None) 
     return f"--{option}={last_class}: {cause}" if last_class else f"--{option}: {cause}"
 
 
-def _with_option(path: tuple[tuple[int, str, str], ...], cause: str) -> str:
-    """``--option: cause`` for the option the headers ``path`` name (a key after a class is its ``init_args``)."""
+def _option(path: tuple[tuple[int, str, str], ...]) -> tuple[str, Optional[str]]:
+    """The option the headers ``path`` name (a key after a class is its ``init_args``), and its last class if any."""
     option, last_class = "", None
     for _, kind, name in path:
         if kind == "key":
@@ -119,7 +113,7 @@ def _with_option(path: tuple[tuple[int, str, str], ...], cause: str) -> str:
             last_class = None
         else:
             last_class = name
-    return f"--{option}: {cause}"
+    return option, last_class
 
 
 def bad_config_file(argv: Optional[list[str]] = None) -> str:
