@@ -232,3 +232,10 @@ def test_threads_sets_torch_and_keeps_lightnings_ddp_launcher_from_resetting_the
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_warm_up_longer_than_the_schedule_names_both_options(tmp_path, capsys):
+    argv = ["fit", *TINY, f"--trainer.logger.init_args.save_dir={tmp_path}"]
+    run_fails([*argv, "--model.init_args.lr_scheduler.init_args.max_epochs=1"])
+    line = error_line(capsys)
+    assert "lr_scheduler.init_args.warmup_epochs=2" in line and "lr_scheduler.init_args.max_epochs=1" in line, line

@@ -5,6 +5,8 @@ import math
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
+from layerwise.errors import UsageError
+
 
 class WarmupCosineLR(LambdaLR):
     """Linear warm-up for ``warmup_epochs`` then cosine decay to ``min_lr_ratio`` of the base lr at ``max_epochs``.
@@ -16,8 +18,12 @@ class WarmupCosineLR(LambdaLR):
     def __init__(
         self, optimizer: Optimizer, warmup_epochs: int = 5, max_epochs: int = 300, min_lr_ratio: float = 0.0
     ) -> None:
-        if not 0 <= warmup_epochs < max_epochs:
-            raise ValueError(f"Need 0 <= warmup_epochs ({warmup_epochs}) < max_epochs ({max_epochs}).")
+        if not 0 <= warmup_epochs < max_epochs:  # built inside the run (configure_optimizers): a UsageError, one line
+            option = "--model.init_args.lr_scheduler.init_args"
+            raise UsageError(
+                f"`{option}.warmup_epochs={warmup_epochs}` must be at least 0 and below `{option}.max_epochs="
+                f"{max_epochs}` (set both with a shorter --trainer.max_epochs)."
+            )
         self.warmup_epochs = warmup_epochs
         self.max_epochs = max_epochs
         self.min_lr_ratio = min_lr_ratio
