@@ -87,5 +87,5 @@ def replace_default_summary(trainer: Any, configured: Optional[Sequence[Any]], d
     given = [*(configured or []), *(extra if isinstance(extra, (list, tuple)) else [extra])]
     if any("ModelSummary" in str(getattr(callback, "class_path", type(callback))) for callback in given):
         return
-    defaults = (ModelSummary, RichModelSummary)
-    trainer.callbacks = [CountedModelSummary() if type(c) in defaults else c for c in trainer.callbacks]
+    lightnings = (ModelSummary, RichModelSummary)
+    trainer.callbacks = [CountedModelSummary() if type(c) in lightnings else c for c in trainer.callbacks]
