@@ -157,24 +157,7 @@ class AnalysisCallback(Callback):
     ) -> None:
         self._before(trainer, pl_module, batch, dataloader_idx)
 
-    def on_test_batch_start(
-        self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0
-    ) -> None:
-        self._before(trainer, pl_module, batch, dataloader_idx)
-
     def on_validation_batch_end(
-        self,
-        trainer: Trainer,
-        pl_module: LightningModule,
-        outputs: Any,
-        batch: Any,
-        batch_idx: int,
-        dataloader_idx: int = 0,
-    ) -> None:
-        if self._active:
-            self.after_batch(trainer, pl_module, outputs, batch)
-
-    def on_test_batch_end(
         self,
         trainer: Trainer,
         pl_module: LightningModule,
@@ -189,8 +172,10 @@ class AnalysisCallback(Callback):
     def on_validation_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._end(trainer, pl_module)
 
-    def on_test_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._end(trainer, pl_module)
+    # test batches and its epoch's end go through the same steps as validation's
+    on_test_batch_start = on_validation_batch_start
+    on_test_batch_end = on_validation_batch_end
+    on_test_epoch_end = on_validation_epoch_end
 
     def _begin(self, trainer: Trainer, stage: str, dataloaders: Any) -> None:
         self.stop()

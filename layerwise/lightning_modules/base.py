@@ -171,8 +171,8 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
 
     def training_step(self, batch: Any, batch_idx: int) -> Tensor:
         outputs = self.samples(batch)
-        with torch.no_grad():  # samples with a non-finite feature at any layer (read only if the loss is not finite)
-            self._last_nonfinite_rows = (~torch.isfinite(outputs[FEATURES])).any(dim=-1).any(dim=0).sum()
+        with torch.no_grad():  # samples whose last-layer feature is non-finite (a NaN at any layer reaches it)
+            self._last_nonfinite_rows = (~torch.isfinite(outputs[FEATURES][-1])).any(dim=-1).sum()
         loss = self.compute_loss(outputs)
         self.log("train/loss", loss, prog_bar=True)
         if not self.backbone.token_level:
