@@ -12,6 +12,7 @@ from layerwise.figures.report import write_report
 from layerwise.results import summary_path
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+pytestmark = pytest.mark.slow  # a browser: .ci/run installs Chromium, then runs these
 NC1 = [[60.3, 55.1, 48.2, 41.7, 30.4, 25.2], [4.1, 3.3, 2.7, 2.2, 1.6, 1.2], [3.2, 2.5, 2.0, 1.6, 1.1, 0.81]]
 
 
