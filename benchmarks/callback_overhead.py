@@ -162,16 +162,16 @@ def _time_finish_parts(monitor: LayerwiseMonitor, synchronize: Callable[[], None
     global _PATCHED_MODULE_PARTS
     for family in monitor.families:
         _timed(family, "compute", f"compute {type(family).__name__}", synchronize)
-    _timed(monitor, "_log_scalars", "log scalars (Lightning)", synchronize)
     if not _PATCHED_MODULE_PARTS:  # module-level: once, whichever configuration runs adds to its own _FINISH
         _PATCHED_MODULE_PARTS = True
-        from layerwise.callbacks import _loader, base
+        from layerwise.callbacks import _loader, lifecycle, monitor
 
         _timed(_loader, "all_reduce_sum_states", "all-reduce", synchronize)
         _timed(_loader.LoaderState, "reduce", "reduce (all-reduce and every compute)", synchronize)
-        _timed(base, "write_summary", "write the JSON", synchronize)
-        _timed(base, "layer_table", "layer table", synchronize)
-        _timed(base, "log_figures", "enqueue figures", synchronize)
+        _timed(lifecycle, "log_scalars", "log scalars (Lightning)", synchronize)
+        _timed(lifecycle, "merge_summary", "write the JSON", synchronize)
+        _timed(monitor, "layer_table", "layer table", synchronize)
+        _timed(lifecycle, "log_figures_later", "enqueue figures", synchronize)
 
 
 @dataclass

@@ -5,7 +5,7 @@ weights) validates random images with random labels on 2 processes started with 
 (gloo, one intra-op thread per process; as in ``tests/test_callbacks_ddp.py``). In every process, patched in the
 parent before forking:
 
-- ``all_reduce_sum_states`` as the callback calls it (``layerwise/callbacks/base.py``, ``_finish``): the whole call,
+- ``all_reduce_sum_states`` as the callback calls it (``layerwise/callbacks/monitor.py``, ``_finish``): the whole call,
   i.e. packing every metric state into one float64 buffer, the ``all_reduce`` and writing the sums back (``states``),
   and the ``all_reduce`` inside it on its own (``reduce``);
 - the second, small ``all_reduce`` of the centred cosine metrics (``LayerCosineSimilarity`` and
@@ -48,7 +48,7 @@ import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from torch.utils.data import DataLoader, TensorDataset
 
-import layerwise.callbacks.base as callback_base
+import layerwise.callbacks.monitor as callback_base
 from layerwise.callbacks import LayerwiseAnalysis
 from layerwise.features import TimmViT
 from layerwise.lightning_modules import Standard

@@ -25,7 +25,7 @@ FACE = {"__main__", "__init__"}  # `python -m layerwise` and the package root
 
 
 def part_of(module: str) -> str:
-    """``layerwise.callbacks.base`` -> ``callbacks``; ``layerwise.cli`` -> ``cli``."""
+    """``layerwise.callbacks.monitor`` -> ``callbacks``; ``layerwise.cli`` -> ``cli``."""
     return module.split(".")[1]
 
 

@@ -369,7 +369,7 @@ def test_the_last_batch_is_fed_at_the_end_and_a_failed_epoch_leaves_no_batch_beh
     failing = FailsAtBatch(fitted_module().backbone)
     with pytest.raises(RuntimeError, match="boom"):
         trainer(tmp_path / "failed", [callback]).validate(failing, val_loader(N), verbose=False)
-    assert all(state.pending is None and not state.held for state in callback._states)
+    assert all(state.pending is None and not state.held for state in callback._states.values())
     trainer(tmp_path / "again", [callback]).validate(fitted_module(), val_loader(N), verbose=False)
     assert read_summary(tmp_path / "again")["num_samples"] == N
 
@@ -584,7 +584,7 @@ def test_layers_first_and_last(tmp_path, analysis_run):
 class StateProbe(LayerwiseAnalysis):
     """Snapshots the shapes of every metric state just before the epoch's states are reduced and reset."""
 
-    def _finish(self, trainer, pl_module):
+    def compute(self, trainer, pl_module):
         self.states = {}
         self._states[0].feed_pending()  # the last batch is fed when the states are reduced: feed it now
         metrics = self._states[0].metrics
@@ -593,7 +593,7 @@ class StateProbe(LayerwiseAnalysis):
                 assert isinstance(value, Tensor), f"{type(metric).__name__}.{name} is a list state"
                 self.states[f"{type(metric).__name__}.{name}"] = tuple(value.shape)
         self.buffered = {type(m).__name__: m._num_buffered for m in metrics if hasattr(m, "_num_buffered")}
-        super()._finish(trainer, pl_module)
+        return super().compute(trainer, pl_module)
 
 
 def test_metric_states_do_not_grow_with_samples(tmp_path):

@@ -1,6 +1,7 @@
 """Every figure renders from a summary without a warning; legends off the curves, integer layer ticks, titles."""
 
 import warnings
+import weakref
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -719,6 +720,7 @@ def test_log_tensorboard_charts_logs_an_image_per_chart():
     """What the callbacks hand over at a figure epoch (the analysed epochs' scalars, the charts' regexes) becomes
     one image per chart in the run's TensorBoard, under the Custom Scalars' section and chart names."""
     from layerwise.callbacks import _drawing, _loggers
+    from layerwise.callbacks.lifecycle import RunRecord
 
     images = {}
 
@@ -731,17 +733,18 @@ def test_log_tensorboard_charts_logs_an_image_per_chart():
         def add_image(self, tag, image, global_step, dataformats):
             images[tag] = (global_step, image.shape, dataformats)
 
-    class Trainer:  # a weak-referenceable stand-in: the history is kept per trainer
+    class Trainer:  # a weak-referenceable stand-in: the run's record refers to its trainer
         loggers = [type("Logger", (), {"experiment": Writer()})()]
 
     trainer = Trainer()
+    record = RunRecord(weakref.ref(trainer))
     for step in (23, 46, 69):
         scalars = {f"val/acc/layer_{k:02d}": 0.1 * k + step / 1000 for k in range(1, 7)}
         scalars.update({f"val/nc1/layer_{k:02d}": 60.0 / step / k for k in range(1, 7)})
-        _loggers.add_to_history(trainer, "val", step, scalars)
+        history = record.add_history("val", step, scalars)
     charts = {"accuracy per layer": r"val/acc/layer_\d+", "NC1 per layer": r"val/nc1/layer_\d+", "loss": r"val/loss"}
     assert _loggers.chart_loggers(trainer) == [trainer.loggers[0].experiment]
-    _loggers.log_tensorboard_charts(trainer, "val", charts)
+    _loggers.log_tensorboard_charts(trainer, "val", charts, history)
     _drawing.wait_for_figures()
     assert set(images) == {"layerwise val/accuracy per layer", "layerwise val/NC1 per layer"}
     for step, shape, dataformats in images.values():

@@ -1,7 +1,6 @@
 """Analysis callbacks: drop them into any Lightning Trainer."""
 
 from layerwise.callbacks.analysis import LayerwiseAnalysis
-from layerwise.callbacks.base import LayerwiseMonitor
 from layerwise.callbacks.compare import CrossModelComparison
 from layerwise.callbacks.coupling import BlockCoupling
 from layerwise.callbacks.detection import DetectionLayerAP
@@ -9,6 +8,7 @@ from layerwise.callbacks.early_exit_writer import EarlyExitPredictionWriter
 from layerwise.callbacks.effective_depth import EffectiveDepthMonitor
 from layerwise.callbacks.lifecycle import AnalysisCallback
 from layerwise.callbacks.logit_lens import LogitLensMonitor
+from layerwise.callbacks.monitor import LayerwiseMonitor
 from layerwise.callbacks.neural_collapse import NeuralCollapseMonitor
 from layerwise.callbacks.progress import ProgressLines
 from layerwise.callbacks.residual import ResidualNormRatioMonitor

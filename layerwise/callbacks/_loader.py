@@ -50,7 +50,10 @@ class LoaderState:
         """Fresh metrics of ``families`` for ``spec``, with the sample count and the non-finite rows."""
         count = SampleCount(sync_on_compute=False)
         nonfinite = NonFiniteRows(len(spec.layer_numbers), sync_on_compute=False)
-        metrics = [count, nonfinite] + [metric for family in families for metric in family.build(spec)]
+        metrics: list[Metric] = [count, nonfinite]
+        for family in families:
+            family.spec = spec
+            metrics += family.build(spec)
         return cls(families, metrics, count, nonfinite)
 
     def start(self, loader: Any, keep_indices: bool) -> None:
@@ -138,7 +141,7 @@ class LoaderState:
             )
         results: dict[str, Any] = {}
         for family in self.families:
-            results.update(family.compute(spec))
+            results.update(family.compute())
         return num_samples, results
 
     def reset(self) -> None:

@@ -31,7 +31,6 @@ scalars logged twice, and fills the run selector with 6-24 runs per fit.)
 
 import math
 import re
-import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,7 +94,7 @@ def wandb_loggers(trainer: Trainer) -> list[WandbLogger]:
 
 
 def chart_loggers(trainer: Trainer) -> list[Any]:
-    """The loggers that get per-layer charts from the :func:`history`: W&B's and TensorBoard's experiments."""
+    """The loggers that get per-layer charts from a stage's scalar history: W&B's and TensorBoard's experiments."""
     return [*wandb_loggers(trainer), *tensorboards(trainer)]
 
 
@@ -167,30 +166,18 @@ def _unused(path: Path) -> Path:
 
 # -- per-layer charts for W&B -------------------------------------------------------------------------------------
 
-# Per trainer and stage: tag -> [(global step, value)], the scalars of every analysed epoch so far.
-_HISTORY: "weakref.WeakKeyDictionary[Trainer, dict[str, dict[str, list[tuple[int, float]]]]]" = (
-    weakref.WeakKeyDictionary()
-)
+# The scalars of every analysed evaluation of one stage so far, as the run's analysis callbacks keep them
+# (``lifecycle.RunRecord.history``): tag -> [(global step, value)].
+History = dict[str, list[tuple[int, float]]]
 
 
-def history(trainer: Trainer, stage: str) -> dict[str, list[tuple[int, float]]]:
-    """The scalars of the analysed epochs of ``stage`` so far: tag -> [(global step, value)]."""
-    return _HISTORY.setdefault(trainer, {}).setdefault(stage, {})
-
-
-def add_to_history(trainer: Trainer, stage: str, step: int, scalars: dict[str, float]) -> None:
-    """Append one analysed epoch's scalars (tag -> value) to the stage's history."""
-    for tag, value in scalars.items():
-        history(trainer, stage).setdefault(tag, []).append((step, float(value)))
-
-
-def chart_series(trainer: Trainer, stage: str, charts: dict[str, str]) -> dict[str, dict[str, list[tuple[int, float]]]]:
-    r"""Each chart's finite points from the stage's :func:`history`: title -> tag -> [(global step, value)].
+def chart_series(history: History, charts: dict[str, str]) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    r"""Each chart's finite points from one stage's ``history``: title -> tag -> [(global step, value)].
 
     ``charts`` maps a title to the regex of its tags (``val/acc/layer_\d+``); a chart without a point is left out.
     """
     found = {}
-    logged = sorted(history(trainer, stage).items())
+    logged = sorted(history.items())
     for title, regex in charts.items():
         series = {tag: points for tag, points in logged if re.fullmatch(regex, tag)}
         series = {tag: [(x, y) for x, y in points if math.isfinite(y)] for tag, points in series.items()}
@@ -200,12 +187,12 @@ def chart_series(trainer: Trainer, stage: str, charts: dict[str, str]) -> dict[s
     return found
 
 
-def log_layer_charts(trainer: Trainer, stage: str, charts: dict[str, str]) -> None:
+def log_layer_charts(trainer: Trainer, stage: str, charts: dict[str, str], history: History) -> None:
     r"""Per quantity one W&B line plot with one series per layer over the global step (as TensorBoard's Custom Scalars).
 
     ``charts`` maps a title to the regex of its tags (``val/acc/layer_\d+``); each plot is logged under
     ``layerwise <stage>/<title>`` (the section and chart names of the Custom Scalars layout) from the stage's
-    :func:`history`, again at every figure epoch with the whole history (W&B shows the latest). Main thread only.
+    ``history``, again at every figure epoch with the whole history (W&B shows the latest). Main thread only.
     """
     loggers = wandb_loggers(trainer)
     if not loggers:
@@ -213,7 +200,7 @@ def log_layer_charts(trainer: Trainer, stage: str, charts: dict[str, str]) -> No
     import wandb
 
     plots = {}
-    for title, series in chart_series(trainer, stage, charts).items():
+    for title, series in chart_series(history, charts).items():
         plots[f"layerwise {stage}/{title}"] = wandb.plot.line_series(
             xs=[[x for x, _ in points] for points in series.values()],
             ys=[[y for _, y in points] for points in series.values()],
@@ -226,18 +213,18 @@ def log_layer_charts(trainer: Trainer, stage: str, charts: dict[str, str]) -> No
             logger.experiment.log(dict(plots))
 
 
-def log_tensorboard_charts(trainer: Trainer, stage: str, charts: dict[str, str]) -> None:
+def log_tensorboard_charts(trainer: Trainer, stage: str, charts: dict[str, str], history: History) -> None:
     r"""Per quantity one image in every TensorBoard of the trainer: a line per layer over the global step.
 
     Each layer in its colour and a legend (what the Custom Scalars lack), drawn off the loop as the figures are.
     ``charts`` as for :func:`log_layer_charts`; each image is logged under ``layerwise <stage>/<title>`` at the
-    latest step of the :func:`history`, again at every figure epoch with the whole history. Main thread only.
+    latest step of the stage's ``history``, again at every figure epoch with the whole history. Main thread only.
     """
     from layerwise.callbacks._drawing import FigureJob, draw_later, figures_in_process
     from layerwise.figures.curves import chart_figures
 
     sinks = [_tensorboard_images(experiment) for experiment in tensorboards(trainer)]
-    found = chart_series(trainer, stage, charts) if sinks else {}
+    found = chart_series(history, charts) if sinks else {}
     if not found:
         return
     step = max(x for series in found.values() for points in series.values() for x, _ in points)

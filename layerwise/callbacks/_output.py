@@ -1,8 +1,5 @@
 """Where the analysis goes besides the JSON: every logger's charts and figures, and the optional saved features."""
 
-import re
-import uuid
-import weakref
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
@@ -11,31 +8,13 @@ import torch
 from lightning.pytorch import Trainer
 from lightning.pytorch.utilities.rank_zero import WarningCache
 from torch import Tensor
-from torchmetrics.utilities.data import apply_to_collection
 
 from layerwise._compat import already_reduced
 from layerwise.callbacks._drawing import FigureJob, draw_later, figures_in_process
-from layerwise.callbacks._loggers import (
-    add_to_history,
-    chart_loggers,
-    image_sinks,
-    log_layer_charts,
-    log_tensorboard_charts,
-    tensorboards,
-)
-from layerwise.callbacks._runs import evaluated_split
-from layerwise.callbacks.family import Family, LayerBatch, LayerSpec
-from layerwise.figures.summary import evaluation_figures, stamped_figures
-from layerwise.results import merge_summary, summary_path, to_json, write_atomic
-
-# One id per Trainer: every layerwise callback of a run writes into the same per-epoch summary under it.
-_RUN_IDS: "weakref.WeakKeyDictionary[Trainer, str]" = weakref.WeakKeyDictionary()
-
-
-def _run_id(trainer: Trainer) -> str:
-    if trainer not in _RUN_IDS:
-        _RUN_IDS[trainer] = uuid.uuid4().hex
-    return _RUN_IDS[trainer]
+from layerwise.callbacks._loggers import image_sinks, tensorboards
+from layerwise.callbacks.family import LayerBatch, LayerSpec
+from layerwise.figures.summary import stamped_figures
+from layerwise.results import summary_path, write_atomic
 
 
 def log_scalars(trainer: Trainer, pl_module: Any, scalars: dict[str, Any]) -> None:
@@ -56,50 +35,6 @@ def log_scalars(trainer: Trainer, pl_module: Any, scalars: dict[str, Any]) -> No
     pl_module.log_dict(
         dict(zip(values, tensors)), sync_dist=False, on_step=False, on_epoch=True, add_dataloader_idx=False
     )
-
-
-def write_summary(
-    trainer: Trainer, log_dir: str, stage: str, spec: LayerSpec, num_samples: int, results: dict[str, Any]
-) -> tuple[Path, dict[str, Any]]:
-    """Add this callback's results to the epoch's summary JSON (global rank zero only); its path and what it added."""
-    header = {
-        "stage": stage,
-        "split": evaluated_split(trainer.datamodule, stage),
-        "epoch": trainer.current_epoch,
-        "global_step": trainer.global_step,
-        "num_samples": num_samples,
-        "depth": spec.depth,
-        "layers": spec.layer_numbers,
-    }
-    path = summary_path(log_dir, stage, trainer.current_epoch, trainer.global_step)
-    written = to_json({**header, **results})
-    merge_summary(path, written, _run_id(trainer))
-    if chart_loggers(trainer):  # the per-layer charts (W&B, TensorBoard images) need every analysed epoch
-        _UNCHARTED.setdefault(trainer, []).append((stage, trainer.global_step, _on_host(results)))
-    return path, written
-
-
-# Per trainer: (stage, global step, results) of the analysed epochs not yet in the W&B per-layer charts.
-_UNCHARTED: "weakref.WeakKeyDictionary[Trainer, list[tuple[str, int, dict[str, Any]]]]" = weakref.WeakKeyDictionary()
-
-
-def _on_host(results: dict[str, Any]) -> dict[str, Any]:
-    """``results`` with every tensor in it, also in nested lists and dicts, detached on the CPU."""
-    return apply_to_collection(results, Tensor, lambda value: value.detach().cpu())
-
-
-# The summary paths already printed for a Trainer: several callbacks write into one epoch's summary, the console names
-# it once.
-_SHOWN_PATHS: "weakref.WeakKeyDictionary[Trainer, set[str]]" = weakref.WeakKeyDictionary()
-
-
-def where(trainer: Trainer, path: Any) -> str:
-    """``"-> path"`` the first time a summary path is shown for this trainer, ``""`` after (one arrow, one mention)."""
-    shown = _SHOWN_PATHS.setdefault(trainer, set())
-    if str(path) in shown:
-        return ""
-    shown.add(str(path))
-    return f"-> {path}"
 
 
 def show(trainer: Trainer, text: str) -> None:
@@ -140,35 +75,11 @@ def _cell(value: Any) -> str:
     return "-" if value is None or value != value else f"{float(value):.4f}"
 
 
-def tensorboard(trainer: Trainer) -> Optional[Any]:
-    """The first TensorBoard-like logger's experiment (``SummaryWriter``), else None."""
-    return next(iter(tensorboards(trainer)), None)
-
-
-def chart_layout(logged: dict[str, list[str]], families: list[Family]) -> dict[str, dict[str, list]]:
-    """TensorBoard Custom Scalars: per stage, one multi-line chart per quantity with all its layers.
-
-    ``logged`` maps a stage to the tags it logged; a chart is made only when some of its tags were logged, so no
-    chart is empty (no test charts without a test, no perplexity for a vision model).
-    """
-    layout: dict[str, dict[str, list]] = {}
-    for stage, tags in logged.items():
-        charts = {}
-        for family in families:
-            for title, pattern in family.charts().items():
-                regex = f"{stage}/{pattern}"
-                if any(re.fullmatch(regex, tag) for tag in tags):
-                    charts[f"{stage} {title}"] = ["Multiline", [regex]]
-        if charts:
-            layout[f"layerwise {stage}"] = charts
-    return layout
-
-
 def write_charts(trainer: Trainer, layout: dict[str, dict[str, list]]) -> None:
     """Write the Custom Scalars layout to every TensorBoard logger.
 
-    W&B gets the same charts as line plots with the figures (:func:`log_figures`); MLflow and CSV have no multi-line
-    chart of their own: their per-layer metrics carry the layer in the key (``val/acc/layer_03``).
+    W&B gets the same charts as line plots at the figure epochs (``AnalysisCallback``); MLflow and CSV have no
+    multi-line chart of their own: their per-layer metrics carry the layer in the key (``val/acc/layer_03``).
     """
     if layout:
         for experiment in tensorboards(trainer):
@@ -195,31 +106,6 @@ def log_figures_later(trainer: Trainer, figures: Callable[[], dict[str, Any]], s
             return stamped_figures(figures, epoch, step)
 
     draw_later(image_sinks(trainer), step, job, in_process=figures_in_process())
-
-
-def log_figures(trainer: Trainer, stage: str, families: list[Family], summary: dict[str, Any], spec: LayerSpec) -> None:
-    """The figures of what the families wrote into the summary, as images at the trainer's global step.
-
-    Drawn in the drawing process by :func:`layerwise.figures.summary.evaluation_figures` from ``summary`` (the JSON
-    written: header and the families' results), the function ``layerwise plot`` draws the summary file with.
-    """
-    log_figures_later(trainer, FigureJob(evaluation_figures, (stage, summary)), stamp=False)
-    if chart_loggers(trainer):
-        _log_wandb_charts(trainer, stage, families, spec)
-
-
-def _log_wandb_charts(trainer: Trainer, stage: str, families: list[Family], spec: LayerSpec) -> None:
-    """The W&B line plots of the Custom Scalars charts, from every analysed epoch of ``stage`` so far."""
-    waiting = _UNCHARTED.get(trainer, [])
-    _UNCHARTED[trainer] = [entry for entry in waiting if entry[0] != stage]
-    for _, step, results in [entry for entry in waiting if entry[0] == stage]:
-        scalars = {
-            f"{stage}/{key}": value for family in families for key, value in family.scalars(results, spec).items()
-        }
-        add_to_history(trainer, stage, step, scalars)
-    charts = {title: f"{stage}/{pattern}" for family in families for title, pattern in family.charts().items()}
-    log_layer_charts(trainer, stage, charts)
-    log_tensorboard_charts(trainer, stage, charts)
 
 
 class FeatureSaver:

@@ -3,9 +3,9 @@
 from collections.abc import Sequence
 from typing import Any, Optional
 
-from layerwise.callbacks.base import LayerwiseMonitor
 from layerwise.callbacks.effective_depth import DEFAULT_EPSILONS, EffectiveDepthFamily
 from layerwise.callbacks.logit_lens import DEFAULT_THRESHOLDS, LogitLensFamily
+from layerwise.callbacks.monitor import LayerwiseMonitor
 from layerwise.callbacks.neural_collapse import NeuralCollapseFamily
 from layerwise.callbacks.similarity import CKAEstimator, SimilarityFamily
 from layerwise.callbacks.trajectory import TrajectoryFamily

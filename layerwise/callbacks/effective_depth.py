@@ -5,8 +5,8 @@ from typing import Any, Optional
 
 from torchmetrics import Metric
 
-from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor
 from layerwise.callbacks.family import shaped
+from layerwise.callbacks.monitor import Family, LayerBatch, LayerSpec, LayerwiseMonitor
 from layerwise.metrics import LayerAccuracy, effective_depth
 
 DEFAULT_EPSILONS = (0.01, 0.05, 0.1)
@@ -35,7 +35,8 @@ class EffectiveDepthFamily(Family):
         if self.accuracy_from is None:
             self.accuracy.update(batch.readout, batch.targets)
 
-    def compute(self, spec: LayerSpec) -> dict[str, Any]:
+    def compute(self) -> dict[str, Any]:
+        spec = self.spec
         source = self if self.accuracy_from is None else self.accuracy_from
         accuracy = shaped(source.accuracy.compute()["accuracy"], spec.num_layers)
         numbers = spec.layer_numbers
@@ -44,7 +45,7 @@ class EffectiveDepthFamily(Family):
             "effective_depth_relative": effective_depth(accuracy, self.epsilons, numbers, relative=True),
         }
 
-    def scalars(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, float]:
+    def scalars(self, results: dict[str, Any]) -> dict[str, float]:
         scalars = {f"effective_depth/eps_{eps}": float(v) for eps, v in results["effective_depth"].items()}
         relative = results["effective_depth_relative"].items()
         scalars.update({f"effective_depth_relative/eps_{eps}": float(v) for eps, v in relative})

@@ -118,7 +118,15 @@ class LayerBatch:
 
 
 class Family(abc.ABC):
-    """One metric family: builds its metrics, feeds them, turns them into results, scalars and figures."""
+    """One metric family of a :class:`~layerwise.callbacks.LayerwiseMonitor`: its metrics, results, scalars, charts.
+
+    The monitor's families share its features (one forward, one :class:`LayerBatch` per group of batches) and its
+    one all-reduce. The names of what a family reports are those of an analysis callback (``compute``, ``scalars``,
+    ``charts``): the monitor's are the union of its families'. ``spec`` is the layer spec the metrics were built for
+    (set before :meth:`build`).
+    """
+
+    spec: LayerSpec
 
     @property
     def joins_batches(self) -> bool:
@@ -145,11 +153,11 @@ class Family(abc.ABC):
         """
 
     @abc.abstractmethod
-    def compute(self, spec: LayerSpec) -> dict[str, Any]:
+    def compute(self) -> dict[str, Any]:
         """Results keyed as in the JSON summary (states are already reduced across ranks)."""
 
-    def scalars(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, float]:
-        """Scalars to log, keyed without the stage prefix, e.g. ``acc/layer_03``."""
+    def scalars(self, results: dict[str, Any]) -> dict[str, float]:
+        """Scalars to log from the monitor's results, keyed without the stage prefix, e.g. ``acc/layer_03``."""
         return {}
 
     def charts(self) -> dict[str, str]:

@@ -1,37 +1,70 @@
-"""The one lifecycle of an analysis callback: its metric, its JSON key and its figure; the rest happens here."""
+"""The one lifecycle of the analysis callbacks: each says its metric, its results and its figure; the rest is here."""
 
 import inspect
+import re
+import uuid
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import Metric
 
 from layerwise.callbacks._drawing import FigureJob, wait_for_figures
-from layerwise.callbacks._output import _log_dir, _run_id, log_figures_later, log_scalars, show, where, write_charts
+from layerwise.callbacks._loggers import History, chart_loggers, log_layer_charts, log_tensorboard_charts
+from layerwise.callbacks._output import _log_dir, log_figures_later, log_scalars, show, write_charts
 from layerwise.callbacks._sampling import evaluation_loaders, real_samples_on_rank, take_real
-from layerwise.callbacks._schedule import analyses_now, draws_figures
+from layerwise.callbacks._schedule import analyses_now, draws_figures, last_step_unvalidated
 from layerwise.figures.summary import evaluation_figures, own_figures
 from layerwise.metrics.sync import all_reduce_sum_states
 from layerwise.results import loader_stages, merge_summary, summary_path, to_json
 
 Layout = dict[str, dict[str, list]]
-# One Custom Scalars layout per Trainer: TensorBoard shows the last one a run wrote, so every callback adds to it.
-_LAYOUTS: "weakref.WeakKeyDictionary[Trainer, Layout]" = weakref.WeakKeyDictionary()
 
 
-def add_charts(trainer: Trainer, layout: Layout) -> None:
-    """Merge ``layout`` (category -> chart title -> chart) into the run's Custom Scalars and write it when it grew."""
-    merged = _LAYOUTS.setdefault(trainer, {})
-    grown = False
-    for category, charts in layout.items():
-        known = merged.setdefault(category, {})
-        for title, chart in charts.items():
-            grown |= known.get(title) != chart
-            known[title] = chart
-    if grown:
-        write_charts(trainer, merged)
+@dataclass
+class RunRecord:
+    """What the analysis callbacks of one run share, held by the first of them in ``trainer.callbacks``.
+
+    ``run_id``: every callback of the run writes into the same per-evaluation summary under it (a file of another run
+    is moved aside, :func:`~layerwise.results.merge_summary`); ``shown``: the summary paths already printed (the
+    console names each once); ``layout``: the Custom Scalars layout every callback adds its charts to (TensorBoard
+    shows the last one a run wrote); ``history``: per stage, the scalars of every analysed evaluation so far, for the
+    per-layer line plots of W&B and TensorBoard's chart images.
+    """
+
+    trainer: "weakref.ref[Trainer]"
+    run_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    shown: set[str] = field(default_factory=set)
+    layout: Layout = field(default_factory=dict)
+    history: dict[str, History] = field(default_factory=dict)
+
+    def where(self, path: Any) -> str:
+        """``"-> path"`` the first time a summary path is shown in this run, ``""`` after (one arrow, one mention)."""
+        if str(path) in self.shown:
+            return ""
+        self.shown.add(str(path))
+        return f"-> {path}"
+
+    def add_charts(self, trainer: Trainer, layout: Layout) -> None:
+        """Merge ``layout`` (category -> chart title -> chart) into the run's and write it when it grew."""
+        grown = False
+        for category, charts in layout.items():
+            known = self.layout.setdefault(category, {})
+            for title, chart in charts.items():
+                grown |= known.get(title) != chart
+                known[title] = chart
+        if grown:
+            write_charts(trainer, self.layout)
+
+    def add_history(self, stage: str, step: int, scalars: dict[str, Any]) -> History:
+        """Append one analysed evaluation's scalars (tag -> value) to the stage's history, and return that history."""
+        history = self.history.setdefault(stage, {})
+        for tag, value in scalars.items():
+            history.setdefault(tag, []).append((step, float(value)))
+        return history
 
 
 def _positive_int(name: str, value: Any) -> None:
@@ -40,40 +73,49 @@ def _positive_int(name: str, value: Any) -> None:
 
 
 class AnalysisCallback(Callback):
-    """Base of the analysis callbacks that report one JSON key per analysed evaluation and dataloader.
+    """Base of every analysis callback: the one description of when an analysis runs and where its results go.
 
     The lifecycle, in order, on every rank unless said otherwise; the same for ``validate`` (stage ``val``) and
     ``test`` (stage ``test``), and for every evaluation dataloader (the first reported as the stage itself, the
     others as ``<stage>_<name>``, :func:`~layerwise.results.loader_stages`):
 
+    0. ``on_train_start``: a warning when ``max_steps`` ends a fit between two validations (the final model would
+       not be analysed).
     1. ``on_{validation,test}_epoch_start``: is this evaluation analysed (never the sanity check; every
        ``every_n_epochs``-th epoch while fitting; always in ``validate``/``test``)?
     2. the first batch of each dataloader (Lightning evaluates them one after the other): the previous dataloader's
-       report (step 3), then :attr:`stage` and :attr:`loader` set, the padding budget of this dataloader (how many
-       of this rank's samples are real, not the ``DistributedSampler``'s repeats) and :meth:`start`.
+       report (step 4), then :attr:`stage`, :attr:`loader` and :attr:`dataloader_idx` set, the padding budget of
+       this dataloader (how many of this rank's samples are real, not the ``DistributedSampler``'s repeats) and
+       :meth:`start`.
     3. every batch: :meth:`before_batch` and :meth:`after_batch`; :meth:`real_rows` says how many rows of a batch
        count.
     4. after a dataloader's last batch (at the next one's first batch, or at ``on_{validation,test}_epoch_end``):
        :meth:`stop`, one all-reduce of the float64 sum states of :meth:`metrics` (layerwise's sum-state metrics; a
        plain torchmetrics ``Metric`` syncs itself in its ``compute``), :meth:`compute` (the global results), the
        :meth:`scalars` logged through Lightning as ``<stage>/<name>`` at ``trainer.global_step`` (already global:
-       no sync) with their Custom Scalars :meth:`charts`; then on global rank zero the results, made JSON, merged
-       under :attr:`key` into the epoch's summary (``<log_dir>/layerwise/<stage>_epoch_..._step_....json``), the
-       console :meth:`line` with the summary's path, and the figures of the JSON results (:attr:`figures`, or the
-       package's own), drawn in the drawing process off the training loop, when ``log_figures`` and the figure
-       schedule say so.
+       no sync); then on global rank zero their Custom Scalars :meth:`charts` (those with a logged scalar), the
+       results made JSON and merged into the evaluation's summary
+       (``<log_dir>/layerwise/<stage>_epoch_..._step_....json``) as :meth:`summary_entries` (under :attr:`key`),
+       the console :meth:`line` with the summary's path, and, when ``log_figures`` and the figure schedule say so,
+       the figures of the JSON results (:attr:`figures`, or the package's own: the function ``layerwise plot``
+       draws the summary file with) drawn in the drawing process off the training loop, with the per-layer line
+       plots of W&B and TensorBoard's chart images of the :meth:`charts` over the run so far.
     5. ``on_exception`` and ``teardown``: :meth:`stop`, and the figures already enqueued reach the logger first.
+
+    What the callbacks of one run share (the summary's run id, the paths shown, the charts' layout, the scalars'
+    history) is a :class:`RunRecord` held by the first analysis callback of the trainer, not module state.
 
     A subclass sets :attr:`key` and overrides what it needs of :meth:`start`, :meth:`before_batch`,
     :meth:`after_batch`, :meth:`stop`, :meth:`metrics`, :meth:`compute`, :meth:`scalars`, :meth:`charts`,
     :meth:`line`, and sets :attr:`figures` to a module-level function of its JSON results; ``docs/callbacks.md``
-    ("Add your own analysis") shows one, ``examples/feature_norm.py``.
+    ("Add your own analysis") shows one, ``examples/feature_norm.py``. The package's per-layer analyses are one
+    such subclass, :class:`~layerwise.callbacks.LayerwiseMonitor`, whose metric families share its features.
 
     Args:
         every_n_epochs: analyse every n-th validation epoch while fitting (``validate`` and ``test`` always do).
         log_figures: draw the figures as images in every logger (PNG files without one; global rank zero).
-        figures_every_n_epochs: while fitting, draw them only every n-th epoch and at the last one (the schedule of
-            :class:`~layerwise.callbacks.LayerwiseMonitor`); ``validate`` always draws.
+        figures_every_n_epochs: while fitting, draw them only every n-th analysed epoch and at the last one;
+            ``validate`` and ``test`` always draw.
     """
 
     key: ClassVar[str] = ""  # the JSON key of the results in the epoch's summary
@@ -83,7 +125,7 @@ class AnalysisCallback(Callback):
     figures: ClassVar[Optional[Callable[[Any], dict[str, Any]]]] = None
 
     def __init__(self, every_n_epochs: int = 1, log_figures: bool = True, figures_every_n_epochs: int = 1) -> None:
-        if not self.key:
+        if not self.key and type(self).summary_entries is AnalysisCallback.summary_entries:
             raise TypeError(f"{type(self).__name__} sets no `key`: the JSON key its results are written under.")
         _positive_int("every_n_epochs", every_n_epochs)
         _positive_int("figures_every_n_epochs", figures_every_n_epochs)
@@ -94,14 +136,15 @@ class AnalysisCallback(Callback):
         self._budget: Optional[int] = None
         self._stages: list[str] = []
         self._loaders: list[Any] = []
-        self._loader_index: Optional[int] = None
+        self._record: Optional[RunRecord] = None
         self.stage = "val"  # the results' name: val, test, or val_<name> / test_<name> for a further dataloader
         self.loader: Any = None  # the evaluation dataloader being analysed
+        self.dataloader_idx: Optional[int] = None  # its index (None between evaluations)
 
     # -- what an analysis implements ----------------------------------------------------------------------------
 
     def start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        """An analysed epoch begins: build or reset the metrics on the module's device, attach hooks."""
+        """An analysed dataloader begins: build or reset the metrics on the module's device, attach hooks."""
 
     def before_batch(self, trainer: Trainer, pl_module: LightningModule, batch: Any) -> None:
         """Before the module's validation step on ``batch``."""
@@ -110,7 +153,7 @@ class AnalysisCallback(Callback):
         """After it: feed the metrics with the :meth:`real_rows` of the batch."""
 
     def stop(self) -> None:
-        """Release what :meth:`start` attached (end of the epoch, an exception, teardown; also when nothing is)."""
+        """Release what :meth:`start` attached (a dataloader's end, an exception, teardown; also when nothing is)."""
 
     def metrics(self) -> Sequence[Metric]:
         """The package's float64 sum-state metrics (``sync_on_compute=False``), summed in one all-reduce.
@@ -132,12 +175,16 @@ class AnalysisCallback(Callback):
         return {}
 
     def charts(self) -> dict[str, str]:
-        """TensorBoard multi-line charts: title -> regex of scalar names without the stage (all layers of one)."""
+        """Multi-line charts: title -> regex of scalar names without the stage (all layers of one quantity)."""
         return {}
 
     def line(self, results: Any) -> str:
-        """One console line on the JSON results (global rank zero; the summary's path is appended)."""
+        """The console text on the JSON results (global rank zero; the summary's path is added; "": none)."""
         return f"{self.key} of {type(self).__name__}"
+
+    def summary_entries(self, results: Any) -> dict[str, Any]:
+        """What the JSON results add to the evaluation's summary: ``{key: results}``."""
+        return {self.key: results}
 
     # -- the lifecycle ------------------------------------------------------------------------------------------
 
@@ -145,6 +192,24 @@ class AnalysisCallback(Callback):
         """How many of the ``size`` rows of the current batch count: this rank's real samples of its dataloader."""
         rows, self._budget = take_real(self._budget, size)
         return rows
+
+    def run_record(self, trainer: Trainer) -> RunRecord:
+        """The :class:`RunRecord` of ``trainer``'s run, held by its first analysis callback (made on first use)."""
+        callbacks = trainer.callbacks  # type: ignore[attr-defined]  # an attribute Lightning's connector sets
+        first = next((other for other in callbacks if isinstance(other, AnalysisCallback)), self)
+        if first._record is None or first._record.trainer() is not trainer:
+            first._record = RunRecord(weakref.ref(trainer))
+        self._record = first._record
+        return first._record
+
+    def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        last = last_step_unvalidated(trainer)
+        if last is not None:
+            rank_zero_warn(
+                f"{type(self).__name__}: training stops at max_steps={trainer.max_steps} but the last validation runs "
+                f"at step {last}, so the final model is not analysed. Make max_steps x accumulate_grad_batches a "
+                "multiple of val_check_interval (with check_val_every_n_epoch: null)."
+            )
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._begin(trainer, "val", trainer.val_dataloaders)
@@ -182,16 +247,16 @@ class AnalysisCallback(Callback):
         self._active = analyses_now(trainer, self.every_n_epochs)
         self._stages = loader_stages(stage, dataloaders)
         self._loaders = evaluation_loaders(dataloaders)
-        self._loader_index = None
+        self.dataloader_idx = None
 
     def _before(self, trainer: Trainer, pl_module: LightningModule, batch: Any, dataloader_idx: int) -> None:
         if not self._active:
             return
-        if dataloader_idx != self._loader_index:  # Lightning evaluates its dataloaders one after the other
-            if self._loader_index is not None:
+        if dataloader_idx != self.dataloader_idx:  # Lightning evaluates its dataloaders one after the other
+            if self.dataloader_idx is not None:
                 self.stop()
                 self._report(trainer, pl_module)
-            self._loader_index = dataloader_idx
+            self.dataloader_idx = dataloader_idx
             self.stage = self._stages[dataloader_idx]
             self.loader = self._loaders[dataloader_idx]
             self._budget = real_samples_on_rank(self.loader)
@@ -200,16 +265,16 @@ class AnalysisCallback(Callback):
 
     def _end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         active, self._active = self._active, False
-        if not active or self._loader_index is None:
+        if not active or self.dataloader_idx is None:
             return
-        self._loader_index = None
         self.stop()
         self._report(trainer, pl_module)
+        self.dataloader_idx = None
 
     def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
         wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it
         self.stop()
-        self._active, self._loader_index = False, None
+        self._active, self.dataloader_idx = False, None
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it
@@ -224,21 +289,30 @@ class AnalysisCallback(Callback):
         log_dir = _log_dir(trainer)  # a broadcast under DDP: every rank asks
         if not trainer.is_global_zero:
             return
-        stage = self.stage
-        charts = {f"{stage} {title}": ["Multiline", [f"{stage}/{regex}"]] for title, regex in self.charts().items()}
-        if charts:
-            add_charts(trainer, {f"layerwise {stage}": charts})
+        record, stage, step = self.run_record(trainer), self.stage, trainer.global_step
+        charts = {title: f"{stage}/{regex}" for title, regex in self.charts().items()}
+        charts = {title: regex for title, regex in charts.items() if any(re.fullmatch(regex, tag) for tag in scalars)}
+        if charts:  # only charts with a scalar: no empty chart (no perplexity of a vision model)
+            layout = {f"{stage} {title}": ["Multiline", [regex]] for title, regex in charts.items()}
+            record.add_charts(trainer, {f"layerwise {stage}": layout})
         written = to_json(results)
-        # No "layers"/"depth": they are the LayerwiseMonitors' layer selection, which this must not overwrite.
-        header = {"stage": self.stage, "epoch": trainer.current_epoch, "global_step": trainer.global_step}
-        path = summary_path(log_dir, self.stage, trainer.current_epoch, trainer.global_step)
-        merge_summary(path, {**header, self.key: written}, _run_id(trainer))
-        show(trainer, " ".join(part for part in (self.line(written), where(trainer, path)) if part))
-        if draws_figures(trainer, self.log_figures, self.figures_every_n_epochs):
-            summary = {**header, self.key: written}
-            own = inspect.getattr_static(type(self), "figures")
-            own = getattr(own, "__func__", own)  # a staticmethod's function
-            if own is None:
-                log_figures_later(trainer, FigureJob(evaluation_figures, (stage, summary)), stamp=False)
-            else:
-                log_figures_later(trainer, FigureJob(own_figures, (own, stage, summary, self.key)), stamp=False)
+        header = {"stage": stage, "epoch": trainer.current_epoch, "global_step": step}
+        summary = {**header, **self.summary_entries(written)}
+        path = summary_path(log_dir, stage, trainer.current_epoch, step)
+        merge_summary(path, summary, record.run_id)
+        text = self.line(written)
+        if text:  # a table ends with the path on a line of its own, a line with it
+            note = record.where(path)
+            show(trainer, (text + ("\n" if "\n" in text else " ") + note) if note else text)
+        history = record.add_history(stage, step, scalars) if chart_loggers(trainer) else {}
+        if not draws_figures(trainer, self.log_figures, self.figures_every_n_epochs):
+            return
+        own = inspect.getattr_static(type(self), "figures")
+        own = getattr(own, "__func__", own)  # a staticmethod's function
+        if own is None:
+            log_figures_later(trainer, FigureJob(evaluation_figures, (stage, summary)), stamp=False)
+        else:
+            log_figures_later(trainer, FigureJob(own_figures, (own, stage, summary, self.key)), stamp=False)
+        if charts and history:
+            log_layer_charts(trainer, stage, charts, history)
+            log_tensorboard_charts(trainer, stage, charts, history)

@@ -6,8 +6,8 @@ from typing import Any, Optional
 from lightning.pytorch import Trainer
 from torchmetrics import Metric
 
-from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor
 from layerwise.callbacks.family import per_layer, shaped
+from layerwise.callbacks.monitor import Family, LayerBatch, LayerSpec, LayerwiseMonitor
 from layerwise.metrics import (
     EarlyExit,
     LayerAccuracy,
@@ -96,7 +96,8 @@ class LogitLensFamily(Family):
             self.exit_accuracy.update(batch.exit_readout, batch.targets)
             self.exit_early_exit.update(batch.exit_readout, batch.targets)
 
-    def compute(self, spec: LayerSpec) -> dict[str, Any]:
+    def compute(self) -> dict[str, Any]:
+        spec = self.spec
         layers = spec.num_layers
         accuracy = self.accuracy.compute()
         loss = shaped(accuracy["loss"], layers)
@@ -133,7 +134,8 @@ class LogitLensFamily(Family):
             for i, threshold in enumerate(self.thresholds)
         ]
 
-    def scalars(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, float]:
+    def scalars(self, results: dict[str, Any]) -> dict[str, float]:
+        spec = self.spec
         scalars = per_layer(results["accuracy"], spec, "acc")
         scalars.update(per_layer(results["loss"], spec, "loss"))
         if "f1" in results:

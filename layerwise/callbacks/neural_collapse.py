@@ -7,8 +7,8 @@ from lightning.pytorch import Trainer
 from torch import Tensor
 from torchmetrics import Metric
 
-from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor
 from layerwise.callbacks.family import per_layer, shaped
+from layerwise.callbacks.monitor import Family, LayerBatch, LayerSpec, LayerwiseMonitor
 from layerwise.metrics import LayerNC1
 
 
@@ -67,7 +67,8 @@ class NeuralCollapseFamily(Family):
         if keep.numel():
             self.nc1.update(batch.features[:, keep], classes[keep])
 
-    def compute(self, spec: LayerSpec) -> dict[str, Any]:
+    def compute(self) -> dict[str, Any]:
+        spec = self.spec
         if not self.active:
             return {}
         results = {"nc1": shaped(self.nc1.compute(), spec.num_layers)}
@@ -75,7 +76,8 @@ class NeuralCollapseFamily(Family):
             results["nc1_classes"] = self.class_ids.tolist()
         return results
 
-    def scalars(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, float]:
+    def scalars(self, results: dict[str, Any]) -> dict[str, float]:
+        spec = self.spec
         return per_layer(results["nc1"], spec, "nc1") if "nc1" in results else {}
 
     def charts(self) -> dict[str, str]:

@@ -4,8 +4,8 @@ from typing import Any, Literal
 
 from torchmetrics import Metric
 
-from layerwise.callbacks.base import Family, LayerBatch, LayerSpec, LayerwiseMonitor
 from layerwise.callbacks.family import per_layer, shaped
+from layerwise.callbacks.monitor import Family, LayerBatch, LayerSpec, LayerwiseMonitor
 from layerwise.metrics import LayerCKA, LayerCosineSimilarity, MinibatchCKA
 from layerwise.metrics.functional_distribution import histogram_quantiles
 
@@ -61,7 +61,8 @@ class SimilarityFamily(Family):
         if self.cka is not None:
             self.cka.update(batch.sampled_features)
 
-    def compute(self, spec: LayerSpec) -> dict[str, Any]:
+    def compute(self) -> dict[str, Any]:
+        spec = self.spec
         layers = spec.num_layers
         cka = None if self.cka is None else shaped(self.cka.compute(), layers, layers)
         if not self.cos_bins:
@@ -77,7 +78,8 @@ class SimilarityFamily(Family):
             "cos_histogram_to_last": histogram[:, -1].round().long(),
         }
 
-    def scalars(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, float]:
+    def scalars(self, results: dict[str, Any]) -> dict[str, float]:
+        spec = self.spec
         scalars = per_layer(results["cos"][:, -1], spec, "cos_to_last")
         if results["cka"] is not None:
             scalars.update(per_layer(results["cka"][:, -1], spec, "cka_to_last"))

@@ -4,7 +4,7 @@ from typing import Any
 
 from torchmetrics import Metric
 
-from layerwise.callbacks.base import Family, LayerBatch, LayerSpec
+from layerwise.callbacks.monitor import Family, LayerBatch, LayerSpec
 from layerwise.metrics import TrajectoryShape
 
 
@@ -30,12 +30,12 @@ class TrajectoryFamily(Family):
         if self.active:
             self.shape.update(batch.sampled_features)
 
-    def compute(self, spec: LayerSpec) -> dict[str, Any]:
+    def compute(self) -> dict[str, Any]:
         if not self.active:
             return {}
         return {f"trajectory_{key}": value for key, value in self.shape.compute().items()}
 
-    def scalars(self, results: dict[str, Any], spec: LayerSpec) -> dict[str, float]:
+    def scalars(self, results: dict[str, Any]) -> dict[str, float]:
         if "trajectory_lss" not in results:
             return {}
         return {
