@@ -23,11 +23,21 @@ from helpers import (
     trainer,
     val_loader,
 )
+from lightning.pytorch import Callback
 from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.custom_scalar import layout_pb2
 
-from layerwise.callbacks import AnalysisCallback, BlockCoupling, LayerwiseAnalysis, ResidualNormRatioMonitor
+from layerwise.callbacks import (
+    AnalysisCallback,
+    BlockCoupling,
+    EffectiveDepthMonitor,
+    LayerSimilarityMonitor,
+    LayerwiseAnalysis,
+    LogitLensMonitor,
+    NeuralCollapseMonitor,
+    ResidualNormRatioMonitor,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "feature_norm.py"
@@ -156,3 +166,69 @@ def test_an_analysis_without_a_json_key_is_refused():
 
     with pytest.raises(TypeError, match="sets no `key`"):
         Nameless()
+
+
+EVALUATION_HOOKS = [
+    f"on_{stage}_{hook}"
+    for stage in ("validation", "test")
+    for hook in ("epoch_start", "batch_start", "batch_end", "epoch_end")
+]
+
+
+def test_every_analysis_of_the_package_is_on_the_one_lifecycle():
+    """No second lifecycle: every analysis callback is an AnalysisCallback and keeps its evaluation hooks."""
+    import layerwise.callbacks as callbacks
+
+    analyses = [
+        getattr(callbacks, name)
+        for name in callbacks.__all__
+        if isinstance(getattr(callbacks, name), type) and issubclass(getattr(callbacks, name), Callback)
+    ]
+    others = {callbacks.ProgressLines, callbacks.EarlyExitPredictionWriter}  # progress lines, a prediction writer
+    assert len(analyses) - len(others) >= 11
+    for cls in analyses:
+        if cls in others:
+            continue
+        assert issubclass(cls, AnalysisCallback), cls.__name__
+        for hook in EVALUATION_HOOKS:
+            assert getattr(cls, hook) is getattr(AnalysisCallback, hook), f"{cls.__name__}.{hook} is its own"
+
+
+def test_the_standalone_monitors_report_on_test_and_a_second_dataloader(tmp_path):
+    callbacks = [
+        LayerSimilarityMonitor(log_figures=False, print_table=False),
+        LogitLensMonitor(log_figures=False, print_table=False),
+        NeuralCollapseMonitor(log_figures=False, print_table=False),
+        EffectiveDepthMonitor(log_figures=False, print_table=False),
+    ]
+    loaders = {"first": val_loader(48), "more": val_loader(N)}
+    trainer(tmp_path, callbacks).test(fitted_module(), loaders, verbose=False)
+    for name, count in (("test", 48), ("test_more", N)):
+        summary = read_summary(tmp_path, name)
+        assert summary["num_samples"] == count and summary["stage"] == name
+        assert {"cos", "cka", "accuracy", "nc1", "effective_depth"} <= set(summary), name
+
+
+def test_the_callbacks_of_one_run_share_one_record_held_on_the_callback(tmp_path):
+    """The run's shared state (summary id, paths shown, charts, history) lives on its first analysis callback."""
+    callbacks = [LayerwiseAnalysis(log_figures=False), example_module().FeatureNormMonitor(log_figures=False)]
+    first = trainer(tmp_path / "first", callbacks)
+    first.validate(fitted_module(), val_loader(N), verbose=False)
+    record = callbacks[0]._record
+    assert record is not None and callbacks[1]._record is record and record.trainer() is first
+    summary = read_summary(tmp_path / "first")
+    assert summary["run_id"] == record.run_id and {"feature_norm", "cos"} <= set(summary)
+    trainer(tmp_path / "second", callbacks).validate(fitted_module(), val_loader(N), verbose=False)
+    assert callbacks[1]._record is callbacks[0]._record is not record  # a new run, a new record
+    source = "\n".join(path.read_text() for path in (REPO / "layerwise" / "callbacks").glob("*.py"))
+    assert "WeakKeyDictionary" not in source, "run state belongs on the callbacks, not in module-level tables"
+
+
+def test_two_monitors_each_chart_their_own_quantities(tmp_path):
+    """Two per-layer monitors in one run: each draws the chart images of its own scalars, from the run's history."""
+    logger = TensorBoardLogger(str(tmp_path), name="tb")
+    callbacks = [LayerSimilarityMonitor(print_table=False), LogitLensMonitor(print_table=False)]
+    fit = trainer(tmp_path, callbacks, logger=logger, max_epochs=2, limit_train_batches=2, limit_val_batches=2)
+    fit.fit(fitted_module(), train_loader(), val_loader(N))
+    images = events(logger.log_dir).Tags()["images"]
+    assert {"layerwise val/COS to last layer", "layerwise val/accuracy per layer"} <= set(images)
