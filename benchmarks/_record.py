@@ -65,18 +65,23 @@ def machine() -> dict[str, Any]:
     }
 
 
+def gpu_kind(device_name: str) -> str:
+    """A GPU's suffix from its name: ``_cuda_h100`` for "NVIDIA H100 80GB HBM3", ``_cuda_h200`` for "NVIDIA H200"."""
+    model = re.search(r"\b([A-Z]+\d+[A-Z]*)\b", device_name)
+    return f"_cuda_{model.group(1).lower() if model else 'gpu'}"
+
+
 def machine_kind(device: str = "cpu") -> str:
-    """The record's suffix for a run on ``device``: "" on a CPU, ``_cuda_h100`` on an NVIDIA H100."""
+    """The record's suffix for a run on ``device``: "" on a CPU, :func:`gpu_kind` of the GPU on CUDA."""
     if not str(device).startswith("cuda"):
         return ""
     import torch
 
-    model = re.search(r"\b([A-Z]+\d+[A-Z]*)\b", torch.cuda.get_device_name(0))
-    return f"_cuda_{model.group(1).lower() if model else 'gpu'}"
+    return gpu_kind(torch.cuda.get_device_name(0))
 
 
 def record(name: str, values: dict[str, Any], load_before: float | None = None, device: str = "cpu") -> Path:
-    """Write ``benchmarks/recorded/<name><machine kind>.json``: ``values`` with the date, command, commit, machine, load.
+    """Write ``benchmarks/recorded/<name><machine kind>.json``: ``values``, date, command, commit, machine and load.
 
     ``device`` is where the measured work ran; a CUDA device adds its kind to the name (:func:`machine_kind`).
     """
