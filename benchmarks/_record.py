@@ -6,11 +6,18 @@ the circumstances a reader needs to judge them: the date, the command, the commi
 the process may use, torch threads) and the load (the 1-minute load average before and after the run, since other
 processes on a shared machine slow a measurement down). ``tests/test_readme_claims.py`` reads these files and
 fails when a number in README that is marked ``<!-- claim: <name>.<key> -->`` differs from the recorded value.
+
+One file per record and machine kind: ``<name>.json`` for a run on the CPU, ``<name>_cuda_<gpu>.json`` (``_cuda_h100``,
+``_cuda_h200``) for one on a GPU, the suffix added here from the device's name. A record's name is its script's name,
+then its case or configuration where a script records several (``callback_overhead_deit_s``,
+``compare_precision_bf16_tf32``, ``threads_40_epochs``); never a commit, a run number or a date. A re-run replaces the
+file; git keeps the earlier ones (``tests/test_benchmark_results.py`` checks the names).
 """
 
 import json
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -58,8 +65,26 @@ def machine() -> dict[str, Any]:
     }
 
 
-def record(name: str, values: dict[str, Any], load_before: float | None = None) -> Path:
-    """Write ``benchmarks/recorded/<name>.json``: ``values`` with the date, command, commit, machine and load."""
+def gpu_kind(device_name: str) -> str:
+    """A GPU's suffix from its name: ``_cuda_h100`` for "NVIDIA H100 80GB HBM3", ``_cuda_h200`` for "NVIDIA H200"."""
+    model = re.search(r"\b([A-Z]+\d+[A-Z]*)\b", device_name)
+    return f"_cuda_{model.group(1).lower() if model else 'gpu'}"
+
+
+def machine_kind(device: str = "cpu") -> str:
+    """The record's suffix for a run on ``device``: "" on a CPU, :func:`gpu_kind` of the GPU on CUDA."""
+    if not str(device).startswith("cuda"):
+        return ""
+    import torch
+
+    return gpu_kind(torch.cuda.get_device_name(0))
+
+
+def record(name: str, values: dict[str, Any], load_before: float | None = None, device: str = "cpu") -> Path:
+    """Write ``benchmarks/recorded/<name><machine kind>.json``: ``values``, date, command, commit, machine and load.
+
+    ``device`` is where the measured work ran; a CUDA device adds its kind to the name (:func:`machine_kind`).
+    """
     RECORDED.mkdir(exist_ok=True)
     entry = {
         "values": values,
@@ -68,7 +93,7 @@ def record(name: str, values: dict[str, Any], load_before: float | None = None) 
         "commit": _commit(),
         "machine": {**machine(), "load_average_1min_before": load_before},
     }
-    path = RECORDED / f"{name}.json"
+    path = RECORDED / f"{name}{machine_kind(device)}.json"
     path.write_text(json.dumps(entry, indent=1) + "\n")
     print(f"recorded -> {path.relative_to(RECORDED.parent.parent)}")
     return path

@@ -331,7 +331,7 @@ def quickstart_case(args: argparse.Namespace) -> None:
     )
     if not args.quick:
         record(
-            "callback_overhead",
+            "callback_overhead_quickstart",
             {
                 "draw_vs_no_draw_epoch_ratio": round(drawing / analysis, 3),
                 "draw_thread_vs_no_draw_epoch_ratio": round(thread / analysis, 3),
@@ -344,6 +344,7 @@ def quickstart_case(args: argparse.Namespace) -> None:
                 "rounds": args.quickstart_repeats,
             },
             LOAD_BEFORE,
+            device=args.device,
         )
 
 
@@ -408,7 +409,7 @@ def quickstart_fit_case(args: argparse.Namespace) -> None:
     if not args.quick:
         no_figures, process, thread = (statistics.median(times[name]) for name in list(configs)[1:])
         record(
-            "callback_overhead_fit",
+            "callback_overhead_quickstart_fit",
             {
                 "epochs": args.fit_epochs,
                 "fit_seconds_off": round(off, 1),
@@ -515,7 +516,7 @@ def drawing_case(args: argparse.Namespace) -> None:
             print(f"{loop_name:<20}{job_name:<32}{loop_s:>9.3f}{loop_s / base:>7.2f}x{until:>15.3f}")
     if not args.quick:
         record(
-            "drawing_vs_training_loop" + ("" if device == "cpu" else f"_{device}"),
+            "callback_overhead_drawing",
             {
                 f"{loop.replace(' ', '_')}_ratio_{job.split()[-1]}": round(ratios[loop, job], 3)
                 for loop in loops
@@ -524,6 +525,7 @@ def drawing_case(args: argparse.Namespace) -> None:
             }
             | {"rounds": args.drawing_repeats, "training_steps_per_loop": args.drawing_steps},
             LOAD_BEFORE,
+            device=device,
         )
 
 
@@ -604,9 +606,8 @@ def deit_s_case(args: argparse.Namespace) -> None:
         f"that draws every figure (TensorBoard) / one that does not draw: {draw / watch:.3f}x"
     )
     if not args.quick:  # issue 24.1's second goal: <= 1.05x on a GPU
-        suffix = "" if args.device == "cpu" else f"_{args.device}"
         record(
-            f"callback_overhead_deit_s{suffix}{args.record_suffix}",
+            "callback_overhead_deit_s",
             {
                 "analysis_vs_off_epoch_ratio": round(watch / off, 3),
                 "analysis_per_batch_vs_off_epoch_ratio": round(per_batch / off, 3),
@@ -624,6 +625,7 @@ def deit_s_case(args: argparse.Namespace) -> None:
                 "rounds": args.repeats,
             },
             LOAD_BEFORE,
+            device=args.device,
         )
 
 
@@ -705,7 +707,7 @@ def host_case(args: argparse.Namespace) -> None:
         print(f"  {name:<10} {milliseconds[name]:.3f} ms, {operations[name]} torch operations per batch")
     if not args.quick:
         record(
-            "analysis_host_per_batch" + ("" if device == "cpu" else f"_{device}"),
+            "callback_overhead_host",
             {
                 "milliseconds": milliseconds["in groups"],
                 "torch_operations": operations["in groups"],
@@ -715,6 +717,7 @@ def host_case(args: argparse.Namespace) -> None:
                 "rounds": args.host_repeats,
             },
             LOAD_BEFORE,
+            device=device,
         )
 
 
@@ -790,7 +793,6 @@ def main() -> None:
     parser.add_argument("--pool", type=int, default=0, help="DeiT-S case: distinct images, cycled (0: one per sample)")
     parser.add_argument("--untimed-only", action="store_true", help="DeiT-S case: skip the row that times the hooks")
     parser.add_argument("--lean", action="store_true", help="DeiT-S case: skip the minibatch-CKA and standalone rows")
-    parser.add_argument("--record-suffix", default="", help="appended to the record's name (e.g. _8192)")
     parser.add_argument("--host-repeats", type=int, default=9, help="host case: epochs (medians over these)")
     parser.add_argument("--drawing-steps", type=int, default=24, help="drawing case: training steps per loop")
     parser.add_argument("--drawing-repeats", type=int, default=5, help="drawing case: rounds")

@@ -33,7 +33,8 @@ absolute difference between the fast and the exact CKA matrices (every layer pai
 On a GPU, ``--matmul-precision high`` runs the whole process as a user who follows Lightning's advice
 (``torch.set_float32_matmul_precision("high")``) would: float32 products on TF32 tensor cores, the forwards and the
 fast mode's products alike; ``--dtype bfloat16`` runs both models in bfloat16. Each variant is recorded under its own
-name (``compare_precision_cuda``, ``..._tf32``, ``..._bf16``).
+name (``compare_precision``, ``..._tf32``, ``..._bf16_tf32``), with the machine kind after it on a GPU
+(``compare_precision_tf32_cuda_h200``).
 """
 
 import argparse
@@ -243,9 +244,9 @@ def main() -> None:
         "each_s": {name: [round(value, 4) for value in values] for name, values in times.items()},  # the spread
         **({} if on_cpu else {"interval_ratio": interval_ratios}),
     }
-    name = "compare_precision" if args.device == "cpu" else f"compare_precision_{args.device}"
-    name += {"float32": "", "bfloat16": "_bf16"}[args.dtype] + {"highest": "", "high": "_tf32"}[args.matmul_precision]
-    record(name, values, load_before)
+    name = "compare_precision" + {"float32": "", "bfloat16": "_bf16"}[args.dtype]
+    name += {"highest": "", "high": "_tf32"}[args.matmul_precision]
+    record(name, values, load_before, device=args.device)
 
 
 if __name__ == "__main__":

@@ -133,7 +133,9 @@ def main() -> None:
     parser.add_argument("--threads", type=int, nargs="+", default=[torch.get_num_threads()], help="CPU threads")
     parser.add_argument("--chunk-size", type=int, default=None, help="JVPs at once (default: all d)")
     parser.add_argument("--skip-whole", action="store_true", help="leave out the whole-prompt JVPs")
-    parser.add_argument("--record", default=None, help="write benchmarks/recorded/<RECORD>.json (README's claims)")
+    parser.add_argument(
+        "--record", action="store_true", help="write benchmarks/recorded/coupling[_cuda_<gpu>].json (README's claims)"
+    )
     args = parser.parse_args()
     load_before = load_now()
     recorded: dict = {"shape": None, "device": args.device}
@@ -185,7 +187,7 @@ def main() -> None:
     for name in names:
         recorded[f"{name}_peak_mib"] = round(peaks[name] / 2**20, 1)
     if args.record:
-        record(args.record, recorded, load_before)
+        record("coupling", recorded, load_before, device=args.device)
 
 
 if __name__ == "__main__":

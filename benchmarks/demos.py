@@ -11,7 +11,7 @@ the other with its wall time; the table is read from the last validation JSON of
 then generated from the middle layer and the last layer of each model with ``layerwise generate``, and the block
 coupling that ``BlockCoupling`` measured at every validation is tabulated against the untrained model's
 (``layerwise validate`` of the same config and seed). Every demo records its wall times, with the machine and its
-load, in ``benchmarks/recorded/demo_<name>.json`` (``_record.record``): the numbers README cites.
+load, in ``benchmarks/recorded/demos_<name>.json`` (``_record.record``): the numbers README cites.
 """
 
 import argparse
@@ -203,7 +203,7 @@ def compare_demo(out: Path) -> None:
     print("\n".join(lines))
     pairs = sum(values[f"{first}_vs_{second}_s"] for first, second in COMPARE_PAIRS)
     values["compare_and_stitch_minutes"] = round(pairs / 60, 2)
-    record("demo_compare", values, load_before)
+    record("demos_compare", values, load_before)
 
 
 def sst2_comparison(runs: dict[str, Path], out: Path) -> None:
@@ -338,7 +338,7 @@ def main() -> None:
         values[f"{name}_accuracy"] = [round(value, 4) for value in summary["accuracy"]]
     demo(args.demo, summaries, runs, args.out)
     values["whole_script_minutes"] = round((time.perf_counter() - start) / 60, 2)
-    record(f"demo_{args.demo}", values, load_before)
+    record(f"demos_{args.demo}", values, load_before)
 
 
 def demo(which: str, summaries: dict[str, dict], runs: dict[str, Path], out: Path) -> None:

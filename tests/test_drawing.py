@@ -210,8 +210,9 @@ def test_the_figures_of_an_analysis_callback_are_drawn_in_the_drawing_process(tm
 
 
 def test_figures_are_drawn_in_the_process_on_every_device_unless_layerwise_figures_says(tmp_path, monkeypatch):
-    """A run draws in the drawing process whatever it trains on (a drawing thread stalls a CPU loop too: RESULTS §1);
-    LAYERWISE_FIGURES=thread draws in the thread; anything but process/thread/auto is refused by name."""
+    """A run draws in the drawing process whatever it trains on (a drawing thread stalls a CPU loop too:
+    benchmarks/RESULTS.md, callback_overhead.py); LAYERWISE_FIGURES=thread draws in the thread; anything but
+    process/thread/auto is refused by name."""
     import os
     from types import SimpleNamespace
 
