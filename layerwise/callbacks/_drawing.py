@@ -19,8 +19,8 @@ loop the most where the loop is the host launching work (a GPU training loop ran
 0.88x while the process drew), and on a CPU it stalls the loop too: CPU training steps 1.69x (thread) against 0.98x
 (process), and a quickstart validation that draws 1.01-2.16x one that does not with the thread, 0.95-1.06x with the
 process (2-core VM, ``benchmarks/RESULTS.md``, ``callback_overhead.py``). Where the training keeps every core busy,
-drawing costs CPU time either way (a 10-epoch 2-core fit that drew every epoch: 1.69-1.76x the fit without the analysis with the
-thread, 1.81-1.82x with the process, whose start is part of it).
+drawing costs CPU time either way (a 10-epoch 2-core fit that drew every epoch: 1.69-1.76x the fit without the
+analysis with the thread, 1.81-1.82x with the process, whose start is part of it).
 ``LAYERWISE_FIGURES=process|thread`` overrides the choice (``thread``, e.g., to step through a figure method in a
 debugger). A job that cannot travel (a figure function defined in a script's ``__main__``, a plain callable) or a
 drawing process that cannot start or died is drawn in the thread instead, with one warning.
