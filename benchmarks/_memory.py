@@ -14,7 +14,7 @@
   the storages that ops return, without the temporaries that live inside one kernel.
 
 The bounds at the end are what ``benchmarks/README.md`` documents for the shared head applied layer by layer and in
-chunks of ``c`` rows (``layerwise.lightning_modules.readout``), vocabulary ``V``, width ``d``, ``L`` layers and
+chunks of ``c`` rows (``layerwise.engines.readout``), vocabulary ``V``, width ``d``, ``L`` layers and
 ``N`` rows.
 """
 

@@ -4,7 +4,7 @@ the stitching step time against a plain frozen forward.
 Two random GPT-2-small-shaped models (12 x 768) read the same batches of random token ids:
 
 - ``plain``: A's and B's base models (no LM head, as ``layerwise compare`` loads them) alone, no hooks, per batch;
-- ``compare``: ``inference.compare.compare_models`` over 2 and over 8 batches: both forwards with hooks on every
+- ``compare``: ``engines.compare.compare_models`` over 2 and over 8 batches: both forwards with hooks on every
   block, the real tokens gathered, ``CrossModelCKA`` updated (float64 sums, 793 MiB of state for two 12 x 768
   models); the difference / 6 is the cost of each further batch (the throughput), the rest the once-per-comparison
   cost (allocating the states, ``compute``); with every layer pair (``pairs="all"``) and with the pairs (i, i) only
@@ -30,7 +30,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 import layerwise
-from layerwise.inference.compare import compare_models
+from layerwise.engines.compare import compare_models
 from layerwise.lightning_modules.stitched import Stitched
 
 hf_logging.set_verbosity_error()

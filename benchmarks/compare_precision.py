@@ -52,9 +52,9 @@ from transformers.utils import logging as hf_logging
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _record import load_now, record  # noqa: E402
 
+from layerwise.engines import compare as compare_module  # noqa: E402
+from layerwise.engines.compare import UpdateStream, compare_models, hidden_states, token_features  # noqa: E402
 from layerwise.features.paths import get_blocks, layer_paths  # noqa: E402
-from layerwise.inference import compare as compare_module  # noqa: E402
-from layerwise.inference.compare import UpdateStream, compare_models, hidden_states, token_features  # noqa: E402
 from layerwise.metrics.compare import CrossModelCKA  # noqa: E402
 
 hf_logging.set_verbosity_error()

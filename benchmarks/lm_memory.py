@@ -37,9 +37,9 @@ import torch
 import torch.nn.functional as F
 from _memory import FLOAT32, FLOAT64, MemoryTracker, TensorRecord, analysis_bound, training_bound
 
+from layerwise.engines.readout import DEFAULT_CHUNK_SIZE
 from layerwise.features import FEATURES, IGNORE_INDEX, TARGETS, HFCausalLM
 from layerwise.lightning_modules import Aligned, LayerwiseModule, Standard
-from layerwise.lightning_modules.readout import DEFAULT_CHUNK_SIZE
 from layerwise.metrics import readout_from_logits
 
 VOCAB = 50257

@@ -81,8 +81,8 @@ def test_help_key_follows_what_the_text_depends_on(monkeypatch):
 
 
 def test_coupling_keeps_the_metrics_choices():
-    """coupling.py repeats two Literal types of the metrics (so its --help needs no torch): they must stay equal."""
-    from layerwise.inference import coupling
+    """engines/coupling.py repeats two Literal types of the metrics (the command needs no torch): they stay equal."""
+    from layerwise.engines import coupling
     from layerwise.metrics import functional_dynamics
 
     for name in ("CouplingForm", "SvdMethod"):

@@ -151,7 +151,7 @@ def test_compare_models_on_padded_and_unpadded_batches_equals_a_direct_computati
     """The command's path: masks on the host; an all-ones mask is dropped before the forwards, a padded one kept."""
     from transformers import AutoModelForCausalLM
 
-    from layerwise.inference.compare import compare_models
+    from layerwise.engines.compare import compare_models
 
     model_a = decoder("gpt2").model.double().eval()
     model_b = AutoModelForCausalLM.from_pretrained(folder_b).double().eval()
@@ -195,7 +195,7 @@ def test_compare_models_on_cuda_updates_beside_the_forwards_and_equals_the_cpu_r
     """On CUDA every update runs on the side stream, after the forwards that made its features: same CKA as on CPU."""
     from transformers import AutoModelForCausalLM
 
-    from layerwise.inference.compare import compare_models
+    from layerwise.engines.compare import compare_models
     from layerwise.metrics.compare import CrossModelCKA
 
     model_a = decoder("gpt2").model.to(dtype).eval()

@@ -74,7 +74,7 @@ def test_compare_models_and_the_command_take_the_fast_precision(tmp_path):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from layerwise.cli import main as cli_main
-    from layerwise.inference.compare import compare_models
+    from layerwise.engines.compare import compare_models
 
     models = []
     for seed in (0, 1):
@@ -116,7 +116,7 @@ def test_token_rows_are_the_float64_difference_rounded_once(dtype, into):
 def test_compare_models_runs_the_language_models_without_a_kv_cache():
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from layerwise.inference.compare import compare_models
+    from layerwise.engines.compare import compare_models
 
     seen = []
     models = []

@@ -185,7 +185,7 @@ def test_coupling_command_in_bfloat16_writes_results_and_figures(model_folder, t
 
 
 def test_coupling_crash_at_prompt_3_keeps_prompts_1_and_2(model_folder, tmp_path, monkeypatch):
-    from layerwise.inference.coupling import CouplingAnalysis
+    from layerwise.engines.coupling import CouplingAnalysis
 
     add, calls = CouplingAnalysis.add, []
 
@@ -220,7 +220,7 @@ def _one_error_line(capsys) -> str:
 
 
 def test_coupling_checks_every_prompt_before_any_jacobian(model_folder, tmp_path, capsys, monkeypatch):
-    from layerwise.inference.coupling import CouplingAnalysis
+    from layerwise.engines.coupling import CouplingAnalysis
 
     def no_work(self, batch):
         raise AssertionError("a Jacobian was taken before every prompt was checked")
@@ -236,7 +236,7 @@ def test_coupling_checks_every_prompt_before_any_jacobian(model_folder, tmp_path
 
 
 def test_a_token_index_past_a_prompt_is_refused_before_any_jacobian(model_folder, tmp_path, capsys, monkeypatch):
-    from layerwise.inference.coupling import CouplingAnalysis
+    from layerwise.engines.coupling import CouplingAnalysis
 
     def no_work(self, batch, counted=True):
         raise AssertionError("a Jacobian was taken before every prompt was checked")

@@ -153,7 +153,7 @@ def test_dropout_must_be_off_and_batches_are_refused():
 
 @pytest.mark.parametrize("mode", ["self", "fixed_input", "fixed_output"])
 def test_token_wise_coupling_modes_equal_a_direct_computation(mode):
-    from layerwise.inference.coupling import token_coupling
+    from layerwise.engines.coupling import token_coupling
     from layerwise.metrics.functional_dynamics import mis_coupling
 
     model = build("gpt2", "causal_lm").double().eval()
@@ -174,7 +174,7 @@ def test_token_wise_coupling_modes_equal_a_direct_computation(mode):
 
 
 def test_token_wise_self_coupling_of_token_linear_blocks_is_zero():
-    from layerwise.inference.coupling import token_coupling
+    from layerwise.engines.coupling import token_coupling
 
     weight = torch.randn(6, 6, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     blocks = nn.Sequential(TokenLinear(weight), TokenLinear(2.0 * weight))  # same bases, scaled singular values

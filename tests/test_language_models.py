@@ -16,9 +16,9 @@ from sklearn.metrics import f1_score
 from torch.utils.data import DataLoader
 
 from layerwise.callbacks import LayerwiseAnalysis, NeuralCollapseMonitor, _loader
+from layerwise.engines.readout import chunked_readout
 from layerwise.features import HFCausalLM, HFEncoder
 from layerwise.lightning_modules import Aligned, AlternatingAligned, CosRegularized, MultiExit, Standard
-from layerwise.lightning_modules.readout import chunked_readout
 from layerwise.lightning_modules.weights import resolve_layer_weights, sample_exit_layers
 from layerwise.metrics import LayerF1
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
+from layerwise.engines.readout import chunked_cross_entropy
 from layerwise.features import FEATURES, HFCausalLM
 from layerwise.lightning_modules import Aligned, MultiExit, Standard
-from layerwise.lightning_modules.readout import chunked_cross_entropy
 
 
 def _load_memory_module():

@@ -10,7 +10,7 @@ from lightning.pytorch.utilities import move_data_to_device
 
 from layerwise.callbacks._sampling import evaluation_loaders
 from layerwise.callbacks.lifecycle import AnalysisCallback
-from layerwise.inference.coupling import CouplingAnalysis, Token
+from layerwise.engines.coupling import CouplingAnalysis, Token
 
 
 class BlockCoupling(AnalysisCallback):

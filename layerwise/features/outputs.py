@@ -10,7 +10,7 @@ A LightningModule that wants the analysis callbacks to read its outputs (instead
 
 Where the classes are a vocabulary, per-layer logits are too large to return: a step may then return, instead of
 ``logits``, the head's *readout* per layer and sample (computed in token chunks, see
-:mod:`layerwise.lightning_modules.readout`): ``predictions`` ``(L, N)``, ``max_prob`` ``(L, N)``, ``nll``
+:mod:`layerwise.engines.readout`): ``predictions`` ``(L, N)``, ``max_prob`` ``(L, N)``, ``nll``
 ``(L, N)`` (and ``exit_predictions``/``exit_max_prob``/``exit_nll`` for separate heads). Token-level models (every
 predicted token is a sample) also return ``sample_index`` ``(N,)`` (the batch row of each sample, used to drop DDP
 padding) and ``positions`` ``(N,)`` (its position in the sequence, used to subsample tokens).

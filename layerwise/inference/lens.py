@@ -72,6 +72,7 @@ def lens_table(
     """
     import torch
 
+    from layerwise.engines.readout import chunked_readout
     from layerwise.features.hf import input_device
     from layerwise.features.hooks import hooked_blocks
     from layerwise.features.layers import select_layers
@@ -99,10 +100,10 @@ def lens_table(
     with eval_mode(model), hooked_blocks(blocks, on_output=capture, indices=rows):
         model(input_ids=sequence, use_cache=False, logits_to_keep=1)
     token_ids, probs = [], []
-    for index in rows:
-        best = head(captured.pop(index)).float().softmax(dim=-1).max(dim=-1)
-        token_ids.append(best.indices.cpu())
-        probs.append(best.values.cpu())
+    for index in rows:  # a layer at a time: on a device-mapped model the layers' states live on different devices
+        readout = chunked_readout(head, captured.pop(index)[None])  # the one readout of the shared head at layer l
+        token_ids.append(readout.predictions[0].cpu())
+        probs.append(readout.max_prob[0].float().cpu())
     token_ids_tensor = torch.stack(token_ids)
     return LensTable(
         prompt=prompt,

@@ -6,9 +6,9 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
+from layerwise.engines.readout import DEFAULT_CHUNK_SIZE
 from layerwise.features import Backbone
 from layerwise.lightning_modules.aligned import Aligned
-from layerwise.lightning_modules.readout import DEFAULT_CHUNK_SIZE
 from layerwise.lightning_modules.weights import ExitSampling, LayerWeights
 
 

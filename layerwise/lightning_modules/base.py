@@ -12,6 +12,7 @@ from torch import Tensor
 
 from layerwise._compat import built_by_lightning_cli
 from layerwise.engines.early_exit import EXIT_LAYERS, early_exit_predict
+from layerwise.engines.readout import DEFAULT_CHUNK_SIZE, Head, chunked_cross_entropy, chunked_readout
 from layerwise.errors import UsageError
 from layerwise.features import (
     EXIT_LOGITS,
@@ -28,7 +29,6 @@ from layerwise.features import (
     Backbone,
 )
 from layerwise.lightning_modules.checkpoint import use_checkpoint_reader
-from layerwise.lightning_modules.readout import DEFAULT_CHUNK_SIZE, Head, chunked_cross_entropy, chunked_readout
 from layerwise.metrics import Readout, readout_from_logits
 from layerwise.metrics.functional import group_logits
 from layerwise.results import loader_stages
@@ -62,7 +62,7 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
     per input) and causal language models (every predicted token is a sample, its class the next token).
 
     Losses go through :meth:`layer_losses`, which applies a head to one layer at a time and, beyond ``chunk_size``
-    rows, in checkpointed token chunks (:func:`~layerwise.lightning_modules.readout.chunked_cross_entropy`): the
+    rows, in checkpointed token chunks (:func:`~layerwise.engines.readout.chunked_cross_entropy`): the
     extra memory of even the all-layer aligned loss over a 50,257-token vocabulary is about one chunk of logits.
 
     ``validation_step``, ``test_step`` and ``predict_step`` run the backbone once and return the dict of

@@ -7,9 +7,9 @@ import torch.nn.functional as F
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
+from layerwise.engines.readout import DEFAULT_CHUNK_SIZE
 from layerwise.features import FEATURES, IGNORE_INDEX, TARGETS, Backbone
 from layerwise.lightning_modules.base import LayerwiseModule
-from layerwise.lightning_modules.readout import DEFAULT_CHUNK_SIZE
 
 
 class CosRegularized(LayerwiseModule):

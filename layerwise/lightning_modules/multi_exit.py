@@ -6,9 +6,9 @@ import torch
 from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
+from layerwise.engines.readout import DEFAULT_CHUNK_SIZE, Head, chunked_kl_divergence
 from layerwise.features import FEATURES, IGNORE_INDEX, TARGETS, Backbone
 from layerwise.lightning_modules.base import LayerwiseModule
-from layerwise.lightning_modules.readout import DEFAULT_CHUNK_SIZE, Head, chunked_kl_divergence
 from layerwise.lightning_modules.weights import LayerWeights, resolve_layer_weights
 
 
