@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from lightning.pytorch import Callback
 
-from layerwise.cli import COMMANDS, TRAINER_COMMANDS, LayerwiseCLI, command_function, main
+from layerwise.cli import LayerwiseCLI, main
+from layerwise.cli.app import COMMANDS, TRAINER_COMMANDS, command_function
 from layerwise.errors import UsageError, concise_error
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -1,7 +1,7 @@
 """The one ``layerwise`` command line: :class:`LayerwiseCLI`, the :data:`COMMANDS` registry and ``main``.
 
 LayerwiseCLI (LightningCLI) runs fit, validate, test and predict; the other commands are typed functions next to
-what they run, each a parser from its signature (``command_parser.py``), with one error style (``errors.py``).
+what they run, each a parser from its signature (``parser.py``), with one error style (``errors.py``).
 """
 
 import functools
@@ -16,7 +16,8 @@ from typing import Any, NoReturn, Optional
 
 from jsonargparse import ArgumentParser
 
-from layerwise.command_parser import command_parser, with_shipped_configs
+from layerwise.cli.help_cache import is_plain_help, print_help
+from layerwise.cli.parser import command_parser, with_shipped_configs
 from layerwise.errors import (
     DEBUG_VARIABLE,
     bad_config_file,
@@ -25,7 +26,6 @@ from layerwise.errors import (
     exit_concisely,
     quiet_upstream,
 )
-from layerwise.help_cache import is_plain_help, print_help
 
 
 @functools.cache
@@ -221,7 +221,7 @@ def _trainer_classes() -> tuple[type, type]:
         before_predict = _before_evaluation
 
     for cls in (_ConciseArgumentParser, LayerwiseCLI):
-        cls.__qualname__ = cls.__name__  # layerwise.cli.LayerwiseCLI, as if defined at the top (module __getattr__)
+        cls.__qualname__ = cls.__name__  # layerwise.cli.app.LayerwiseCLI, as if at the top (module __getattr__)
     return _ConciseArgumentParser, LayerwiseCLI
 
 
