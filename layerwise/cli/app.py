@@ -16,16 +16,10 @@ from typing import Any, NoReturn, Optional
 
 from jsonargparse import ArgumentParser
 
+from layerwise.cli.errors import bad_config_file, check_output_folders, class_options, exit_concisely, quiet_upstream
 from layerwise.cli.help_cache import is_plain_help, print_help
 from layerwise.cli.parser import command_parser, with_shipped_configs
-from layerwise.errors import (
-    DEBUG_VARIABLE,
-    bad_config_file,
-    check_output_folders,
-    class_options,
-    exit_concisely,
-    quiet_upstream,
-)
+from layerwise.errors import DEBUG_VARIABLE
 
 
 @functools.cache

@@ -16,7 +16,8 @@ from typing import Any, Literal, NoReturn, Optional, Union
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
-from layerwise.errors import DEBUG_VARIABLE, exit_concisely
+from layerwise.cli.errors import exit_concisely
+from layerwise.errors import DEBUG_VARIABLE
 
 _POSITIONAL = {"path", "runs"}
 
