@@ -4,6 +4,10 @@
   of the other commands and ``main``.
 - ``parser.py``: a command function as a command line (its jsonargparse parser), shipped configs by name.
 - ``help_cache.py``: the ``--help`` of the LightningCLI commands, kept after its first rendering.
+- ``errors.py``: the error style, one line naming the option (``LAYERWISE_DEBUG=1``: the traceback), exit code 2.
+- ``runs.py``: where a run goes (an evaluation of a checkpoint beside its run; ``config.yaml``, an earlier one kept).
+- ``closing.py``: ``ClosingLine``, the one line each command ends with.
+- ``summary.py``: ``CountedModelSummary``, Lightning's model summary without the FLOPs it did not count.
 
 Light on import: ``layerwise --help`` and every command's ``--help`` import no torch (``tests/test_command_help.py``);
 ``LayerwiseCLI`` imports Lightning on first use.

@@ -30,9 +30,10 @@ def _trainer_classes() -> tuple[type, type]:
     from lightning.pytorch import LightningModule
     from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-    from layerwise.callbacks._runs import place_logger, read_position, take_position, test_split_line
-    from layerwise.callbacks.progress import ClosingLine, ProgressLines
-    from layerwise.callbacks.summary import replace_default_summary
+    from layerwise.callbacks import ProgressLines
+    from layerwise.cli.closing import ClosingLine
+    from layerwise.cli.runs import KeptConfig, place_logger, read_position, take_position, test_split_line
+    from layerwise.cli.summary import replace_default_summary
     from layerwise.errors import UsageError
     from layerwise.lightning_modules import LayerwiseModule
     from layerwise.lightning_modules.base import check_data_compatible
@@ -69,9 +70,7 @@ def _trainer_classes() -> tuple[type, type]:
             kwargs.setdefault("model_class", LightningModule)  # LayerwiseModule strategies, Stitched, any other module
             kwargs.setdefault("subclass_mode_model", True)
             kwargs.setdefault("subclass_mode_data", True)
-            from layerwise.callbacks._runs import KeptConfig  # an earlier run's config.yaml is moved aside
-
-            kwargs.setdefault("save_config_callback", KeptConfig)
+            kwargs.setdefault("save_config_callback", KeptConfig)  # an earlier run's config.yaml is moved aside
             kwargs.setdefault("save_config_kwargs", {"overwrite": True})
             kwargs.setdefault("parser_class", _ConciseArgumentParser)
             if not sys.stdout.isatty():  # a log file shows a bar only at the end: plain lines instead (see after_...)
