@@ -1,10 +1,10 @@
 """How long ``layerwise --help`` and every command's ``--help`` take, each a fresh process (issue 23.14).
 
-The commands are named in a static table in ``layerwise/cli.py`` and their modules imported on demand, and those
+The commands are named in a static table in ``layerwise/cli/app.py`` and their modules imported on demand, and those
 modules import torch, transformers and Lightning only inside the functions that run, so the top help and the help
 of every command but the four LightningCLI ones (fit, validate, test, predict: their parser is built from the
 Lightning classes) answer without importing them (Lightning alone takes 8-17 s to import on a loaded 2-core
-machine). Their help is kept after its first rendering (``layerwise/help_cache.py``): ``fit_help`` is the first one
+machine). Their help is kept after its first rendering (``layerwise/cli/help_cache.py``): ``fit_help`` is the first one
 (an empty store), ``fit_help_kept`` the next. Each command runs ``--repeats`` times (interleaved, so background load
 hits all alike); the median and the largest wall time of each, in seconds, are recorded with the machine and its
 load.
@@ -27,11 +27,11 @@ from _record import load_now, record  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from layerwise.cli import COMMANDS as CLI_COMMANDS  # noqa: E402
-from layerwise.cli import TRAINER_COMMANDS  # noqa: E402
+from layerwise.cli.app import COMMANDS as CLI_COMMANDS  # noqa: E402
+from layerwise.cli.app import TRAINER_COMMANDS  # noqa: E402
 
 COMMANDS = {"help": ["--help"], **{f"{name}_help": [name, "--help"] for name in [*CLI_COMMANDS, *TRAINER_COMMANDS]}}
-# the LightningCLI commands' help once more, after its first rendering was kept (layerwise/help_cache.py)
+# the LightningCLI commands' help once more, after its first rendering was kept (layerwise/cli/help_cache.py)
 COMMANDS.update({f"{name}_help_kept": [name, "--help"] for name in TRAINER_COMMANDS})
 
 

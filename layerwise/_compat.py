@@ -3,8 +3,8 @@
 ``tests/test_compat.py`` fails loudly when one of them moves. Checked on: lightning 2.6.
 
 Elsewhere: ``LightningCLI._parse_ckpt_path`` and ``LightningCLI._run_subcommand``, overridden in
-``layerwise/cli.py`` (``LayerwiseCLI``) to answer a bad ``--ckpt_path`` and a ``UsageError`` raised inside a run in one
-line; ``tests/test_errors_checkpoints.py`` checks that they still exist.
+``layerwise/cli/app.py`` (``LayerwiseCLI``) to answer a bad ``--ckpt_path`` and a ``UsageError`` raised inside a run in
+one line; ``tests/test_errors_checkpoints.py`` checks that they still exist.
 """
 
 from typing import Any

@@ -11,8 +11,10 @@ from pathlib import Path
 import pytest
 from lightning.pytorch import Callback
 
-from layerwise.cli import COMMANDS, TRAINER_COMMANDS, LayerwiseCLI, command_function, main
-from layerwise.errors import UsageError, concise_error
+from layerwise.cli import LayerwiseCLI, main
+from layerwise.cli.app import COMMANDS, TRAINER_COMMANDS, command_function
+from layerwise.cli.errors import concise_error
+from layerwise.errors import UsageError
 
 ROOT = Path(__file__).resolve().parent.parent
 QUICKSTART = str(ROOT / "configs" / "quickstart.yaml")

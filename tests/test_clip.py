@@ -195,7 +195,7 @@ def test_clip_command_names_its_own_options_in_one_line(tmp_path, capsys):
 def test_clip_config_parses_with_the_command_parser(tmp_path):
     from pathlib import Path
 
-    from layerwise.command_parser import command_parser
+    from layerwise.cli.parser import command_parser
     from layerwise.inference.clip import clip
 
     config = Path(__file__).resolve().parents[1] / "configs" / "clip" / "cifar10.yaml"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from layerwise.cli import COMMANDS
+from layerwise.cli.app import COMMANDS
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY = ("torch", "transformers", "lightning", "torchmetrics", "matplotlib", "numpy")
@@ -66,7 +66,7 @@ def test_trainer_command_help_is_rendered_once_then_read_without_lightning(tmp_p
 def test_help_key_follows_what_the_text_depends_on(monkeypatch):
     from importlib import metadata
 
-    from layerwise import help_cache
+    from layerwise.cli import help_cache
 
     key = help_cache.help_key("fit")
     assert help_cache.help_key("fit") == key and help_cache.help_key("test") != key
@@ -102,7 +102,8 @@ def test_lazy_no_grad_turns_gradients_off():
 
 
 def test_top_level_help_lists_commands_without_a_stray_line_and_no_command_is_an_error(capsys):
-    from layerwise.cli import TRAINER_COMMANDS, main
+    from layerwise.cli import main
+    from layerwise.cli.app import TRAINER_COMMANDS
 
     with pytest.raises(SystemExit) as stop:
         main(["--help"])

@@ -90,7 +90,7 @@ def test_correlate_fits_the_regression(tmp_path, capsys):
 def test_coupling_configs_parse_with_the_command_parser():
     from pathlib import Path
 
-    from layerwise.command_parser import command_parser
+    from layerwise.cli.parser import command_parser
     from layerwise.inference.coupling import coupling
 
     root = Path(__file__).resolve().parents[1]
@@ -102,7 +102,7 @@ def test_coupling_configs_parse_with_the_command_parser():
 def test_compare_and_stitch_configs_parse_with_their_command_parsers():
     from pathlib import Path
 
-    from layerwise.command_parser import command_parser
+    from layerwise.cli.parser import command_parser
     from layerwise.inference.compare import compare
     from layerwise.inference.stitch import stitch
 

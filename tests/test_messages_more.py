@@ -257,7 +257,7 @@ def test_the_model_summary_shows_no_flops_it_did_not_count(ddp_fit):
 
 
 def test_counted_flops_keep_lightnings_summary(capsys):
-    from layerwise.callbacks.summary import CountedModelSummary
+    from layerwise.cli.summary import CountedModelSummary
 
     data = [(" ", ["0"]), ("Name", ["net"]), ("Type", ["Linear"]), ("Params", ["20"]), ("Mode", ["train"])]
     CountedModelSummary.summarize([*data, ("FLOPs", ["0"])], 20, 20, 0.0, {"train": 1, "eval": 0}, total_flops=0)

@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from layerwise.cli import main
-from layerwise.command_parser import SHIPPED, with_shipped_configs
+from layerwise.cli.parser import SHIPPED, with_shipped_configs
 
 ROOT = Path(__file__).resolve().parents[1]
 QUICKSTART = SHIPPED / "quickstart.yaml"

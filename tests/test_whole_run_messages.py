@@ -195,8 +195,8 @@ def test_a_block_output_of_another_shape_names_the_option():
 def test_a_model_summary_given_through_trainer_defaults_stays(tmp_path):
     from lightning.pytorch.callbacks import ModelSummary
 
-    from layerwise.callbacks.summary import CountedModelSummary
     from layerwise.cli import LayerwiseCLI
+    from layerwise.cli.summary import CountedModelSummary
 
     mine = ModelSummary(max_depth=3)
     argv = ["--config", QUICKSTART, f"--trainer.default_root_dir={tmp_path}"]

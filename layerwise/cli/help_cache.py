@@ -43,7 +43,7 @@ def help_key(command: str) -> str:
             digest.update(f"\0{name}={metadata.version(name)}".encode())
         except metadata.PackageNotFoundError:
             digest.update(f"\0{name}=-".encode())
-    package = Path(__file__).resolve().parent
+    package = Path(__file__).resolve().parents[1]  # all of layerwise, not only cli/
     for path in sorted(package.rglob("*.py")):
         digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:32]

@@ -1,7 +1,7 @@
 """The one ``layerwise`` command line: :class:`LayerwiseCLI`, the :data:`COMMANDS` registry and ``main``.
 
 LayerwiseCLI (LightningCLI) runs fit, validate, test and predict; the other commands are typed functions next to
-what they run, each a parser from its signature (``command_parser.py``), with one error style (``errors.py``).
+what they run, each a parser from its signature (``parser.py``), with one error style (``errors.py``).
 """
 
 import functools
@@ -16,16 +16,10 @@ from typing import Any, NoReturn, Optional
 
 from jsonargparse import ArgumentParser
 
-from layerwise.command_parser import command_parser, with_shipped_configs
-from layerwise.errors import (
-    DEBUG_VARIABLE,
-    bad_config_file,
-    check_output_folders,
-    class_options,
-    exit_concisely,
-    quiet_upstream,
-)
-from layerwise.help_cache import is_plain_help, print_help
+from layerwise.cli.errors import bad_config_file, check_output_folders, class_options, exit_concisely, quiet_upstream
+from layerwise.cli.help_cache import is_plain_help, print_help
+from layerwise.cli.parser import command_parser, with_shipped_configs
+from layerwise.errors import DEBUG_VARIABLE
 
 
 @functools.cache
@@ -36,9 +30,10 @@ def _trainer_classes() -> tuple[type, type]:
     from lightning.pytorch import LightningModule
     from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
-    from layerwise.callbacks._runs import place_logger, read_position, take_position, test_split_line
-    from layerwise.callbacks.progress import ClosingLine, ProgressLines
-    from layerwise.callbacks.summary import replace_default_summary
+    from layerwise.callbacks import ProgressLines
+    from layerwise.cli.closing import ClosingLine
+    from layerwise.cli.runs import KeptConfig, place_logger, read_position, take_position, test_split_line
+    from layerwise.cli.summary import replace_default_summary
     from layerwise.errors import UsageError
     from layerwise.lightning_modules import LayerwiseModule
     from layerwise.lightning_modules.base import check_data_compatible
@@ -75,9 +70,7 @@ def _trainer_classes() -> tuple[type, type]:
             kwargs.setdefault("model_class", LightningModule)  # LayerwiseModule strategies, Stitched, any other module
             kwargs.setdefault("subclass_mode_model", True)
             kwargs.setdefault("subclass_mode_data", True)
-            from layerwise.callbacks._runs import KeptConfig  # an earlier run's config.yaml is moved aside
-
-            kwargs.setdefault("save_config_callback", KeptConfig)
+            kwargs.setdefault("save_config_callback", KeptConfig)  # an earlier run's config.yaml is moved aside
             kwargs.setdefault("save_config_kwargs", {"overwrite": True})
             kwargs.setdefault("parser_class", _ConciseArgumentParser)
             if not sys.stdout.isatty():  # a log file shows a bar only at the end: plain lines instead (see after_...)
@@ -221,7 +214,7 @@ def _trainer_classes() -> tuple[type, type]:
         before_predict = _before_evaluation
 
     for cls in (_ConciseArgumentParser, LayerwiseCLI):
-        cls.__qualname__ = cls.__name__  # layerwise.cli.LayerwiseCLI, as if defined at the top (module __getattr__)
+        cls.__qualname__ = cls.__name__  # layerwise.cli.app.LayerwiseCLI, as if at the top (module __getattr__)
     return _ConciseArgumentParser, LayerwiseCLI
 
 

@@ -1,7 +1,7 @@
 """A command function as a command line: its jsonargparse parser, built from its signature and Google docstring.
 
 ``layerwise plot``, ``compare``, ``stitch``... are typed functions next to what they run
-(:data:`layerwise.cli.COMMANDS`); :func:`command_parser` gives each ``--snake_case`` flags, ``--help`` from the
+(:data:`layerwise.cli.app.COMMANDS`); :func:`command_parser` gives each ``--snake_case`` flags, ``--help`` from the
 docstring, ``--config FILE`` and ``--print_config``. Every command's ``--config NAME`` of a config the package
 ships is that file (:func:`with_shipped_configs`): ``layerwise fit --config quickstart`` runs from any folder.
 """
@@ -16,7 +16,8 @@ from typing import Any, Literal, NoReturn, Optional, Union
 
 from jsonargparse import ActionConfigFile, ArgumentParser
 
-from layerwise.errors import DEBUG_VARIABLE, exit_concisely
+from layerwise.cli.errors import exit_concisely
+from layerwise.errors import DEBUG_VARIABLE
 
 _POSITIONAL = {"path", "runs"}
 
@@ -72,7 +73,7 @@ def command_parser(name: str, function: Callable[..., None]) -> ArgumentParser:
     return parser
 
 
-SHIPPED = Path(__file__).parent / "configs"  # copies of files under the repository's configs/, byte for byte
+SHIPPED = Path(__file__).parents[1] / "configs"  # copies of files under the repository's configs/, byte for byte
 _CONFIG_FLAGS = ("--config", "-c")
 
 
