@@ -1,9 +1,9 @@
 """The error style of layerwise: its own error for a mistake in what the user gave, and the one-line message.
 
-:class:`UsageError` is what the package's own checks raise; :func:`concise_error` cuts a jsonargparse message to the
-option and its innermost cause; :func:`exit_concisely` prints that one line (the traceback only with
-``LAYERWISE_DEBUG=1``) and exits with code 2. ``layerwise.cli`` uses them for every command, and
-:func:`quiet_upstream` for the upstream lines that say nothing about the run.
+:class:`UsageError` is what the package's own checks raise, :class:`LayerwiseWarning` what it warns with;
+:func:`concise_error` cuts a jsonargparse message to the option and its innermost cause; :func:`exit_concisely` prints
+that one line (the traceback only with ``LAYERWISE_DEBUG=1``) and exits with code 2. ``layerwise.cli`` uses them for
+every command, and :func:`quiet_upstream` for the upstream lines that say nothing about the run.
 """
 
 import logging
@@ -22,6 +22,15 @@ class UsageError(ValueError):
     Raised from inside Lightning's run (a module's ``setup``, the checkpoint restore), where the CLI's parser no longer
     answers; ``layerwise`` prints it in one line naming the option, like a parser error. A ValueError, so callers
     that catch ValueError still do.
+    """
+
+
+class LayerwiseWarning(UserWarning):
+    """What layerwise itself warns about (a run that goes on, but not as asked): one category for all of them.
+
+    A UserWarning, so filters on UserWarning still apply;
+    ``warnings.filterwarnings("error", category=LayerwiseWarning)`` turns them into errors (the test suite does),
+    ``"ignore"`` silences layerwise's alone.
     """
 
 

@@ -25,6 +25,7 @@ from layerwise.callbacks._loggers import (
 )
 from layerwise.callbacks._runs import evaluated_split
 from layerwise.callbacks.family import Family, LayerBatch, LayerSpec
+from layerwise.errors import LayerwiseWarning
 from layerwise.figures.summary import evaluation_figures, stamped_figures
 from layerwise.results import merge_summary, summary_path, to_json, write_atomic
 
@@ -285,7 +286,8 @@ def _log_dir(trainer: Trainer) -> str:
         _NO_FOLDER.warn(
             f"layerwise: the first logger, {type(trainer.loggers[0]).__name__}, gives the run no folder; the summaries"
             f" go to {folder / 'layerwise'} (Trainer's default_root_dir; set it, or put a TensorBoard or CSV logger"
-            " first)."
+            " first).",
+            category=LayerwiseWarning,
         )
         return str(folder)
     return str(log_dir)

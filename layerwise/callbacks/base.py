@@ -28,7 +28,7 @@ from layerwise.callbacks._schedule import analyses_now, draws_figures, last_step
 from layerwise.callbacks._source import FeatureSource
 from layerwise.callbacks.family import Family, LayerBatch, LayerSpec, per_layer
 from layerwise.callbacks.lifecycle import add_charts
-from layerwise.errors import UsageError
+from layerwise.errors import LayerwiseWarning, UsageError
 from layerwise.features.layers import LayerSelection, select_layers
 from layerwise.results import loader_stages
 
@@ -147,7 +147,8 @@ class LayerwiseMonitor(Callback):
             rank_zero_warn(
                 f"{type(self).__name__}: training stops at max_steps={trainer.max_steps} but the last validation runs "
                 f"at step {last}, so the final model is not analysed. Make max_steps x accumulate_grad_batches a "
-                "multiple of val_check_interval (with check_val_every_n_epoch: null)."
+                "multiple of val_check_interval (with check_val_every_n_epoch: null).",
+                category=LayerwiseWarning,
             )
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
