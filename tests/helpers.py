@@ -88,8 +88,9 @@ def fitted_backbone() -> TimmViT:
 
 
 def fitted_module() -> Standard:
-    """A layerwise ``Standard`` module around :func:`fitted_backbone`."""
-    return Standard(fitted_backbone())
+    """A layerwise ``Standard`` module around :func:`fitted_backbone`, in train mode as a Trainer expects it at the
+    start of fit (validate switches to eval itself); the tiny ViT has no dropout, so the two modes compute the same."""
+    return Standard(fitted_backbone()).train()
 
 
 def head64(backbone: TimmViT):
