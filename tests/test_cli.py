@@ -11,7 +11,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
-from helpers import RecordingAlternating, read_summary, summary_file
+from helpers import FROZEN_IN_EVAL, TRAINING_ONLY, RecordingAlternating, read_summary, summary_file
 from torch.utils.data import DataLoader, TensorDataset
 
 from layerwise.cli import LayerwiseCLI, main
@@ -343,6 +343,7 @@ def resume_fit(module, max_epochs, ckpt_path=None) -> pl.Trainer:
     return trainer
 
 
+@TRAINING_ONLY
 def test_resume_continues_the_alternation_and_matches_an_uninterrupted_run(tmp_path):
     uninterrupted = resume_module()
     resume_fit(uninterrupted, max_epochs=2)
@@ -554,6 +555,7 @@ def test_residual_ablation_configs_train_the_same_mlp_with_and_without_residuals
     )
 
 
+@FROZEN_IN_EVAL
 def test_transfer_configs_pretrain_then_probe_a_checkpoint(tmp_path):
     short = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.enable_progress_bar=false"]
     save = f"--trainer.logger.init_args.save_dir={tmp_path}"
