@@ -5,7 +5,12 @@ The suite's filter (pyproject's ``filterwarnings``) matches the category, not th
 """
 
 import ast
+import warnings
 from pathlib import Path
+
+import pytest
+
+from layerwise.errors import LayerwiseWarning
 
 PACKAGE = Path(__file__).resolve().parents[1] / "layerwise"
 WARNERS = {"rank_zero_warn", "warn"}  # torchmetrics' and Lightning's rank_zero_warn, warnings.warn, WarningCache.warn
@@ -37,3 +42,9 @@ def test_every_warning_of_the_package_is_a_layerwise_warning():
     assert len(calls) >= 15, sorted(calls)  # the search finds them (21 on 2026-11-27)
     assert [where for where, call in calls.items() if not names_the_category(call)] == []
 
+
+def test_the_suite_makes_layerwise_warnings_errors_and_pytest_warns_still_catches_them():
+    with pytest.raises(LayerwiseWarning):
+        warnings.warn("unexpected", LayerwiseWarning, stacklevel=1)
+    with pytest.warns(UserWarning, match="expected"):
+        warnings.warn("expected", LayerwiseWarning, stacklevel=1)
