@@ -19,8 +19,11 @@ def single_thread():
     os.environ.update(environment)
 
 
-@pytest.fixture(autouse=True)
-def command_line_of_no_command(monkeypatch):
-    """``sys.argv`` without pytest's own arguments: the tests give each command its arguments (``args=``), and
-    LightningCLI warns when ``sys.argv`` holds others too (and reads them where a test passes none)."""
-    monkeypatch.setattr(sys, "argv", sys.argv[:1])
+@pytest.fixture(autouse=True, scope="session")
+def command_line_of_no_command():
+    """``sys.argv`` without pytest's own arguments, for the whole session (module fixtures run commands too): the
+    tests give each command its arguments (``args=``), and LightningCLI warns when ``sys.argv`` holds others too (and
+    reads them where a test passes none)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "argv", sys.argv[:1])
+        yield
