@@ -1,8 +1,8 @@
 """The errors of layerwise below its command line: its own error for a mistake in what the user gave.
 
 :class:`UsageError` is what the package's own checks raise (``layerwise`` prints it in one line naming the option:
-``layerwise.cli.errors``); :func:`lightning_lines_silenced` drops Lightning's log lines that a command's own work
-causes (``stitch``'s per-pair "fit stopped").
+``layerwise.cli.errors``), :class:`LayerwiseWarning` what it warns with; :func:`lightning_lines_silenced` drops
+Lightning's log lines that a command's own work causes (``stitch``'s per-pair "fit stopped").
 """
 
 import logging
@@ -16,6 +16,15 @@ class UsageError(ValueError):
     Raised from inside Lightning's run (a module's ``setup``, the checkpoint restore), where the CLI's parser no longer
     answers; ``layerwise`` prints it in one line naming the option, like a parser error. A ValueError, so callers
     that catch ValueError still do.
+    """
+
+
+class LayerwiseWarning(UserWarning):
+    """What layerwise itself warns about (a run that goes on, but not as asked): one category for all of them.
+
+    A UserWarning, so filters on UserWarning still apply;
+    ``warnings.filterwarnings("error", category=LayerwiseWarning)`` turns them into errors (the test suite does),
+    ``"ignore"`` silences layerwise's alone.
     """
 
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Union
 
-from layerwise.errors import UsageError
+from layerwise.errors import LayerwiseWarning, UsageError
 
 REQUIRED_KEYS = (
     "epoch",
@@ -205,7 +205,7 @@ def keep_earlier(path: Path, what: str, warn: bool = True) -> None:
         warnings.warn(
             f"layerwise: {path} held the {what} of an earlier run; moved it to {aside.name}. Give each run its own "
             "folder: a TensorBoardLogger or CSVLogger first versions them.",
-            UserWarning,
+            LayerwiseWarning,
             stacklevel=3,
         )
 
@@ -227,7 +227,7 @@ def _readable_summary(path: Path) -> dict[str, Any]:
         return load_summary(path)
     except ValueError as error:
         aside = move_aside(path, "corrupt")
-        warnings.warn(f"{error} Moved it to {aside.name} and wrote a new summary.", UserWarning, stacklevel=3)
+        warnings.warn(f"{error} Moved it to {aside.name} and wrote a new summary.", LayerwiseWarning, stacklevel=3)
         return {}
 
 

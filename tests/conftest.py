@@ -1,6 +1,7 @@
 """Fixtures shared by the test files."""
 
 import os
+import sys
 
 import pytest
 import torch
@@ -16,3 +17,13 @@ def single_thread():
     torch.set_num_threads(threads)
     os.environ.clear()
     os.environ.update(environment)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def command_line_of_no_command():
+    """``sys.argv`` without pytest's own arguments, for the whole session (module fixtures run commands too): the
+    tests give each command its arguments (``args=``), and LightningCLI warns when ``sys.argv`` holds others too (and
+    reads them where a test passes none)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(sys, "argv", sys.argv[:1])
+        yield

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -24,6 +25,15 @@ from layerwise.results import summary_order
 
 DEPTH, DIM, CLASSES = 4, 16, 10
 HEAD_SCALE = 30.0
+
+# Lightning's advice that a test shaped so on purpose does not follow; a test marked with one says why it applies.
+ADVICE = "lightning.fabric.utilities.warnings.PossibleUserWarning"
+TRAINING_ONLY = pytest.mark.filterwarnings(  # a fit with a validation_step and no validation data, on purpose
+    f"ignore:You defined a `validation_step` but have no `val_dataloader`:{ADVICE}"
+)
+FROZEN_IN_EVAL = pytest.mark.filterwarnings(  # LinearProbes and Stitched keep their frozen models in eval mode
+    rf"ignore:Found \d+ module\(s\) in eval mode at the start of training:{ADVICE}"
+)
 
 
 @functools.lru_cache(maxsize=1)
@@ -88,8 +98,9 @@ def fitted_backbone() -> TimmViT:
 
 
 def fitted_module() -> Standard:
-    """A layerwise ``Standard`` module around :func:`fitted_backbone`."""
-    return Standard(fitted_backbone())
+    """A layerwise ``Standard`` module around :func:`fitted_backbone`, in train mode as a Trainer expects it at the
+    start of fit (validate switches to eval itself); the tiny ViT has no dropout, so the two modes compute the same."""
+    return Standard(fitted_backbone()).train()
 
 
 def head64(backbone: TimmViT):

@@ -11,7 +11,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
-from helpers import RecordingAlternating, read_summary, summary_file
+from helpers import FROZEN_IN_EVAL, TRAINING_ONLY, RecordingAlternating, read_summary, summary_file
 from torch.utils.data import DataLoader, TensorDataset
 
 from layerwise.cli import LayerwiseCLI, main
@@ -107,7 +107,9 @@ def test_every_language_config_parses_and_instantiates(config, tmp_path):
     assert any(type(c).__name__ == "LayerwiseAnalysis" for c in cli.trainer.callbacks)
     model, data, trainer_config = cli.config.model.init_args, cli.config.data.init_args, cli.config.trainer
     if "activation_checkpointing: true" in text:
-        assert cli.model.backbone.model.is_gradient_checkpointing
+        hf_model = cli.model.backbone.model
+        renamed = hasattr(hf_model, "is_activation_checkpointing")  # `is_gradient_checkpointing` in older transformers
+        assert hf_model.is_activation_checkpointing if renamed else hf_model.is_gradient_checkpointing
     if config.parent.name == "glue":  # the paper's BERT runs
         assert model.optimizer.init_args.lr == 2e-5 and trainer_config.max_epochs == 3
         assert (data.max_length, data.batch_size, data.task) == (256, 32, config.stem.split("_")[2])
@@ -341,6 +343,7 @@ def resume_fit(module, max_epochs, ckpt_path=None) -> pl.Trainer:
     return trainer
 
 
+@TRAINING_ONLY
 def test_resume_continues_the_alternation_and_matches_an_uninterrupted_run(tmp_path):
     uninterrupted = resume_module()
     resume_fit(uninterrupted, max_epochs=2)
@@ -552,6 +555,7 @@ def test_residual_ablation_configs_train_the_same_mlp_with_and_without_residuals
     )
 
 
+@FROZEN_IN_EVAL
 def test_transfer_configs_pretrain_then_probe_a_checkpoint(tmp_path):
     short = ["--trainer.max_epochs=1", "--trainer.limit_train_batches=2", "--trainer.enable_progress_bar=false"]
     save = f"--trainer.logger.init_args.save_dir={tmp_path}"

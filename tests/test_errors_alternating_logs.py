@@ -3,7 +3,7 @@
 import pandas as pd
 import pytest
 import torch
-from helpers import RecordingAlternating, tiny_backbone, train_loader, trainer
+from helpers import TRAINING_ONLY, RecordingAlternating, tiny_backbone, train_loader, trainer
 from lightning.pytorch.loggers import CSVLogger
 
 
@@ -20,6 +20,7 @@ class RecordingLosses(RecordingAlternating):
         return loss
 
 
+@TRAINING_ONLY
 @pytest.mark.parametrize("every", [2, 3])
 def test_both_objectives_have_a_curve_with_any_log_every_n_steps(tmp_path, every):
     """With an even log_every_n_steps every written step is an aligned one: the last-layer loss is still written.

@@ -6,7 +6,7 @@ import warnings
 import matplotlib.pyplot as plt
 import pytest
 import torch
-from helpers import digits, fitted_module, summary_file, trainer
+from helpers import TRAINING_ONLY, digits, fitted_module, summary_file, trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -63,6 +63,7 @@ def test_a_residual_figure_with_finite_values_keeps_its_log_axis():
     plt.close(figure)
 
 
+@TRAINING_ONLY
 def test_a_nan_training_loss_is_warned_once_with_its_step(tmp_path):
     module = fitted_module()
     module.optimizer_factory = lambda params: torch.optim.SGD(params, lr=0.0)  # the weights stay finite

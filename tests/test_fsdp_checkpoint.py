@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from helpers import DIM, fitted_module, train_loader, trainer, val_loader
+from helpers import DIM, TRAINING_ONLY, fitted_module, train_loader, trainer, val_loader
 from test_fsdp import free_port
 
 from layerwise.inference.export import export_truncated
@@ -113,6 +113,7 @@ def test_probes_and_model_loading_read_the_sharded_folder(sharded):
     assert sum(p.numel() for p in model.parameters()) > 0
 
 
+@TRAINING_ONLY
 def test_resuming_fit_from_a_sharded_folder_on_one_process_is_refused_in_one_line(sharded, tmp_path):
     folder, _ = sharded
     job = trainer(tmp_path, [], max_steps=3)

@@ -186,8 +186,8 @@ def test_hooked_blocks_of_different_widths_end_in_one_line_naming_the_option(tmp
     assert line.startswith("layerwise validate: error: `blocks=blocks`: "), line
     assert "block 1 returns features of width 8, block 2 of width 12" in line, line
     monkeypatch.setenv("LAYERWISE_DEBUG", "1")
-    with pytest.raises(UsageError, match="different widths"):
-        LayerwiseCLI(args=args)
+    with pytest.raises(UsageError, match="different widths"):  # a run of its own folder: the first one's config stays
+        LayerwiseCLI(args=[*args, f"--trainer.default_root_dir={tmp_path / 'debug'}"])
 
 
 # ------------------------------------------------------------------------------ 15: the console of a run, no noise

@@ -6,6 +6,7 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
+from helpers import FROZEN_IN_EVAL, TRAINING_ONLY
 from torch.utils.data import DataLoader
 from transformers import AutoConfig, AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
@@ -106,6 +107,8 @@ def test_a_model_stitched_to_itself_with_identity_is_exactly_the_model(oracle):
     assert out["val/penalty_a"] == 0.0 and out["val/loss_stitched"] == out["val/loss_a"]
 
 
+@FROZEN_IN_EVAL
+@TRAINING_ONLY
 def test_rotation_oracle_identity_fails_and_learned_stitching_recovers(oracle):
     a, b, q, train, held_out = oracle
     identity = quiet_trainer(1).validate(Stitched(a, b, 1, 1, phi="identity").double(), held_out, verbose=False)[0]
@@ -120,6 +123,8 @@ def test_rotation_oracle_identity_fails_and_learned_stitching_recovers(oracle):
     torch.testing.assert_close(learned.phi.weight.detach(), q - eye, rtol=0, atol=1e-2)  # phi(h) = Q h
 
 
+@FROZEN_IN_EVAL
+@TRAINING_ONLY
 def test_rotation_oracle_the_recipe_from_identity_recovers(oracle):
     """tuned-lens's recipe as Stitched's defaults (SGD Nesterov 0.9, lr 0.1, weight decay 1e-3, clip 1.0, 2,000
     steps, 200 warm-up), phi zero-initialised (identity stitching at step 0), reaches the rotated model.
@@ -144,6 +149,7 @@ def test_rotation_oracle_the_recipe_from_identity_recovers(oracle):
     assert start > 1.0 and abs(out["val/penalty_b"]) < 1e-2, (start, out["val/penalty_b"])
 
 
+@FROZEN_IN_EVAL
 def test_keep_best_ends_at_the_checked_step_with_the_lowest_dev_loss(oracle):
     """keep_best: the start (a full sanity check) and every check compete; phi ends at the lowest dev loss, restored.
 
@@ -180,6 +186,7 @@ def test_keep_best_ends_at_the_checked_step_with_the_lowest_dev_loss(oracle):
     assert dev_loss == pytest.approx(best_loss, abs=1e-9)
 
 
+@FROZEN_IN_EVAL
 def test_keep_best_dev_loss_is_the_whole_dev_slice_on_two_processes(oracle):
     """Under DDP each rank holds part of the dev slice: the check sums over ranks, so 2 processes see the loss 1 does
     (lr 0: phi stays at its start, so every check of both runs measures the same map)."""
@@ -254,6 +261,7 @@ def test_stitch_command_sweeps_pairs_and_writes_the_table(tmp_path, capsys):
     assert "--pairs" in capsys.readouterr().err and not (tmp_path / "never").exists()
 
 
+@FROZEN_IN_EVAL
 def test_stitched_trains_with_layerwise_fit(tmp_path):
     from layerwise.cli import main as cli_main
 

@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from helpers import assert_json_close, fitted_module, read_summary, trainer
+from helpers import FROZEN_IN_EVAL, assert_json_close, fitted_module, read_summary, trainer
 from lightning.pytorch.loggers import TensorBoardLogger
 from torch.utils.data import DataLoader
 
@@ -190,6 +190,7 @@ def test_fit_probe_chooses_the_weight_decay_on_held_out_samples(single_thread):
         np.testing.assert_allclose(fit.weight.numpy(), reference.coef_, atol=1e-3 * np.abs(reference.coef_).max())
 
 
+@FROZEN_IN_EVAL
 def test_linear_probes_equal_logistic_regression_on_the_same_frozen_features(tmp_path):
     from layerwise.lightning_modules import LinearProbes
 
@@ -210,6 +211,7 @@ def test_linear_probes_equal_logistic_regression_on_the_same_frozen_features(tmp
     np.testing.assert_allclose(probe_accuracy, reference, rtol=0, atol=0.01)
 
 
+@FROZEN_IN_EVAL
 def test_linear_probes_on_two_processes_equal_one(tmp_path, single_thread):
     """The features of both ranks are gathered (the sampler's padding dropped) and fitted in one order."""
     from layerwise.lightning_modules import LinearProbes

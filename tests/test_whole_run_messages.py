@@ -13,6 +13,7 @@ from torch import nn
 from layerwise.callbacks import LayerwiseAnalysis
 from layerwise.callbacks.progress import ProgressLines
 from layerwise.cli import main
+from layerwise.errors import LayerwiseWarning
 
 REPO = Path(__file__).resolve().parents[1]
 QUICKSTART = str(REPO / "configs" / "quickstart.yaml")
@@ -81,6 +82,8 @@ def test_validate_prints_layerwise_s_table_and_not_lightning_s(tmp_path, capsys)
     assert out.rstrip().splitlines()[-1].startswith("layerwise validate: checkpoint ")
 
 
+# every validation sample is NaN, so the analysis computes metrics that were never updated, and torchmetrics says so
+@pytest.mark.filterwarnings("ignore:The ``compute`` method of metric .* was called before the ``update`` method")
 def test_non_finite_training_is_said_once_with_its_batch_and_in_the_closing_line(tmp_path, capsys, monkeypatch):
     from layerwise.datamodules.digits import DigitsDataModule
 
@@ -91,10 +94,13 @@ def test_non_finite_training_is_said_once_with_its_batch_and_in_the_closing_line
         self.train_set.tensors[0][:] = float("nan")
 
     monkeypatch.setattr(DigitsDataModule, "setup", poisoned)
-    with pytest.warns(
-        UserWarning,
-        match=r"not finite .* from epoch 0, batch 0 \(step 0\).* in 64 samples.*"
-        r"--trainer.detect_anomaly=true",
+    with (
+        pytest.warns(
+            LayerwiseWarning,
+            match=r"not finite .* from epoch 0, batch 0 \(step 0\).* in 64 samples.*"
+            r"--trainer.detect_anomaly=true",
+        ),
+        pytest.warns(LayerwiseWarning, match=r"skipped \d+ val samples with non-finite values"),
     ):
         main(["fit", *TINY, f"--trainer.logger.init_args.save_dir={tmp_path}"])
     closing = capsys.readouterr().out.rstrip().splitlines()[-1]

@@ -50,6 +50,7 @@ from typing import Any, Optional, Union
 import numpy as np
 from lightning.pytorch.utilities import rank_zero_warn
 
+from layerwise.errors import LayerwiseWarning
 from layerwise.figures.worker import FigureJob, Image, build_and_render, read_frame, write_frame
 
 MAX_PENDING = 4
@@ -77,7 +78,7 @@ def _work() -> None:
 def _skipped(tag: Optional[str], error: Union[BaseException, str]) -> None:
     what = "a figure" if tag is None else f"the figure {tag!r}"
     cause = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
-    rank_zero_warn(f"layerwise: {what} could not be drawn and was skipped ({cause})")
+    rank_zero_warn(f"layerwise: {what} could not be drawn and was skipped ({cause})", category=LayerwiseWarning)
 
 
 def _jobs() -> "queue.Queue[Job]":
@@ -182,14 +183,16 @@ def _draw_in_process(job: FigureJob) -> Optional[list[tuple[str, Image]]]:
                 f"layerwise: {name} {where} the drawing process ({unsent}), so its figures are drawn in a "
                 "thread of the training process, which slows its loop while they are drawn. Define figure functions "
                 "in an importable module (not in the script run), reading only their results and the plain settings "
-                "(numbers, strings) of their object."
+                "(numbers, strings) of their object.",
+                category=LayerwiseWarning,
             )
         return None
     except (OSError, EOFError, pickle.UnpicklingError) as error:  # could not start, or died: draw here from now on
         _process_failed = True
         rank_zero_warn(
             "layerwise: the drawing process is unavailable, so figures are drawn in a thread of the training "
-            f"process from now on, which slows its loop while they are drawn ({type(error).__name__}: {error})"
+            f"process from now on, which slows its loop while they are drawn ({type(error).__name__}: {error})",
+            category=LayerwiseWarning,
         )
         return None
 
@@ -263,7 +266,8 @@ def _deliver(sink: Any, tag: str, image: np.ndarray, step: int) -> None:
     except Exception as error:  # one logger refusing an image must not keep it from the others, nor stop the run
         rank_zero_warn(
             f"layerwise: the figure {tag!r} could not be logged to {sink.name} and was skipped there "
-            f"({type(error).__name__}: {error})"
+            f"({type(error).__name__}: {error})",
+            category=LayerwiseWarning,
         )
 
 

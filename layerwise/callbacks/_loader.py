@@ -12,6 +12,7 @@ from layerwise.callbacks._batch import layer_batch as make_layer_batch
 from layerwise.callbacks._output import FeatureSaver
 from layerwise.callbacks._sampling import rank_indices, real_samples_on_rank
 from layerwise.callbacks.family import Family, LayerBatch, LayerSpec
+from layerwise.errors import LayerwiseWarning
 from layerwise.metrics import NonFiniteRows, SampleCount, all_reduce_sum_states
 
 # Held batches are joined and fed together once they hold this many bytes or batches: the metrics' updates then cost
@@ -137,7 +138,8 @@ class LoaderState:
             layers = {number: int(count) for number, count in zip(spec.layer_numbers, nonfinite.tolist()) if count}
             rank_zero_warn(
                 f"{owner}: skipped {int(self.nonfinite.rows)} {stage} samples with non-finite values "
-                f"(NaN/inf rows per layer: {layers}); `n_nonfinite` in the summary counts them."
+                f"(NaN/inf rows per layer: {layers}); `n_nonfinite` in the summary counts them.",
+                category=LayerwiseWarning,
             )
         results: dict[str, Any] = {}
         for family in self.families:

@@ -13,6 +13,7 @@ from layerwise._compat import already_reduced
 from layerwise.callbacks._drawing import FigureJob, draw_later, figures_in_process
 from layerwise.callbacks._loggers import image_sinks, tensorboards
 from layerwise.callbacks.family import LayerBatch, LayerSpec
+from layerwise.errors import LayerwiseWarning
 from layerwise.figures.summary import stamped_figures
 from layerwise.results import summary_path, write_atomic
 
@@ -171,7 +172,8 @@ def _log_dir(trainer: Trainer) -> str:
         _NO_FOLDER.warn(
             f"layerwise: the first logger, {type(trainer.loggers[0]).__name__}, gives the run no folder; the summaries"
             f" go to {folder / 'layerwise'} (Trainer's default_root_dir; set it, or put a TensorBoard or CSV logger"
-            " first)."
+            " first).",
+            category=LayerwiseWarning,
         )
         return str(folder)
     return str(log_dir)

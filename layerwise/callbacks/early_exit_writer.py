@@ -14,6 +14,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
 from layerwise.engines.early_exit import EXIT_LAYERS, check_criterion, layer_count_speedup
+from layerwise.errors import LayerwiseWarning
 from layerwise.features import IGNORE_INDEX, PREDICTIONS, TARGETS
 from layerwise.results import to_json, write_text_atomic
 
@@ -111,7 +112,8 @@ class EarlyExitPredictionWriter(BasePredictionWriter):
         else:  # not a DataLoader with a batch sampler: number the samples in the order they come
             if trainer.world_size > 1:
                 rank_zero_warn(
-                    "EarlyExitPredictionWriter: dataset indices unknown under DDP; rows are numbered per rank."
+                    "EarlyExitPredictionWriter: dataset indices unknown under DDP; rows are numbered per rank.",
+                    category=LayerwiseWarning,
                 )
             indices = torch.arange(self._next_index, self._next_index + count)
         self._next_index += count

@@ -17,6 +17,7 @@ from layerwise.callbacks._loggers import History, chart_loggers, log_layer_chart
 from layerwise.callbacks._output import _log_dir, log_figures_later, log_scalars, show, write_charts
 from layerwise.callbacks._sampling import evaluation_loaders, real_samples_on_rank, take_real
 from layerwise.callbacks._schedule import analyses_now, draws_figures, last_step_unvalidated
+from layerwise.errors import LayerwiseWarning
 from layerwise.figures.summary import evaluation_figures, own_figures
 from layerwise.metrics.sync import all_reduce_sum_states
 from layerwise.results import loader_stages, merge_summary, summary_path, to_json
@@ -208,7 +209,8 @@ class AnalysisCallback(Callback):
             rank_zero_warn(
                 f"{type(self).__name__}: training stops at max_steps={trainer.max_steps} but the last validation runs "
                 f"at step {last}, so the final model is not analysed. Make max_steps x accumulate_grad_batches a "
-                "multiple of val_check_interval (with check_val_every_n_epoch: null)."
+                "multiple of val_check_interval (with check_val_every_n_epoch: null).",
+                category=LayerwiseWarning,
             )
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

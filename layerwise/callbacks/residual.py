@@ -10,6 +10,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import Metric
 
 from layerwise.callbacks.lifecycle import AnalysisCallback
+from layerwise.errors import LayerwiseWarning
 from layerwise.features.branches import BranchNorms, default_token, token_positions
 from layerwise.features.paths import find_layer_paths, get_blocks
 from layerwise.metrics.residual import ResidualNormRatio
@@ -109,7 +110,8 @@ class ResidualNormRatioMonitor(AnalysisCallback):
             rank_zero_warn(
                 f"ResidualNormRatioMonitor: {outside} ratios ||x||/||F(x)|| fell outside [1e{self._metric.low:g}, "
                 f"1e{self._metric.high:g}] (counted as `below_range`/`above_range` in the JSON); the quantiles that "
-                "need them are null. The mean is exact."
+                "need them are null. The mean is exact.",
+                category=LayerwiseWarning,
             )
         return {
             "branches": list(names),

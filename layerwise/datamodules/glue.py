@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 from layerwise.datamodules._base import check_positive_int, flag, resolve_root
 from layerwise.datamodules.glue_tasks import HUB_ID, TASKS, GLUESource, TaskSpec, TextSplit
 from layerwise.datamodules.tokenizers import load_tokenizer
-from layerwise.errors import UsageError
+from layerwise.errors import LayerwiseWarning, UsageError
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -192,7 +192,8 @@ class GLUEDataModule(LightningDataModule):
             what = "is absent" if test is None else "has unlabelled examples"
             rank_zero_warn(
                 f"GLUE {self.task}: the test split {what}; test_dataloader serves the validation split "
-                f"{self.split_names['validation']!r} instead"
+                f"{self.split_names['validation']!r} instead",
+                category=LayerwiseWarning,
             )
             role = "validation"
         split = self.source.read(role)
@@ -256,7 +257,8 @@ class GLUEDataModule(LightningDataModule):
                 rank_zero_warn(
                     f"{flag('tokenizer')}={self.tokenizer_spec} adds no special tokens to a pair, so the two texts of "
                     f"each {self.task} example are concatenated with no separator; a BERT-style tokenizer (e.g. "
-                    "'wordpiece:<vocab_size>') marks the boundary with [SEP] and token_type_ids"
+                    "'wordpiece:<vocab_size>') marks the boundary with [SEP] and token_type_ids",
+                    category=LayerwiseWarning,
                 )
         if self.val_set is None:
             self.val_set = self._tokenized(self.read_split("validation").head(self.max_val_samples))

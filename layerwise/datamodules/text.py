@@ -21,7 +21,7 @@ from transformers import PreTrainedTokenizerFast
 from layerwise.datamodules import _hub
 from layerwise.datamodules._base import check_positive_int, flag
 from layerwise.datamodules.tokenizers import TRAINED_KINDS, load_tokenizer, parse_spec
-from layerwise.errors import UsageError
+from layerwise.errors import LayerwiseWarning, UsageError
 
 USER_TOKENIZER_CACHE = "~/.cache/layerwise/tokenizers"
 TEXT_COLUMN = "text"
@@ -212,7 +212,8 @@ class TextDataModule(LightningDataModule):
         if self.block_size > tokenizer.model_max_length:
             rank_zero_warn(
                 f"{flag('block_size')}={self.block_size} exceeds the {tokenizer.model_max_length} positions the "
-                f"tokenizer {self.tokenizer_spec!r} was made for; a pretrained model with that limit cannot take it"
+                f"tokenizer {self.tokenizer_spec!r} was made for; a pretrained model with that limit cannot take it",
+                category=LayerwiseWarning,
             )
         if self.train_files is not None:
             train, val, test = self._local_streams(tokenizer)

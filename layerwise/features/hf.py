@@ -81,6 +81,16 @@ def input_device(model: nn.Module) -> torch.device:
     return torch.device("cpu")
 
 
+def _enable_activation_checkpointing(model: nn.Module) -> None:
+    """Turn on the model's own activation checkpointing, non-reentrant (under its older name in older transformers)."""
+    kwargs = {"use_reentrant": False}
+    enable = getattr(model, "activation_checkpointing_enable", None)  # `gradient_checkpointing_enable` before
+    if enable is not None:
+        enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        cast(Any, model).gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
 class HFBackbone(nn.Module):
     """Shared plumbing of the Hugging Face taps: the model, its blocks, its head, block outputs via hooks.
 
@@ -93,7 +103,7 @@ class HFBackbone(nn.Module):
     def __init__(self, model: nn.Module, option: str, activation_checkpointing: bool = False) -> None:
         super().__init__()
         if activation_checkpointing:  # transformers' own: every block recomputed in the backward pass
-            cast(Any, model).gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            _enable_activation_checkpointing(model)
         # from_pretrained returns the model in eval mode, and Lightning (>= 2.2) keeps the modes it finds at the start
         # of fit: without this, a pretrained backbone would be fine-tuned with dropout off. Validation still runs in
         # eval mode (Lightning switches the whole module and restores these modes afterwards).

@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from layerwise.errors import LayerwiseWarning
 from layerwise.features.hooks import _block_input, block_output, hooked_blocks
 from layerwise.features.paths import Blocks
 from layerwise.features.token_rows import split_attention, split_block
@@ -291,6 +292,7 @@ def diagonal_block_jacobian(
         if isinstance(split, str):
             warnings.warn(
                 f"{type(block).__name__}: Jacobian on the whole prompt, not on token {token} alone: {split}.",
+                LayerwiseWarning,
                 stacklevel=2,
             )
         else:

@@ -13,7 +13,7 @@ from torch import Tensor
 from layerwise._compat import built_by_lightning_cli
 from layerwise.engines.early_exit import EXIT_LAYERS, early_exit_predict
 from layerwise.engines.readout import DEFAULT_CHUNK_SIZE, Head, chunked_cross_entropy, chunked_readout
-from layerwise.errors import UsageError
+from layerwise.errors import LayerwiseWarning, UsageError
 from layerwise.features import (
     EXIT_LOGITS,
     EXIT_PREFIX,
@@ -239,7 +239,8 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
             f"{type(self).__name__}: the training loss is not finite (NaN/inf) from epoch {epoch}, batch {batch} (step "
             f"{step}), whose features are non-finite in {rows} sample{'' if rows == 1 else 's'}; the run goes on "
             "(once NaN reaches the weights, every later value is NaN): `--trainer.detect_anomaly=true` stops it at "
-            "the first non-finite gradient. Check the inputs for NaN/inf, or lower the learning rate."
+            "the first non-finite gradient. Check the inputs for NaN/inf, or lower the learning rate.",
+            category=LayerwiseWarning,
         )
 
     @torch.no_grad()

@@ -14,6 +14,7 @@ from torch import Tensor, nn
 from torch.utils.data import DistributedSampler
 
 from layerwise._compat import built_by_lightning_cli
+from layerwise.errors import LayerwiseWarning
 from layerwise.features import FEATURES, LOGITS, MAX_PROB, NLL, PREDICTIONS, TARGETS, Backbone
 from layerwise.lightning_modules.base import EvaluationSteps
 from layerwise.lightning_modules.checkpoint import load_module
@@ -208,7 +209,8 @@ class LinearProbes(EvaluationSteps, LightningModule):
         if unconverged:
             rank_zero_warn(
                 f"LinearProbes: the fit of layer(s) {unconverged} stopped at `--model.init_args.max_iter="
-                f"{self.max_iter}` before the gradient fell below `--model.init_args.tolerance={self.tolerance}`."
+                f"{self.max_iter}` before the gradient fell below `--model.init_args.tolerance={self.tolerance}`.",
+                category=LayerwiseWarning,
             )
         width = max(2, len(str(self.num_layers)))
         scalars = {f"probe/weight_decay/layer_{i:0{width}d}": float(w) for i, w in enumerate(self.weight_decay, 1)}

@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 from torchmetrics.utilities import rank_zero_warn
 
+from layerwise.errors import LayerwiseWarning
 from layerwise.metrics._base import _check_positive_int, _ShiftedSumStateMetric, _SumStateMetric
 from layerwise.metrics.functional_compare import _check_pair, _cross_cka_compute, chunk_hsic
 
@@ -278,7 +279,10 @@ class MinibatchCrossCKA(_SumStateMetric):
             across, self_a, self_b, cka = across + extra[0], self_a + extra[1], self_b + extra[2], cka + extra[3]
             chunks = chunks + 1
         elif self._num_pending:
-            rank_zero_warn(f"MinibatchCrossCKA: the last {self._num_pending} tokens (< 4) form no chunk; left out.")
+            rank_zero_warn(
+                f"MinibatchCrossCKA: the last {self._num_pending} tokens (< 4) form no chunk; left out.",
+                LayerwiseWarning,
+            )
         return {"mean": cka / chunks, "sum": across / torch.sqrt(torch.outer(self_a, self_b))}
 
 

@@ -25,6 +25,8 @@ import torch
 from torch import Tensor
 from torchmetrics.utilities import rank_zero_warn
 
+from layerwise.errors import LayerwiseWarning
+
 _F64 = torch.float64
 CouplingForm = Literal["code", "offdiag"]
 SvdMethod = Literal["full", "randomized"]
@@ -75,7 +77,7 @@ def top_singular(
         rank_zero_warn(
             f"Randomized SVD did not converge on the top {k} singular vectors (relative residual {worst:.1e} > "
             f"tol={tol:g}); using the full SVD. Raise `niter`/`oversample` or use method='full'.",
-            UserWarning,
+            LayerwiseWarning,
         )
         used = "full (randomized did not converge)"
     elif method not in ("full", "randomized"):

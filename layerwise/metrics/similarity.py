@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 from torchmetrics.utilities import rank_zero_warn
 
+from layerwise.errors import LayerwiseWarning
 from layerwise.metrics._base import _check_positive_int, _ShiftedSumStateMetric, _SumStateMetric
 from layerwise.metrics.functional import (
     _check_features,
@@ -96,7 +97,7 @@ class _CenteredBufferMetric(_SumStateMetric):
                     " this rank; freezing the center at the mean of the samples seen so far and streaming the rest."
                     " The centered result is now approximate (and not identical across DDP world sizes)."
                     " Raise `max_buffered_samples` for the exact value.",
-                    UserWarning,
+                    LayerwiseWarning,
                 )
                 self._overflow_warned = True
             self._frozen_center = self.feature_sum / self.num_samples  # rank-local: update never sees synced states
@@ -464,7 +465,7 @@ class MinibatchCKA(_SumStateMetric):
                 rank_zero_warn(
                     f"MinibatchCKA skips batches with fewer than 4 samples (got {features.shape[1]}): the unbiased"
                     " HSIC is undefined for them.",
-                    UserWarning,
+                    LayerwiseWarning,
                 )
                 self._small_batch_warned = True
             return
