@@ -1,4 +1,5 @@
-"""Shared pieces of the callback and hook tests: a tiny timm ViT with a fitted head, digits batches, a quiet Trainer.
+"""Shared pieces of the tests: a tiny timm ViT with a fitted head, digits batches, a quiet Trainer, summaries read
+back, and forked process groups (``free_port``, ``run_forked``). Tiny models of the other families: ``tiny_models``.
 
 The backbone is random, but its shared head is fitted in closed form (ridge regression on one-hot targets over the
 features of every layer) and sharpened, so predictions differ between samples and layers and the softmax
@@ -8,14 +9,21 @@ training loop (which costs tens of seconds on a loaded 2-core box).
 
 import copy
 import functools
+import importlib.util
 import json
 import math
+import socket
+import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+import numpy as np
 import pytest
 import torch
+import torch.multiprocessing as mp
 from torch.utils.data import DataLoader, TensorDataset
 
 from layerwise.datamodules.digits import DigitsDataModule
@@ -179,3 +187,48 @@ class RecordingAlternating(AlternatingAligned):
     def compute_loss(self, outputs):
         self.objectives.append("aligned" if self.step_number() % 2 == 0 else "last")
         return super().compute_loss(outputs)
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now, for a process group's ``MASTER_PORT``."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_forked(worker: Callable[..., None], args: tuple, nprocs: int = 2, timeout_s: float = 240) -> None:
+    """``worker(rank, *args)`` in ``nprocs`` forked processes; the test fails (workers killed) past ``timeout_s``.
+
+    Forked children inherit the imported modules, where spawned ones would re-import torch, Lightning and the rest
+    (over 10 s each on a loaded 2-core box); a worker that raises fails the test with its traceback.
+    """
+    context = mp.start_processes(worker, args=args, nprocs=nprocs, join=False, start_method="fork")
+    deadline = time.monotonic() + timeout_s
+    while not context.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"workers did not finish within {timeout_s} s")
+
+
+def ref_unbiased_hsic(x: np.ndarray, y: np.ndarray) -> float:
+    """The unbiased HSIC estimator of Song et al. (2012) between two (n, d) feature sets, in numpy float64."""
+    n = x.shape[0]
+    k, m = x @ x.T, y @ y.T
+    np.fill_diagonal(k, 0.0)
+    np.fill_diagonal(m, 0.0)
+    ones = np.ones(n)
+    value = np.trace(k @ m) + (ones @ k @ ones) * (ones @ m @ ones) / ((n - 1) * (n - 2))
+    value -= 2.0 / (n - 2) * (ones @ k @ m @ ones)
+    return value / (n * (n - 3))
+
+
+@functools.lru_cache(maxsize=1)
+def memory_benchmark():
+    """``benchmarks/_memory.py`` (the allocation tracker of the memory benchmarks), loaded from its file."""
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "_memory.py"
+    spec = importlib.util.spec_from_file_location("layerwise_benchmarks_memory", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module

@@ -1,0 +1,128 @@
+"""layerwise/_compat.py: every private API of a dependency that layerwise uses, checked where it lives."""
+
+import subprocess
+from pathlib import Path
+
+import lightning
+import torch
+from lightning.pytorch.cli import LightningCLI
+from torch.utils.data import DistributedSampler
+
+from layerwise import _compat
+from layerwise.callbacks._sampling import real_samples_on_rank
+from layerwise.metrics import LayerCKA
+
+ROOT = Path(__file__).resolve().parents[2]
+PRIVATE = (
+    r"\._(reductions|computed|is_synced|dtype_convert|pos_embed|from_config)\b"
+    r"|_given_"
+    r"hyperparameters|overrides\.distributed"  # split so that this file does not match itself
+    r"|def _app" + r"ly\b"  # overriding torch/torchmetrics' Module._apply
+)
+
+
+def test_private_uses_live_only_in_compat():
+    found = subprocess.run(["git", "grep", "-nE", PRIVATE], cwd=ROOT, capture_output=True, text=True).stdout
+    files = {line.split(":")[0] for line in found.splitlines()}
+    assert files == {"layerwise/_compat.py"}, found
+
+
+def test_lightning_cli_flag_is_seen_during_cli_instantiation_only():
+    from lightning.pytorch.core.mixins import hparams_mixin
+
+    name = "_given_" + "hyperparameters"
+    assert hasattr(hparams_mixin, name), (
+        f"Lightning {lightning.__version__} moved `{name}` (checked on {_compat.CHECKED_LIGHTNING}): "
+        "update layerwise/_compat.py"
+    )
+    assert _compat.built_by_lightning_cli() is False
+    seen = []
+
+    class Probe(lightning.LightningModule):
+        def __init__(self, width: int = 2) -> None:
+            super().__init__()
+            seen.append(_compat.built_by_lightning_cli())
+
+    LightningCLI(Probe, run=False, args=["--trainer.logger=false"])
+    assert seen == [True]
+    Probe()
+    assert seen == [True, False]
+
+
+class _Padded(DistributedSampler):
+    def __init__(self, size: int, rank: int, world: int, **kwargs) -> None:
+        super().__init__(list(range(size)), num_replicas=world, rank=rank, shuffle=False, **kwargs)
+
+
+def test_real_samples_use_the_public_sampler_attributes():
+    loader = torch.utils.data.DataLoader(list(range(5)), sampler=_Padded(5, 1, 2))
+    assert real_samples_on_rank(loader) == 2  # indices 1, 3 are real; the third is padding
+    unpadded = _Padded(5, 1, 2)
+    unpadded.total_size, unpadded.num_samples = 5, 2  # what Lightning's unrepeated sampler does
+    assert real_samples_on_rank(torch.utils.data.DataLoader(list(range(5)), sampler=unpadded)) is None
+    assert (
+        real_samples_on_rank(torch.utils.data.DataLoader(list(range(5)), sampler=_Padded(5, 1, 2, drop_last=True)))
+        is None
+    )
+
+
+def tensor_elements_held(obj) -> int:
+    """Elements of every distinct tensor reachable from ``vars(obj)`` through dicts, lists and tuples."""
+    seen, stack, total = set(), list(vars(obj).values()), 0
+    while stack:
+        value = stack.pop()
+        if isinstance(value, torch.Tensor):
+            if id(value) not in seen:
+                seen.add(id(value))
+                total += value.numel()
+        elif isinstance(value, dict):
+            stack.extend(value.values())
+        elif isinstance(value, (list, tuple)):
+            stack.extend(value)
+    return total
+
+
+def test_cka_state_is_held_once_and_reset_restores_zeros():
+    layers, dim = 4, 16
+    metric = LayerCKA(layers, dim)
+    state = (layers * dim) ** 2
+    assert metric.cross.shape == (layers * dim, layers * dim)
+    assert tensor_elements_held(metric) < 1.1 * state, "the (L*d)^2 state must be held once, not twice"
+    metric.update(torch.randn(layers, 8, dim, dtype=torch.float64))
+    assert metric.cross.abs().sum() > 0
+    metric.reset()
+    assert metric.cross.shape == (layers * dim, layers * dim) and metric.cross.dtype == torch.float64
+    assert metric.cross.abs().sum() == 0 and tensor_elements_held(metric) < 1.1 * state
+
+
+def test_metric_apply_is_where_float64_states_meet_a_parent_cast():
+    import inspect
+
+    import torchmetrics
+
+    parameters = list(inspect.signature(torchmetrics.Metric._apply).parameters)
+    assert parameters == ["self", "fn", "exclude_state"], (
+        f"torchmetrics {torchmetrics.__version__} changed Metric._apply (checked on {_compat.CHECKED_TORCHMETRICS}): "
+        "update layerwise/_compat.py::Float64StatesOnCast"
+    )
+    metric = LayerCKA(num_layers=2, dim=3)
+    parent = torch.nn.ModuleList([metric]).to(torch.bfloat16)  # Lightning's "bf16-true" casts so
+    assert all(getattr(metric, name).dtype == torch.float64 for name in metric.sum_state_names)
+    metric.set_dtype(torch.float32)  # the metric's own public cast still casts
+    assert all(getattr(metric, name).dtype == torch.float32 for name in metric.sum_state_names)
+    assert isinstance(parent[0], _compat.Float64StatesOnCast)
+
+
+def test_already_reduced_silences_lightnings_sync_advice_for_those_keys_only(monkeypatch, recwarn):
+    """The advice's text is Lightning's: a key marked already reduced is not advised, another one still is."""
+    from lightning.pytorch.trainer.connectors.logger_connector import result
+
+    monkeypatch.setattr(result, "_distributed_is_initialized", lambda: True)
+    monkeypatch.setattr(result, "warning_cache", type(result.warning_cache)())
+    collection = result._ResultCollection(training=False)
+    for key in ("val/marked/layer_01", "val/user_key"):
+        collection.log("on_validation_epoch_end", key, torch.tensor(1.0), on_step=False, on_epoch=True)
+    _compat.already_reduced(["val/marked/layer_01"])
+    collection.metrics(on_step=False)
+    advised = [str(w.message) for w in recwarn if "sync_dist=True" in str(w.message)]
+    assert len(advised) == 1 and "'val/user_key'" in advised[0], advised
