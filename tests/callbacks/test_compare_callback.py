@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 from helpers import assert_json_close, read_summary, trainer
-from tiny_models import decoder
+from tiny_models import decoder, tiny_config
 from torch.utils.data import DataLoader
 
 from layerwise.callbacks import CrossModelComparison
@@ -120,12 +120,12 @@ def test_comparison_on_two_processes_equals_one(tmp_path, folder_b, single_threa
 
 
 def test_compare_command_on_text(tmp_path, capsys):
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from layerwise.cli import main as cli_main
 
     folder_b = str(tmp_path / "byte_gpt2")
-    config = AutoConfig.for_model("gpt2", n_layer=3, n_embd=32, n_head=4, vocab_size=260, n_positions=64)
+    config = tiny_config("gpt2", vocab_size=260)
     AutoModelForCausalLM.from_config(config).save_pretrained(folder_b)
     text = tmp_path / "text.txt"
     text.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(120)))

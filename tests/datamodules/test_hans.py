@@ -5,7 +5,8 @@ import json
 import pytest
 import torch
 from helpers import read_summary, trainer
-from transformers import AutoConfig, AutoModelForSequenceClassification
+from tiny_models import tiny_config
+from transformers import AutoModelForSequenceClassification
 from transformers.utils import logging as hf_logging
 
 from layerwise.callbacks import LayerwiseAnalysis
@@ -41,7 +42,7 @@ def write_hans(folder, rows_per_heuristic: int = 12):
 def mnli_bert(folder, seed: int = 0):
     """A tiny random 3-class BERT (an 'MNLI model') whose vocabulary covers the byte tokenizer."""
     torch.manual_seed(seed)
-    config = AutoConfig.for_model(
+    config = tiny_config(
         "bert", num_hidden_layers=2, hidden_size=16, num_attention_heads=2, intermediate_size=32,
         vocab_size=len(byte_tokenizer()), num_labels=3, max_position_embeddings=128,
     )  # fmt: skip

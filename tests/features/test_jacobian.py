@@ -2,9 +2,9 @@
 
 import pytest
 import torch
-from tiny_models import tiny_inputs, tiny_model
+from tiny_models import tiny_config, tiny_inputs, tiny_model
 from torch import nn
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 
 from layerwise.features.jacobian import block_jacobian, diagonal_jacobians, trace_blocks
 from layerwise.features.paths import TIMM_VIT, get_blocks, layer_paths
@@ -190,7 +190,7 @@ def test_jacobian_memory_is_bounded_by_the_chunk_size():
     memory = memory_benchmark()
 
     torch.manual_seed(0)
-    config = AutoConfig.for_model("gpt2", n_layer=1, n_embd=128, n_head=4, vocab_size=100, n_positions=64)
+    config = tiny_config("gpt2", n_layer=1, n_embd=128, vocab_size=100)
     model = AutoModelForCausalLM.from_config(config).eval()
     ids = torch.randint(0, 100, (1, 48), generator=torch.Generator().manual_seed(0))
     trace = trace_blocks(model.transformer.h, lambda: model(input_ids=ids, use_cache=False))

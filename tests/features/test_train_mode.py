@@ -3,9 +3,10 @@
 import lightning.pytorch as pl
 import pytest
 import torch
+from tiny_models import tiny_config
 from torch import nn
 from torch.utils.data import DataLoader
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSequenceClassification
+from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from layerwise.features import HFCausalLM, HFEncoder
 from layerwise.lightning_modules import Standard
@@ -31,7 +32,7 @@ class DropoutModes(pl.Callback):
 
 def saved_model(tmp_path, kind: str) -> str:
     if kind == "encoder":
-        config = AutoConfig.for_model(
+        config = tiny_config(
             "bert",
             num_hidden_layers=2,
             hidden_size=16,
@@ -40,10 +41,11 @@ def saved_model(tmp_path, kind: str) -> str:
             vocab_size=50,
             hidden_dropout_prob=0.3,
             num_labels=2,
+            max_position_embeddings=512,  # BERT's default, which this test was written with
         )
         model = AutoModelForSequenceClassification.from_config(config)
     else:
-        config = AutoConfig.for_model("gpt2", n_layer=2, n_embd=16, n_head=2, vocab_size=50, resid_pdrop=0.3)
+        config = tiny_config("gpt2", n_layer=2, n_embd=16, n_head=2, vocab_size=50, resid_pdrop=0.3, n_positions=1024)
         model = AutoModelForCausalLM.from_config(config)
     folder = tmp_path / kind
     model.save_pretrained(folder)

@@ -4,7 +4,8 @@ import json
 
 import pytest
 from test_device_map import SPLIT, SPLIT_BASE, tiny_llama  # noqa: F401 (a fixture)
-from transformers import AutoConfig, AutoModelForCausalLM
+from tiny_models import tiny_config
+from transformers import AutoModelForCausalLM
 
 from layerwise.cli import main
 from layerwise.inference.compare import base_device_map
@@ -30,7 +31,7 @@ def test_compare_takes_the_causal_lm_names_of_lens_and_coupling(tiny_llama, tmp_
 
 def test_base_device_map_translates_only_prefixed_names(tmp_path):
     folder = tmp_path / "gpt2"
-    config = AutoConfig.for_model("gpt2", n_layer=2, n_embd=16, n_head=2, vocab_size=260, n_positions=32)
+    config = tiny_config("gpt2", n_layer=2, n_embd=16, n_head=2, vocab_size=260, n_positions=32)
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     causal = {"transformer.wte": 0, "transformer.h.0": "cpu", "transformer.h.1": "disk", "lm_head": "disk"}
     assert base_device_map(causal, str(folder)) == {"wte": 0, "h.0": "cpu", "h.1": "disk"}

@@ -2,7 +2,8 @@
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from tiny_models import tiny_config
+from transformers import AutoModelForCausalLM
 
 from layerwise.cli import main as cli_main
 
@@ -15,7 +16,7 @@ def folders(tmp_path_factory) -> dict:
     torch.manual_seed(0)
     out = {}
     for name, vocab in (("a", 260), ("b", 300), ("small", 50)):
-        config = AutoConfig.for_model("gpt2", n_layer=2, n_embd=16, n_head=2, vocab_size=vocab, n_positions=64)
+        config = tiny_config("gpt2", n_layer=2, n_embd=16, n_head=2, vocab_size=vocab)
         AutoModelForCausalLM.from_config(config).save_pretrained(root / name)
         out[name] = str(root / name)
     (root / "empty.txt").write_text("")

@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from tiny_models import tiny_config
+from transformers import AutoModelForCausalLM
 
 from layerwise.cli import main as cli_main
 from layerwise.datamodules.tokenizers import load_tokenizer
@@ -18,7 +19,7 @@ PROMPTS = ["Before we proceed any further, hear me speak.", "You are all resolve
 @pytest.fixture(scope="module")
 def model_folder(tmp_path_factory) -> str:
     torch.manual_seed(0)
-    config = AutoConfig.for_model("gpt2", n_layer=3, n_embd=32, n_head=4, vocab_size=260, n_positions=64)
+    config = tiny_config("gpt2", vocab_size=260)
     folder = str(tmp_path_factory.mktemp("gpt2"))
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     return folder

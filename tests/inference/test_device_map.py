@@ -5,7 +5,8 @@ import json
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from tiny_models import tiny_config
+from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 from layerwise.cli import main
@@ -30,15 +31,8 @@ SPLIT_BASE = {name.removeprefix("model."): device for name, device in SPLIT.item
 def tiny_llama(tmp_path_factory):
     folder = tmp_path_factory.mktemp("llama")
     torch.manual_seed(0)
-    config = AutoConfig.for_model(
-        "llama",
-        num_hidden_layers=3,
-        hidden_size=16,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=32,
-        vocab_size=260,
-        max_position_embeddings=64,
+    config = tiny_config(
+        "llama", hidden_size=16, num_attention_heads=2, num_key_value_heads=1, intermediate_size=32, vocab_size=260
     )
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     return folder

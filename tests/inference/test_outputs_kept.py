@@ -8,7 +8,8 @@ import json
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM
+from tiny_models import tiny_config
+from transformers import AutoModelForCausalLM
 
 from layerwise.cli import main as cli_main
 
@@ -62,7 +63,7 @@ def test_correlate_keeps_an_earlier_correlation(tmp_path, capsys):
 
 def test_compare_overwrites_only_when_asked(tmp_path, capsys):
     torch.manual_seed(0)
-    config = AutoConfig.for_model("gpt2", n_layer=2, n_embd=16, n_head=2, vocab_size=260, n_positions=64)
+    config = tiny_config("gpt2", n_layer=2, n_embd=16, n_head=2, vocab_size=260)
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "a")
     (tmp_path / "corpus.txt").write_text("the quick brown fox jumps over the lazy dog. " * 100)
     base = ["--model_a", str(tmp_path / "a"), "--model_b", str(tmp_path / "a"), "--tokenizer", "byte"]

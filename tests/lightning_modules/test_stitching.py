@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 import torch
 from helpers import FROZEN_IN_EVAL, TRAINING_ONLY
+from tiny_models import tiny_config
 from torch.utils.data import DataLoader
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoModelForCausalLM
 from transformers.utils import logging as hf_logging
 
 from layerwise.lightning_modules import Stitched, StitchingLayer
@@ -23,15 +24,11 @@ def folded_llama(layers: int = 2, vocab: int = 64) -> torch.nn.Module:
     Then every norm commutes with a rotation of the residual stream, so the model can be rotated exactly.
     """
     torch.manual_seed(0)
-    config = AutoConfig.for_model(
+    config = tiny_config(
         "llama",
         num_hidden_layers=layers,
         hidden_size=DIM,
-        intermediate_size=64,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         vocab_size=vocab,
-        max_position_embeddings=64,
         initializer_range=0.5,
         tie_word_embeddings=False,
     )
@@ -240,7 +237,7 @@ def test_stitch_command_sweeps_pairs_and_writes_the_table(tmp_path, capsys):
     from layerwise.cli import main as cli_main
 
     folder = str(tmp_path / "gpt2")
-    config = AutoConfig.for_model("gpt2", n_layer=3, n_embd=32, n_head=4, vocab_size=260, n_positions=64)
+    config = tiny_config("gpt2", vocab_size=260)
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     text = tmp_path / "text.txt"
     text.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(100)))
@@ -266,7 +263,7 @@ def test_stitched_trains_with_layerwise_fit(tmp_path):
     from layerwise.cli import main as cli_main
 
     folder = str(tmp_path / "gpt2")
-    config = AutoConfig.for_model("gpt2", n_layer=3, n_embd=32, n_head=4, vocab_size=260, n_positions=64)
+    config = tiny_config("gpt2", vocab_size=260)
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     text = tmp_path / "text.txt"
     text.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(60)))
@@ -300,7 +297,7 @@ def tiny_gpt2_and_text(tmp_path, layers: int) -> tuple[str, str]:
     """A random byte-level GPT-2 folder (d = 32) and 100 numbered lines of text for `layerwise stitch`."""
     folder = str(tmp_path / "gpt2")
     torch.manual_seed(0)
-    config = AutoConfig.for_model("gpt2", n_layer=layers, n_embd=32, n_head=4, vocab_size=260, n_positions=64)
+    config = tiny_config("gpt2", n_layer=layers, vocab_size=260)
     AutoModelForCausalLM.from_config(config).save_pretrained(folder)
     text = tmp_path / "text.txt"
     text.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog {i * i}.\n" for i in range(100)))

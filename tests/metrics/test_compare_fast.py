@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import torch
 from test_compare_metrics import features, ref_cka
+from tiny_models import tiny_config
 
 from layerwise.metrics.compare import CrossModelCKA
 
@@ -71,7 +72,7 @@ def test_unknown_precision_is_refused():
 def test_compare_models_and_the_command_take_the_fast_precision(tmp_path):
     import json
 
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from layerwise.cli import main as cli_main
     from layerwise.engines.compare import compare_models
@@ -79,7 +80,7 @@ def test_compare_models_and_the_command_take_the_fast_precision(tmp_path):
     models = []
     for seed in (0, 1):
         torch.manual_seed(seed)
-        config = AutoConfig.for_model("gpt2", n_layer=2, n_embd=32, n_head=4, vocab_size=260, n_positions=64)
+        config = tiny_config("gpt2", n_layer=2, vocab_size=260)
         models.append(AutoModelForCausalLM.from_config(config).eval())
     batches = [
         {"input_ids": torch.randint(0, 260, (2, 24), generator=torch.Generator().manual_seed(i))} for i in range(3)
@@ -114,7 +115,7 @@ def test_token_rows_are_the_float64_difference_rounded_once(dtype, into):
 
 
 def test_compare_models_runs_the_language_models_without_a_kv_cache():
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM
 
     from layerwise.engines.compare import compare_models
 
@@ -122,7 +123,7 @@ def test_compare_models_runs_the_language_models_without_a_kv_cache():
     models = []
     for seed in (0, 1):
         torch.manual_seed(seed)
-        config = AutoConfig.for_model("gpt2", n_layer=2, n_embd=32, n_head=4, vocab_size=260, n_positions=64)
+        config = tiny_config("gpt2", n_layer=2, vocab_size=260)
         model = AutoModelForCausalLM.from_config(config).base_model.eval()
         model.register_forward_pre_hook(
             lambda module, args, kwargs: seen.append(kwargs.get("use_cache")), with_kwargs=True
