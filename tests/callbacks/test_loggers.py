@@ -1,4 +1,4 @@
-"""Every logger Lightning ships gets the figures and the per-layer charts (issue 25.1), read back from its own files.
+"""Every logger Lightning ships gets the figures and the per-layer charts, read back from its own files.
 
 Real components, offline: W&B in offline mode (its run folder: ``files/media/images`` and the line plots' tables),
 MLflow on a local SQLite store read back through ``MlflowClient``, TensorBoard through its event reader, and CSV /

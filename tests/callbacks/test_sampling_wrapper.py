@@ -1,5 +1,5 @@
-"""rank_indices on Lightning's DistributedSamplerWrapper (issue 21.6: the old ``hasattr(sampler, "_sampler")`` matched
-nothing, so a wrapped user sampler was re-iterated as if its order were the loader's)."""
+"""rank_indices on Lightning's DistributedSamplerWrapper: a wrapped user sampler's own order, not the loader's (a
+``hasattr(sampler, "_sampler")`` check matched nothing and re-iterated it as if its order were the loader's)."""
 
 import torch
 from lightning.fabric.utilities.distributed import DistributedSamplerWrapper

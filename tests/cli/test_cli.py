@@ -569,3 +569,34 @@ def test_transfer_configs_pretrain_then_probe_a_checkpoint(tmp_path):
     assert not any(p.requires_grad for p in cli.model.backbone.parameters())
     with pytest.raises(SystemExit):  # no checkpoint given: one line naming the option
         LayerwiseCLI(args=["fit", probe, *short, save])
+
+
+def test_a_model_summary_given_through_trainer_defaults_stays(tmp_path):
+    from lightning.pytorch.callbacks import ModelSummary
+
+    from layerwise.cli import LayerwiseCLI
+    from layerwise.cli.summary import CountedModelSummary
+
+    mine = ModelSummary(max_depth=3)
+    argv = ["--config", QUICKSTART, f"--trainer.default_root_dir={tmp_path}"]
+    cli = LayerwiseCLI(args=argv, run=False, trainer_defaults={"callbacks": [mine]})
+    assert mine in cli.trainer.callbacks
+    assert not any(isinstance(c, CountedModelSummary) for c in cli.trainer.callbacks)
+    plain = LayerwiseCLI(args=argv, run=False)  # without one: Lightning's default becomes the counted summary
+    assert any(isinstance(c, CountedModelSummary) for c in plain.trainer.callbacks)
+
+
+def test_threads_sets_torch_and_keeps_lightnings_ddp_launcher_from_resetting_them(tmp_path, monkeypatch):
+    from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
+
+    from layerwise.cli import LayerwiseCLI
+
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    try:
+        LayerwiseCLI(args=["--config", QUICKSTART, f"--trainer.default_root_dir={tmp_path}", "--threads=1"], run=False)
+        assert torch.get_num_threads() == 1
+        _set_num_threads_if_needed(num_processes=1)  # what Lightning's DDP launchers call before they start ranks
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)

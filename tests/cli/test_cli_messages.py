@@ -1,4 +1,4 @@
-"""Issue 23: the CLI's one-line errors name the option and the innermost cause; the package's own checks end in one
+"""The CLI's one-line errors name the option and the innermost cause; the package's own checks end in one
 line (exit 2) in the LightningCLI commands too, with the traceback on demand (LAYERWISE_DEBUG=1); a bug keeps its
 traceback; ``layerwise --help`` answers without importing Lightning."""
 
@@ -304,14 +304,3 @@ def test_a_parser_error_names_layerwise_not_main_py():
     )
     assert result.returncode == 2
     assert result.stderr.startswith("layerwise fit: error: --config: File does not exist"), result.stderr
-
-
-def test_a_text_file_shorter_than_one_block_is_a_usage_error(tmp_path):
-    """A UsageError, so `layerwise fit` prints it in one line (LayerwiseCLI._run_subcommand) like the others."""
-    from layerwise.datamodules import TextDataModule
-
-    (tmp_path / "train.txt").write_text("a few words\n" * 3)
-    data = TextDataModule(train_files=[str(tmp_path / "train.txt")], tokenizer="byte", block_size=64, batch_size=2)
-    data.prepare_data()
-    with pytest.raises(UsageError, match="fewer than `--data.init_args.block_size`=64|fewer than .*block_size"):
-        data.setup("fit")

@@ -1,4 +1,4 @@
-"""Every command's ``--help`` answers without importing torch, transformers or Lightning (issue 23.14).
+"""Every command's ``--help`` answers without importing torch, transformers or Lightning.
 
 Wall time is measured in ``benchmarks/startup.py``; here the cause of a slow help is checked instead: a fresh process
 runs ``layerwise COMMAND --help`` and reports which heavy packages it imported.

@@ -1,4 +1,4 @@
-"""Issue 21.2: reading and checking GLUE files is its own part (``glue_tasks.GLUESource``), usable without a tokenizer
+"""Reading and checking GLUE files is its own part (``glue_tasks.GLUESource``), usable without a tokenizer
 or a LightningDataModule; ``GLUEDataModule`` reads through it and the old import paths still answer."""
 
 import pytest

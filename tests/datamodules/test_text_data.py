@@ -17,6 +17,7 @@ from layerwise.datamodules import TextDataModule, _hub
 from layerwise.datamodules import text as text_module
 from layerwise.datamodules import tokenizers as tok_module
 from layerwise.datamodules.tokenizers import byte_tokenizer, load_tokenizer
+from layerwise.errors import UsageError
 
 FLAG = "--data.init_args"
 SHAKESPEARE = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "tinyshakespeare" / "input.txt"
@@ -467,3 +468,14 @@ def test_local_pretrained_tokenizer_and_block_size_beyond_its_length_warns(tmp_p
     with pytest.warns(UserWarning, match=f"{FLAG}.block_size=32 exceeds the 16 positions"):
         dm.setup("fit")
     assert dm.vocab_size == 257 and dm.train_blocks.shape[1] == 32
+
+
+def test_a_text_file_shorter_than_one_block_is_a_usage_error(tmp_path):
+    """A UsageError, so `layerwise fit` prints it in one line (LayerwiseCLI._run_subcommand) like the others."""
+    from layerwise.datamodules import TextDataModule
+
+    (tmp_path / "train.txt").write_text("a few words\n" * 3)
+    data = TextDataModule(train_files=[str(tmp_path / "train.txt")], tokenizer="byte", block_size=64, batch_size=2)
+    data.prepare_data()
+    with pytest.raises(UsageError, match="fewer than `--data.init_args.block_size`=64|fewer than .*block_size"):
+        data.setup("fit")

@@ -277,3 +277,57 @@ def test_hf_dict_batches_through_the_callback(tmp_path):
     assert summary["layers"] == [1, 2] and summary["num_samples"] == 24
     assert summary["accuracy"][-1] == pytest.approx(accuracy, abs=1e-12)
     assert summary["loss"][-1] == pytest.approx(loss, rel=1e-5)
+
+
+class Block(nn.Module):
+    """x + MLP(LN(x)) on (B, d): the residual stream after the block is its output."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width), nn.GELU())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.mlp(x)
+
+
+class ResidualMLP(nn.Module):
+    """A user's own model: residual MLP blocks on (B, d) features, no token axis."""
+
+    def __init__(self, width: int = 16, depth: int = 3, classes: int = 10) -> None:
+        super().__init__()
+        self.embed = nn.Linear(64, width)
+        self.blocks = nn.ModuleList(Block(width) for _ in range(depth))
+        self.norm = nn.LayerNorm(width)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.embed(x.flatten(1))
+        for block in self.blocks:
+            h = block(h)
+        return self.head(self.norm(h))
+
+
+class UserModule(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = ResidualMLP()
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        return nn.functional.cross_entropy(self.net(x), y)
+
+
+def test_a_users_mlp_with_block_outputs_of_one_token_is_analysed(tmp_path):
+    callback = LayerwiseAnalysis(blocks="net.blocks", final_norm="net.norm", classifier="net.head", log_figures=False)
+    module = UserModule()
+    trainer(tmp_path, [callback]).validate(module, val_loader(101), verbose=False)
+    summary = read_summary(tmp_path)
+    assert summary["num_samples"] == 101 and summary["depth"] == 3
+    x, y = val_loader(101).dataset.tensors
+    with torch.no_grad():  # an independent reference: layer 3's prediction through the model's own norm and head
+        h = module.net.embed(x.flatten(1))
+        for block in module.net.blocks:
+            h = h + block.mlp(h)
+        accuracy = (module.net.head(module.net.norm(h)).argmax(-1) == y).double().mean().item()
+    assert summary["accuracy"][-1] == pytest.approx(accuracy, abs=1e-12)

@@ -1,4 +1,4 @@
-"""``layerwise compare --device_map`` takes the base model's module names or the causal LM's (issue 22.7)."""
+"""``layerwise compare --device_map`` takes the base model's module names or the causal LM's."""
 
 import json
 

@@ -1,4 +1,4 @@
-"""Issue 23: the troubleshooting table (docs/troubleshooting.md) shows the messages as the commands print them.
+"""The troubleshooting table (docs/troubleshooting.md) shows the messages as the commands print them.
 
 Each case runs a command the way a user mistypes it and matches the printed `error:` line against the table's row that
 describes it; a "…" in the table stands for the parts that depend on the user's paths and files.

@@ -1,4 +1,4 @@
-"""Where a command's results go and what it says (issue 23 points 8-11, 15): evaluations beside their checkpoint's run,
+"""Where a command's results go and what it says: evaluations beside their checkpoint's run,
 labelled by its epoch and step; `predict` without a log folder; `plot` drawing the latest fit run; the split a `test`
 really evaluated; the line a fit ends with; a fit that would train nothing refused."""
 

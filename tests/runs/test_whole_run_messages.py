@@ -1,5 +1,6 @@
-"""What a whole run says to its user (issue 35): errors in one line naming the cause, non-finite training said,
-epoch lines with means, a user's own MLP analysed, and no Lightning table after layerwise's own."""
+"""What a whole run says to its user: errors in one line naming the cause (a word for a number, checkpointing off
+beside a ModelCheckpoint, an empty training text, a warm-up longer than the schedule), non-finite training said, epoch
+lines with means, no Lightning table after layerwise's own, and predict naming the logger it does not use."""
 
 import re
 from pathlib import Path
@@ -136,83 +137,6 @@ def test_progress_lines_average_the_epoch_not_the_last_batch(tmp_path, capsys):
     assert "train/loss 3.0000" in line and "train/acc 0.5000" in line, line  # means of (1, 2, 6) and (0, .5, 1)
 
 
-class Block(nn.Module):
-    """x + MLP(LN(x)) on (B, d): the residual stream after the block is its output."""
-
-    def __init__(self, width: int) -> None:
-        super().__init__()
-        self.mlp = nn.Sequential(nn.LayerNorm(width), nn.Linear(width, width), nn.GELU())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.mlp(x)
-
-
-class ResidualMLP(nn.Module):
-    """A user's own model: residual MLP blocks on (B, d) features, no token axis."""
-
-    def __init__(self, width: int = 16, depth: int = 3, classes: int = 10) -> None:
-        super().__init__()
-        self.embed = nn.Linear(64, width)
-        self.blocks = nn.ModuleList(Block(width) for _ in range(depth))
-        self.norm = nn.LayerNorm(width)
-        self.head = nn.Linear(width, classes)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.embed(x.flatten(1))
-        for block in self.blocks:
-            h = block(h)
-        return self.head(self.norm(h))
-
-
-class UserModule(LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        torch.manual_seed(0)
-        self.net = ResidualMLP()
-
-    def validation_step(self, batch, batch_idx):
-        x, y = batch
-        return nn.functional.cross_entropy(self.net(x), y)
-
-
-def test_a_users_mlp_with_block_outputs_of_one_token_is_analysed(tmp_path):
-    callback = LayerwiseAnalysis(blocks="net.blocks", final_norm="net.norm", classifier="net.head", log_figures=False)
-    module = UserModule()
-    trainer(tmp_path, [callback]).validate(module, val_loader(101), verbose=False)
-    summary = read_summary(tmp_path)
-    assert summary["num_samples"] == 101 and summary["depth"] == 3
-    x, y = val_loader(101).dataset.tensors
-    with torch.no_grad():  # an independent reference: layer 3's prediction through the model's own norm and head
-        h = module.net.embed(x.flatten(1))
-        for block in module.net.blocks:
-            h = h + block.mlp(h)
-        accuracy = (module.net.head(module.net.norm(h)).argmax(-1) == y).double().mean().item()
-    assert summary["accuracy"][-1] == pytest.approx(accuracy, abs=1e-12)
-
-
-def test_a_block_output_of_another_shape_names_the_option():
-    from layerwise.errors import UsageError
-    from layerwise.features.pooling import pool_tokens
-
-    with pytest.raises(UsageError, match=r"shape \(2, 3, 4, 5\).*`blocks`"):
-        pool_tokens(torch.zeros(2, 3, 4, 5), "cls")
-
-
-def test_a_model_summary_given_through_trainer_defaults_stays(tmp_path):
-    from lightning.pytorch.callbacks import ModelSummary
-
-    from layerwise.cli import LayerwiseCLI
-    from layerwise.cli.summary import CountedModelSummary
-
-    mine = ModelSummary(max_depth=3)
-    argv = ["--config", QUICKSTART, f"--trainer.default_root_dir={tmp_path}"]
-    cli = LayerwiseCLI(args=argv, run=False, trainer_defaults={"callbacks": [mine]})
-    assert mine in cli.trainer.callbacks
-    assert not any(isinstance(c, CountedModelSummary) for c in cli.trainer.callbacks)
-    plain = LayerwiseCLI(args=argv, run=False)  # without one: Lightning's default becomes the counted summary
-    assert any(isinstance(c, CountedModelSummary) for c in plain.trainer.callbacks)
-
-
 def test_predict_says_it_does_not_use_an_explicit_logger(tmp_path, capsys):
     main(["fit", *TINY, f"--trainer.logger.init_args.save_dir={tmp_path}"])
     checkpoint = next(tmp_path.rglob("last.ckpt"))
@@ -222,22 +146,6 @@ def test_predict_says_it_does_not_use_an_explicit_logger(tmp_path, capsys):
     assert "layerwise predict: --trainer.logger is not used: predict logs nothing." in captured.err
     assert captured.out.rstrip().splitlines()[-1].startswith("layerwise predict: checkpoint ")
     assert not (tmp_path / "p").exists()
-
-
-def test_threads_sets_torch_and_keeps_lightnings_ddp_launcher_from_resetting_them(tmp_path, monkeypatch):
-    from lightning.fabric.utilities.distributed import _set_num_threads_if_needed
-
-    from layerwise.cli import LayerwiseCLI
-
-    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    before = torch.get_num_threads()
-    try:
-        LayerwiseCLI(args=["--config", QUICKSTART, f"--trainer.default_root_dir={tmp_path}", "--threads=1"], run=False)
-        assert torch.get_num_threads() == 1
-        _set_num_threads_if_needed(num_processes=1)  # what Lightning's DDP launchers call before they start ranks
-        assert torch.get_num_threads() == 1
-    finally:
-        torch.set_num_threads(before)
 
 
 def test_a_warm_up_longer_than_the_schedule_names_both_options(tmp_path, capsys):

@@ -1,0 +1,147 @@
+"""Layer access refuses what it cannot read in one line naming the option: hooked blocks of different widths, a model
+of no known family without paths, a block output of another shape; and a first block Jacobian prints no torch noise.
+"""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import LightningModule
+from torch import nn
+
+from layerwise.cli import LayerwiseCLI
+from layerwise.errors import UsageError
+
+ROOT = Path(__file__).resolve().parents[2]
+QUIET = [
+    "--trainer.accelerator=cpu",
+    "--trainer.devices=1",
+    "--trainer.max_epochs=1",
+    "--trainer.limit_train_batches=1",
+    "--trainer.limit_val_batches=1",
+    "--trainer.enable_progress_bar=false",
+    "--trainer.enable_model_summary=false",
+    "--trainer.enable_checkpointing=false",
+]
+
+
+def one_line(capsys, exit_info) -> str:
+    """Exit code 2, one `error:` line, no traceback."""
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if "error:" in line]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def run_python(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+
+
+class Residual(nn.Module):
+    def __init__(self, dim_in: int, dim_out: int):
+        super().__init__()
+        self.fc = nn.Linear(dim_in, dim_out)
+
+    def forward(self, x):
+        return self.fc(x) + (x if x.shape[-1] == self.fc.out_features else 0)
+
+
+class WideningModel(LightningModule):
+    """Digits as 8 tokens of width 8 -> blocks of widths 8, 12, 12 -> first token -> LayerNorm -> Linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = nn.ModuleList([Residual(8, 8), Residual(8, 12), Residual(12, 12)])
+        self.norm = nn.LayerNorm(12)
+        self.fc = nn.Linear(12, 10)
+
+    def forward(self, images):
+        x = images.reshape(len(images), 8, 8)
+        for block in self.blocks:
+            x = block(x)
+        return self.fc(self.norm(x[:, 0]))
+
+    def training_step(self, batch, batch_idx):
+        images, labels = batch
+        return F.cross_entropy(self(images), labels)
+
+    def validation_step(self, batch, batch_idx):
+        images, labels = batch
+        self.log("val/loss", F.cross_entropy(self(images), labels))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.01)
+
+
+def test_hooked_blocks_of_different_widths_end_in_one_line_naming_the_option(tmp_path, capsys, monkeypatch):
+    args = [
+        "validate",
+        "--model=test_feature_messages.WideningModel",
+        "--data=layerwise.datamodules.DigitsDataModule",
+        *QUIET,
+        "--trainer.logger=false",
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.callbacks+=layerwise.callbacks.LayerwiseAnalysis",
+        "--trainer.callbacks.blocks=blocks",
+        "--trainer.callbacks.final_norm=norm",
+        "--trainer.callbacks.classifier=fc",
+        "--trainer.callbacks.log_figures=false",
+    ]
+    with pytest.raises(SystemExit) as exit_info:
+        LayerwiseCLI(args=args)
+    line = one_line(capsys, exit_info)
+    assert line.startswith("layerwise validate: error: `blocks=blocks`: "), line
+    assert "block 1 returns features of width 8, block 2 of width 12" in line, line
+    monkeypatch.setenv("LAYERWISE_DEBUG", "1")
+    with pytest.raises(UsageError, match="different widths"):  # a run of its own folder: the first one's config stays
+        LayerwiseCLI(args=[*args, f"--trainer.default_root_dir={tmp_path / 'debug'}"])
+
+
+def test_a_model_outside_the_table_without_paths_ends_in_one_line(tmp_path, capsys):
+    args = [
+        "validate",
+        "--model=test_feature_messages.WideningModel",
+        "--data=layerwise.datamodules.DigitsDataModule",
+        *QUIET,
+        "--trainer.logger=false",
+        f"--trainer.default_root_dir={tmp_path}",
+        "--trainer.callbacks+=layerwise.callbacks.LayerwiseAnalysis",
+        "--trainer.callbacks.log_figures=false",
+    ]
+    with pytest.raises(SystemExit) as exit_info:
+        LayerwiseCLI(args=args)
+    line = one_line(capsys, exit_info)
+    assert "layerwise found no model of a known family" in line and "`blocks=" in line, line
+
+
+def test_the_first_block_jacobian_prints_no_torch_jit_script_deprecation():
+    """torch builds its JVP decompositions with its own torch.jit.script on a process's first forward-mode AD."""
+    code = (
+        "import warnings, torch\n"
+        "warnings.simplefilter('always')\n"
+        "from layerwise.features.jacobian import trace_blocks, diagonal_jacobians\n"
+        "blocks = torch.nn.ModuleList([torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)])\n"
+        "def run():\n"
+        "    x = torch.randn(1, 3, 4)\n"
+        "    for block in blocks:\n"
+        "        x = x + block(x)\n"
+        "trace = trace_blocks(blocks, run)\n"
+        "print('SHAPE', tuple(diagonal_jacobians(blocks, trace).shape))\n"
+    )
+    result = run_python("-c", code)
+    assert "SHAPE (2, 4, 4)" in result.stdout, result.stderr[-3000:]
+    assert "jit.script" not in result.stderr, result.stderr[-3000:]
+
+
+def test_a_block_output_of_another_shape_names_the_option():
+    from layerwise.errors import UsageError
+    from layerwise.features.pooling import pool_tokens
+
+    with pytest.raises(UsageError, match=r"shape \(2, 3, 4, 5\).*`blocks`"):
+        pool_tokens(torch.zeros(2, 3, 4, 5), "cls")
