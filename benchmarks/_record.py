@@ -4,14 +4,14 @@ Every number README states about speed, time or accuracy is produced by a script
 :func:`record` with what it measured; :func:`record` writes ``benchmarks/recorded/<name>.json`` with the values and
 the circumstances a reader needs to judge them: the date, the command, the commit, the machine (CPU model, cores
 the process may use, torch threads) and the load (the 1-minute load average before and after the run, since other
-processes on a shared machine slow a measurement down). ``tests/test_readme_claims.py`` reads these files and
+processes on a shared machine slow a measurement down). ``tests/project/test_readme_claims.py`` reads these files and
 fails when a number in README that is marked ``<!-- claim: <name>.<key> -->`` differs from the recorded value.
 
 One file per record and machine kind: ``<name>.json`` for a run on the CPU, ``<name>_cuda_<gpu>.json`` (``_cuda_h100``,
 ``_cuda_h200``) for one on a GPU, the suffix added here from the device's name. A record's name is its script's name,
 then its case or configuration where a script records several (``callback_overhead_deit_s``,
 ``compare_precision_bf16_tf32``, ``threads_40_epochs``); never a commit, a run number or a date. A re-run replaces the
-file; git keeps the earlier ones (``tests/test_benchmark_results.py`` checks the names).
+file; git keeps the earlier ones (``tests/project/test_benchmark_results.py`` checks the names).
 """
 
 import json

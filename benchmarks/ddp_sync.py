@@ -2,8 +2,8 @@
 
 A DeiT-S-sized ViT (``deit_small_patch16_224``: d=384, L=12, 6 heads, 224x224, patch 16, 1000 classes; random
 weights) validates random images with random labels on 2 processes started with Lightning's ``ddp_fork`` on CPU
-(gloo, one intra-op thread per process; as in ``tests/test_callbacks_ddp.py``). In every process, patched in the
-parent before forking:
+(gloo, one intra-op thread per process; as in ``tests/callbacks/test_callbacks_ddp.py``). In every process, patched
+in the parent before forking:
 
 - ``all_reduce_sum_states`` as the callback calls it (``layerwise/callbacks/monitor.py``, ``_finish``): the whole call,
   i.e. packing every metric state into one float64 buffer, the ``all_reduce`` and writing the sums back (``states``),

@@ -8,7 +8,7 @@ states each process holds after the last step (``DTensor.to_local`` under FSDP2:
 ``torch.cuda.max_memory_allocated``. Then one validation pass of ``--val_batches`` batches with and without
 ``LayerwiseAnalysis`` (minibatch CKA: the exact state would be (L·d)² float64) under FSDP2: the analysis overhead.
 
-Processes are forked with torchrun's environment (as in ``tests/test_fsdp.py``): gloo on the CPU, NCCL on GPUs
+Processes are forked with torchrun's environment (as in ``tests/callbacks/test_fsdp.py``): gloo on the CPU, NCCL on GPUs
 (one process per GPU, ``--procs`` of them).
 
     python benchmarks/fsdp.py                                   # CPU, 2 processes, a 6 x 256 model

@@ -1,4 +1,5 @@
-"""The stitching recipe on the rotated-copy oracle of ``tests/test_stitching.py``: held-out penalty vs B over the steps.
+"""The stitching recipe on the rotated-copy oracle of ``tests/lightning_modules/test_stitching.py``: held-out penalty
+vs B over the steps.
 
 B is A with its residual stream rotated, so phi(h) = Q h stitches exactly and every penalty above 0 is the recipe's.
 The text is sampled from A in 32-token blocks (``--sequences`` of them; 640 is the test's, 10x that tests whether the
@@ -24,7 +25,8 @@ from pathlib import Path
 import lightning.pytorch as pl
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+TESTS = Path(__file__).resolve().parents[1] / "tests"
+sys.path[:0] = [str(TESTS / "lightning_modules"), str(TESTS)]  # test_stitching, and the shared modules it imports
 from test_stitching import DIM, PRINTABLE, folded_llama, rotated  # noqa: E402
 
 from layerwise.inference._options import TextSource  # noqa: E402

@@ -1,10 +1,10 @@
 """The one place where layerwise uses a private API of a dependency, each named, pinned and tested.
 
-``tests/test_compat.py`` fails loudly when one of them moves. Checked on: lightning 2.6.
+``tests/project/test_compat.py`` fails loudly when one of them moves. Checked on: lightning 2.6.
 
 Elsewhere: ``LightningCLI._parse_ckpt_path`` and ``LightningCLI._run_subcommand``, overridden in
 ``layerwise/cli/app.py`` (``LayerwiseCLI``) to answer a bad ``--ckpt_path`` and a ``UsageError`` raised inside a run in
-one line; ``tests/test_errors_checkpoints.py`` checks that they still exist.
+one line; ``tests/lightning_modules/test_checkpoint_errors.py`` checks that they still exist.
 """
 
 from typing import Any
@@ -61,8 +61,8 @@ class Float64StatesOnCast:
     ``.half()``/``.float()``/``.double()``/``.bfloat16()``: a parent's ``.to(torch.bfloat16)`` (Lightning's
     "bf16-true" precision) would turn the float64 sums into bf16. No public hook sees the cast, so this override
     probes where ``fn`` sends a float64 tensor and, for a cast, moves the states to that device only.
-    ``Metric.set_dtype`` (which sets ``_casting_dtype``) still casts. ``tests/test_compat.py`` checks the signature
-    and the behaviour on the installed torchmetrics.
+    ``Metric.set_dtype`` (which sets ``_casting_dtype``) still casts. ``tests/project/test_compat.py`` checks the
+    signature and the behaviour on the installed torchmetrics.
     """
 
     _casting_dtype = False

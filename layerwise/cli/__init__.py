@@ -9,8 +9,8 @@
 - ``closing.py``: ``ClosingLine``, the one line each command ends with.
 - ``summary.py``: ``CountedModelSummary``, Lightning's model summary without the FLOPs it did not count.
 
-Light on import: ``layerwise --help`` and every command's ``--help`` import no torch (``tests/test_command_help.py``);
-``LayerwiseCLI`` imports Lightning on first use.
+Light on import: ``layerwise --help`` and every command's ``--help`` import no torch
+(``tests/cli/test_command_help.py``); ``LayerwiseCLI`` imports Lightning on first use.
 """
 
 from typing import Any

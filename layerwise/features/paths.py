@@ -2,7 +2,7 @@
 
 Every part of layerwise that reaches "layer l" of a model (the backbones, the callbacks' hooks on foreign modules,
 the lens, generation, export, early exit) asks this module. Adding a model family is one entry in
-:data:`FAMILIES` plus a tiny-model test in ``tests/test_layer_paths.py``.
+:data:`FAMILIES` plus a tiny-model test in ``tests/features/test_layer_paths.py``.
 
 An entry gives, relative to the family's *base model* (Hugging Face ``model.base_model``; the timm model itself),
 the input embedding, the block list and the final norm, and per task (``causal_lm``, ``sequence_classification``,

@@ -83,7 +83,8 @@ TITLE_LINE = 0.22
 # (each colour-blind safe on its own) without their pale colours (contrast with white >= 2.2, so a line is never
 # faint): the 12 that stay furthest apart (CIELAB ΔE76 >= 10.7 for every pair, seen with normal vision and through
 # Machado et al.'s protanopia, deuteranopia and tritanopia matrices), ordered so that the first 4, 6 and 8 are as far
-# apart as they can be (ΔE >= 38, 24, 17) and neighbouring layers are >= 24 apart. tests/test_figures.py measures it.
+# apart as they can be (ΔE >= 38, 24, 17) and neighbouring layers are >= 24 apart.
+# tests/figures/test_figures.py measures it.
 LAYER_PALETTE = (
     "#E69F00",  # orange (Okabe-Ito)
     "#332288",  # indigo (Tol muted)

@@ -5,7 +5,8 @@ and writes it :class:`FigureJob` frames on its stdin: a module-level figure func
 arguments (a validation's summary, a stage). It builds the figures, renders each with Agg to an RGB array and writes
 the arrays back on its stdout, one frame per job, until its stdin closes. It needs numpy and matplotlib only: the
 jobs hold no tensor, no callback and no metric, so unpickling them imports the figure functions' modules and
-nothing of the training process (``tests/test_drawing.py`` checks that torch, Lightning and torchmetrics stay out).
+nothing of the training process (``tests/callbacks/test_drawing.py`` checks that torch, Lightning and torchmetrics
+stay out).
 """
 
 import os

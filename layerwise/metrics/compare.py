@@ -41,7 +41,7 @@ class CrossModelCKA(_ShiftedSumStateMetric):
     (L_A d_A, L_B d_B) temporary). The shift keeps the values small, so an offset costs nothing here either; only the
     float32 rounding of each batch remains. Stated error: at most 1e-4 absolute on every CKA value. Measured: 1.5e-9
     on two random GPT-2-small base models (12 x 768, batches of 512 tokens, ``benchmarks/compare_precision.py``),
-    below 1e-7 on features with outlier dimensions and an offset of 1e3 (``tests/test_compare_fast.py``). The
+    below 1e-7 on features with outlier dimensions and an offset of 1e3 (``tests/metrics/test_compare_fast.py``). The
     products run at the float32 rate; on a GPU with ``torch.set_float32_matmul_precision("high")`` at the TF32 rate,
     1.9e-6 (H200) and 2.1e-6 (H100) measured at GPT-2-small's shape (``--matmul-precision high``). The float64
     additions remain.

@@ -54,7 +54,7 @@ def documented_edges() -> set[tuple[str, str]]:
     for row in table.splitlines()[2:]:
         cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
         source = cells[0].strip("`").rstrip("/").removesuffix(".py")
-        allowed = cells[-1]
+        allowed = re.sub(r"tests/\S+", "", cells[-1])  # a test's path names its folder, not an allowed import
         if "everything above" in allowed:
             targets = parts - {source, "__main__", "__init__", "py.typed"}
         else:

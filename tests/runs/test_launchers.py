@@ -10,7 +10,7 @@ order of the distributed sampler cannot make the runs differ), so every summary 
 1e-6, and the early-exit predictions are the same rows.
 
 The one-process and ``ddp`` cells run in the default suite; ``ddp_spawn``, FSDP2 and ``torchrun`` are ``slow``
-(``pytest -m slow tests/test_launchers.py``, run by ``.ci/run``).
+(``pytest -m slow tests/runs/test_launchers.py``, run by ``.ci/run``).
 """
 
 import json
