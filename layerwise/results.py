@@ -151,6 +151,19 @@ def loader_stages(stage: str, loaders: Any) -> list[str]:
     return stages
 
 
+def evaluated_split(datamodule: Any, stage: str) -> str:
+    """The data split behind a summary's ``stage`` (its ``split``): ``validation``, ``test``, or a named set.
+
+    ``test`` is the datamodule's ``test_split`` when it names another split (``ImageDataModule``: ``validation``,
+    digits, CIFAR and ImageNet have no separate test split); ``val_corrupted`` is ``corrupted``.
+    """
+    if stage == "val":
+        return "validation"
+    if stage == "test":
+        return str(getattr(datamodule, "test_split", None) or "test")
+    return stage.split("_", 1)[1] if "_" in stage else stage
+
+
 def is_summary(path: Path) -> bool:
     """Whether ``path`` is named like a summary (not saved features, not a file moved aside)."""
     return path.parent.name == "layerwise" and _SUMMARY_NAME.match(path.name) is not None

@@ -1,5 +1,6 @@
 """What one evaluation dataloader accumulates for a LayerwiseMonitor, and its reduction to global results."""
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Optional
 
@@ -132,8 +133,16 @@ class LoaderState:
         """One all-reduce, then the number of samples and every family's results (a collective: every rank)."""
         self.feed_pending()
         all_reduce_sum_states(self.metrics)
-        num_samples = int(self.count.compute().item())
-        nonfinite = self.nonfinite.per_layer  # the reduced state: compute() would warn when nothing was updated
+        with warnings.catch_warnings():
+            # The states were summed over every rank above; torchmetrics counts the updates of this rank only, and
+            # would say "compute before update" on a rank without samples, or for every metric when every sample was
+            # skipped (said below, in one line).
+            warnings.filterwarnings("ignore", message=r"The ``compute`` method of metric .* before the ``update``")
+            num_samples = int(self.count.compute().item())
+            results: dict[str, Any] = {}
+            for family in self.families:
+                results.update(family.compute())
+        nonfinite = self.nonfinite.per_layer  # the reduced state
         if bool(nonfinite.any()):
             layers = {number: int(count) for number, count in zip(spec.layer_numbers, nonfinite.tolist()) if count}
             rank_zero_warn(
@@ -141,9 +150,6 @@ class LoaderState:
                 f"(NaN/inf rows per layer: {layers}); `n_nonfinite` in the summary counts them.",
                 category=LayerwiseWarning,
             )
-        results: dict[str, Any] = {}
-        for family in self.families:
-            results.update(family.compute())
         return num_samples, results
 
     def reset(self) -> None:

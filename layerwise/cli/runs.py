@@ -15,8 +15,7 @@ from typing import Any, Optional
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 
-from layerwise.callbacks._runs import evaluated_split
-from layerwise.results import keep_earlier
+from layerwise.results import evaluated_split, keep_earlier
 
 
 @dataclass(frozen=True)

@@ -201,10 +201,10 @@ def test_every_datamodule_without_a_test_split_names_the_split_it_tests():
     """COCO and HANS test their validation images; a text source tests its test split only when it has one."""
     from types import SimpleNamespace
 
-    from layerwise.callbacks._runs import evaluated_split
     from layerwise.datamodules.coco import COCODetectionDataModule
     from layerwise.datamodules.hans import HANSDataModule
     from layerwise.datamodules.text import TextDataModule
+    from layerwise.results import evaluated_split
 
     assert evaluated_split(COCODetectionDataModule, "test") == "validation"
     assert evaluated_split(HANSDataModule, "test") == "validation"
