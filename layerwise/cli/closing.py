@@ -1,8 +1,10 @@
 """The one line each ``layerwise`` command ends with: what it ran, and where its results went."""
 
+import atexit
 from pathlib import Path
 from typing import Literal, Optional
 
+import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 
@@ -16,7 +18,8 @@ class ClosingLine(Callback):
     Computed in ``teardown``, which every launcher runs in the processes that did the work (under ``ddp_spawn`` the
     workers, not the parent, which sees neither the steps taken nor the logger's version). The run folder is
     ``trainer.log_dir``, a collective: every rank asks for it, only global rank zero prints. A run that failed
-    prints no closing line (Lightning calls no ``teardown`` hook then).
+    prints no closing line (Lightning calls no ``teardown`` hook then). Each process of the command also destroys its
+    process group when it exits (:func:`destroy_process_group`).
 
     Args:
         command: ``fit``, ``validate``, ``test`` or ``predict``.
@@ -35,6 +38,11 @@ class ClosingLine(Callback):
         self.position = position
         self.line: Optional[str] = None
 
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # In every process of the command (the workers under ddp_spawn), once its process group exists.
+        atexit.unregister(destroy_process_group)  # registered once per process, however many commands ran
+        atexit.register(destroy_process_group)
+
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != self.command:
             return
@@ -47,6 +55,17 @@ class ClosingLine(Callback):
             self.line = evaluation_line(trainer, self.command, self.position, run)
         if trainer.is_global_zero:
             print(self.line, flush=True)
+
+
+def destroy_process_group() -> None:
+    """Destroy the default process group at the process's exit, while the interpreter is whole.
+
+    Lightning does so for NCCL only. A gloo group left to the interpreter's finalization still has its worker
+    threads: a ``ddp_spawn`` worker on CPUs then ended in "terminate called without an active exception" (SIGABRT)
+    after its closing line, now and then (pytorch/pytorch#190489), and the command failed.
+    """
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 def predict_line(trainer: Trainer, position: Optional[CheckpointPosition]) -> str:

@@ -1,6 +1,7 @@
 """The CLI, every shipped config, the quickstart, resuming, and bad input failing before any work."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
-from helpers import FROZEN_IN_EVAL, TRAINING_ONLY, RecordingAlternating, read_summary, summary_file
+from helpers import FROZEN_IN_EVAL, TRAINING_ONLY, RecordingAlternating, free_port, read_summary, summary_file
 from torch.utils.data import DataLoader, TensorDataset
 
 from layerwise.cli import LayerwiseCLI, main
@@ -600,3 +601,26 @@ def test_threads_sets_torch_and_keeps_lightnings_ddp_launcher_from_resetting_the
         assert torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_commands_process_group_is_destroyed_at_its_exit(tmp_path):
+    """Lightning destroys only NCCL groups at exit; a gloo group left to the end aborted ddp_spawn workers.
+
+    In a fresh process: a one-rank gloo group, a check registered at exit before ClosingLine's setup (exit handlers run
+    last-in first-out, so the check runs after the closing line's handler) that prints whether the group still exists.
+    """
+    script = tmp_path / "exit_check.py"
+    script.write_text(
+        "import atexit, os, torch\n"
+        "from layerwise.cli.closing import ClosingLine\n"
+        "os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=os.environ['PORT'])\n"
+        "torch.distributed.init_process_group('gloo', rank=0, world_size=1)\n"
+        "atexit.register(lambda: print('initialized at exit:', torch.distributed.is_initialized()))\n"
+        "closing = ClosingLine('fit')\n"
+        "closing.setup(None, None, 'fit')\n"
+        "closing.setup(None, None, 'fit')  # a second command in the process registers nothing more\n"
+    )
+    env = {**os.environ, "PORT": str(free_port())}
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines() == ["initialized at exit: False"]
