@@ -198,15 +198,13 @@ def _draw_in_process(job: FigureJob) -> Optional[list[tuple[str, Image]]]:
 
 
 def _job_name(job: FigureJob) -> str:
-    """What a warning calls a job: the figure methods of its owners (``Local.figures``), else its function."""
+    """What a warning calls a job: the analysis's own figure function among its arguments, else its function."""
     for arg in job.args:
         if isinstance(arg, FigureJob):  # a wrapper (e.g. the stamp of stage, epoch and step): name what it wraps
             return _job_name(arg)
         if callable(arg) and hasattr(arg, "__qualname__"):  # an analysis's own figure function
             return f"{arg.__module__}.{arg.__qualname__}"
-    owners = [item for arg in job.args for item in (arg if isinstance(arg, list) else [arg])]
-    names = [f"{type(owner).__qualname__}.figures" for owner in owners if hasattr(owner, "figures")]
-    return ", ".join(names) or getattr(job.function, "__qualname__", repr(job.function))
+    return getattr(job.function, "__qualname__", repr(job.function))
 
 
 @atexit.register

@@ -68,7 +68,8 @@ class RunRecord:
         return history
 
 
-def _positive_int(name: str, value: Any) -> None:
+def positive_int(name: str, value: Any) -> None:
+    """Refuse `value` unless it is an int >= 1 (a bool is not), naming the argument."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"`{name}={value!r}` must be a positive int.")
 
@@ -128,8 +129,8 @@ class AnalysisCallback(Callback):
     def __init__(self, every_n_epochs: int = 1, log_figures: bool = True, figures_every_n_epochs: int = 1) -> None:
         if not self.key and type(self).summary_entries is AnalysisCallback.summary_entries:
             raise TypeError(f"{type(self).__name__} sets no `key`: the JSON key its results are written under.")
-        _positive_int("every_n_epochs", every_n_epochs)
-        _positive_int("figures_every_n_epochs", figures_every_n_epochs)
+        positive_int("every_n_epochs", every_n_epochs)
+        positive_int("figures_every_n_epochs", figures_every_n_epochs)
         self.every_n_epochs = every_n_epochs
         self.log_figures = log_figures
         self.figures_every_n_epochs = figures_every_n_epochs

@@ -15,7 +15,7 @@ from layerwise.callbacks._loader import LoaderState
 from layerwise.callbacks._output import _log_dir, layer_table
 from layerwise.callbacks._source import FeatureSource
 from layerwise.callbacks.family import Family, LayerBatch, LayerSpec, per_layer
-from layerwise.callbacks.lifecycle import AnalysisCallback
+from layerwise.callbacks.lifecycle import AnalysisCallback, positive_int
 from layerwise.errors import UsageError
 from layerwise.features.layers import LayerSelection, select_layers
 from layerwise.results import evaluated_split
@@ -85,8 +85,7 @@ class LayerwiseMonitor(AnalysisCallback):
         token_stride: int = 1,
     ) -> None:
         super().__init__(every_n_epochs, log_figures, figures_every_n_epochs)
-        if isinstance(token_stride, bool) or not isinstance(token_stride, int) or token_stride < 1:
-            raise ValueError(f"`token_stride={token_stride!r}` must be a positive int.")
+        positive_int("token_stride", token_stride)
         if source not in ("auto", "outputs", "hooks"):
             raise ValueError(f"`source={source!r}` must be 'auto', 'outputs' or 'hooks'.")
         if pooling is not None and pooling not in ("cls", "mean", "last"):
