@@ -60,6 +60,7 @@ def plot(
             summary key over the runs, at the last layer: best:accuracy; lowest for a loss), or a number.
     """
     formats = tuple(format or ("png", "pdf"))
+    path = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]  # one path, from Python
     if len(path) > 1 or is_pattern(path[0]):
         if all_epochs:
             raise ValueError("`--all_epochs` draws one run; several runs are drawn at one epoch (--epoch).")

@@ -52,6 +52,7 @@ def report(
     """
     from layerwise.figures.plot import is_pattern
 
+    path = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]  # one path, from Python
     if len(path) > 1 or is_pattern(path[0]):
         if step is not None:
             raise ValueError("`--step` picks a validation of one run; several runs are drawn at one epoch (--epoch).")
