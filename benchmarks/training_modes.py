@@ -40,7 +40,7 @@ SEEDS = (0, 1, 2)
 
 
 def fit(run_dir: Path, mode: str, seed: int, epochs: Optional[int], reuse: bool) -> tuple[Path, Optional[float]]:
-    """Run one fit of the quickstart in ``mode`` with ``seed``; return its run folder and wall seconds (None: reused)."""
+    """One quickstart fit in ``mode`` with ``seed``: its run folder and wall seconds (None: reused)."""
     name = f"{mode}_seed{seed}"
     run = run_dir / "runs" / name / "version_0"
     if reuse and list((run / "layerwise").glob("val_epoch_*.json")) and (run / "checkpoints" / "last.ckpt").exists():

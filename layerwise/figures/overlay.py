@@ -18,7 +18,6 @@ import numpy as np
 
 from layerwise.figures.seeds import (
     CSV_FIELDS,
-    QUANTITIES,
     Group,
     Row,
     choose_epoch,
@@ -39,14 +38,14 @@ from layerwise.figures.style import (
 )
 from layerwise.results import find_runs, run_config, run_summaries, write_text_atomic
 
-# figure name -> (quantity of the table, y label)
+# figure name -> (quantity of the table, y label, title)
 FIGURES = {
-    "accuracy": ("accuracy", "accuracy (shared head)"),
-    "cos": ("cos", "COS to the last layer"),
-    "cka": ("cka", "CKA to the last layer"),
-    "nc1": ("nc1", "NC1"),
-    "effective_depth": ("effective_depth", "ε-effective depth (layers)"),
-    "early_exit": ("early_exit_accuracy", "accuracy"),
+    "accuracy": ("accuracy", "accuracy (shared head)", "accuracy of the shared head at each layer"),
+    "cos": ("cos", "COS to the last layer", "COS of each layer to the last layer"),
+    "cka": ("cka", "CKA to the last layer", "CKA of each layer to the last layer"),
+    "nc1": ("nc1", "NC1", "NC1 (within- / between-class variability) per layer"),
+    "effective_depth": ("effective_depth", "ε-effective depth (layers)", "ε-effective depth"),
+    "early_exit": ("early_exit_accuracy", "accuracy", "early exit: accuracy against speedup over τ"),
 }
 TABLE = ("comparison.csv", "comparison.md")
 
@@ -147,7 +146,7 @@ def _finish(fig: Figure, ax: Any, comparison: Comparison, title: str) -> Figure:
 
 def per_point_figure(comparison: Comparison, name: str) -> Figure:
     """One quantity against the layer (or ε): a line per group at its mean, its band the t-interval over seeds."""
-    quantity, ylabel = FIGURES[name]
+    quantity, ylabel, title = FIGURES[name]
     fig, ax = new_figure(5.2, 3.6)
     lines = _lines(comparison, quantity)
     categorical = quantity == "effective_depth"
@@ -165,8 +164,7 @@ def per_point_figure(comparison: Comparison, name: str) -> Figure:
         layer_ticks(ax, [row.x for row in first], axis="x", at_values=True)
         ax.set_xlabel("layer")
     ax.set_ylabel(ylabel)
-    where = "" if categorical else " per layer"
-    return _finish(fig, ax, comparison, f"{QUANTITIES[quantity]}{where}")
+    return _finish(fig, ax, comparison, title)
 
 
 def early_exit_figure(comparison: Comparison) -> Figure:
@@ -189,7 +187,7 @@ def early_exit_figure(comparison: Comparison) -> Figure:
             ax.errorbar(x, [row.mean for row in up], xerr=xerr, fmt="none", ecolor=colour, elinewidth=0.8)
     ax.set_xlabel("speedup (L · samples / layers run)")
     ax.set_ylabel("accuracy")
-    return _finish(fig, ax, comparison, "early exit: accuracy against speedup over τ")
+    return _finish(fig, ax, comparison, FIGURES["early_exit"][2])
 
 
 def comparison_figures(comparison: Comparison) -> dict[str, Figure]:
@@ -199,7 +197,7 @@ def comparison_figures(comparison: Comparison) -> dict[str, Figure]:
     """
     present = {row.quantity for row in comparison.rows}
     figures = {}
-    for name, (quantity, _) in FIGURES.items():
+    for name, (quantity, _, _) in FIGURES.items():
         if quantity in present:
             figures[name] = (
                 early_exit_figure(comparison) if name == "early_exit" else per_point_figure(comparison, name)
