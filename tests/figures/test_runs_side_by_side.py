@@ -260,3 +260,17 @@ def test_groups_are_what_differs_besides_seeds_and_output_places():
     assert [g.label for g in deep] == ["depth=6", "depth=3"]
     same = group_runs([config("Aligned", 0), config("Aligned", 1), None], ["r0", "r1", "python_fit"])
     assert [(g.label, g.members) for g in same] == [("Aligned", (0, 1)), ("python_fit", (2,))]
+
+
+def test_the_statistics_are_pure_numpy():
+    """figures/seeds.py imports numpy and the standard library only: no matplotlib, torch, scipy or file access."""
+    import ast
+
+    import layerwise.figures.seeds as seeds
+
+    tree = ast.parse(Path(seeds.__file__).read_text())
+    imported = {
+        alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names
+    }
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported <= {"math", "collections", "dataclasses", "typing", "numpy"}, imported
