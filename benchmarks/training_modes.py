@@ -84,7 +84,7 @@ def compare(runs: list[Path], out: Path) -> list[dict[str, str]]:
         return list(csv.DictReader(file))
 
 
-def values_from(rows: list[dict[str, str]], epochs: int, seconds: list[float]) -> dict[str, Any]:
+def values_from(rows: list[dict[str, str]], epochs: int, seconds: list[float], reused: int) -> dict[str, Any]:
     """The record: every number of the table by quantity, mode and layer, and the gaps the docs cite."""
     table: dict[str, Any] = {}
     for row in rows:
@@ -111,6 +111,7 @@ def values_from(rows: list[dict[str, str]], epochs: int, seconds: list[float]) -
         "last_layer_gap_points": gap[layers[-1]],
         "largest_gap_points": max(gap[layer] for layer in layers[:-1]),
         "fit_seconds_median": None if not seconds else round(sorted(seconds)[len(seconds) // 2], 1),
+        "fits_reused": reused,  # --reuse: fits run earlier into --run-dir (their times are not in this record)
         "table": table,
     }
 
@@ -128,12 +129,13 @@ def main() -> int:
     print(f"{time.strftime('%Y-%m-%d %H:%M')}, nproc {affinity}, runs under {run_dir}", flush=True)
     load_before = load_now()
     try:
-        runs, seconds = [], []
+        runs, seconds, reused = [], [], 0
         for mode in MODES:
             for seed in SEEDS:
                 run, took = fit(run_dir, mode, seed, args.epochs, args.reuse)
                 runs.append(run)
                 seconds += [] if took is None else [took]
+                reused += took is None
         rows = compare(runs, run_dir / "comparison")
     except (RuntimeError, subprocess.CalledProcessError) as error:
         print(error, file=sys.stderr)
@@ -141,7 +143,7 @@ def main() -> int:
     finally:
         if args.run_dir is None:
             print(f"(runs kept in {run_dir} until the end of the comparison)")
-    values = values_from(rows, args.epochs or 40, seconds)
+    values = values_from(rows, args.epochs or 40, seconds, reused)
     print(json.dumps({key: value for key, value in values.items() if key != "table"}, indent=1))
     print((run_dir / "comparison" / "comparison.md").read_text())
     if not args.no_record:
