@@ -56,8 +56,8 @@ def report(
     if len(path) > 1 or is_pattern(path[0]):
         if step is not None:
             raise ValueError("`--step` picks a validation of one run; several runs are drawn at one epoch (--epoch).")
-        written = write_comparison_report(path, out, label, epoch)
-        print(f"layerwise report: the runs of {len(path)} paths side by side")
+        written, runs = write_comparison_report(path, out, label, epoch)
+        print(f"layerwise report: {runs} runs side by side")
         print(written)
         return
     if label is not None or epoch != "last":
@@ -69,8 +69,8 @@ def report(
 
 def write_comparison_report(
     paths: list[Path], out: Optional[Path] = None, labels: Optional[list[str]] = None, epoch: str = "last"
-) -> Path:
-    """Several runs side by side in one HTML file, and the table as CSV and Markdown beside it; the HTML written."""
+) -> tuple[Path, int]:
+    """Several runs side by side in one HTML file, the table as CSV and Markdown beside it; (HTML written, runs)."""
     from layerwise.figures.overlay import comparison_figures, load_comparison, table_texts
 
     target = Path(out) if out is not None else Path("comparison") / "report.html"
@@ -98,7 +98,7 @@ def write_comparison_report(
         f"<section id=table><h2>Table</h2>{_markdown_tables(texts['comparison.md'])}</section>"
     )
     page = COMPARISON_TEMPLATE.format(title=_e("layerwise report: runs side by side"), style=STYLE, body=body)
-    return write_text_atomic(target, page)
+    return write_text_atomic(target, page), len(comparison.runs)
 
 
 COMPARISON_CAPTIONS = {
