@@ -102,11 +102,16 @@ def values_from(rows: list[dict[str, str]], epochs: int, seconds: list[float], r
         mode: {layer: round(100 * accuracy[key][layer]["mean"], 1) for layer in layers}
         for mode, key in (("standard", "Standard"), ("aligned", "AlternatingAligned"))
     }
+    half = {
+        mode: {layer: round(100 * (accuracy[key][layer]["half_width"] or 0.0), 1) for layer in layers}
+        for mode, key in (("standard", "Standard"), ("aligned", "AlternatingAligned"))
+    }
     return {
         "epochs": epochs,
         "seeds": len(SEEDS),
         "last_layer": int(layers[-1]),
         "accuracy_percent": percent,
+        "accuracy_half_width_percent": half,  # of the 95 % t-interval over the seeds
         "aligned_minus_standard_points": {f"layer_{layer}": value for layer, value in gap.items()},
         "last_layer_gap_points": gap[layers[-1]],
         "largest_gap_points": max(gap[layer] for layer in layers[:-1]),

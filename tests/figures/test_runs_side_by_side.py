@@ -191,6 +191,9 @@ def test_one_run_is_drawn_as_before(runs, tmp_path, capsys):
     expected = {f"{path.stem}_{name}.png" for path, s in latest.values() for name in summary_figures(s)}
     assert {p.name for p in out.iterdir()} == expected
     assert "comparison" not in capsys.readouterr().out
+    first = tmp_path / "first"
+    main(["plot", str(run), "--epoch", "0", "--out", str(first), "--format", "png"])
+    assert {p.name.split("_step_")[0] for p in first.iterdir()} == {"val_epoch_000", "val_corrupted_epoch_000"}
 
 
 def read_latest(run: Path, stage: str) -> tuple[Path, dict]:
