@@ -229,7 +229,7 @@ def choose_epoch(
             scores.append(float(np.mean(values)))
         lower = any(word in key for word in LOWER_IS_BETTER)
         best = common[int(np.argmin(scores) if lower else np.argmax(scores))]
-        return best, f"best mean {key}"
+        return best, f"{'lowest' if lower else 'highest'} mean {key.replace('_', ' ')}"
     try:
         number = int(epoch)
     except ValueError:

@@ -177,6 +177,7 @@ def test_the_epoch_is_the_same_for_every_run(runs):
     best = load_comparison(every_run(runs), epoch="best:accuracy")
     assert best.epoch == max(accuracy, key=accuracy.get)
     assert [summary["epoch"] for summary in best.summaries] == [best.epoch] * 6
+    assert best.how == "highest mean accuracy"
     loss = {e: np.mean([read(run, e)["loss"][-1] for run in every_run(runs)]) for e in (0, 1)}
     assert load_comparison(every_run(runs), epoch="best:loss").epoch == min(loss, key=loss.get)
 
