@@ -4,6 +4,7 @@
 - :func:`write_atomic`: the one way layerwise writes a file, so that a crash never leaves half a file.
 """
 
+import glob
 import json
 import math
 import os
@@ -14,7 +15,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import IO, Any, Union
+from typing import IO, Any, Optional, Union
 
 from layerwise.errors import LayerwiseWarning, UsageError
 
@@ -315,3 +316,51 @@ def find_summaries(path: Path, all_epochs: bool = False, stage: str = "*", optio
 def latest_summary(path: Path, option: str = "path", stage: str = "val") -> Path:
     """The summary JSON named by ``path``: the file itself, or the latest ``<stage>`` epoch of the latest log dir."""
     return find_summaries(path, stage=stage, option=option)[0]
+
+
+# ------------------------------------------------------------------------------- several runs (plot/report RUN...)
+_GLOB = re.compile(r"[*?[]")
+
+
+def find_runs(paths: Sequence[Union[str, Path]], option: str = "path") -> list[tuple[int, Path]]:
+    """The run folders (each holding ``layerwise/``) that ``paths`` name, with the index of the path naming each.
+
+    A path is a run folder, a folder of runs (its latest fit run, as :func:`find_summaries` chooses), a summary JSON
+    (its run) or a glob (``runs/modes/*``: each match); a run named twice is taken once. Errors name ``option``.
+    """
+    found: dict[Path, int] = {}
+    for index, given in enumerate(paths):
+        given = Path(given)
+        matches = [given]
+        if not given.exists() and _GLOB.search(str(given)):
+            matches = [Path(match) for match in sorted(glob.glob(str(given)))]
+            if not matches:
+                raise FileNotFoundError(f"{option} {given}: the pattern matches no file or folder.")
+        for match in matches:
+            summary = find_summaries(match, stage="val", option=option)[0]
+            found.setdefault(summary.parent.parent.resolve(), index)
+    return [(index, run) for run, index in found.items()]
+
+
+def run_summaries(run: Path, stage: str = "val") -> dict[int, dict[str, Any]]:
+    """Every ``stage`` summary of a run folder by epoch (the epoch's latest validation when it has several)."""
+    files = sorted(
+        (p for p in (Path(run) / "layerwise").glob(f"{stage}_epoch_*.json") if is_summary(p)), key=summary_order
+    )
+    by_epoch = {}
+    for path in files:
+        summary = load_summary(path)
+        by_epoch[int(summary.get("epoch", summary_order(path)[0]))] = summary
+    return by_epoch
+
+
+def run_config(run: Path) -> Optional[dict[str, Any]]:
+    """A run's config: LightningCLI's ``config.yaml``, else the module's ``hparams.yaml``; None when it has neither."""
+    import yaml
+
+    for name in ("config.yaml", "hparams.yaml"):
+        path = Path(run) / name
+        if path.is_file():
+            config = yaml.safe_load(path.read_text(encoding="utf-8"))
+            return config if isinstance(config, dict) else None
+    return None

@@ -3,7 +3,7 @@
 from pathlib import Path
 from typing import Literal, Optional
 
-from layerwise.results import find_summaries, is_summary, load_summary, save_figure_atomic
+from layerwise.results import find_summaries, is_summary, load_summary, save_figure_atomic, summary_order
 
 FigureFormat = Literal["png", "pdf", "svg"]
 
@@ -30,26 +30,83 @@ def plot_summary(
 
 
 # ------------------------------------------------------------------------------- the `layerwise plot` command
-def plot(path: Path, out: Optional[Path] = None, all_epochs: bool = False, format: list[FigureFormat] = None) -> None:  # noqa: A002
+def plot(
+    path: list[Path],
+    out: Optional[Path] = None,
+    all_epochs: bool = False,
+    format: list[FigureFormat] = None,  # noqa: A002
+    label: Optional[list[str]] = None,
+    epoch: str = "last",
+) -> None:
     """Render the paper-style figures of layerwise summaries to PNG/PDF/SVG.
 
     COS/CKA heatmaps, similarity to the last layer with the accuracy per layer, the saturation histogram, exits per
-    layer and the ε-effective depth.
+    layer and the ε-effective depth. Several runs (folders or globs) are drawn side by side instead: one figure per
+    quantity (accuracy, COS and CKA to the last layer, NC1, ε-effective depth, early exit), a line per group of runs
+    that differ only by seed, its band the 95 % t-interval over the seeds, and the same numbers in comparison.csv
+    and comparison.md.
 
     Args:
         path: a summary JSON, a run folder, or a folder of runs (``runs/quickstart``): then its latest fit run, the
             one whose summary was written last (evaluations by validate/test, in their run's sub-folders, only when
-            there is no fit run; name a run's folder to draw another).
-        out: output folder (default: <json folder>/figures).
-        all_epochs: plot every epoch, not only the latest.
+            there is no fit run; name a run's folder to draw another). Several paths or a glob (``'runs/modes/*'``):
+            those runs side by side.
+        out: output folder (default: <json folder>/figures; for several runs: ./comparison).
+        all_epochs: plot every epoch, not only the latest (one run).
         format: figure formats (default png pdf).
+        label: several runs: a label per run, or per path (a glob's runs share it); runs sharing a label form one
+            group (default: what differs between the runs' configs: the model class, the backbone, ...).
+        epoch: the epoch every run is drawn at: last (the latest every run has), best:<key> (the best mean of a
+            summary key over the runs, at the last layer: best:accuracy; lowest for a loss), or a number.
     """
-    files = find_summaries(path, all_epochs, option="path")
-    if path.is_dir():
+    formats = tuple(format or ("png", "pdf"))
+    path = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]  # one path, from Python
+    if len(path) > 1 or is_pattern(path[0]):
+        if all_epochs:
+            raise ValueError("`--all_epochs` draws one run; several runs are drawn at one epoch (--epoch).")
+        _plot_runs(path, out, formats, label, epoch)
+        return
+    if label is not None:
+        raise ValueError("`--label` names several runs; give more than one run to draw them side by side.")
+    files = find_summaries(path[0], all_epochs, option="path")
+    if path[0].is_dir():
         run = files[0].parent.parent
-        runs = {p.parent for p in path.rglob("*_epoch_*.json") if is_summary(p)}
-        latest = f" (the latest fit run of the {len(runs)} runs under {path})" if len(runs) > 1 and run != path else ""
+        runs = {p.parent for p in path[0].rglob("*_epoch_*.json") if is_summary(p)}
+        many = len(runs) > 1 and run != path[0]
+        latest = f" (the latest fit run of the {len(runs)} runs under {path[0]})" if many else ""
         print(f"layerwise plot: drawing run {run}{latest}")
+    if epoch != "last":
+        files = _at_epoch(files[0].parent.parent, epoch)
     for summary_file in files:
-        for written in plot_summary(summary_file, out, tuple(format or ("png", "pdf"))):
+        for written in plot_summary(summary_file, out, formats):
             print(written)
+
+
+def is_pattern(path: Path) -> bool:
+    """Whether ``path`` is a glob to expand (``runs/modes/*``), not a file or folder that exists."""
+    return not path.exists() and any(char in str(path) for char in "*?[")
+
+
+def _at_epoch(run: Path, epoch: str) -> list[Path]:
+    """Every stage's summary of ``run`` at the epoch ``--epoch`` picks (its latest validation in that epoch)."""
+    from layerwise.figures.seeds import choose_epoch
+    from layerwise.results import run_summaries
+
+    chosen, _ = choose_epoch([run_summaries(run)], [str(run)], epoch)
+    files = find_summaries(run, all_epochs=True, option="path")
+    stages = sorted({p.name.split("_epoch_")[0] for p in files})
+    at = [[p for p in files if p.name.startswith(f"{stage}_epoch_{chosen:03d}_")] for stage in stages]
+    return [max(found, key=summary_order) for found in at if found]
+
+
+def _plot_runs(
+    paths: list[Path], out: Optional[Path], formats: tuple[str, ...], labels: Optional[list[str]], epoch: str
+) -> None:
+    """Several runs side by side (:mod:`layerwise.figures.overlay`)."""
+    from layerwise.figures.overlay import load_comparison, write_comparison
+
+    comparison = load_comparison(paths, labels, epoch)
+    groups = "; ".join(comparison.legend(group.label) for group in comparison.groups)
+    print(f"layerwise plot: {len(comparison.runs)} runs at epoch {comparison.epoch} ({comparison.how}): {groups}")
+    for written in write_comparison(comparison, out or Path("comparison"), formats):
+        print(written)

@@ -25,21 +25,113 @@ FIGURE_DPI = 80
 Figure = tuple[str, str, str, str]  # stage, name, caption, PNG as base64
 
 
-def report(path: Path, out: Optional[Path] = None, step: Optional[int] = None) -> None:
+def report(
+    path: list[Path],
+    out: Optional[Path] = None,
+    step: Optional[int] = None,
+    label: Optional[list[str]] = None,
+    epoch: str = "last",
+) -> None:
     """Write one self-contained HTML report of a run (config, per-layer tables, figures, curves over training).
 
     No server and no network: data, figures and script are inline. A slider picks the validation (epoch, step)
     shown in the per-layer table and the per-layer charts; the PNG figures are those of one validation (--step);
-    the coupling, comparison, transfer and detection sections appear when the run has them.
+    the coupling, comparison, transfer and detection sections appear when the run has them. Several runs (folders
+    or globs) are compared instead: the figures of ``layerwise plot RUN...`` (a line per group of seeds, its band
+    the 95 % t-interval) and their table, also written as comparison.csv and comparison.md beside the HTML.
 
     Args:
         path: a run folder (runs/NAME/version_N), or a folder holding runs (its run with the most validations).
-        out: the HTML file to write (default: <run folder>/report.html).
-        step: the global step whose figures are drawn (default: the latest validation).
+            Several paths or a glob (``'runs/modes/*'``): those runs side by side.
+        out: the HTML file to write (default: <run folder>/report.html; for several runs: comparison/report.html).
+        step: the global step whose figures are drawn (default: the latest validation; one run).
+        label: several runs: a label per run, or per path (a glob's runs share it); runs sharing a label form one
+            group (default: what differs between the runs' configs: the model class, the backbone, ...).
+        epoch: several runs: the epoch every run is drawn at: last (the latest every run has), best:<key> (the best
+            mean of a summary key over the runs, at the last layer), or a number.
     """
-    written, run = write_report(path, out, step)
+    from layerwise.figures.plot import is_pattern
+
+    path = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]  # one path, from Python
+    if len(path) > 1 or is_pattern(path[0]):
+        if step is not None:
+            raise ValueError("`--step` picks a validation of one run; several runs are drawn at one epoch (--epoch).")
+        written, runs = write_comparison_report(path, out, label, epoch)
+        print(f"layerwise report: {runs} runs side by side")
+        print(written)
+        return
+    if label is not None or epoch != "last":
+        raise ValueError("`--label` and `--epoch` compare several runs; for one run, --step picks the validation.")
+    written, run = write_report(path[0], out, step)
     print(f"layerwise report: run {run}")
     print(written)
+
+
+def write_comparison_report(
+    paths: list[Path], out: Optional[Path] = None, labels: Optional[list[str]] = None, epoch: str = "last"
+) -> tuple[Path, int]:
+    """Several runs side by side in one HTML file, the table as CSV and Markdown beside it; (HTML written, runs)."""
+    from layerwise.figures.overlay import comparison_figures, load_comparison, table_texts
+
+    target = Path(out) if out is not None else Path("comparison") / "report.html"
+    if target.is_dir():
+        raise ValueError(f"`--out={target}` is a folder: give the HTML file to write (e.g. {target / 'report.html'}).")
+    comparison = load_comparison(paths, labels, epoch)
+    texts = table_texts(comparison)
+    for name, text in texts.items():
+        write_text_atomic(target.parent / name, text)
+    figures = [(name, _png(figure)) for name, figure in comparison_figures(comparison).items()]
+    groups = "".join(
+        f"<li>{_e(comparison.legend(group.label))}: {_e(', '.join(comparison.names[i] for i in group.members))}</li>"
+        for group in comparison.groups
+    )
+    items = "".join(
+        f'<figure><img alt="{_e(name)}" src="data:image/png;base64,{data}"><figcaption>{_e(COMPARISON_CAPTIONS[name])}'
+        "</figcaption></figure>"
+        for name, data in figures
+    )
+    body = (
+        f"<h1>layerwise report: {len(comparison.runs)} runs side by side</h1>"
+        f"<p class=sub>{_e(comparison.line)}; comparison.csv and comparison.md beside this file hold the numbers</p>"
+        f"<section id=groups><h2>Groups</h2><ul>{groups}</ul></section>"
+        f"<section id=figures><h2>Figures</h2><div class=figs>{items}</div></section>"
+        f"<section id=table><h2>Table</h2>{_markdown_tables(texts['comparison.md'])}</section>"
+    )
+    page = COMPARISON_TEMPLATE.format(title=_e("layerwise report: runs side by side"), style=STYLE, body=body)
+    return write_text_atomic(target, page), len(comparison.runs)
+
+
+COMPARISON_CAPTIONS = {
+    "accuracy": "Accuracy of the shared head per layer",
+    "cos": "COS to the last layer, per layer",
+    "cka": "CKA to the last layer, per layer",
+    "nc1": "NC1 per layer",
+    "effective_depth": "ε-effective depth for each ε",
+    "early_exit": "Early exit: accuracy against speedup over the thresholds τ",
+}
+
+
+def _markdown_tables(text: str) -> str:
+    """The Markdown tables of ``comparison.md`` as HTML (its headings as h3; other lines as paragraphs)."""
+    parts, rows = [], []
+
+    def flush() -> None:
+        if rows:
+            cells = [[cell.strip() for cell in row.strip("|").split("|")] for row in rows if "---" not in row]
+            head = "".join(f"<th>{_e(cell)}</th>" for cell in cells[0])
+            body = "".join("<tr>" + "".join(f"<td>{_e(cell)}</td>" for cell in row) + "</tr>" for row in cells[1:])
+            parts.append(f"<table><tr>{head}</tr>{body}</table>")
+            rows.clear()
+
+    for line in text.splitlines():
+        if line.startswith("|"):
+            rows.append(line)
+            continue
+        flush()
+        if line.startswith("## "):
+            parts.append(f"<h3>{_e(line[3:])}</h3>")
+    flush()
+    return "".join(parts)
 
 
 def write_report(path: Path, out: Optional[Path] = None, step: Optional[int] = None) -> tuple[Path, Path]:
@@ -241,6 +333,14 @@ def _script_json(value: Any) -> str:
     """JSON safe inside a ``<script>`` element: every ``<`` escaped as a JSON unicode escape (the same JSON)."""
     return json.dumps(value, allow_nan=False, separators=(",", ":")).replace("<", "\\u003c")
 
+
+COMPARISON_TEMPLATE = """<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<link rel="icon" href="data:,"><title>{title}</title><style>{style}</style></head>
+<body>
+{body}
+</body></html>
+"""
 
 TEMPLATE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">

@@ -1,0 +1,352 @@
+"""Several runs side by side, in numbers: which epoch, which group, each group's mean and 95 % t-interval over seeds.
+
+Pure functions over plain data (configs as nested dicts, summaries as the JSON objects of :mod:`layerwise.results`):
+numpy only, no matplotlib, no file. ``layerwise plot RUN...`` and ``layerwise report RUN...`` draw their figures and
+write their table from :func:`comparison_rows`.
+
+- **Groups.** Runs whose configs differ only by seeds (``seed_everything``, any ``seed`` or ``*_seed`` option) and by
+  where they write (logger, folders) form one group, labelled by what differs between the groups (:func:`group_runs`):
+  ``Standard`` against ``AlternatingAligned`` when the model's class differs, ``depth=3`` against ``depth=6`` when the
+  backbone's depth does. Labels given by the user group the runs that share a label.
+- **Epoch.** One epoch for every run (:func:`choose_epoch`): ``last`` (the latest epoch that every run validated),
+  a number, or ``best:<key>`` (the epoch at which the runs' mean of that summary key, at the last layer for a
+  per-layer key, is highest; lowest for a loss).
+- **Statistics.** A group of ``n`` runs gives, at every point (layer, ε, τ), the mean of its runs' finite values and
+  the half-width of the 95 % Student-t interval ``t_{0.975, n-1} · s / √n`` with ``s`` the sample standard
+  deviation (:func:`t_interval`; no interval for ``n = 1``). ``t`` is computed exactly for whole degrees of freedom
+  (:func:`t_quantile`), without scipy.
+"""
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+# per-layer quantity -> its words (figures, table)
+QUANTITIES = {
+    "accuracy": "accuracy of the shared head",
+    "cos": "COS to the last layer",
+    "cka": "CKA to the last layer",
+    "nc1": "NC1 (within- / between-class variability)",
+    "effective_depth": "ε-effective depth",
+    "early_exit_accuracy": "early-exit accuracy",
+    "early_exit_speedup": "early-exit speedup",
+}
+# what each quantity's x is
+POSITIONS = {"effective_depth": "ε", "early_exit_accuracy": "τ", "early_exit_speedup": "τ"}
+LOWER_IS_BETTER = ("loss", "nc1")  # `--epoch best:<key>` minimises keys containing these
+# config options that say where a run writes, not what it computes: never a difference between runs
+WHERE_KEYS = ("trainer.logger", "trainer.default_root_dir", "trainer.enable_progress_bar", "ckpt_path", "threads")
+WHERE_PARTS = ("dirpath", "save_dir", "log_dir", "root_dir")
+
+
+@dataclass(frozen=True)
+class Group:
+    """Runs drawn as one line: their indices in the order given, and the legend's label (without the seed count)."""
+
+    label: str
+    members: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Row:
+    """One point of one group's line: a row of the comparison table."""
+
+    quantity: str
+    group: str
+    seeds: int
+    x: Any
+    mean: float
+    half_width: float  # NaN for a group of one run (or one finite value)
+    values: tuple[float, ...]  # each run's value, NaN where it has none
+
+    @property
+    def low(self) -> float:
+        return self.mean - self.half_width
+
+    @property
+    def high(self) -> float:
+        return self.mean + self.half_width
+
+
+# ------------------------------------------------------------------------------------------------------ statistics
+def _two_sided_mass(theta: float, df: int) -> float:
+    """P(|T| < √df · tan θ) for Student's t with ``df`` whole degrees of freedom (Abramowitz & Stegun 26.7.3-4)."""
+    s, c = math.sin(theta), math.cos(theta)
+    if df % 2:
+        term, total = c, 0.0
+        for k in range(1, df - 1, 2):  # cos θ + 2/3 cos³ θ + ... up to cos^(df-2) θ
+            total += term
+            term *= (k + 1) / (k + 2) * c * c
+        return 2.0 / math.pi * (theta + s * total)
+    term, total = 1.0, 0.0
+    for k in range(0, df - 1, 2):  # 1 + 1/2 cos² θ + ... up to cos^(df-2) θ
+        total += term
+        term *= (k + 1) / (k + 2) * c * c
+    return s * total
+
+
+def t_quantile(probability: float, df: int) -> float:
+    """The ``probability`` quantile (> 0.5) of Student's t with ``df`` >= 1 whole degrees of freedom (bisection)."""
+    if df < 1 or int(df) != df or not 0.5 < probability < 1.0:
+        raise ValueError(f"t_quantile needs a probability in (0.5, 1) and whole df >= 1, not {probability}, {df}.")
+    mass = 2.0 * probability - 1.0
+    low, high = 0.0, math.pi / 2
+    for _ in range(200):
+        middle = 0.5 * (low + high)
+        low, high = (middle, high) if _two_sided_mass(middle, int(df)) < mass else (low, middle)
+    return math.sqrt(df) * math.tan(0.5 * (low + high))
+
+
+def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, int]:
+    """``(mean, half-width, n)`` of the finite ``values``: the Student-t interval of their mean (NaN width if n < 2)."""
+    array = np.asarray([np.nan if value is None else value for value in values], dtype=float)
+    array = array[np.isfinite(array)]
+    n = int(array.size)
+    if n == 0:
+        return math.nan, math.nan, 0
+    mean = float(array.mean())
+    if n < 2:
+        return mean, math.nan, n
+    half = t_quantile(0.5 + confidence / 2, n - 1) * float(array.std(ddof=1)) / math.sqrt(n)
+    return mean, half, n
+
+
+# ------------------------------------------------------------------------------------------------------ groups
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A nested config as ``{"model.init_args.backbone.init_args.depth": 6, ...}`` (lists kept as values)."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def is_seed(key: str) -> bool:
+    """Whether a flattened option is a seed: ``seed_everything``, ``...seed`` or ``..._seed``."""
+    last = key.rsplit(".", 1)[-1]
+    return last in ("seed_everything", "seed") or last.endswith("_seed")
+
+
+def _is_where(key: str) -> bool:
+    return key.startswith(WHERE_KEYS) or any(part in key for part in WHERE_PARTS)
+
+
+def differences(configs: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The flattened options that differ between ``configs``, seeds and output places left out.
+
+    Where a ``class_path`` differs, the options under its ``init_args`` are the class's own and are not listed.
+    """
+    flats = [flatten(config) for config in configs]
+    keys = sorted({key for flat in flats for key in flat})
+    differ = [
+        key
+        for key in keys
+        if not is_seed(key) and not _is_where(key) and len({repr(flat.get(key)) for flat in flats}) > 1
+    ]
+    classes = [key[: -len("class_path")] for key in differ if key.endswith("class_path")]
+    return [key for key in differ if not any(key.startswith(f"{c}init_args.") for c in classes)]
+
+
+def _shown(key: str, value: Any) -> str:
+    if key.endswith("class_path") and isinstance(value, str):
+        return value.rsplit(".", 1)[-1]
+    name = [part for part in key.split(".") if part != "init_args"][-1]
+    return f"{name}={value}"
+
+
+def group_runs(
+    configs: Sequence[Optional[Mapping[str, Any]]], names: Sequence[str], labels: Optional[Sequence[str]] = None
+) -> list[Group]:
+    """The groups of runs drawn as one line each, in the order of their first run.
+
+    ``configs``: each run's parsed config (None when the run has none: it forms a group of its own, labelled by its
+    ``names`` entry). ``labels`` (one per run): the user's; runs that share a label are one group.
+    """
+    if labels is not None:
+        order = list(dict.fromkeys(labels))
+        return [Group(label, tuple(i for i, own in enumerate(labels) if own == label)) for label in order]
+    known = [i for i, config in enumerate(configs) if config is not None]
+    keys = differences([configs[i] for i in known])
+    flats = {i: flatten(configs[i]) for i in known}
+    groups: dict[str, list[int]] = {}
+    for index, name in enumerate(names):
+        if index not in flats:
+            label = name
+        elif keys:
+            label = ", ".join(_shown(key, flats[index].get(key)) for key in keys)
+        else:  # only seeds differ: one group, called by its model class
+            model = flats[index].get("model.class_path")
+            label = model.rsplit(".", 1)[-1] if isinstance(model, str) else "runs"
+        groups.setdefault(label, []).append(index)
+    return [Group(label, tuple(members)) for label, members in groups.items()]
+
+
+# ------------------------------------------------------------------------------------------------------ epoch
+def _at_last_layer(value: Any) -> Optional[float]:
+    if isinstance(value, (list, tuple)):
+        value = value[-1] if value else None
+    return None if value is None or isinstance(value, (dict, str, bool)) else float(value)
+
+
+def _spans(epochs: Sequence[int]) -> str:
+    return f"{min(epochs)}-{max(epochs)}" if epochs else "none"
+
+
+def choose_epoch(
+    runs: Sequence[Mapping[int, Mapping[str, Any]]], names: Sequence[str], epoch: str = "last", option: str = "--epoch"
+) -> tuple[int, str]:
+    """The one epoch every run is drawn at, and how it was chosen in words (for the figures' titles).
+
+    ``runs``: each run's summaries by epoch; ``epoch``: ``last``, a number, or ``best:<key>``. Errors (ValueError)
+    are one line naming ``option``.
+    """
+    common = sorted(set.intersection(*(set(run) for run in runs)))
+    if epoch == "last":
+        if not common:
+            have = "; ".join(f"{name} has {_spans(list(run))}" for name, run in zip(names, runs))
+            raise ValueError(f"`{option}=last`: the runs share no validated epoch ({have}).")
+        ends = {max(run) for run in runs}
+        return common[-1], "the last" if ends == {common[-1]} else "the last all runs share"
+    if epoch.startswith("best:"):
+        key = epoch[len("best:") :]
+        if not common:
+            raise ValueError(f"`{option}={epoch}`: the runs share no validated epoch.")
+        scores = []
+        for number in common:
+            values = [_at_last_layer(run[number].get(key)) for run in runs]
+            if any(value is None for value in values):
+                missing = next(name for name, value in zip(names, values) if value is None)
+                raise ValueError(
+                    f"`{option}={epoch}`: run {missing} has no number under {key!r} at epoch {number} "
+                    "(give a summary key such as accuracy or loss)."
+                )
+            scores.append(float(np.mean(values)))
+        lower = any(word in key for word in LOWER_IS_BETTER)
+        best = common[int(np.argmin(scores) if lower else np.argmax(scores))]
+        return best, f"{'lowest' if lower else 'highest'} mean {key.replace('_', ' ')}"
+    try:
+        number = int(epoch)
+    except ValueError:
+        raise ValueError(
+            f"`{option}={epoch}`: give last, best:<key> (e.g. best:accuracy) or an epoch number."
+        ) from None
+    for name, run in zip(names, runs):
+        if number not in run:
+            raise ValueError(
+                f"`{option}={epoch}`: run {name} has no validation at epoch {number} (it has {_spans(list(run))})."
+            )
+    return number, "as asked"
+
+
+# ------------------------------------------------------------------------------------------------------ series
+def series(summary: Mapping[str, Any], quantity: str) -> tuple[list[Any], list[float]]:
+    """``(x, y)`` of one quantity of one summary: per layer, per ε, or per threshold τ (NaN for a missing value)."""
+
+    def number(value: Any) -> float:
+        return math.nan if value is None else float(value)
+
+    layers = list(summary.get("layers") or [])
+    if quantity in ("cos", "cka"):
+        matrix = summary.get(quantity)
+        return (layers, [number(row[-1]) for row in matrix]) if matrix else ([], [])
+    if quantity in ("accuracy", "nc1"):
+        values = summary.get(quantity)
+        return (layers, [number(value) for value in values]) if values else ([], [])
+    if quantity == "effective_depth":
+        depth = summary.get("effective_depth") or {}
+        order = sorted(depth, key=float)
+        return [float(eps) for eps in order], [number(depth[eps]) for eps in order]
+    if quantity in ("early_exit_accuracy", "early_exit_speedup"):
+        rows = summary.get("early_exit") or []
+        field = quantity.rsplit("_", 1)[1]
+        return [float(row["threshold"]) for row in rows], [number(row.get(field)) for row in rows]
+    raise KeyError(quantity)
+
+
+def comparison_rows(
+    groups: Sequence[Group], summaries: Sequence[Mapping[str, Any]], confidence: float = 0.95
+) -> list[Row]:
+    """Every quantity's rows: for each group and point, the mean and t-interval over its runs' ``summaries``.
+
+    A point some run lacks counts as NaN for that run; a quantity no run has is left out.
+    """
+    rows: list[Row] = []
+    for quantity in QUANTITIES:
+        drawn = [series(summary, quantity) for summary in summaries]
+        points = list(dict.fromkeys(x for xs, _ in drawn for x in xs))
+        if not points:
+            continue
+        for group in groups:
+            for point in points:
+                values = []
+                for index in group.members:
+                    xs, ys = drawn[index]
+                    values.append(ys[xs.index(point)] if point in xs else math.nan)
+                mean, half, _ = t_interval(values, confidence)
+                rows.append(Row(quantity, group.label, len(group.members), point, mean, half, tuple(values)))
+    return rows
+
+
+def layer_counts(summaries: Sequence[Mapping[str, Any]]) -> list[int]:
+    """Each summary's number of layers."""
+    return [len(summary.get("layers") or []) for summary in summaries]
+
+
+# ------------------------------------------------------------------------------------------------------ table
+CSV_FIELDS = ("quantity", "group", "seeds", "x", "mean", "half_width", "low", "high", "values")
+
+
+def _plain(value: float) -> str:
+    return "" if not math.isfinite(value) else repr(float(value))
+
+
+def csv_rows(rows: Sequence[Row]) -> list[dict[str, str]]:
+    """The table's rows as CSV fields, numbers at full precision (``values``: each run's, separated by spaces)."""
+    return [
+        {
+            "quantity": row.quantity,
+            "group": row.group,
+            "seeds": str(row.seeds),
+            "x": f"{row.x:g}" if isinstance(row.x, float) else str(row.x),
+            "mean": _plain(row.mean),
+            "half_width": _plain(row.half_width),
+            "low": _plain(row.low),
+            "high": _plain(row.high),
+            "values": " ".join(_plain(value) or "nan" for value in row.values),
+        }
+        for row in rows
+    ]
+
+
+def markdown(rows: Sequence[Row], heading: str) -> str:
+    """One Markdown table per quantity: a row per point, a column per group with ``mean ± half-width``."""
+    lines = [f"# {heading}", ""]
+    for quantity in dict.fromkeys(row.quantity for row in rows):
+        of = [row for row in rows if row.quantity == quantity]
+        groups = list(dict.fromkeys(row.group for row in of))
+        seeds = {row.group: row.seeds for row in of}
+        points = list(dict.fromkeys(row.x for row in of))
+        x_name = POSITIONS.get(quantity, "layer")
+        lines += [f"## {QUANTITIES[quantity]}", ""]
+        lines.append("| " + " | ".join([x_name, *(f"{g} (n={seeds[g]})" for g in groups)]) + " |")
+        lines.append("|" + " --- |" * (len(groups) + 1))
+        for point in points:
+            cells = []
+            for group in groups:
+                row = next(r for r in of if r.group == group and r.x == point)
+                if not math.isfinite(row.mean):
+                    cells.append("n/a")
+                elif math.isfinite(row.half_width):
+                    cells.append(f"{row.mean:.4f} ± {row.half_width:.4f}")
+                else:
+                    cells.append(f"{row.mean:.4f}")
+            shown = f"{point:g}" if isinstance(point, float) else str(point)
+            lines.append("| " + " | ".join([shown, *cells]) + " |")
+        lines.append("")
+    return "\n".join(lines)
