@@ -26,9 +26,10 @@ only by a marker, the legend folded away. So each per-layer scalar (``val/acc/la
 its layer, ``<run folder>/layers/layer_03/``, under the tag without the layer (``val/acc``), as
 ``SummaryWriter.add_scalars`` writes its series: the Scalars tab then draws one chart per quantity with a line per
 layer, each in its run's colour, the run (the layer) in the tooltip and the run selector (:class:`LayerRuns`, global
-rank zero). :func:`log_tensorboard_charts` also logs each chart as an image (``figures/curves.py``: the figures'
-colour per layer and a legend) under ``layerwise <stage>/<title>``, the Custom Scalars' section and chart names: one
-image per chart at each figure epoch, drawn off the loop like the figures.
+rank zero); the Custom Scalars' per-layer charts read those runs too (:func:`custom_scalars_regex`), a colour per
+layer there as well. :func:`log_tensorboard_charts` also logs each chart as an image (``figures/curves.py``: the
+figures' colour per layer and a legend) under ``layerwise <stage>/<title>``, the Custom Scalars' section and chart
+names: one image per chart at each figure epoch, drawn off the loop like the figures.
 """
 
 import math
@@ -113,6 +114,7 @@ def run_folder(trainer: Trainer) -> str:
 
 
 LAYER_TAG = re.compile(r"(?P<tag>.+)/(?P<layer>layer_\d+)")  # a per-layer scalar: val/acc/layer_03
+PER_LAYER = r"/layer_\d+"  # how a per-layer chart's regex ends (``acc/layer_\d+``)
 
 
 class LayerRuns:
@@ -154,6 +156,18 @@ class LayerRuns:
 
             self._writers[folder] = SummaryWriter(log_dir=str(folder))
         return self._writers[folder]
+
+
+def custom_scalars_regex(regex: str) -> str:
+    r"""A chart's tag regex for the Custom Scalars: a per-layer chart (``val/acc/layer_\d+``) draws the layer runs' tag.
+
+    ``^val/acc$`` matches that tag in every layer's run (:class:`LayerRuns`), so the Custom Scalars draw a line per
+    layer in its run's colour, the layers named in the run list (and the run's own ``val/acc``, the last layer as the
+    model logs it, where it has one); any other chart (``val/early_exit/accuracy/.*``) keeps the run's own tags.
+    """
+    if regex.endswith(PER_LAYER):
+        return f"^{regex[: -len(PER_LAYER)]}$"
+    return regex
 
 
 def _tensorboard_folder(experiment: Any) -> Optional[Path]:
