@@ -82,7 +82,7 @@ class AlternatingAligned(Aligned):
 
     def _log_window_means(self, objective: str, loss: Tensor) -> None:
         """Log each objective's mean loss over the current logging window (on the device: no sync)."""
-        every = self.trainer.log_every_n_steps
+        every = self.trainer.log_every_n_steps  # type: ignore[attr-defined]  # set by Lightning's logger connector
         window = self.trainer.global_step // every if every > 0 else 0  # Lightning writes each window's last step
         if window != self._window:
             self._window, self._sums = window, {}
