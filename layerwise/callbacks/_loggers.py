@@ -3,9 +3,9 @@
 =================================  ==========================================  ====================================
 logger                             figures (rendered once, RGB uint8 arrays)   per-layer charts
 =================================  ==========================================  ====================================
-``TensorBoardLogger`` (any logger  ``SummaryWriter.add_image``                 Custom Scalars (``write_charts``)
-whose experiment has ``add_image``)                                             and a chart image per quantity, a
-                                                                                colour per layer (see below)
+``TensorBoardLogger`` (any logger  ``SummaryWriter.add_image``                 a run per layer (:class:`LayerRuns`),
+whose experiment has ``add_image``)                                             Custom Scalars (``write_charts``) and
+                                                                                a chart image per quantity (below)
 ``WandbLogger``                    ``WandbLogger.log_image``                   ``wandb.plot.line_series`` per quantity
 ``MLFlowLogger``                   ``MlflowClient.log_image(key=, step=)``     its metrics, layer in the key
 ``CSVLogger``, no logger, any      PNG files under                             the CSV's columns
@@ -21,12 +21,15 @@ under a lock (the design before the other loggers came); ``MlflowClient`` calls 
 store and artifact repository (MLflow's own asynchronous logging makes them from its worker threads), given a run id
 resolved on the main thread; the PNG files are layerwise's own.
 
-TensorBoard's Custom Scalars draw all layers of a chart in the run's one colour, told apart only by a marker, the
-legend folded away. :func:`log_tensorboard_charts` therefore logs each chart as an image too (``figures/curves.py``:
-a colour per layer, the figures' colours, and a legend) under ``layerwise <stage>/<title>``, the Custom Scalars'
-section and chart names: one image per chart at each figure epoch, drawn off the loop like the figures. (One
-TensorBoard run per layer would colour the Custom Scalars themselves, but it needs a SummaryWriter per layer and the
-scalars logged twice, and fills the run selector with 6-24 runs per fit.)
+TensorBoard colours runs, not tags: its Custom Scalars draw all layers of a chart in the run's one colour, told apart
+only by a marker, the legend folded away. So each per-layer scalar (``val/acc/layer_03``) is also written to a run of
+its layer, ``<run folder>/layers/layer_03/``, under the tag without the layer (``val/acc``), as
+``SummaryWriter.add_scalars`` writes its series: the Scalars tab then draws one chart per quantity with a line per
+layer, each in its run's colour, the run (the layer) in the tooltip and the run selector (:class:`LayerRuns`, global
+rank zero); the Custom Scalars' per-layer charts read those runs too (:func:`custom_scalars_regex`), a colour per
+layer there as well. :func:`log_tensorboard_charts` also logs each chart as an image (``figures/curves.py``: the
+figures' colour per layer and a legend) under ``layerwise <stage>/<title>``, the Custom Scalars' section and chart
+names: one image per chart at each figure epoch, drawn off the loop like the figures.
 """
 
 import math
@@ -34,7 +37,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 from lightning.pytorch import Trainer
@@ -108,6 +111,69 @@ def run_folder(trainer: Trainer) -> str:
     else:
         folder = first.save_dir
     return str(folder or trainer.default_root_dir)
+
+
+LAYER_TAG = re.compile(r"(?P<tag>.+)/(?P<layer>layer_\d+)")  # a per-layer scalar: val/acc/layer_03
+PER_LAYER = r"/layer_\d+"  # how a per-layer chart's regex ends (``acc/layer_\d+``)
+
+
+class LayerRuns:
+    """One TensorBoard run per layer beside each TensorBoard run of the trainer, for a line per layer on one chart.
+
+    ``log`` writes every per-layer scalar ``<tag>/layer_XX`` as ``<tag>`` at ``step`` into the run
+    ``<run folder>/layers/layer_XX/`` of each TensorBoard logger (its own ``SummaryWriter``, flushed after each
+    evaluation, so that a running TensorBoard shows it); ``close`` flushes and closes them (teardown, exception; a
+    later ``log`` opens them again, as a ``test`` after a ``fit`` does). Global rank zero only, main thread.
+    """
+
+    def __init__(self) -> None:
+        self._writers: dict[Path, Any] = {}
+
+    def log(self, trainer: Trainer, scalars: dict[str, Any], step: int) -> None:
+        """Write the per-layer ones of ``scalars`` (tag -> number) to the layer runs of every TensorBoard logger."""
+        layers: dict[str, dict[str, float]] = {}
+        for tag, value in scalars.items():
+            match = LAYER_TAG.fullmatch(tag)
+            if match:
+                layers.setdefault(match["layer"], {})[match["tag"]] = float(value)
+        folders = [folder for folder in map(_tensorboard_folder, tensorboards(trainer)) if folder is not None]
+        for folder in dict.fromkeys(folders) if layers else ():
+            for layer, values in sorted(layers.items()):
+                writer = self._writer(folder / "layers" / layer)
+                for tag, value in values.items():
+                    writer.add_scalar(tag, value, global_step=step)
+                writer.flush()
+
+    def close(self) -> None:
+        """Flush and close every layer run's writer."""
+        writers, self._writers = self._writers, {}
+        for writer in writers.values():
+            writer.close()
+
+    def _writer(self, folder: Path) -> Any:
+        if folder not in self._writers:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._writers[folder] = SummaryWriter(log_dir=str(folder))
+        return self._writers[folder]
+
+
+def custom_scalars_regex(regex: str) -> str:
+    r"""A chart's tag regex for the Custom Scalars: a per-layer chart (``val/acc/layer_\d+``) draws the layer runs' tag.
+
+    ``^val/acc$`` matches that tag in every layer's run (:class:`LayerRuns`), so the Custom Scalars draw a line per
+    layer in its run's colour, the layers named in the run list (and the run's own ``val/acc``, the last layer as the
+    model logs it, where it has one); any other chart (``val/early_exit/accuracy/.*``) keeps the run's own tags.
+    """
+    if regex.endswith(PER_LAYER):
+        return f"^{regex[: -len(PER_LAYER)]}$"
+    return regex
+
+
+def _tensorboard_folder(experiment: Any) -> Optional[Path]:
+    """The run folder of a TensorBoard experiment (torch's ``SummaryWriter.log_dir``, tensorboardX's ``logdir``)."""
+    folder = getattr(experiment, "log_dir", None) or getattr(experiment, "logdir", None)
+    return Path(folder) if isinstance(folder, (str, Path)) else None
 
 
 def _tensorboard_images(experiment: Any) -> ImageSink:

@@ -13,7 +13,14 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import Metric
 
 from layerwise.callbacks._drawing import FigureJob, wait_for_figures
-from layerwise.callbacks._loggers import History, chart_loggers, log_layer_charts, log_tensorboard_charts
+from layerwise.callbacks._loggers import (
+    History,
+    LayerRuns,
+    chart_loggers,
+    custom_scalars_regex,
+    log_layer_charts,
+    log_tensorboard_charts,
+)
 from layerwise.callbacks._output import _log_dir, log_figures_later, log_scalars, show, write_charts
 from layerwise.callbacks._sampling import evaluation_loaders, real_samples_on_rank, take_real
 from layerwise.callbacks._schedule import analyses_now, draws_figures, last_step_unvalidated
@@ -33,7 +40,8 @@ class RunRecord:
     is moved aside, :func:`~layerwise.results.merge_summary`); ``shown``: the summary paths already printed (the
     console names each once); ``layout``: the Custom Scalars layout every callback adds its charts to (TensorBoard
     shows the last one a run wrote); ``history``: per stage, the scalars of every analysed evaluation so far, for the
-    per-layer line plots of W&B and TensorBoard's chart images.
+    per-layer line plots of W&B and TensorBoard's chart images; ``layer_runs``: TensorBoard's run per layer, where
+    the per-layer scalars are written for a line per layer on one chart (closed at teardown and on an exception).
     """
 
     trainer: "weakref.ref[Trainer]"
@@ -41,6 +49,7 @@ class RunRecord:
     shown: set[str] = field(default_factory=set)
     layout: Layout = field(default_factory=dict)
     history: dict[str, History] = field(default_factory=dict)
+    layer_runs: LayerRuns = field(default_factory=LayerRuns)
 
     def where(self, path: Any) -> str:
         """``"-> path"`` the first time a summary path is shown in this run, ``""`` after (one arrow, one mention)."""
@@ -96,13 +105,15 @@ class AnalysisCallback(Callback):
        plain torchmetrics ``Metric`` syncs itself in its ``compute``), :meth:`compute` (the global results), the
        :meth:`scalars` logged through Lightning as ``<stage>/<name>`` at ``trainer.global_step`` (already global:
        no sync); then on global rank zero their Custom Scalars :meth:`charts` (those with a logged scalar), the
-       results made JSON and merged into the evaluation's summary
-       (``<log_dir>/layerwise/<stage>_epoch_..._step_....json``) as :meth:`summary_entries` (under :attr:`key`),
-       the console :meth:`line` with the summary's path, and, when ``log_figures`` and the figure schedule say so,
-       the figures of the JSON results (:attr:`figures`, or the package's own: the function ``layerwise plot``
-       draws the summary file with) drawn in the drawing process off the training loop, with the per-layer line
-       plots of W&B and TensorBoard's chart images of the :meth:`charts` over the run so far.
-    5. ``on_exception`` and ``teardown``: :meth:`stop`, and the figures already enqueued reach the logger first.
+       per-layer scalars (``.../layer_XX``) in TensorBoard's run of each layer, the results made JSON and merged
+       into the evaluation's summary (``<log_dir>/layerwise/<stage>_epoch_..._step_....json``) as
+       :meth:`summary_entries` (under :attr:`key`), the console :meth:`line` with the summary's path, and, when
+       ``log_figures`` and the figure schedule say so, the figures of the JSON results (:attr:`figures`, or the
+       package's own: the function ``layerwise plot`` draws the summary file with) drawn in the drawing process off
+       the training loop, with the per-layer line plots of W&B and TensorBoard's chart images of the :meth:`charts`
+       over the run so far.
+    5. ``on_exception`` and ``teardown``: :meth:`stop`, the figures already enqueued reach the logger first, and
+       the layer runs' writers are flushed and closed.
 
     What the callbacks of one run share (the summary's run id, the paths shown, the charts' layout, the scalars'
     history) is a :class:`RunRecord` held by the first analysis callback of the trainer, not module state.
@@ -278,10 +289,16 @@ class AnalysisCallback(Callback):
         wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it
         self.stop()
         self._active, self.dataloader_idx = False, None
+        self._close_layer_runs()
 
     def teardown(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it
         self.stop()
+        self._close_layer_runs()
+
+    def _close_layer_runs(self) -> None:
+        if self._record is not None:  # a record exists on global rank zero only (made in its report)
+            self._record.layer_runs.close()
 
     def _report(self, trainer: Trainer, pl_module: LightningModule) -> None:
         """Reduce, compute, log (every rank: collectives); write, print and draw (global rank zero)."""
@@ -296,8 +313,9 @@ class AnalysisCallback(Callback):
         charts = {title: f"{stage}/{regex}" for title, regex in self.charts().items()}
         charts = {title: regex for title, regex in charts.items() if any(re.fullmatch(regex, tag) for tag in scalars)}
         if charts:  # only charts with a scalar: no empty chart (no perplexity of a vision model)
-            layout = {f"{stage} {title}": ["Multiline", [regex]] for title, regex in charts.items()}
+            layout = {f"{stage} {title}": ["Multiline", [custom_scalars_regex(tags)]] for title, tags in charts.items()}
             record.add_charts(trainer, {f"layerwise {stage}": layout})
+        record.layer_runs.log(trainer, scalars, step)
         written = to_json(results)
         header = {"stage": stage, "epoch": trainer.current_epoch, "global_step": step}
         summary = {**header, **self.summary_entries(written)}

@@ -24,11 +24,13 @@ class AlternatingAligned(Aligned):
         alternate_by: ``"optimizer_step"`` (default) or ``"micro_batch"``.
         Others (sampled exits included, which then apply on the aligned steps): see :class:`Aligned`.
 
-    Logged keys: ``train/loss_last`` and ``train/loss_aligned``, each objective under its own name on the steps it
-    runs (a logger writes every ``log_every_n_steps``; a key not logged at that step keeps its latest value, so with
-    an even ``log_every_n_steps`` — every written step an aligned one — the last-layer curve still exists, from the
-    step before); ``train/aligned_step`` (1 when the step used the aligned loss); plus those of the base
-    (``train/loss`` is the objective of the step).
+    Logged keys: ``train/loss_last`` and ``train/loss_aligned``, each the mean of that objective's losses over the
+    steps since the logger last wrote (the window of ``log_every_n_steps`` optimizer steps ending at the written
+    one), so both are curves of their own steps whatever ``log_every_n_steps`` is: with an even one every written
+    step is an aligned step, and a value of that step alone would never show the last-layer objective (with
+    ``log_every_n_steps: 1`` a window holds one step: the other objective's curve repeats its latest mean). Plus
+    those of the base: ``train/loss`` and ``train/acc`` are the written step's own (the progress bar's), of one
+    objective only at an even ``log_every_n_steps``.
     """
 
     def __init__(
@@ -62,6 +64,8 @@ class AlternatingAligned(Aligned):
                 f"`--model.init_args.alternate_by={alternate_by!r}` must be 'optimizer_step' or 'micro_batch'."
             )
         self.alternate_by = alternate_by
+        self._window: Optional[int] = None  # the logging window of the sums below
+        self._sums: dict[str, tuple[Tensor, int]] = {}  # objective -> (sum of its losses, steps) in that window
 
     def step_number(self) -> int:
         """The 1-based step that decides the objective of the current training batch."""
@@ -71,8 +75,18 @@ class AlternatingAligned(Aligned):
 
     def compute_loss(self, outputs: dict[str, Tensor]) -> Tensor:
         aligned = self.step_number() % 2 == 0
-        self.log("train/aligned_step", float(aligned))
         loss = self.aligned_loss(outputs) if aligned else self.last_layer_loss(outputs)
         self.objective = "aligned" if aligned else "last"  # which loss this batch's train/loss is (progress lines)
-        self.log(f"train/loss_{self.objective}", loss)
+        self._log_window_means(self.objective, loss)
         return loss
+
+    def _log_window_means(self, objective: str, loss: Tensor) -> None:
+        """Log each objective's mean loss over the current logging window (on the device: no sync)."""
+        every = self.trainer.log_every_n_steps  # type: ignore[attr-defined]  # set by Lightning's logger connector
+        window = self.trainer.global_step // every if every > 0 else 0  # Lightning writes each window's last step
+        if window != self._window:
+            self._window, self._sums = window, {}
+        total, count = self._sums.get(objective, (loss.new_zeros(()), 0))
+        self._sums[objective] = (total + loss.detach(), count + 1)
+        for name, (total, count) in self._sums.items():
+            self.log(f"train/loss_{name}", total / count)

@@ -111,7 +111,7 @@ def test_the_example_logs_its_scalars_chart_and_figure(tmp_path, capsys):
     for layer, mean in zip(summary["feature_norm"]["layers"], summary["feature_norm"]["mean"]):
         (event,) = accumulator.Scalars(f"val/feature_norm/layer_{layer:02d}")
         assert event.value == np.float32(mean)
-    assert layout(accumulator) == {"val feature norm per layer": r"val/feature_norm/layer_\d+"}
+    assert layout(accumulator) == {"val feature norm per layer": r"^val/feature_norm$"}  # its tag in the layer runs
     # its figure, and its chart drawn as an image (a colour per layer), as every analysis callback's charts are
     assert sorted(accumulator.Tags()["images"]) == ["layerwise val/feature norm per layer", "val/feature_norm"]
     assert "mean feature norm (layer 1 -> 4)" in capsys.readouterr().out
@@ -127,10 +127,17 @@ def test_residual_ratio_charts_share_the_runs_layout_and_its_figure_the_schedule
     charts = layout(accumulator)
     scalars = accumulator.Tags()["scalars"]
     for branch in ("block", "attention", "mlp"):
-        pattern = charts[f"val residual ratio {branch} per layer"]
-        assert sorted(tag for tag in scalars if re.fullmatch(pattern, tag)) == [
+        assert sorted(tag for tag in scalars if tag.startswith(f"val/residual_ratio/{branch}/")) == [
             f"val/residual_ratio/{branch}/layer_{layer:02d}" for layer in range(1, 5)
         ]
+        pattern = charts[f"val residual ratio {branch} per layer"]  # the layer runs' tag: a line per layer
+        layer_runs = sorted((Path(logger.log_dir) / "layers").iterdir())
+        drawn = [
+            run.name
+            for run in layer_runs
+            if any(re.fullmatch(pattern, tag) for tag in events(str(run)).Tags()["scalars"])
+        ]
+        assert drawn == [f"layer_{layer:02d}" for layer in range(1, 5)]
     assert "val accuracy per layer" in charts  # the monitor's charts stay in the one layout
 
     drawn = {tag: [event.step for event in accumulator.Images(tag)] for tag in ("val/cos", "val/residual_norm_ratio")}

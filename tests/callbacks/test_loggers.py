@@ -13,8 +13,9 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
-from helpers import fitted_module, train_loader, trainer, val_loader
+from helpers import fitted_backbone, fitted_module, train_loader, trainer, val_loader
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from PIL import Image
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -153,6 +154,84 @@ def test_tensorboard_wandb_and_mlflow_at_once_receive_the_same_images_and_per_la
     for tag, values in scalars.items():
         history = client.get_metric_history(mlflow.run_id, tag)
         assert np.allclose([metric.value for metric in sorted(history, key=lambda m: m.step)], values), tag
+
+
+@pytest.fixture
+def closed_writers(monkeypatch) -> list[Path]:
+    """The folders of the ``SummaryWriter``s closed during the test, in order."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    closed, close = [], SummaryWriter.close
+
+    def spy(self):
+        closed.append(Path(self.log_dir))
+        close(self)
+
+    monkeypatch.setattr(SummaryWriter, "close", spy)
+    return closed
+
+
+class FailsInTheSecondEpoch(type(fitted_module())):
+    """Raises at the second epoch's first training step, after one analysed validation."""
+
+    def training_step(self, batch, batch_idx):
+        if self.current_epoch == 1:
+            raise RuntimeError("the machine went away")
+        return super().training_step(batch, batch_idx)
+
+
+def test_tensorboard_gets_a_run_per_layer_with_one_tag_per_quantity_beside_the_run(tmp_path, closed_writers):
+    """``<run>/layers/layer_XX/`` holds ``val/acc``, ... at the summaries' steps; CSV beside it is untouched."""
+    tensorboard, csv = TensorBoardLogger(str(tmp_path), name="tb"), CSVLogger(str(tmp_path), name="csv")
+    fit = trainer(tmp_path, [LayerwiseAnalysis()], logger=[tensorboard, csv], max_epochs=2, limit_train_batches=1)
+    module = fitted_module()
+    fit.fit(module, train_loader(), val_loader(N))
+    fit.test(module, val_loader(N))  # after the fit's teardown closed them: the layer runs open again
+
+    run = Path(tensorboard.log_dir)
+    layers = sorted(folder.name for folder in (run / "layers").iterdir())
+    summaries = [load_summary(path) for path in find_summaries(run, all_epochs=True)]
+    assert layers == [f"layer_{n:02d}" for n in summaries[0]["layers"]] and len(layers) == 4
+    main = tensorboard_scalars(str(run), r".+/layer_\d+")  # what the run itself has, with the layer in the tag
+    quantities = {tag.rsplit("/", 1)[0] for tag in main}
+    assert {"val/acc", "val/loss", "val/cos_to_last", "val/cka_to_last", "val/nc1", "test/acc"} <= quantities
+    for layer in layers:
+        events = EventAccumulator(str(run / "layers" / layer), size_guidance={"scalars": 0})
+        events.Reload()
+        assert set(events.Tags()["scalars"]) == quantities, layer  # the same tag in every layer's run
+        for quantity in quantities:
+            points = sorted((event.step, event.value) for event in events.Scalars(quantity))
+            assert [value for _, value in points] == pytest.approx(main[f"{quantity}/{layer}"], rel=1e-6)
+        row = summaries[0]["layers"].index(int(layer.split("_")[1]))
+        for stage in ("val", "test"):  # the accuracy against the JSON summaries, step by step
+            mine = [summary for summary in summaries if summary["stage"] == stage]
+            points = sorted((event.step, event.value) for event in events.Scalars(f"{stage}/acc"))
+            assert [step for step, _ in points] == [summary["global_step"] for summary in mine], (layer, stage)
+            expected = [summary["accuracy"][row] for summary in mine]
+            assert [value for _, value in points] == pytest.approx(expected, abs=1e-6), (layer, stage)
+    assert len({value for layer in layers for value in main[f"val/loss/{layer}"]}) > 1  # not one constant
+    layer_closes = [folder.name for folder in closed_writers if folder.parent == run / "layers"]
+    assert layer_closes == layers + layers  # closed at the fit's teardown, opened again by the test and closed
+    assert not (Path(csv.log_dir) / "layers").exists()
+    columns = pd.read_csv(Path(csv.log_dir) / "metrics.csv").columns
+    assert {f"val/acc/{layer}" for layer in layers} <= set(columns)
+
+
+def test_the_layer_runs_are_closed_when_the_fit_fails(tmp_path, closed_writers):
+    tensorboard = TensorBoardLogger(str(tmp_path), name="tb")
+    fit = trainer(tmp_path, [LayerwiseAnalysis(log_figures=False)], logger=tensorboard, max_epochs=2)
+    with pytest.raises(RuntimeError, match="went away"):
+        fit.fit(FailsInTheSecondEpoch(fitted_backbone()).train(), train_loader(), val_loader(N))
+    run = Path(tensorboard.log_dir)
+    assert [folder.name for folder in closed_writers if folder.parent == run / "layers"] == [
+        "layer_01",
+        "layer_02",
+        "layer_03",
+        "layer_04",
+    ]
+    events = EventAccumulator(str(run / "layers" / "layer_01"), size_guidance={"scalars": 0})
+    events.Reload()
+    assert len(events.Scalars("val/acc")) == 1  # the one validation before the failure, written in full
 
 
 def test_csv_logger_gets_png_files_in_its_run_folder_never_overwritten(tmp_path):

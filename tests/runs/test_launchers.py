@@ -144,6 +144,9 @@ def run_cell(root: Path, launcher: str) -> dict:
     results["lines"]["fit"] = check_finished(fitted, "fit")
     results["fit"] = summaries(root / "runs" / "quickstart" / "version_0")
     assert results["fit"], f"no summary under {root}"
+    layers = sorted((root / "runs" / "quickstart" / "version_0" / "layers").iterdir())
+    events = [len(list(folder.glob("events.out.tfevents.*"))) for folder in layers]
+    assert layers and events == [1] * len(layers), events  # TensorBoard's run per layer, written by global rank zero
     return results
 
 
