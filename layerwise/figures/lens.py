@@ -4,7 +4,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from layerwise.figures.style import NOTE_SIZE, Figure, colorbar, finish, new_figure
+from layerwise.figures.style import Figure, colorbar, finish, new_figure, sizes
 
 
 def _visible(token: str) -> str:
@@ -38,7 +38,7 @@ def lens_figure(
         for col in range(num_positions):
             color = "black" if probs[row, col] > 0.6 else "white"
             ax.text(
-                col, row, _figure_text(tokens[row][col]), ha="center", va="center", fontsize=NOTE_SIZE - 1, color=color
+                col, row, _figure_text(tokens[row][col]), ha="center", va="center", fontsize=sizes().note, color=color
             )
     step = max(1, num_rows // 16)
     ax.set_yticks(np.arange(0, num_rows, step), [str(layers[i]) for i in range(0, num_rows, step)])
@@ -48,5 +48,5 @@ def lens_figure(
     ax.set_title(f"shared head per layer: {_figure_text(prompt, limit=40)}")
     colorbar(fig, image, ax, "probability")
     finish(fig)
-    ax.tick_params(axis="x", labelsize=NOTE_SIZE)  # tokens, as narrow as a cell
+    ax.tick_params(axis="x", labelsize=sizes().note)  # tokens, as narrow as a cell
     return fig
