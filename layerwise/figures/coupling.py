@@ -35,13 +35,17 @@ def depth_coupling(coupling: dict[str, Any]) -> Figure:
     grid = fig.subplots(1, len(ks) + 1, squeeze=False, gridspec_kw={"width_ratios": [1.0] * len(ks) + [0.06]})[0]
     axes, bar_axes = grid[:-1], grid[-1]  # the colorbar in its own column: it never covers a panel
     set_margins(fig, left=p.left, right=p.colorbar, bottom=p.bottom, top=top)
-    fig.subplots_adjust(wspace=0.35)
+    fig.subplots_adjust(wspace=0.15)
     vmax = max(1.0, float(np.nanmax(matrices))) if np.isfinite(matrices).any() else 1.0
-    for ax, matrix, k, score in zip(axes, matrices, ks, scores):
+    for index, (ax, matrix, k, score) in enumerate(zip(axes, matrices, ks, scores)):
         image = ax.imshow(matrix, cmap="magma_r", vmin=0.0, vmax=vmax, aspect="auto")
+        if index:  # one block axis for the row of panels, labelled on the first
+            ax.sharey(axes[0])
+            ax.tick_params(labelleft=False)
+        else:
+            ax.set_ylabel("block i")
         layer_ticks(ax, layers, most=8)
         ax.set_xlabel("block j (basis)")
-        ax.set_ylabel("block i")
         ax.set_title(f"K = {k}\ncoupling {score:.3f}" if score is not None else f"K = {k}")
     colorbar(fig, image, bar_axes, "mis-coupling", own_axes=True)
     fig.suptitle(f"depth-wise mis-coupling ({coupling['num_prompts']} prompts, token {coupling['token']})")

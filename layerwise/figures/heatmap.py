@@ -33,7 +33,7 @@ def heatmap(matrix: Any, layers: Sequence[int], title: str, quantity: str = "cos
     ax.set_ylabel("layer")
     ax.set_title(title)
     if finite.size == 0:
-        no_data_note(ax, f"{SIMILARITY_LABELS[quantity]} values")
+        no_data_note(ax, f"{quantity.upper()} values")
     if values.ndim != 2 or values.size == 0:  # nothing analysed: no image to draw
         return finish(fig)
     fit_to_cells(fig, ax, *values.shape)

@@ -45,7 +45,7 @@ def lens_figure(
     ax.set_xticks(np.arange(num_positions), [_figure_text(token) for token in generated])
     ax.set_xlabel("generated token")
     ax.set_ylabel("layer")
-    ax.set_title(f"shared head per layer: {_figure_text(prompt, limit=40)}")
+    ax.set_title(f"shared head per layer: {_figure_text(prompt, limit=40 if sizes().width > 5 else 16)}")
     colorbar(fig, image, ax, "probability")
     finish(fig)
     ax.tick_params(axis="x", labelsize=sizes().note)  # tokens, as narrow as a cell

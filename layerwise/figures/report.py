@@ -220,8 +220,13 @@ def _encoded(summary: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _png(figure: Any) -> str:
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=FIGURE_DPI)
+    """``figure`` as a base64 PNG at :data:`FIGURE_DPI`, in 256 colours: a quarter of the bytes of full colour."""
+    from PIL import Image  # matplotlib's own dependency
+
+    drawn, buffer = io.BytesIO(), io.BytesIO()
+    figure.savefig(drawn, format="png", dpi=FIGURE_DPI)
+    image = Image.open(drawn).convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE)
+    image.save(buffer, format="png", optimize=True, dpi=(FIGURE_DPI, FIGURE_DPI))
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 

@@ -417,10 +417,11 @@ def stamp(fig: Figure, line: str) -> Figure:
     width = fig.canvas.get_renderer().get_text_width_height_descent(line, font, ismath=False)[0] / fig.dpi
     if width > 0.9 * fig.get_size_inches()[0] and " · " in line:
         line = line.replace(" · ", "\n", 1)
-    if previous is not None and text.endswith(previous):
+    replaced = previous is not None and text.endswith(previous)
+    if replaced:
         text = text[: -len(previous)].rstrip("\n")
-    elif text:
-        added = sizes().title_line * (line.count("\n") + 1)
+    if text:  # room for the line's lines (beyond the replaced line's)
+        added = sizes().title_line * (line.count("\n") + 1 - (previous.count("\n") + 1 if replaced else 0))
         width, height = fig.get_size_inches()
         fig.set_size_inches(width, height + added)
         set_margins(fig, top=getattr(fig, "_layerwise_margins", {}).get("top", 0.1 + sizes().title_line) + added)
@@ -430,14 +431,14 @@ def stamp(fig: Figure, line: str) -> Figure:
 
 
 def fit_to_cells(fig: Figure, ax: Any, rows: int, columns: int) -> None:
-    """Make the canvas as high as square cells of a ``rows`` x ``columns`` image in ``ax`` need (within 1.5x).
+    """Make the canvas as high as square cells of a ``rows`` x ``columns`` image in ``ax`` need (within 1.5x, <= 4 in).
 
     The margins are kept in inches; draw the image with ``aspect="auto"``, so that its colorbar is as high as it is.
     """
     width, height = fig.get_size_inches()
     box = ax.get_position()
     axes_width, axes_height = box.width * width, box.height * height
-    wanted = min(max(axes_width * rows / max(1, columns), axes_width / 1.5), axes_width * 1.5)
+    wanted = min(max(axes_width * rows / max(1, columns), axes_width / 1.5), axes_width * 1.5, 4.0)  # <= 4 in
     fig.set_size_inches(width, height + wanted - axes_height)
     set_margins(fig)
 
