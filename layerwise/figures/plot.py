@@ -48,8 +48,8 @@ def plot(
 ) -> None:
     """Render the paper-style figures of layerwise summaries to PNG/PDF/SVG.
 
-    COS/CKA heatmaps, similarity to the last layer with the accuracy per layer, the saturation histogram, exits per
-    layer and the ε-effective depth.
+    COS/CKA heatmaps, similarity to the last layer with the accuracy per layer, the saturation histogram, early exit
+    (threshold × exit layer) and the ε-effective depth.
 
     Args:
         path: a summary JSON, a run folder, or a folder of runs (``runs/quickstart``): then its latest fit run, the

@@ -108,8 +108,8 @@ class Print:
 
 # The two widths a journal prints a figure at, and nothing else: every figure is drawn natively at one of them
 PRINTS = {
-    "column": Print(3.3, 8, 7.5, 7, 7, 7, 0.6, 0.42, 0.12, 0.6, 0.5, 0.16),
-    "page": Print(6.9, 10, 9, 8, 8, 7, 0.72, 0.52, 0.2, 0.75, 0.55, 0.2),
+    "column": Print(3.3, 8, 7.5, 7, 7, 7, 0.6, 0.42, 0.12, 0.6, 0.62, 0.16),
+    "page": Print(6.9, 10, 9, 8, 8, 7, 0.72, 0.52, 0.2, 0.75, 0.7, 0.2),
 }
 Width = Literal["column", "page"]
 MIN_TEXT_SIZE = 7  # points: the smallest text a journal prints
@@ -370,7 +370,8 @@ def cell_values(fig: Figure, ax: Any, image: Any, values: np.ndarray, most: int 
     """Write each cell's value in the cells of ``image`` (up to ``most`` rows and columns); returns whether written.
 
     In black or white as the cell is light or dark, with the fewest decimals dropped that make every value fit its
-    cell: ``0.95``, else ``.95``, else ``.9``: nothing is written where even one decimal would not fit.
+    cell: ``0.95``, else ``.95``, else ``.9`` (a negative one with a true minus, else, narrower, a hyphen): nothing is
+    written where even that would not fit.
     """
     rows, columns = values.shape
     if max(rows, columns) > most:
@@ -387,8 +388,8 @@ def cell_values(fig: Figure, ax: Any, image: Any, values: np.ndarray, most: int 
         return [text, short, short[:-1] if abs(value) < 1 else f"{value:.0f}"]
 
     finite = [(i, j, float(values[i, j])) for i in range(rows) for j in range(columns) if np.isfinite(values[i, j])]
-    for choice in range(3):
-        texts = [(i, j, v, formats(v)[choice].replace("-", "−")) for i, j, v in finite]
+    for choice, minus in ((0, "−"), (1, "−"), (2, "−"), (2, "-")):
+        texts = [(i, j, v, formats(v)[choice].replace("-", minus)) for i, j, v in finite]
         widest = max((renderer.get_text_width_height_descent(t, font, ismath=False)[0] for *_, t in texts), default=0)
         if widest <= 0.88 * cell:
             break

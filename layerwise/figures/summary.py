@@ -40,7 +40,7 @@ CAPTIONS = {
     "early_exit": "Early exit with the shared head: the share of samples exiting at each layer, per threshold τ",
     "effective_depth": "ε-effective depth: the first layer within ε of the target accuracy, a step per ε",
     "detection_ap50": "Detection AP50 of every decoder layer",
-    "residual_norm_ratio": "Residual norm ratio ||x|| / ||F(x)|| per block and branch",
+    "residual_norm_ratio": "Residual norm ratio ‖x‖ / ‖F(x)‖ per block and branch",
     "compare_cka": "CKA between the layers of model A and model B",
     "coupling_depth": "Depth-wise mis-coupling of the block Jacobians",
     "coupling_spectra": "Singular spectra of the block Jacobians",

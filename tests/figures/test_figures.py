@@ -208,6 +208,7 @@ def every_figure(num_layers: int) -> dict:
     from layerwise.figures.clip import clip_figures
     from layerwise.figures.coupling import correlation, token_coupling, trajectory_pca
     from layerwise.figures.curves import chart_figures
+    from layerwise.figures.heatmap import heatmap
     from layerwise.figures.lens import lens_figure
     from layerwise.figures.stitch import stitch_figure
     from layerwise.figures.style import stamp_all
@@ -219,6 +220,8 @@ def every_figure(num_layers: int) -> dict:
     layers = summary["layers"]
     figures = dict(summary_figures(summary))
     figures["detection_ap50"] = ap50_per_layer(summary["detection_ap50"])
+    signed = (np.asarray(summary["cos"]) - 0.7).tolist()  # a negative COS: the diverging map, signed cell values
+    figures["cos_signed"] = heatmap(signed, layers, "COS between every pair of layers")
     # as TensorBoard gets them: the callbacks' figures stamped with the run, stage, epoch and step
     figures = {
         name: stamped
