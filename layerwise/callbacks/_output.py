@@ -14,6 +14,7 @@ from layerwise.callbacks._drawing import FigureJob, draw_later, figures_in_proce
 from layerwise.callbacks._loggers import image_sinks, tensorboards
 from layerwise.callbacks.family import LayerBatch, LayerSpec
 from layerwise.errors import LayerwiseWarning
+from layerwise.figures.style import stage_name
 from layerwise.figures.summary import stamped_figures
 from layerwise.results import summary_path, write_atomic
 
@@ -65,7 +66,7 @@ def layer_table(stage: str, epoch: int, step: int, results: dict[str, Any], spec
     }
     columns = {name: values for name, values in columns.items() if values is not None}
     header = "layer " + "".join(f"{name:>13}" for name in columns)
-    lines = [f"layerwise {stage} (epoch {epoch}, step {step}):", header]
+    lines = [f"layerwise {stage_name(stage)}, epoch {epoch}, step {step}:", header]
     for row, number in enumerate(spec.layer_numbers):
         cells = "".join(f"{_cell(values[row]):>13}" for values in columns.values())
         lines.append(f"{number:>5} {cells}")

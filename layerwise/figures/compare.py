@@ -5,15 +5,14 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from layerwise.figures.style import colorbar, finish, layer_ticks, new_figure
+from layerwise.figures.style import SIMILARITY_LABELS, colorbar, finish, layer_ticks, new_figure, similarity_map
 
 
 def cka_across_models(compare: dict[str, Any]) -> Figure:
     """CKA between every layer of model A (rows) and of model B (columns), with the arccos distance if defined."""
     values = np.asarray(compare["cka"], dtype=float)
     fig, ax = new_figure(4.6, 4.0, colorbar=True)
-    finite = values[np.isfinite(values)]
-    image = ax.imshow(values, cmap="viridis", vmin=min(0.0, float(finite.min(initial=0.0))), vmax=1.0, aspect="auto")
+    image = ax.imshow(values, aspect="auto", **similarity_map(values, "cka"))
     layers_a, layers_b = compare["layers_a"], compare["layers_b"]
     layer_ticks(ax, layers_a, axis="y")
     layer_ticks(ax, layers_b, axis="x", most=8)
@@ -24,7 +23,7 @@ def cka_across_models(compare: dict[str, Any]) -> Figure:
     if compare.get("precision") == "fast":  # float32 products: say so on the figure, not only in the JSON
         title += " · fast"
     ax.set_title(title)
-    colorbar(fig, image, ax, "CKA")
+    colorbar(fig, image, ax, SIMILARITY_LABELS["cka"])
     return finish(fig)
 
 

@@ -10,6 +10,7 @@ from layerwise.figures.style import (
     FigureCanvasAgg,
     colorbar,
     finish,
+    fit_to_cells,
     layer_ticks,
     legend_below,
     legend_inside,
@@ -17,6 +18,7 @@ from layerwise.figures.style import (
     place_labels,
     plt,
     set_margins,
+    sizes,
 )
 
 
@@ -25,19 +27,26 @@ def depth_coupling(coupling: dict[str, Any]) -> Figure:
     matrices = np.asarray(coupling["depth_coupling"], dtype=float)
     ks, scores = coupling["ks"], coupling["coupling_score"]
     layers = list(range(1, matrices.shape[-1] + 1))
-    fig = Figure(figsize=(3.2 * len(ks) + 1.6, 3.8))
+    p = sizes()
+    top = 0.2 + 3 * p.title_line
+    panel = 0.75 * (p.width - p.left - p.colorbar - 0.2) / len(ks)  # about square, beside each other
+    fig = Figure(figsize=(p.width, panel + p.bottom + top))
     FigureCanvasAgg(fig)
     grid = fig.subplots(1, len(ks) + 1, squeeze=False, gridspec_kw={"width_ratios": [1.0] * len(ks) + [0.06]})[0]
     axes, bar_axes = grid[:-1], grid[-1]  # the colorbar in its own column: it never covers a panel
-    set_margins(fig, left=0.7, right=0.6, bottom=0.6, top=0.62)
-    fig.subplots_adjust(wspace=0.35)
+    set_margins(fig, left=p.left, right=p.colorbar, bottom=p.bottom, top=top)
+    fig.subplots_adjust(wspace=0.15)
     vmax = max(1.0, float(np.nanmax(matrices))) if np.isfinite(matrices).any() else 1.0
-    for ax, matrix, k, score in zip(axes, matrices, ks, scores):
-        image = ax.imshow(matrix, cmap="magma_r", vmin=0.0, vmax=vmax)
+    for index, (ax, matrix, k, score) in enumerate(zip(axes, matrices, ks, scores)):
+        image = ax.imshow(matrix, cmap="magma_r", vmin=0.0, vmax=vmax, aspect="auto")
+        if index:  # one block axis for the row of panels, labelled on the first
+            ax.sharey(axes[0])
+            ax.tick_params(labelleft=False)
+        else:
+            ax.set_ylabel("block i")
         layer_ticks(ax, layers, most=8)
         ax.set_xlabel("block j (basis)")
-        ax.set_ylabel("block i")
-        ax.set_title(f"K = {k}: coupling {score:.3f}" if score is not None else f"K = {k}")
+        ax.set_title(f"K = {k}\ncoupling {score:.3f}" if score is not None else f"K = {k}")
     colorbar(fig, image, bar_axes, "mis-coupling", own_axes=True)
     fig.suptitle(f"depth-wise mis-coupling ({coupling['num_prompts']} prompts, token {coupling['token']})")
     return finish(fig)
@@ -72,10 +81,10 @@ def trajectory(coupling: dict[str, Any]) -> Figure:
     norms = np.asarray(coupling["trajectory_step_norm"], dtype=float)
     fig, ax = new_figure(5.2, 3.6)
     blocks = list(range(1, len(norms) + 1))
-    ax.plot(blocks, norms, "o-", lw=1.5)
+    ax.plot(blocks, norms, "o-", lw=1.5, color="0.2")
     layer_ticks(ax, blocks, axis="x", at_values=True)
     ax.set_xlabel("block")
-    ax.set_ylabel("mean step norm ||x^l − x^(l−1)||")
+    ax.set_ylabel(r"mean step norm $\|x^l - x^{l-1}\|$")
     ax.set_title(
         f"LSS {coupling['trajectory_lss']:.3f} · ED {_number(coupling['trajectory_expodistance'])} · "
         f"linearisation cos {_number(coupling['linearisation_cosine'])}"
@@ -87,11 +96,12 @@ def token_coupling(matrix: Any, blocks: Sequence[int], k: int, mode: str = "self
     """T x T token-wise mis-coupling of two blocks (``self``, ``fixed_input`` or ``fixed_output``)."""
     values = np.asarray(matrix, dtype=float)
     fig, ax = new_figure(4.4, 3.75, colorbar=True)
-    image = ax.imshow(values, cmap="magma_r", vmin=0.0)
+    fit_to_cells(fig, ax, *values.shape)
+    image = ax.imshow(values, cmap="magma_r", vmin=0.0, aspect="auto")
     axis = {"self": "token", "fixed_input": "output token (input 0)", "fixed_output": "input token (output T)"}[mode]
     ax.set_xlabel(f"{axis} (block {blocks[1] + 1}, basis)")
     ax.set_ylabel(f"{axis} (block {blocks[0] + 1})")
-    ax.set_title(f"token-wise mis-coupling ({mode}), K = {k}")
+    ax.set_title(f"token-wise mis-coupling ({mode.replace('_', ' ')}), K = {k}")
     colorbar(fig, image, ax, "mis-coupling")
     return finish(fig)
 
@@ -108,7 +118,7 @@ def trajectory_pca(trajectory: Any) -> Figure:
     for t in range(points.shape[1]):
         ax.plot(projected[:, t, 0], projected[:, t, 1], "-", color=colors[t], lw=0.8, alpha=0.8)
     ax.scatter(projected[0, :, 0], projected[0, :, 1], s=10, c="k", marker="o", label="x⁰ (embeddings)")
-    ax.scatter(projected[-1, :, 0], projected[-1, :, 1], s=14, c="r", marker="s", label="x^L (after the last block)")
+    ax.scatter(projected[-1, :, 0], projected[-1, :, 1], s=14, c="r", marker="s", label=r"$x^L$ (after the last block)")
     ax.set_xlabel("PC 1")
     ax.set_ylabel("PC 2")
     legend_inside(ax)

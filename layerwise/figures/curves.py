@@ -22,6 +22,7 @@ from layerwise.figures.style import (
     new_figure,
     no_data_note,
     ordered_style,
+    stage_name,
 )
 
 Points = Sequence[tuple[int, float]]  # (global step, value)
@@ -64,8 +65,9 @@ def layer_curves(title: str, series: dict[str, Points], quantity: str = "") -> F
 
 def chart_figures(stage: str, charts: dict[str, dict[str, Points]]) -> dict[str, Any]:
     """``layerwise <stage>/<title>`` -> :func:`layer_curves` of each chart (title -> tag -> points) with a series."""
+    name = stage_name(stage)
     return {
-        f"layerwise {stage}/{title}": layer_curves(f"{stage}: {title}", series, title.removesuffix(" per layer"))
+        f"layerwise {stage}/{title}": layer_curves(f"{name}: {title}", series, title.removesuffix(" per layer"))
         for title, series in charts.items()
         if series
     }

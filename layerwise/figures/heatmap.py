@@ -5,13 +5,26 @@ from typing import Any
 
 import numpy as np
 
-from layerwise.figures.style import Figure, colorbar, finish, layer_ticks, new_figure, no_data_note
+from layerwise.figures.style import (
+    SIMILARITY_LABELS,
+    Figure,
+    cell_values,
+    colorbar,
+    finish,
+    fit_to_cells,
+    layer_ticks,
+    new_figure,
+    no_data_note,
+    similarity_map,
+)
 
 
-def heatmap(matrix: Any, layers: Sequence[int], title: str, label: str = "") -> Figure:
-    """Layer-by-layer similarity matrix (COS or CKA) with layer 1 at the top left.
+def heatmap(matrix: Any, layers: Sequence[int], title: str, quantity: str = "cos") -> Figure:
+    """Layer-by-layer similarity matrix (``quantity`` ``cos`` or ``cka``) with layer 1 at the top left.
 
-    ``label`` names the colour scale (default: the title, e.g. ``COS``).
+    COS with a negative value on a diverging map centred at 0 over [-1, 1], else (and CKA) a sequential map over
+    [0, 1] (:func:`~layerwise.figures.style.similarity_map`); the colour bar says what it shows in words; up to 12
+    layers each cell holds its value.
     """
     values = np.asarray([[np.nan if v is None else v for v in row] for row in matrix], dtype=float)
     fig, ax = new_figure(4.4, 3.75, colorbar=True)
@@ -20,10 +33,13 @@ def heatmap(matrix: Any, layers: Sequence[int], title: str, label: str = "") -> 
     ax.set_ylabel("layer")
     ax.set_title(title)
     if finite.size == 0:
-        no_data_note(ax, f"{title} values")
+        no_data_note(ax, f"{quantity.upper()} values")
     if values.ndim != 2 or values.size == 0:  # nothing analysed: no image to draw
         return finish(fig)
-    image = ax.imshow(values, cmap="viridis", vmin=min(0.0, float(finite.min(initial=0.0))), vmax=1.0)
+    fit_to_cells(fig, ax, *values.shape)
+    image = ax.imshow(values, aspect="auto", **similarity_map(values, quantity))
     layer_ticks(ax, layers)
-    colorbar(fig, image, ax, label or title)
-    return finish(fig)
+    colorbar(fig, image, ax, SIMILARITY_LABELS[quantity])
+    finish(fig)
+    cell_values(fig, ax, image, values)
+    return fig

@@ -29,6 +29,7 @@ from layerwise.figures.seeds import (
 )
 from layerwise.figures.style import (
     Figure,
+    drawn_at,
     finish,
     layer_ticks,
     legend_below,
@@ -223,13 +224,15 @@ def table_texts(comparison: Comparison) -> dict[str, str]:
     return {"comparison.csv": buffer.getvalue(), "comparison.md": text}
 
 
-def write_comparison(comparison: Comparison, out: Path, formats: Sequence[str]) -> list[Path]:
-    """Write every figure (``comparison_<name>.<format>``) and the table into ``out``; the written paths."""
+def write_comparison(comparison: Comparison, out: Path, formats: Sequence[str], width: str = "page") -> list[Path]:
+    """Write every figure (``comparison_<name>.<format>``, drawn at print ``width``) and the table into ``out``."""
     from layerwise.results import save_figure_atomic
 
     out.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, figure in comparison_figures(comparison).items():
+    with drawn_at(width):
+        figures = comparison_figures(comparison)
+    for name, figure in figures.items():
         for fmt in formats:
             written.append(save_figure_atomic(out / f"comparison_{name}.{fmt}", figure))
     for name, text in table_texts(comparison).items():

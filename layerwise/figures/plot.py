@@ -8,19 +8,28 @@ from layerwise.results import find_summaries, is_summary, load_summary, save_fig
 FigureFormat = Literal["png", "pdf", "svg"]
 
 
+PrintWidth = Literal["column", "page"]  # figures/style.py's PRINTS: 3.3 and 6.9 inches
+
+
 def plot_summary(
-    summary_file: Path, out_dir: Optional[Path] = None, formats: tuple[str, ...] = ("png", "pdf")
+    summary_file: Path,
+    out_dir: Optional[Path] = None,
+    formats: tuple[str, ...] = ("png", "pdf"),
+    width: PrintWidth = "page",
 ) -> list[Path]:
-    """Write every figure of one summary; returns the written paths."""
+    """Write every figure of one summary, drawn at print ``width``; returns the written paths."""
     import matplotlib.pyplot as plt  # here, not at the top: `layerwise plot --help` answers without matplotlib
 
+    from layerwise.figures.style import drawn_at
     from layerwise.figures.summary import summary_figures
 
     summary = load_summary(str(summary_file))
     target = out_dir or summary_file.parent / "figures"
     target.mkdir(parents=True, exist_ok=True)
     written = []
-    for name, figure in summary_figures(summary).items():
+    with drawn_at(width):
+        figures = summary_figures(summary)
+    for name, figure in figures.items():
         for fmt in formats:
             path = target / f"{summary_file.stem}_{name}.{fmt}"
             save_figure_atomic(path, figure)
@@ -37,14 +46,15 @@ def plot(
     format: list[FigureFormat] = None,  # noqa: A002
     label: Optional[list[str]] = None,
     epoch: str = "last",
+    width: PrintWidth = "page",
 ) -> None:
     """Render the paper-style figures of layerwise summaries to PNG/PDF/SVG.
 
-    COS/CKA heatmaps, similarity to the last layer with the accuracy per layer, the saturation histogram, exits per
-    layer and the ε-effective depth. Several runs (folders or globs) are drawn side by side instead: one figure per
-    quantity (accuracy, COS and CKA to the last layer, NC1, ε-effective depth, early exit), a line per group of runs
-    that differ only by seed, its band the 95 % t-interval over the seeds, and the same numbers in comparison.csv
-    and comparison.md.
+    COS/CKA heatmaps, similarity to the last layer with the accuracy per layer, the saturation histogram, early exit
+    (threshold × exit layer) and the ε-effective depth. Several runs (folders or globs) are drawn side by side
+    instead: one figure per quantity (accuracy, COS and CKA to the last layer, NC1, ε-effective depth, early exit), a
+    line per group of runs that differ only by seed, its band the 95 % t-interval over the seeds, and the same
+    numbers in comparison.csv and comparison.md.
 
     Args:
         path: a summary JSON, a run folder, or a folder of runs (``runs/quickstart``): then its latest fit run, the
@@ -58,13 +68,15 @@ def plot(
             group (default: what differs between the runs' configs: the model class, the backbone, ...).
         epoch: the epoch every run is drawn at: last (the latest every run has), best:<key> (the best mean of a
             summary key over the runs, at the last layer: best:accuracy; lowest for a loss), or a number.
+        width: print width the figures are drawn at, natively, every text >= 7 pt: a journal's column (3.3 in) or
+            page (6.9 in).
     """
     formats = tuple(format or ("png", "pdf"))
     path = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]  # one path, from Python
     if len(path) > 1 or is_pattern(path[0]):
         if all_epochs:
             raise ValueError("`--all_epochs` draws one run; several runs are drawn at one epoch (--epoch).")
-        _plot_runs(path, out, formats, label, epoch)
+        _plot_runs(path, out, formats, label, epoch, width)
         return
     if label is not None:
         raise ValueError("`--label` names several runs; give more than one run to draw them side by side.")
@@ -78,7 +90,7 @@ def plot(
     if epoch != "last":
         files = _at_epoch(files[0].parent.parent, epoch)
     for summary_file in files:
-        for written in plot_summary(summary_file, out, formats):
+        for written in plot_summary(summary_file, out, formats, width):
             print(written)
 
 
@@ -100,13 +112,18 @@ def _at_epoch(run: Path, epoch: str) -> list[Path]:
 
 
 def _plot_runs(
-    paths: list[Path], out: Optional[Path], formats: tuple[str, ...], labels: Optional[list[str]], epoch: str
+    paths: list[Path],
+    out: Optional[Path],
+    formats: tuple[str, ...],
+    labels: Optional[list[str]],
+    epoch: str,
+    width: PrintWidth,
 ) -> None:
-    """Several runs side by side (:mod:`layerwise.figures.overlay`)."""
+    """Several runs side by side (:mod:`layerwise.figures.overlay`), drawn at print ``width``."""
     from layerwise.figures.overlay import load_comparison, write_comparison
 
     comparison = load_comparison(paths, labels, epoch)
     groups = "; ".join(comparison.legend(group.label) for group in comparison.groups)
     print(f"layerwise plot: {len(comparison.runs)} runs at epoch {comparison.epoch} ({comparison.how}): {groups}")
-    for written in write_comparison(comparison, out or Path("comparison"), formats):
+    for written in write_comparison(comparison, out or Path("comparison"), formats, width):
         print(written)

@@ -37,6 +37,9 @@ META.records.forEach((r, i) => (byStage[r.stage] = byStage[r.stage] || []).push(
 const at = (stage, order) => (byStage[stage] || []).find((x) => sameOrder(x.order, order));
 const layerColor = (i) => META.layer_colors[i % META.layer_colors.length];
 const seriesColor = (i) => META.series_colors[i % META.series_colors.length];
+// one colour per quantity and a stage's name in words, both from figures/style.py (the figures use the same)
+const quantityColor = (q) => META.quantity_colors[q];
+const stageName = (stage) => META.stage_names[stage] || stage.replace(/_/g, " ");
 
 // ticks of a log axis whose ends are lo and hi in log10: 1, 10, 100... and 2, 5 between them when few decades show
 function logTicks(lo, hi) {
@@ -119,7 +122,7 @@ function curves(stage, title, get, names, log, colorOf) {
     series.push({name: names ? names(l) : `layer ${l + 1}`, color: colorOf ? colorOf(l) : layerColor(l), integer: true,
       xs: rows.map((r) => r.step), ys: rows.map((r) => (r.v[l] === undefined ? null : r.v[l]))});
   }
-  return chart(`${stage}: ${title}`, "global step", series, true, log);
+  return chart(`${stageName(stage)}: ${title}`, "global step", series, true, log);
 }
 
 function layerNames(stage) {
@@ -145,9 +148,13 @@ function table(stage, s) {
 
 function scalars(s) {
   const parts = [];
-  for (const k of ["num_samples", "n_nonfinite", "depth"]) if (Number.isInteger(s[k])) parts.push(`${k} ${fmt(s[k], true)}`);
-  for (const k of ["trajectory_lss", "trajectory_expodistance"]) if (typeof s[k] === "number") parts.push(`${k} ${fmt(s[k])}`);
-  for (const k of ["effective_depth", "effective_depth_relative"]) if (s[k]) parts.push(`${k}: ` + Object.entries(s[k]).map(([e, d]) => `ε ${esc(e)} → ${d}`).join(", "));
+  // each whole-run number in words, never its key
+  const counts = [["num_samples", "samples"], ["n_nonfinite", "non-finite values"], ["depth", "layers"]];
+  const numbers = [["trajectory_lss", "trajectory line-shape score"], ["trajectory_expodistance", "trajectory expodistance"]];
+  const depths = [["effective_depth", "ε-effective depth (accuracy ≥ 1 − ε)"], ["effective_depth_relative", "ε-effective depth (within ε of the last layer)"]];
+  for (const [k, words] of counts) if (Number.isInteger(s[k])) parts.push(`${words} ${fmt(s[k], true)}`);
+  for (const [k, words] of numbers) if (typeof s[k] === "number") parts.push(`${words} ${fmt(s[k])}`);
+  for (const [k, words] of depths) if (s[k]) parts.push(`${words}: ` + Object.entries(s[k]).map(([e, d]) => `ε ${esc(e)} → layer ${d}`).join(", "));
   let exits = "";
   if (Array.isArray(s.early_exit) && s.early_exit.length) {
     // one column per exit layer, a number per cell; each column of decimals written to the same number of places
@@ -169,9 +176,9 @@ function scalars(s) {
 function profile(stage, s) {
   if (!Array.isArray(s.layers)) return "";
   const series = [];
-  [["accuracy", (t) => t.accuracy], ["COS to last", (t) => (t.cos ? t.cos.map(last) : null)], ["CKA to last", (t) => (t.cka ? t.cka.map(last) : null)]]
-    .forEach(([name, get], i) => { const v = get(s); if (Array.isArray(v)) series.push({name, color: seriesColor(i), integer: true, xs: s.layers, ys: v}); });
-  return series.length ? chart(`${stage}: per layer`, "layer", series, false) : "";
+  [["accuracy", "accuracy", (t) => t.accuracy], ["COS to last", "cos", (t) => (t.cos ? t.cos.map(last) : null)], ["CKA to last", "cka", (t) => (t.cka ? t.cka.map(last) : null)]]
+    .forEach(([name, quantity, get]) => { const v = get(s); if (Array.isArray(v)) series.push({name, color: quantityColor(quantity), integer: true, xs: s.layers, ys: v}); });
+  return series.length ? chart(`${stageName(stage)}: per layer`, "layer", series, false) : "";
 }
 
 function render(index) {
@@ -180,14 +187,14 @@ function render(index) {
   let tables = "";
   for (const stage of META.stages) {
     const x = at(stage, order);
-    tables += `<h3>${esc(stage)}</h3>` + (x ? `<div class="grid"><div>${table(stage, x.s)}</div>${profile(stage, x.s)}</div>${scalars(x.s)}` : "<p class=note>no summary at this validation</p>");
+    tables += `<h3>${esc(stageName(stage))}</h3>` + (x ? `<div class="grid"><div>${table(stage, x.s)}</div>${profile(stage, x.s)}</div>${scalars(x.s)}` : "<p class=note>no summary at this validation</p>");
   }
   document.getElementById("tables").innerHTML = tables;
   moveMarkers(order[1]);
   const transfer = document.getElementById("transfercharts");
   if (transfer) {
     const series = [];
-    META.stages.forEach((stage, i) => { const x = at(stage, order); if (x && Array.isArray(x.s.accuracy)) series.push({name: stage, color: seriesColor(i), integer: true, xs: x.s.layers, ys: x.s.accuracy}); });
+    META.stages.forEach((stage, i) => { const x = at(stage, order); if (x && Array.isArray(x.s.accuracy)) series.push({name: stageName(stage), color: seriesColor(i), integer: true, xs: x.s.layers, ys: x.s.accuracy}); });
     let rows = "";
     const stages = series.map((s) => s.name);
     if (series.length) {
@@ -207,7 +214,7 @@ function drawCurves() {
     const names = layerNames(stage);
     let charts = "";
     for (const [, title, get, , log] of COLUMNS) charts += curves(stage, title, get, names, log, layerColors(stage));
-    if (charts) html += `<h3>${esc(stage)}</h3><div class="grid">${charts}</div>`;
+    if (charts) html += `<h3>${esc(stageName(stage))}</h3><div class="grid">${charts}</div>`;
   }
   document.getElementById("curvecharts").innerHTML = html;
   const coupling = document.getElementById("couplingcharts");

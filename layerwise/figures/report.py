@@ -10,7 +10,7 @@ import html
 import io
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Literal, Optional
 
 from layerwise.results import find_summaries, load_summary, summary_order, write_text_atomic
 
@@ -21,7 +21,7 @@ SECTION_FIGURES = {
     "detection_ap50": ("detection_ap50",),
 }
 CONFIG_FILES = ("config.yaml", "hparams.yaml")  # LightningCLI's copy of the config; a Python fit's hyper-parameters
-FIGURE_DPI = 80
+FIGURE_DPI = 150  # PNG figures at print resolution, shown at their print size (CSS inches)
 Figure = tuple[str, str, str, str]  # stage, name, caption, PNG as base64
 
 
@@ -31,6 +31,7 @@ def report(
     step: Optional[int] = None,
     label: Optional[list[str]] = None,
     epoch: str = "last",
+    width: Literal["column", "page"] = "page",
 ) -> None:
     """Write one self-contained HTML report of a run (config, per-layer tables, figures, curves over training).
 
@@ -49,6 +50,8 @@ def report(
             group (default: what differs between the runs' configs: the model class, the backbone, ...).
         epoch: several runs: the epoch every run is drawn at: last (the latest every run has), best:<key> (the best
             mean of a summary key over the runs, at the last layer), or a number.
+        width: print width the figures are drawn at (at 150 dpi), every text >= 7 pt: a journal's column (3.3 in)
+            or page (6.9 in).
     """
     from layerwise.figures.plot import is_pattern
 
@@ -56,19 +59,23 @@ def report(
     if len(path) > 1 or is_pattern(path[0]):
         if step is not None:
             raise ValueError("`--step` picks a validation of one run; several runs are drawn at one epoch (--epoch).")
-        written, runs = write_comparison_report(path, out, label, epoch)
+        written, runs = write_comparison_report(path, out, label, epoch, width)
         print(f"layerwise report: {runs} runs side by side")
         print(written)
         return
     if label is not None or epoch != "last":
         raise ValueError("`--label` and `--epoch` compare several runs; for one run, --step picks the validation.")
-    written, run = write_report(path[0], out, step)
+    written, run = write_report(path[0], out, step, width)
     print(f"layerwise report: run {run}")
     print(written)
 
 
 def write_comparison_report(
-    paths: list[Path], out: Optional[Path] = None, labels: Optional[list[str]] = None, epoch: str = "last"
+    paths: list[Path],
+    out: Optional[Path] = None,
+    labels: Optional[list[str]] = None,
+    epoch: str = "last",
+    width: str = "page",
 ) -> tuple[Path, int]:
     """Several runs side by side in one HTML file, the table as CSV and Markdown beside it; (HTML written, runs)."""
     from layerwise.figures.overlay import comparison_figures, load_comparison, table_texts
@@ -80,15 +87,19 @@ def write_comparison_report(
     texts = table_texts(comparison)
     for name, text in texts.items():
         write_text_atomic(target.parent / name, text)
-    figures = [(name, _png(figure)) for name, figure in comparison_figures(comparison).items()]
+    from layerwise.figures.style import drawn_at
+
+    with drawn_at(width):
+        figures = [(name, _png(figure)) for name, figure in comparison_figures(comparison).items()]
     groups = "".join(
         f"<li>{_e(comparison.legend(group.label))}: {_e(', '.join(comparison.names[i] for i in group.members))}</li>"
         for group in comparison.groups
     )
     items = "".join(
-        f'<figure><img alt="{_e(name)}" src="data:image/png;base64,{data}"><figcaption>{_e(COMPARISON_CAPTIONS[name])}'
-        "</figcaption></figure>"
+        f'<figure data-figure="{_e(name)}"><img alt="{_e(caption)}" style="width:{_inches(data):.2f}in" '
+        f'src="data:image/png;base64,{data}"><figcaption>{_e(caption)}</figcaption></figure>'
         for name, data in figures
+        for caption in [COMPARISON_CAPTIONS[name]]
     )
     body = (
         f"<h1>layerwise report: {len(comparison.runs)} runs side by side</h1>"
@@ -134,7 +145,9 @@ def _markdown_tables(text: str) -> str:
     return "".join(parts)
 
 
-def write_report(path: Path, out: Optional[Path] = None, step: Optional[int] = None) -> tuple[Path, Path]:
+def write_report(
+    path: Path, out: Optional[Path] = None, step: Optional[int] = None, width: str = "page"
+) -> tuple[Path, Path]:
     """Check the options, read every summary of the run, write the HTML atomically; ``(file written, run folder)``."""
     path = Path(path)
     if path.is_file():
@@ -153,7 +166,10 @@ def write_report(path: Path, out: Optional[Path] = None, step: Optional[int] = N
             have = ", ".join(str(order[1]) for order in steps)
             raise ValueError(f"`--step={step}`: the run has no validation at that step (it has steps {have}).")
         chosen = matching[-1]
-    page = build_html(run, files, summaries, chosen)
+    from layerwise.figures.style import drawn_at
+
+    with drawn_at(width):
+        page = build_html(run, files, summaries, chosen)
     return write_text_atomic(target, page), run
 
 
@@ -165,6 +181,8 @@ def _order(file: Path, summary: dict[str, Any]) -> tuple[int, int]:
 
 def build_html(run: Path, files: list[Path], summaries: list[dict[str, Any]], chosen: tuple[int, int]) -> str:
     """The report's HTML: ``summaries`` (read from ``files``, in order) drawn around the validation ``chosen``."""
+    from layerwise.figures.style import QUANTITY_COLOURS, SERIES_PALETTE, stage_name
+
     stages = sorted({file.name.split("_epoch_")[0] for file in files}, key=lambda s: (s != "val", s))
     records = [
         {"file": file.name, "stage": file.name.split("_epoch_")[0], "order": list(_order(file, summary))}
@@ -179,7 +197,9 @@ def build_html(run: Path, files: list[Path], summaries: list[dict[str, Any]], ch
         "steps": [list(order) for order in sorted({tuple(r["order"]) for r in records})],
         "chosen": list(chosen),
         "layer_colors": layer_colors(max(depth, *(len(s.get("detection_ap50") or []) for s in summaries), 1)),
-        "series_colors": [_hex(color) for color in _tab10()],
+        "quantity_colors": dict(QUANTITY_COLOURS),  # one colour per quantity, the figures' (style.py)
+        "series_colors": list(SERIES_PALETTE),
+        "stage_names": {stage: stage_name(stage) for stage in stages},
         "probes": "LinearProbes" in config_text,
     }
     figures = _figures(stages, records, summaries, tuple(chosen))
@@ -187,7 +207,7 @@ def build_html(run: Path, files: list[Path], summaries: list[dict[str, Any]], ch
     validation_stages = [s for s in stages if s.startswith("val")]
     body = [
         f"<h1>layerwise report</h1><p class=sub>{_e(run)} · {len(files)} summaries · stages "
-        f"{', '.join(_e(s) for s in stages)} · figures of epoch {chosen[0]}, step {chosen[1]}</p>",
+        f"{', '.join(_e(stage_name(s)) for s in stages)} · figures of epoch {chosen[0]}, step {chosen[1]}</p>",
         _nav(sections, len(validation_stages) > 1 or meta["probes"]),
         "<div id=bar><label for=step>validation</label> <input type=range id=step min=0 value=0> "
         "<span id=steplabel></span></div>",
@@ -242,13 +262,19 @@ def _nav(sections: set[str], transfer: bool) -> str:
 
 def _figure_section(anchor: str, title: str, figures: list[Figure], charts: str = "", note: str = "") -> str:
     """A section of PNG figures, one group per stage, and optionally a container for the script's charts."""
+    from layerwise.figures.style import stage_name
+
     groups: dict[str, list[str]] = {}
     for stage, name, caption, data in figures:
         groups.setdefault(stage, []).append(
-            f'<figure><img alt="{_e(name)}" src="data:image/png;base64,{data}"><figcaption>{_e(caption)}'
+            f'<figure data-figure="{_e(name)}"><img alt="{_e(caption)}" style="width:{_inches(data):.2f}in" '
+            f'src="data:image/png;base64,{data}">'
+            f"<figcaption>{_e(caption)}"
             "</figcaption></figure>"
         )
-    items = "".join(f"<h3>{_e(stage)}</h3><div class=figs>{''.join(group)}</div>" for stage, group in groups.items())
+    items = "".join(
+        f"<h3>{_e(stage_name(stage))}</h3><div class=figs>{''.join(group)}</div>" for stage, group in groups.items()
+    )
     chart_div = f"<div id={charts} class=grid></div>" if charts else ""
     empty = "" if figures or charts else "<p>No figure for this validation.</p>"
     note = f"<p class=note>{_e(note)}</p>" if note else ""
@@ -293,8 +319,13 @@ def _encoded(summary: dict[str, Any]) -> list[tuple[str, str]]:
 
 
 def _png(figure: Any) -> str:
-    buffer = io.BytesIO()
-    figure.savefig(buffer, format="png", dpi=FIGURE_DPI)
+    """``figure`` as a base64 PNG at :data:`FIGURE_DPI`, in 256 colours: a quarter of the bytes of full colour."""
+    from PIL import Image  # matplotlib's own dependency
+
+    drawn, buffer = io.BytesIO(), io.BytesIO()
+    figure.savefig(drawn, format="png", dpi=FIGURE_DPI)
+    image = Image.open(drawn).convert("RGB").quantize(colors=256, method=Image.Quantize.FASTOCTREE)
+    image.save(buffer, format="png", optimize=True, dpi=(FIGURE_DPI, FIGURE_DPI))
     return base64.b64encode(buffer.getvalue()).decode("ascii")
 
 
@@ -315,14 +346,9 @@ def layer_colors(count: int) -> list[str]:
     return [to_hex(layer_colour(layer, count)) for layer in range(1, count + 1)]
 
 
-def _tab10() -> list[Any]:
-    from matplotlib import colormaps
-
-    return [colormaps["tab10"](index) for index in range(10)]
-
-
-def _hex(rgba: Any) -> str:
-    return "#" + "".join(f"{round(255 * channel):02x}" for channel in rgba[:3])
+def _inches(data: str) -> float:
+    """The print width of a base64 PNG drawn at :data:`FIGURE_DPI`: its pixel width (the IHDR chunk) over the dpi."""
+    return int.from_bytes(base64.b64decode(data[:32])[16:20], "big") / FIGURE_DPI
 
 
 def _e(value: Any) -> str:

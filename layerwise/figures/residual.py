@@ -43,7 +43,7 @@ def norm_ratio_figure(results: dict[str, Any]) -> Figure:
     else:  # NaN inputs: nothing a log axis can show
         no_data_note(ax, "positive ratios")
     ax.set_xlabel("layer")
-    ax.set_ylabel("||x|| / ||F(x)||")
+    ax.set_ylabel(r"$\|x\| \,/\, \|F(x)\|$")
     layer_ticks(ax, layers, axis="x", at_values=True)
     handles, labels = ax.get_legend_handles_labels()
     handles += [

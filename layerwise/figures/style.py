@@ -4,15 +4,21 @@ Every module of ``figures/`` draws through these helpers (and nothing of another
 margins, layer ticks, legends and the note for missing data look the same in TensorBoard, ``layerwise plot``, the
 report and the commands' figures:
 
-- sizes: :data:`TITLE_SIZE` > :data:`LABEL_SIZE` > :data:`TICK_SIZE` = :data:`LEGEND_SIZE` > :data:`NOTE_SIZE`
-  points, applied by :func:`finish` to every title, axis label, tick label and legend of a figure, large enough to be
-  read on TensorBoard's image cards (a 5-inch figure is shown at about 60 %);
+- print size: every figure is drawn natively at a journal's column (3.3 in) or page (6.9 in) width
+  (:data:`PRINTS`, chosen with :func:`drawn_at`; page by default), with its text sizes for that width, none under
+  7 pt: title >= axis label >= tick label = legend >= note (:func:`sizes`), applied by :func:`finish` to every title,
+  axis label, tick label and legend of a figure;
 - margins in inches (:func:`new_figure`), not in fractions of the canvas, so that a small or a large figure keeps
   room for its labels; no constrained layout (a third more drawing time at every epoch);
+- words, not keys: stages named in words (:func:`stage_name`: ``val_corrupted`` is "validation (corrupted)");
 - one colour per layer (:func:`layer_colour`, the same layer has the same colour in every figure of a run): up to
   12 layers a qualitative palette whose colours stay apart for colour-blind readers (:data:`LAYER_PALETTE`), beyond
-  it a sequential map without its pale end; one colour per named series (:func:`series_colour`: COS, CKA, accuracy,
-  residual branches...); ordered series (thresholds) told apart by colour and by marker (:func:`ordered_style`);
+  it a sequential map without its pale end; one colour per quantity (:data:`QUANTITY_COLOURS`: accuracy, COS, CKA,
+  NC1..., the same in the figures, the report and TensorBoard's images) and per named series (:func:`series_colour`:
+  residual branches, models); other series in :data:`SERIES_PALETTE` (matplotlib's default cycle too); ordered series
+  (thresholds) told apart by colour and by marker (:func:`ordered_style`);
+- similarity maps (:func:`similarity_map`): COS, a signed quantity, on a diverging map centred at 0 over [-1, 1] when
+  a value is negative (else sequential over [0, 1]); CKA sequential; the colour bar says in words what it shows;
 - fonts embedded in PDF and PostScript as TrueType (``pdf.fonttype`` 42), not as Type 3 fonts, which many
   publishers refuse;
 - legends either inside the axes when short (:func:`legend_inside`) or in a band below the axes that is measured, not
@@ -23,8 +29,11 @@ report and the commands' figures:
 """
 
 import math
-from collections.abc import Sequence
-from typing import Any, Optional
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Literal, Optional
 
 import matplotlib
 
@@ -39,18 +48,22 @@ matplotlib.rcParams["pdf.fonttype"] = 42
 matplotlib.rcParams["ps.fonttype"] = 42
 
 __all__ = [
-    "LABEL_SIZE",
     "LAYER_PALETTE",
-    "LEGEND_SIZE",
-    "NOTE_SIZE",
-    "TICK_SIZE",
-    "TITLE_SIZE",
+    "MIN_TEXT_SIZE",
+    "PRINTS",
+    "QUANTITY_COLOURS",
+    "SERIES_PALETTE",
     "Figure",
     "FigureCanvasAgg",
+    "Print",
+    "Width",
+    "cell_values",
     "colorbar",
     "dodge",
+    "drawn_at",
     "finish",
     "finite_values",
+    "fit_to_cells",
     "layer_colour",
     "layer_ticks",
     "legend_below",
@@ -62,22 +75,66 @@ __all__ = [
     "place_labels",
     "plt",
     "run_line",
+    "quantity_colour",
     "series_colour",
     "set_margins",
+    "similarity_map",
+    "sizes",
+    "stage_name",
     "stamp",
     "stamp_all",
 ]
 
-TITLE_SIZE = 11
-LABEL_SIZE = 10
-TICK_SIZE = 9
-LEGEND_SIZE = 9
-NOTE_SIZE = 8
 
-# margins in inches: room for tick labels and an axis label on the left and below, for a title of two lines above,
-# and for a right-hand axis or a colorbar label on the right
-LEFT, BOTTOM, RIGHT, RIGHT_AXIS, COLORBAR = 0.8, 0.6, 0.25, 0.8, 0.6
-TITLE_LINE = 0.22
+@dataclass(frozen=True)
+class Print:
+    """A print width (inches) with its text sizes (points, none under 7) and margins (inches) for that width."""
+
+    width: float
+    title: float
+    label: float
+    tick: float
+    legend: float
+    note: float
+    # margins: room for tick labels and an axis label on the left and below, for a title line above, and for a
+    # right-hand axis or a colorbar label on the right
+    left: float
+    bottom: float
+    right: float
+    right_axis: float
+    colorbar: float
+    title_line: float
+
+
+# The two widths a journal prints a figure at, and nothing else: every figure is drawn natively at one of them
+PRINTS = {
+    "column": Print(3.3, 8, 7.5, 7, 7, 7, 0.6, 0.42, 0.12, 0.6, 0.62, 0.16),
+    "page": Print(6.9, 10, 9, 8, 8, 7, 0.72, 0.52, 0.2, 0.75, 0.7, 0.2),
+}
+Width = Literal["column", "page"]
+MIN_TEXT_SIZE = 7  # points: the smallest text a journal prints
+_WIDTH: ContextVar[str] = ContextVar("layerwise_print_width", default="page")
+
+
+@contextmanager
+def drawn_at(width: str) -> Iterator[Print]:
+    """Draw the figures made inside the ``with`` block at print ``width`` (``column`` or ``page``, see :data:`PRINTS`).
+
+    A context variable, so that a figure function's signature need not carry it (page when none is set).
+    """
+    if width not in PRINTS:
+        raise ValueError(f"`--width={width}`: choose column (3.3 in) or page (6.9 in).")
+    token = _WIDTH.set(width)
+    try:
+        yield PRINTS[width]
+    finally:
+        _WIDTH.reset(token)
+
+
+def sizes() -> Print:
+    """The print width, text sizes and margins figures are drawn with now (:func:`drawn_at`)."""
+    return PRINTS[_WIDTH.get()]
+
 
 # One colour per layer up to 12 layers, chosen from Okabe & Ito's palette and Paul Tol's "muted", "bright" and "vibrant"
 # (each colour-blind safe on its own) without their pale colours (contrast with white >= 2.2, so a line is never
@@ -107,17 +164,37 @@ _DEEP_MAP, _DEEP_END = "viridis", 0.75
 _ORDERED_MAP, _ORDERED_END = "plasma", 0.8
 _ORDERED_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
-_SERIES = {
-    "cos": "tab:blue",
-    "cka": "tab:orange",
-    "accuracy": "tab:red",
-    "negative": "tab:purple",
-    "block": "tab:blue",
-    "attention": "tab:orange",
-    "mlp": "#882255",  # wine: tab:green and tab:orange look alike to a deuteranope (ΔE 5), this is >= 32 from both
-    "model a": "tab:blue",
-    "model b": "tab:orange",
+# One colour per quantity, wherever it is drawn (the figures, the report's charts, TensorBoard's images): Okabe & Ito's
+# and Paul Tol's colours, those drawn together (COS, CKA, accuracy) >= 57 apart in CIELAB for any colour vision (the
+# report's tab10 blue, orange and green had an orange-green pair a deuteranope barely tells apart)
+QUANTITY_COLOURS = {
+    "accuracy": "#000000",  # black
+    "cos": "#0072B2",  # blue (Okabe-Ito)
+    "cka": "#E69F00",  # orange (Okabe-Ito)
+    "nc1": "#CC79A7",  # reddish purple (Okabe-Ito)
+    "loss": "#332288",  # indigo (Tol muted)
+    "perplexity": "#44AA99",  # teal (Tol muted)
+    "f1": "#999933",  # olive (Tol muted)
+    "exit_accuracy": "#882255",  # wine (Tol muted): the separate heads' accuracy
+    "negative": "#D55E00",  # vermillion (Okabe-Ito): the samples with a negative COS
+    "saturation": "#555555",  # dark grey
 }
+# series without a colour of their own (runs of a sweep, evaluation stages, stitching directions), in this order;
+# matplotlib's default colour cycle too, so that no figure falls back on tab10's orange-green pair
+SERIES_PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000", "#882255")
+matplotlib.rcParams["axes.prop_cycle"] = matplotlib.cycler(color=list(SERIES_PALETTE))
+_SERIES = {
+    **QUANTITY_COLOURS,
+    "block": "#0072B2",
+    "attention": "#E69F00",
+    "mlp": "#882255",  # wine: tab:green and tab:orange look alike to a deuteranope (ΔE 5), this is >= 32 from both
+    "model a": "#0072B2",
+    "model b": "#E69F00",
+}
+# similarity maps: COS is signed (a diverging map centred at 0 when a value is negative), CKA is not
+SIMILARITY_LABELS = {"cos": "mean cosine similarity", "cka": "linear CKA"}
+_DIVERGING_MAP, _SEQUENTIAL_MAP = "RdBu_r", "viridis"
+STAGE_NAMES = {"val": "validation", "test": "test", "train": "training", "predict": "prediction"}
 
 
 def new_figure(
@@ -129,29 +206,41 @@ def new_figure(
     colorbar: bool = False,
     height_ratios: Optional[Sequence[float]] = None,
 ) -> tuple[Figure, Any]:
-    """One axes on a ``width`` x ``height`` inch canvas with margins in inches (see the module's docstring).
+    """One axes on a canvas of the print width (:func:`sizes`), with margins in inches (see the module's docstring).
+
+    ``width`` x ``height`` is the figure's proportion as designed (inches on a screen); the canvas is as wide as the
+    print width and ``height`` * sqrt(print width / ``width``) high: a page-wide figure is not twice as high as a
+    column-wide one, whose text is nearly as large.
 
     With ``height_ratios``, a column of axes of those relative heights sharing the x axis (their list is returned):
     quantities on different scales each on their own axes, never on a twin axis over the same area.
 
     Args:
-        width: canvas width in inches.
-        height: canvas height in inches.
+        width: the designed width in inches (sets the proportion only).
+        height: the designed height in inches.
         right_axis: leave room on the right for a twin axis' ticks and label.
-        colorbar: leave room on the right for a colorbar's ticks and label (see :func:`colorbar`).
+        colorbar: a narrow axes on the right for a colorbar (:func:`colorbar` draws it there), and room for its
+            ticks and label.
         title_lines: lines of title to leave room for above the axes (:func:`stamp` adds a line's room itself).
         right: the right margin in inches, overriding ``right_axis``.
         height_ratios: relative heights of a column of axes that share the x axis, top first.
     """
-    fig = Figure(figsize=(width, height))
+    print_width = sizes().width
+    fig = Figure(figsize=(print_width, height * math.sqrt(print_width / width)))
     FigureCanvasAgg(fig)  # no pyplot: figures may be drawn off the training loop, in a worker thread
     if height_ratios:
         ax = list(fig.subplots(len(height_ratios), 1, sharex=True, height_ratios=height_ratios))
         fig.subplots_adjust(hspace=0.12)
+    elif colorbar:  # the bar in a column of its own, 0.1 in wide, 0.08 in from the axes, as high as they are
+        region, bar, gap = print_width - sizes().left - sizes().colorbar, 0.1, 0.08
+        ax, fig._layerwise_colorbar = fig.subplots(
+            1, 2, gridspec_kw={"width_ratios": [region - bar - gap, bar], "wspace": 2 * gap / (region - gap)}
+        )
     else:
         ax = fig.subplots()
-    margin_right = right if right is not None else (RIGHT_AXIS if right_axis else COLORBAR if colorbar else RIGHT)
-    set_margins(fig, left=LEFT, right=margin_right, bottom=BOTTOM, top=0.12 + TITLE_LINE * title_lines)
+    p = sizes()
+    margin_right = right if right is not None else (p.right_axis if right_axis else p.colorbar if colorbar else p.right)
+    set_margins(fig, left=p.left, right=margin_right, bottom=p.bottom, top=0.1 + p.title_line * title_lines)
     return fig, ax
 
 
@@ -175,20 +264,20 @@ def finish(fig: Figure) -> Figure:
     """Give every title, axis label, tick label and legend of ``fig`` the house sizes; returns ``fig``."""
     for ax in fig.axes:
         for title in (ax.title, ax._left_title, ax._right_title):
-            title.set_fontsize(TITLE_SIZE)
-        ax.xaxis.label.set_fontsize(LABEL_SIZE)
-        ax.yaxis.label.set_fontsize(LABEL_SIZE)
-        ax.tick_params(labelsize=TICK_SIZE)
+            title.set_fontsize(sizes().title)
+        ax.xaxis.label.set_fontsize(sizes().label)
+        ax.yaxis.label.set_fontsize(sizes().label)
+        ax.tick_params(labelsize=sizes().tick)
         for offset in (ax.xaxis.get_offset_text(), ax.yaxis.get_offset_text()):
-            offset.set_fontsize(TICK_SIZE)
+            offset.set_fontsize(sizes().tick)
         if ax.get_legend() is not None:
             for text in ax.get_legend().get_texts():
-                text.set_fontsize(LEGEND_SIZE)
+                text.set_fontsize(sizes().legend)
     for legend in fig.legends:
         for text in legend.get_texts():
-            text.set_fontsize(LEGEND_SIZE)
+            text.set_fontsize(sizes().legend)
     if fig._suptitle is not None:
-        fig._suptitle.set_fontsize(TITLE_SIZE)
+        fig._suptitle.set_fontsize(sizes().title)
     return fig
 
 
@@ -240,37 +329,119 @@ def dodge(index: int, count: int, width: float = 0.36) -> float:
 
 
 def series_colour(name: str, index: int = 0) -> str:
-    """The colour of a named series (``cos``, ``cka``, ``accuracy``, a residual branch...), else the ``index``-th."""
-    return _SERIES.get(name.lower(), f"C{index % 10}")
+    """The colour of a named series (a quantity, a residual branch...), else the ``index``-th of the series palette."""
+    return _SERIES.get(name.lower(), SERIES_PALETTE[index % len(SERIES_PALETTE)])
+
+
+def quantity_colour(quantity: str) -> str:
+    """The one colour of ``quantity`` (a key of :data:`QUANTITY_COLOURS`): figures, report, TensorBoard images."""
+    return QUANTITY_COLOURS[quantity]
+
+
+def stage_name(stage: str) -> str:
+    """A stage in words: ``val`` -> validation, ``val_corrupted`` -> validation (corrupted), ``test`` -> test."""
+    if stage in STAGE_NAMES:
+        return STAGE_NAMES[stage]
+    head, _, rest = stage.partition("_")
+    if head in STAGE_NAMES and rest:
+        return f"{STAGE_NAMES[head]} ({rest.replace('_', ' ')})"
+    return stage.replace("_", " ")
 
 
 def run_line(summary: dict[str, Any], run: Optional[str] = None) -> str:
-    """Which validation a figure shows, e.g. ``val epoch 31, step 736`` (``run · val epoch ...`` with a run)."""
+    """Which validation a figure shows, e.g. ``validation, epoch 31, step 736`` (``run · validation, ...``)."""
     stage, epoch, step = summary.get("stage", "val"), summary.get("epoch", "?"), summary.get("global_step", "?")
-    where = f"{stage} epoch {epoch}, step {step}"
+    where = f"{stage_name(stage)}, epoch {epoch}, step {step}"
     return f"{run} · {where}" if run else where
+
+
+def similarity_map(values: np.ndarray, quantity: str) -> dict[str, Any]:
+    """``imshow`` arguments of a similarity matrix (``quantity`` ``cos`` or ``cka``).
+
+    COS with a negative value: a diverging map centred at 0 over [-1, 1]; else, and CKA, a sequential map over [0, 1].
+    """
+    finite = values[np.isfinite(values)]
+    if quantity == "cos" and finite.size and finite.min() < 0:
+        return {"cmap": _DIVERGING_MAP, "vmin": -1.0, "vmax": 1.0}
+    return {"cmap": _SEQUENTIAL_MAP, "vmin": 0.0, "vmax": 1.0}
+
+
+def cell_values(fig: Figure, ax: Any, image: Any, values: np.ndarray, most: int = 12) -> bool:
+    """Write each cell's value in the cells of ``image`` (up to ``most`` rows and columns); returns whether written.
+
+    In black or white as the cell is light or dark, with the fewest decimals dropped that make every value fit its
+    cell: ``0.95``, else ``.95``, else ``.9`` (a negative one with a true minus, else, narrower, a hyphen): nothing is
+    written where even that would not fit.
+    """
+    rows, columns = values.shape
+    if max(rows, columns) > most:
+        return False
+    renderer = fig.canvas.get_renderer()
+    ax.apply_aspect()  # the cells' size as drawn: an equal-aspect image fills less than its axes' box
+    box = ax.get_position()
+    cell = min(box.width * fig.bbox.width / columns, box.height * fig.bbox.height / rows)  # pixels
+    font = matplotlib.font_manager.FontProperties(size=sizes().note)
+
+    def formats(value: float) -> list[str]:
+        text = f"{value:.2f}"
+        short = text.replace("0.", ".", 1) if abs(value) < 1 else f"{value:.1f}"
+        return [text, short, short[:-1] if abs(value) < 1 else f"{value:.0f}"]
+
+    finite = [(i, j, float(values[i, j])) for i in range(rows) for j in range(columns) if np.isfinite(values[i, j])]
+    for choice, minus in ((0, "−"), (1, "−"), (2, "−"), (2, "-")):
+        texts = [(i, j, v, formats(v)[choice].replace("-", minus)) for i, j, v in finite]
+        widest = max((renderer.get_text_width_height_descent(t, font, ismath=False)[0] for *_, t in texts), default=0)
+        if widest <= 0.88 * cell:
+            break
+    else:
+        return False
+    for i, j, value, text in texts:
+        r, g, b, _ = image.cmap(image.norm(value))
+        light = 0.2126 * r + 0.7152 * g + 0.0722 * b > 0.45
+        ax.text(j, i, text, ha="center", va="center", fontsize=sizes().note, color="black" if light else "white")
+    return True
 
 
 def stamp(fig: Figure, line: str) -> Figure:
     """Add ``line`` (e.g. :func:`run_line`) under the title of ``fig``: its suptitle, else its first titled axes.
 
-    Stamping again replaces the line. The canvas grows by the line's height, so that the axes keep their size.
+    Stamping again replaces the line. The canvas grows by the line's height, so that the axes keep their size; a line
+    wider than the canvas is broken after its run (``run ·``).
     """
     titles = ([fig._suptitle] if fig._suptitle is not None else []) + [ax.title for ax in fig.axes]
     title = next((text for text in titles if text.get_text()), None)
     if title is None:
         title = fig.axes[0].title
-        title.set_fontsize(TITLE_SIZE)
+        title.set_fontsize(sizes().title)
     text, previous = title.get_text(), getattr(fig, "_layerwise_stamp", None)
-    if previous is not None and text.endswith(previous):
+    font = matplotlib.font_manager.FontProperties(size=sizes().title)
+    width = fig.canvas.get_renderer().get_text_width_height_descent(line, font, ismath=False)[0] / fig.dpi
+    if width > 0.9 * fig.get_size_inches()[0] and " · " in line:
+        line = line.replace(" · ", "\n", 1)
+    replaced = previous is not None and text.endswith(previous)
+    if replaced:
         text = text[: -len(previous)].rstrip("\n")
-    elif text:
+    if text:  # room for the line's lines (beyond the replaced line's)
+        added = sizes().title_line * (line.count("\n") + 1 - (previous.count("\n") + 1 if replaced else 0))
         width, height = fig.get_size_inches()
-        fig.set_size_inches(width, height + TITLE_LINE)
-        set_margins(fig, top=getattr(fig, "_layerwise_margins", {}).get("top", 0.12 + TITLE_LINE) + TITLE_LINE)
+        fig.set_size_inches(width, height + added)
+        set_margins(fig, top=getattr(fig, "_layerwise_margins", {}).get("top", 0.1 + sizes().title_line) + added)
     title.set_text(f"{text}\n{line}" if text else line)
     fig._layerwise_stamp = line
     return fig
+
+
+def fit_to_cells(fig: Figure, ax: Any, rows: int, columns: int) -> None:
+    """Make the canvas as high as square cells of a ``rows`` x ``columns`` image in ``ax`` need (within 1.5x, <= 4 in).
+
+    The margins are kept in inches; draw the image with ``aspect="auto"``, so that its colorbar is as high as it is.
+    """
+    width, height = fig.get_size_inches()
+    box = ax.get_position()
+    axes_width, axes_height = box.width * width, box.height * height
+    wanted = min(max(axes_width * rows / max(1, columns), axes_width / 1.5), axes_width * 1.5, 4.0)  # <= 4 in
+    fig.set_size_inches(width, height + wanted - axes_height)
+    set_margins(fig)
 
 
 def stamp_all(figures: dict[str, Figure], epoch: int, step: int, run: Optional[str] = None) -> dict[str, Figure]:
@@ -286,10 +457,12 @@ def colorbar(fig: Figure, image: Any, ax: Any, label: str, own_axes: bool = Fals
     """A colorbar beside ``ax`` (or a list of axes; or in ``ax`` itself if ``own_axes``) that says what it means."""
     if own_axes:
         bar = fig.colorbar(image, cax=ax)
+    elif getattr(fig, "_layerwise_colorbar", None) is not None:  # new_figure(colorbar=True) made its axes
+        bar = fig.colorbar(image, cax=fig._layerwise_colorbar)
     else:
         bar = fig.colorbar(image, ax=ax, shrink=0.9, fraction=0.06, pad=0.04)
-    bar.set_label(label, fontsize=LABEL_SIZE)
-    bar.ax.tick_params(labelsize=TICK_SIZE)
+    bar.set_label(label, fontsize=sizes().label)
+    bar.ax.tick_params(labelsize=sizes().tick)
     return bar
 
 
@@ -297,7 +470,7 @@ def legend_inside(ax: Any, handles: Optional[list] = None, labels: Optional[list
     """A short legend inside the axes, on a half-transparent box where it covers the fewest points."""
     if handles is None:
         handles, labels = ax.get_legend_handles_labels()
-    return ax.legend(handles, labels, loc=loc, fontsize=LEGEND_SIZE, framealpha=0.8)
+    return ax.legend(handles, labels, loc=loc, fontsize=sizes().legend, framealpha=0.8)
 
 
 def legend_below(fig: Figure, handles: list, labels: list, max_columns: int = 4) -> Any:
@@ -316,7 +489,7 @@ def legend_below(fig: Figure, handles: list, labels: list, max_columns: int = 4)
             loc="lower center",
             bbox_to_anchor=(0.5, 0.0),
             ncol=columns,
-            fontsize=LEGEND_SIZE,
+            fontsize=sizes().legend,
             frameon=False,
             borderaxespad=0.3,
             columnspacing=1.2,
@@ -330,7 +503,7 @@ def legend_below(fig: Figure, handles: list, labels: list, max_columns: int = 4)
     width, height = fig.get_size_inches()
     band = box.height / fig.dpi
     fig.set_size_inches(width, height + band)
-    set_margins(fig, bottom=band + fig._layerwise_margins.get("bottom", BOTTOM))
+    set_margins(fig, bottom=band + fig._layerwise_margins.get("bottom", sizes().bottom))
     return legend
 
 
@@ -372,7 +545,7 @@ def no_data_note(ax: Any, what: str) -> None:
         va="center",
         transform=ax.transAxes,
         color="0.4",
-        fontsize=LABEL_SIZE,
+        fontsize=sizes().label,
     )
 
 
@@ -380,8 +553,12 @@ def layer_ticks(ax: Any, layers: Sequence[Any], axis: str = "both", at_values: b
     """Layer numbers (or any labels) as ticks, at most ``most`` of them, the first and a regular step after it.
 
     ``at_values``: the ticks sit at the layer numbers themselves (line plots against the layer), else at positions
-    0, 1, ... (images, box plots).
+    0, 1, ... (images, box plots). Fewer where the axes are too narrow for ``most`` labels side by side.
     """
+    if axis in ("x", "both") and len(layers):
+        box, (width, _) = ax.get_position(), ax.figure.get_size_inches()
+        label = max(len(str(layer)) for layer in layers) * 0.62 * sizes().tick / 72 + 0.1  # inches, with a gap
+        most = max(2, min(most, int(box.width * width / label)))
     step = max(1, math.ceil(len(layers) / most))
     chosen = list(range(0, len(layers), step))
     positions = [layers[i] for i in chosen] if at_values else chosen
@@ -424,7 +601,7 @@ def place_labels(
                 textcoords="offset points",
                 xytext=(dx, dy),
                 ha="left" if dx > 0 else "right",
-                fontsize=NOTE_SIZE,
+                fontsize=sizes().note,
                 color=colour,
             )
             box = text.get_window_extent(renderer)

@@ -12,7 +12,8 @@ from layerwise.figures.heatmap import heatmap
 from layerwise.figures.residual import norm_ratio_figure
 from layerwise.figures.style import (
     Figure,
-    dodge,
+    cell_values,
+    colorbar,
     finish,
     finite_values,
     layer_colour,
@@ -21,9 +22,10 @@ from layerwise.figures.style import (
     legend_inside,
     new_figure,
     no_data_note,
-    ordered_style,
+    quantity_colour,
     run_line,
-    series_colour,
+    set_margins,
+    sizes,
     stamp,
     stamp_all,
 )
@@ -35,10 +37,10 @@ CAPTIONS = {
     "cos_distribution": "Per-sample COS of each layer to the last layer (box plots)",
     "similarity_accuracy": "Similarity to the last layer and accuracy of the shared head, per layer",
     "saturation": "Saturation events: the layer from which each sample's prediction no longer changes",
-    "early_exit": "Early exit with the shared head: exits per layer for each confidence threshold",
-    "effective_depth": "ε-effective depth: the first layer within ε of the target accuracy",
+    "early_exit": "Early exit with the shared head: the share of samples exiting at each layer, per threshold τ",
+    "effective_depth": "ε-effective depth: the first layer within ε of the target accuracy, a step per ε",
     "detection_ap50": "Detection AP50 of every decoder layer",
-    "residual_norm_ratio": "Residual norm ratio ||x|| / ||F(x)|| per block and branch",
+    "residual_norm_ratio": "Residual norm ratio ‖x‖ / ‖F(x)‖ per block and branch",
     "compare_cka": "CKA between the layers of model A and model B",
     "coupling_depth": "Depth-wise mis-coupling of the block Jacobians",
     "coupling_spectra": "Singular spectra of the block Jacobians",
@@ -69,12 +71,12 @@ def similarity_and_accuracy(summary: dict[str, Any]) -> Figure:
     for key, marker in (("cos", "o"), ("cka", "s")):
         if key in similarity:
             values = [np.nan if row[-1] is None else row[-1] for row in summary[key]]
-            ax.plot(layers, values, marker=marker, color=series_colour(key), label=f"{key.upper()} to the last layer")
+            ax.plot(layers, values, marker=marker, color=quantity_colour(key), label=f"{key.upper()} to the last layer")
     if similarity:
         ax.set_ylabel("similarity to\nthe last layer")
     if accuracy is not None:
         values = [np.nan if value is None else value for value in accuracy]
-        below.plot(layers, values, marker="^", color=series_colour("accuracy"), label="accuracy (shared head)")
+        below.plot(layers, values, marker="^", color=quantity_colour("accuracy"), label="accuracy (shared head)")
         below.set_ylabel("accuracy")
     below.set_xlabel("layer")
     layer_ticks(below, layers, axis="x", at_values=True)
@@ -135,12 +137,12 @@ def cos_box_plots(
         ax.set_ylim(-1.05, 1.05)
     ax.axhline(0.0, color="grey", linewidth=0.8, linestyle=":")
     layer_ticks(ax, layers, axis="x")
-    ax.set_xlabel("layer l")
-    ax.set_ylabel("per-sample COS(h_l, h_L)")
+    ax.set_xlabel("layer $l$")
+    ax.set_ylabel("per-sample COS$(h_l, h_L)$")
     title = "COS to the last layer, per sample"
     if any_negative:
         twin = ax.twinx()
-        colour = series_colour("negative")
+        colour = quantity_colour("negative")
         twin.plot(range(len(layers)), percent, color=colour, marker="x", linestyle="--", linewidth=1)
         twin.set_ylabel("samples with COS < 0 (%)", color=colour)
         twin.tick_params(axis="y", colors=colour)
@@ -186,7 +188,7 @@ def saturation_histogram(counts: Sequence[float], layers: Sequence[int], cos: Op
     ax.set_ylabel("samples")
     if cos is not None:
         values = [np.nan if value is None else value for value in cos]
-        below.plot(layers, values, color="0.25", marker="o")
+        below.plot(layers, values, color=quantity_colour("cos"), marker="o")
         below.set_ylabel("their mean COS\nto the last layer")
     below.set_xlabel("saturation layer")
     layer_ticks(below, layers, axis="x", at_values=True)
@@ -195,42 +197,68 @@ def saturation_histogram(counts: Sequence[float], layers: Sequence[int], cos: Op
 
 
 def exits_per_layer(early_exit: Sequence[dict[str, Any]], layers: Sequence[int]) -> Figure:
-    """Exit counts per layer, one line per confidence threshold τ, with accuracy and speedup in the legend below.
+    """Early exit as a τ × exit-layer heatmap: the share of each threshold's samples that exit at each layer.
 
-    Each τ has its colour (light to dark as τ grows) and its own marker, and is shifted a little along the layer axis
-    (:func:`~layerwise.figures.style.dodge`), so that thresholds with the same exits are drawn side by side.
+    One row per confidence threshold τ (lowest at the top), its accuracy and speedup beside it; up to 12 layers each
+    cell holds its share. Seven τ lines tangled near zero, two of them in nearly one colour, read worse.
     """
-    fig, ax = new_figure(5.4, 3.6)
-    for index, row in enumerate(early_exit):
-        accuracy, speedup = (f"{row[key]:.3f}" if row[key] is not None else "-" for key in ("accuracy", "speedup"))
-        label = f"τ {row['threshold']:g}: acc {accuracy}, ×{speedup}"
-        shifted = [layer + dodge(index, len(early_exit)) for layer in layers]
-        ax.plot(shifted, row["exit_counts"], label=label, markersize=4.5, **ordered_style(index, len(early_exit)))
+    fig, ax = new_figure(5.4, 3.2, colorbar=True)
+    counts = np.asarray(
+        [[np.nan if value is None else value for value in row["exit_counts"]] for row in early_exit], dtype=float
+    ).reshape(len(early_exit), -1)
+    totals = np.nansum(counts, axis=1, keepdims=True)
+    shares = np.divide(counts, totals, out=np.full_like(counts, np.nan), where=totals > 0)
+    image = ax.imshow(shares, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+    row_labels = []
+    for row in early_exit:
+        accuracy = f"{row['accuracy']:.3f}" if row["accuracy"] is not None else "–"
+        speedup = f"×{row['speedup']:.2f}" if row["speedup"] is not None else "×–"
+        row_labels.append(f"{row['threshold']:g} ({accuracy}, {speedup})")
+    ax.set_yticks(range(len(early_exit)), row_labels)
+    layer_ticks(ax, layers, axis="x")
     ax.set_xlabel("exit layer")
-    ax.set_ylabel("samples")
-    layer_ticks(ax, layers, axis="x", at_values=True)
-    ax.set_ylim(bottom=0)
-    handles, labels = ax.get_legend_handles_labels()
-    if handles:
-        legend_below(fig, handles, labels, max_columns=3)
+    ax.set_ylabel("τ (accuracy, speedup)")
     ax.set_title("early exit with the shared head")
-    return finish(fig)
+    colorbar(fig, image, ax, "share of samples exiting")
+    finish(fig)
+    renderer = fig.canvas.get_renderer()
+    widest = max((label.get_window_extent(renderer).width for label in ax.get_yticklabels()), default=0.0) / fig.dpi
+    set_margins(fig, left=widest + 0.1 + 2 * sizes().label / 72)  # the labels, the tick marks and the axis label
+    cell_values(fig, ax, image, shares)
+    return fig
 
 
 def effective_depth(summary: dict[str, Any]) -> Figure:
-    """ε-effective depth (absolute and relative to the last layer) against ε."""
+    """ε-effective depth (absolute and relative to the last layer) against ε: a step per ε, whole layers.
+
+    The depth is a whole layer that changes only at the ε values measured, so it is drawn as steps, not as sloped
+    lines between them; the ε values are the x ticks.
+    """
     fig, ax = new_figure(4.8, 3.8)
-    for key, label in (("effective_depth", "Acc ≥ 1−ε"), ("effective_depth_relative", "Acc ≥ Acc_L − ε")):
+    measured: set[float] = set()
+    for key, label, marker in (
+        ("effective_depth", r"accuracy $\geq 1 - \varepsilon$", "o"),
+        ("effective_depth_relative", r"accuracy $\geq$ last layer's $- \varepsilon$", "s"),
+    ):
         depths = summary.get(key)
         if depths:
             epsilons = sorted(depths, key=float)
-            ax.plot([float(e) for e in epsilons], [depths[e] for e in epsilons], marker="o", label=label)
-    ax.set_xlabel("ε")
+            measured |= {float(e) for e in epsilons}
+            ax.plot(
+                [float(e) for e in epsilons],
+                [np.nan if depths[e] is None else depths[e] for e in epsilons],
+                marker=marker,
+                drawstyle="steps-post",
+                label=label,
+            )
+    ax.set_xlabel(r"tolerance $\varepsilon$")
     ax.set_ylabel("effective depth (layer)")
+    if measured:
+        ax.set_xticks(sorted(measured), [f"{e:g}" for e in sorted(measured)])
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     if ax.get_legend_handles_labels()[0]:
         legend_inside(ax)
-    ax.set_title("ε-effective depth")
+    ax.set_title(r"$\varepsilon$-effective depth")
     return finish(fig)
 
 
@@ -240,7 +268,7 @@ def summary_figures(summary: dict[str, Any]) -> dict[str, Figure]:
     figures: dict[str, Figure] = {}
     for key in ("cos", "cka"):
         if summary.get(key) is not None:
-            figures[key] = heatmap(summary[key], layers, key.upper())
+            figures[key] = heatmap(summary[key], layers, f"{key.upper()} between every pair of layers", key)
     if summary.get("cos_quantiles") is not None:
         figures["cos_distribution"] = cos_box_plots(
             [row[-1] for row in summary["cos_quantiles"]],

@@ -3,7 +3,7 @@
 from collections.abc import Sequence
 from typing import Any
 
-from layerwise.figures.style import Figure, finish, legend_inside, new_figure, place_labels
+from layerwise.figures.style import Figure, finish, legend_inside, new_figure, place_labels, series_colour
 
 
 def sweep_figure(curves: Sequence[Any]) -> Figure:
@@ -17,7 +17,7 @@ def sweep_figure(curves: Sequence[Any]) -> Figure:
     fig, ax = new_figure(5.6, 4.2)
     colours: dict[str, Any] = {}
     for curve in curves:
-        colour = colours.setdefault(curve.label, f"C{len(colours) % 10}")
+        colour = colours.setdefault(curve.label, series_colour("", len(colours)))
         shared = curve.key == "early_exit"
         speedup = [row["speedup"] for row in curve.rows]
         accuracy = [row["accuracy"] for row in curve.rows]

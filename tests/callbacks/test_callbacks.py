@@ -266,7 +266,7 @@ def test_each_validation_prints_the_per_layer_table_and_the_summary_path(tmp_pat
     out = capsys.readouterr().out
     summary, path = read_summary(tmp_path), find_summaries(tmp_path)[0]
     lines = out.splitlines()
-    start = lines.index("layerwise val (epoch 0, step 0):")
+    start = lines.index("layerwise validation, epoch 0, step 0:")
     assert lines[start + 1].split() == ["layer", "accuracy", "COS", "to", "last", "CKA", "to", "last", "NC1"]
     for layer in range(DEPTH):
         cells = lines[start + 2 + layer].split()

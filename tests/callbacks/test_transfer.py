@@ -66,7 +66,7 @@ def test_every_validation_dataloader_is_reported_under_its_own_name(tmp_path, ca
     assert clean["num_samples"] == shifted["num_samples"] == len(data.val_set)
     assert np.mean(shifted["accuracy"]) < np.mean(clean["accuracy"])  # the shift costs accuracy
     printed = capsys.readouterr().out
-    assert "layerwise val (epoch 0" in printed and "layerwise val_corrupted (epoch 0" in printed
+    assert "layerwise validation, epoch 0" in printed and "layerwise validation (corrupted), epoch 0" in printed
 
     # each set's analysis equals the analysis of that set alone
     for name, summary in (("validation", clean), ("corrupted", shifted)):

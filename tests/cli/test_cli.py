@@ -300,7 +300,7 @@ def test_the_quickstart_prints_no_upstream_noise(tmp_path):
     output = result.stdout + result.stderr
     for noise in ("💡 Tip", "GPU available", "LeafSpec", "Warning", "warn("):
         assert noise not in output, noise
-    assert "layerwise val (epoch 0, step 2):" in output
+    assert "layerwise validation, epoch 0, step 2:" in output
     assert "epoch 0 done, step 2" in result.stdout and "Epoch 0/0" not in output  # not a terminal: lines, no bar
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 

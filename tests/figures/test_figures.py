@@ -7,6 +7,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
+from layerwise.figures.style import drawn_at
 from layerwise.figures.summary import summary_figures
 
 SUMMARY = {
@@ -56,9 +57,9 @@ def test_every_figure_renders_without_warnings_and_says_which_validation():
     assert all(float(tick).is_integer() for tick in layer_ticks), layer_ticks
 
 
-@pytest.mark.parametrize("name", ["similarity_accuracy", "early_exit"])
+@pytest.mark.parametrize("name", ["similarity_accuracy", "residual_norm_ratio"])
 def test_legends_do_not_cover_the_plotting_area(name):
-    figure = summary_figures(SUMMARY)[name]
+    figure = summary_figures({**SUMMARY, "residual_norm_ratio": synthetic_summary(5)["residual_norm_ratio"]})[name]
     figure.canvas.draw()
     renderer = figure.canvas.get_renderer()
     legends = figure.legends + [ax.get_legend() for ax in figure.axes if ax.get_legend() is not None]
@@ -207,6 +208,7 @@ def every_figure(num_layers: int) -> dict:
     from layerwise.figures.clip import clip_figures
     from layerwise.figures.coupling import correlation, token_coupling, trajectory_pca
     from layerwise.figures.curves import chart_figures
+    from layerwise.figures.heatmap import heatmap
     from layerwise.figures.lens import lens_figure
     from layerwise.figures.stitch import stitch_figure
     from layerwise.figures.style import stamp_all
@@ -218,6 +220,8 @@ def every_figure(num_layers: int) -> dict:
     layers = summary["layers"]
     figures = dict(summary_figures(summary))
     figures["detection_ap50"] = ap50_per_layer(summary["detection_ap50"])
+    signed = (np.asarray(summary["cos"]) - 0.7).tolist()  # a negative COS: the diverging map, signed cell values
+    figures["cos_signed"] = heatmap(signed, layers, "COS between every pair of layers")
     # as TensorBoard gets them: the callbacks' figures stamped with the run, stage, epoch and step
     figures = {
         name: stamped
@@ -346,10 +350,13 @@ def text_problems(figure) -> list:
     return problems
 
 
+@pytest.mark.parametrize("width", ["column", "page"])
 @pytest.mark.parametrize("num_layers", [1, 6, 24])
-def test_every_figure_reads_cleanly(num_layers):
-    """No text over another text or off the canvas, and every axis says what it shows, for 1, 6 and 24 layers."""
-    figures = every_figure(num_layers)
+def test_every_figure_reads_cleanly(num_layers, width):
+    """No text over another text or off the canvas, and every axis says what it shows, for 1, 6 and 24 layers, at a
+    journal's column and page width."""
+    with drawn_at(width):
+        figures = every_figure(num_layers)
     problems = {name: text_problems(figure) for name, figure in figures.items()}
     problems = {name: found for name, found in problems.items() if found}
     assert not problems, "\n".join(f"{name}: {'; '.join(found[:5])}" for name, found in problems.items())
@@ -368,13 +375,17 @@ def inches(box, figure) -> tuple:
     return tuple(value / figure.dpi for value in (box.x0, box.y0, box.x1, box.y1))
 
 
+@pytest.mark.parametrize("width", ["column", "page"])
 @pytest.mark.parametrize("num_layers", [1, 6, 24])
-def test_one_size_per_kind_of_text(num_layers):
-    """Titles, axis labels, tick labels and legend texts each have one size in every figure: the style module's."""
+def test_one_size_per_kind_of_text(num_layers, width):
+    """Titles, axis labels, tick labels and legend texts each have one size in every figure: the style module's for
+    the width it is drawn at."""
     from layerwise.figures import style
 
     sizes = {"title": set(), "label": set(), "tick": set(), "legend": set()}
-    for figure in every_figure(num_layers).values():
+    with drawn_at(width):
+        figures = every_figure(num_layers)
+    for figure in figures.values():
         for ax in figure.axes:
             if ax.get_title():
                 sizes["title"].add(ax.title.get_fontsize())
@@ -386,17 +397,19 @@ def test_one_size_per_kind_of_text(num_layers):
             sizes["title"].add(figure._suptitle.get_fontsize())
         plt.close(figure)
     assert all(len(found) == 1 for found in sizes.values()), sizes
-    expected = {"title": "TITLE_SIZE", "label": "LABEL_SIZE", "tick": "TICK_SIZE", "legend": "LEGEND_SIZE"}
     assert {kind: found.pop() for kind, found in sizes.items()} == {
-        kind: getattr(style, name) for kind, name in expected.items()
+        kind: getattr(style.PRINTS[width], kind) for kind in sizes
     }
 
 
+@pytest.mark.parametrize("width", ["column", "page"])
 @pytest.mark.parametrize("num_layers", [1, 6, 24])
-def test_no_empty_band_and_no_legend_beside_the_axes(num_layers):
+def test_no_empty_band_and_no_legend_beside_the_axes(num_layers, width):
     """What is drawn fills the canvas to within 0.3 inch above and below; a legend is inside an axes or under all of
     them, at most 0.3 inch below the lowest axis label (no wide empty band, no blank quarter beside a legend)."""
-    for name, figure in every_figure(num_layers).items():
+    with drawn_at(width):
+        figures = every_figure(num_layers)
+    for name, figure in figures.items():
         figure.canvas.draw()
         renderer = figure.canvas.get_renderer()
         drawn = figure.get_tightbbox(renderer)  # in inches
@@ -484,7 +497,7 @@ def test_every_callback_figure_says_its_stage_epoch_and_step():
     finally:
         worker.rendered = original
     assert titles["val/cos"][0] == 736
-    assert titles[0][0] == "COS\nval epoch 31, step 736"  # as `layerwise plot` draws it from the summary
+    assert titles[0][0] == "COS\nvalidation, epoch 31, step 736"  # as `layerwise plot` draws it from the summary
 
 
 # ------------------------------------------------------------------ figures for print: fonts, colours, the defects
@@ -579,25 +592,15 @@ def test_the_report_draws_layers_in_the_figures_colours():
         assert layer_colors(depth) == [to_hex(layer_colour(layer, depth)) for layer in range(1, depth + 1)]
 
 
-def test_early_exit_thresholds_are_told_apart_even_when_their_exits_coincide():
-    """Seven thresholds: neighbouring τ differ by ΔE >= 20 (0.95 and 0.99 were both dark purple, ΔE 16), each has
-    its own marker, and τ whose exits are the same at every layer (0.9, 0.95, 0.99 on the quickstart) are drawn
-    side by side, not one over the other."""
-    summary = synthetic_summary(6)
-    for row in summary["early_exit"][4:]:
-        row["exit_counts"] = [0, 0, 0, 0, 0, 360]
-    ax = summary_figures(summary)["early_exit"].axes[0]
-    lines = [line for line in ax.lines if line.get_label().startswith("τ")]
-    assert len(lines) == 7
-    colours = [line.get_color() for line in lines]
-    gaps = [distance(a, b) for a, b in zip(colours, colours[1:])]
+def test_ordered_series_are_told_apart():
+    """Seven thresholds (TensorBoard's early-exit chart): neighbouring τ differ by ΔE >= 20 (0.95 and 0.99 were both
+    dark purple, ΔE 16) and each has its own marker."""
+    from layerwise.figures.style import ordered_style
+
+    styles = [ordered_style(index, 7) for index in range(7)]
+    gaps = [distance(a["color"], b["color"]) for a, b in zip(styles, styles[1:])]
     assert min(gaps) >= 20, [round(gap, 1) for gap in gaps]
-    assert len({line.get_marker() for line in lines}) == 7
-    points = [tuple(zip(line.get_xdata(), line.get_ydata())) for line in lines[4:]]
-    assert len(set(points)) == 3, "τ 0.9, 0.95 and 0.99 are drawn on top of each other"
-    for line in lines:  # each point stays nearer its own layer than the next one
-        offsets = np.asarray(line.get_xdata()) - np.asarray(summary["layers"])
-        assert np.all(np.abs(offsets) < 0.25)
+    assert len({style["marker"] for style in styles}) == 7
 
 
 def test_accuracy_is_not_on_a_twin_axis_over_the_similarity():

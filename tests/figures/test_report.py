@@ -214,7 +214,7 @@ def test_coupling_comparison_and_detection_sections_appear_when_the_run_has_them
     )
     for anchor, names in sections:
         section = text.split(f"<section id={anchor}>")[1].split("</section>")[0]
-        assert re.findall(r'alt="([^"]+)"', section) == list(names)
+        assert re.findall(r'data-figure="([^"]+)"', section) == list(names)
     assert json.loads(page.scripts["summaries"]) == [load_summary(f) for f in summary_files(copy)]
 
 

@@ -121,7 +121,7 @@ def test_nc1_over_training_is_drawn_on_a_log_axis(page):
     """Epoch 0's NC1 of ~60 flattened the later epochs' 1-4 into a tenth of a linear axis."""
     charts = page.locator("#curvecharts svg")
     titles = [charts.nth(i).locator("text").first.text_content() for i in range(charts.count())]
-    (nc1,) = [charts.nth(i) for i, title in enumerate(titles) if title.startswith("val: NC1")]
+    (nc1,) = [charts.nth(i) for i, title in enumerate(titles) if title.startswith("validation: NC1")]
     assert "log scale" in nc1.locator("text").first.text_content()
     frame = nc1.locator("rect")
     top, height = float(frame.get_attribute("y")), float(frame.get_attribute("height"))

@@ -41,7 +41,7 @@ def ddp_fit(tmp_path_factory):
 
 
 def test_a_ddp_fit_does_not_ask_for_sync_dist_on_values_already_reduced(ddp_fit):
-    assert "layerwise val (epoch 0" in ddp_fit.stdout  # the callbacks ran (their table is there)
+    assert "layerwise validation, epoch 0" in ddp_fit.stdout  # the callbacks ran (their table is there)
     assert "sync_dist=True" not in ddp_fit.stderr, ddp_fit.stderr[-3000:]
 
 
