@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Union
 
+from layerwise import __version__
 from layerwise.errors import LayerwiseWarning, UsageError
 
 REQUIRED_KEYS = (
@@ -203,7 +204,7 @@ def merge_summary(path: Path, updates: dict[str, Any], run_id: str) -> None:
         keep_earlier(path, "summary", warn=run_id not in _WARNED_EARLIER)
         _WARNED_EARLIER.add(run_id)
         summary = {}
-    summary = {"run_id": run_id, **summary}
+    summary = {"run_id": run_id, "layerwise_version": __version__, **summary}  # which layerwise wrote it
     summary.update(to_json(updates))
     write_text_atomic(path, json.dumps(summary, indent=1, allow_nan=False))
 

@@ -16,6 +16,7 @@ from typing import Any, NoReturn, Optional
 
 from jsonargparse import ArgumentParser
 
+from layerwise import __version__
 from layerwise.cli.errors import bad_config_file, check_output_folders, class_options, exit_concisely, quiet_upstream
 from layerwise.cli.help_cache import is_plain_help, print_help
 from layerwise.cli.parser import command_parser, with_shipped_configs
@@ -281,6 +282,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "clip",
         "Layer-wise COS of a CLIP model within and across modalities (App. D of Jiang et al.).",
     ),
+    "configs": (
+        "layerwise.inference.configs",
+        "configs",
+        "List the configs the package ships (`--config NAME` runs one), or print one: `layerwise configs show NAME`.",
+    ),
     "report": (
         "layerwise.figures.report",
         "report",
@@ -299,9 +305,11 @@ def build_parser() -> ArgumentParser:
     """The top-level parser: every subcommand with its one-line help (``layerwise --help``)."""
     parser = ArgumentParser(
         prog="layerwise",
-        description="Trace how representations progress through the layers of a transformer. `layerwise COMMAND "
-        "--help` shows the options of a command.",
+        description=f"layerwise {__version__}: trace how representations progress through the layers of a "
+        "transformer. `layerwise COMMAND --help` shows the options of a command; `--config NAME` runs a config the "
+        "package ships (`layerwise configs` lists them).",
     )
+    parser.add_argument("-V", "--version", action="version", version=f"layerwise {__version__}")
     subcommands = parser.add_subcommands(dest="command", required=False, metavar="COMMAND")  # required: see main
     for name, help_text in TRAINER_COMMANDS.items():
         subcommands.add_subcommand(name, ArgumentParser(prog=f"layerwise {name}"), help=help_text)
@@ -328,7 +336,9 @@ def main(args: Optional[list[str]] = None) -> None:
     """Entry point of ``layerwise`` and ``python -m layerwise``."""
     quiet_upstream()
     argv = with_shipped_configs(args)  # `--config quickstart`: the config the package ships
-    if argv and argv[0] in COMMANDS:
+    if argv[:1] and argv[0] in ("-V", "--version"):  # at once: nothing to import
+        print(f"layerwise {__version__}")
+    elif argv and argv[0] in COMMANDS:
         run_command(argv[0], argv[1:])
     elif args is None and argv and argv[0] in TRAINER_COMMANDS and is_plain_help(argv):  # a fresh process only:
         print_help(argv[0], lambda: _trainer_classes()[1](args=args))  # in-process callers may list their classes
