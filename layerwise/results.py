@@ -1,6 +1,7 @@
 """The results format: what the callbacks write and what ``plot``, ``export`` and ``sweep`` read.
 
-- ``<log_dir>/layerwise/<stage>_epoch_<EEE>.json``: one summary per analysed epoch (keys in :data:`REQUIRED_KEYS`).
+- ``<log_dir>/layerwise/<stage>_epoch_<EEE>_step_<SSSSSSS>.json``: one summary per analysed validation (keys in
+  :data:`REQUIRED_KEYS`).
 - :func:`write_atomic`: the one way layerwise writes a file, so that a crash never leaves half a file.
 """
 
