@@ -84,6 +84,9 @@ def _trainer_classes() -> tuple[type, type]:
             """LightningCLI's parser (and each subcommand's), knowing the arguments it parses (a bad --config file)."""
             parser = super().init_parser(**kwargs)
             parser.argv = self._argv
+            for action in parser._actions:  # Lightning's "Path to a configuration file": it can be named, too
+                if "--config" in action.option_strings:
+                    action.help = CONFIG_HELP
             return parser
 
         def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -227,6 +230,10 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+CONFIG_HELP = (
+    "a YAML config file, or the name of a config the package ships (`--config quickstart`, "
+    "`--config transfer/digits_probe`; `layerwise configs` lists them); several compose, the later winning."
+)
 THREADS_HELP = "torch's intra-op threads of this process (default: torch's, one per core; the quickstart sets 1)."
 TRAINER_COMMANDS = {
     "fit": "Train a model, analysing every validation (LightningCLI).",

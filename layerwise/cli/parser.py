@@ -54,7 +54,11 @@ def command_parser(name: str, function: Callable[..., None]) -> ArgumentParser:
         prog=f"layerwise {name}",
         description=" ".join(filter(None, [docs.short_description, docs.long_description])),
     )
-    parser.add_argument("--config", action=ActionConfigFile, help="a YAML file with any of the options below")
+    parser.add_argument(
+        "--config",
+        action=ActionConfigFile,
+        help="a YAML file with any of the options below, or a shipped config's name (`layerwise configs` lists them)",
+    )
     hints = typing.get_type_hints(function)
     manual: set[Union[str, int]] = {
         key for key in hints if key != "return" and (key in _POSITIONAL or _list_item(hints[key]) is not None)

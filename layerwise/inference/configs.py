@@ -67,11 +67,11 @@ def configs(action: str = "list", name: Optional[str] = None) -> None:
     elif action == "show":
         if name is None:
             raise ValueError("`layerwise configs show NAME`: give the config's name (`layerwise configs` lists them).")
-        path = shipped.get(name.removesuffix(".yaml"))
-        if path is None:
+        found = shipped.get(name.removesuffix(".yaml"))
+        if found is None:
             said = f"`layerwise configs show {name}`: no shipped config {name!r}"
             raise ValueError(f"{said} (`layerwise configs` lists them).")
-        print(path.read_text(encoding="utf-8"), end="")
+        print(found.read_text(encoding="utf-8"), end="")
     elif action.removesuffix(".yaml") in shipped:
         raise ValueError(f"`layerwise configs {action}`: give `layerwise configs show {action}` to print a config.")
     else:

@@ -167,3 +167,11 @@ def test_the_top_level_help_says_the_version_and_that_configs_have_names(capsys)
         main(["--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert f"layerwise {layerwise.__version__}:" in out and "layerwise configs" in out and "--version" in out
+
+
+def test_fit_help_says_that_a_config_can_be_named(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["fit", "--help"])
+    assert exit_.value.code in (0, None)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "the name of a config the package ships (`--config quickstart`" in out
