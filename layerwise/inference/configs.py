@@ -35,6 +35,18 @@ def shipped_configs() -> dict[str, Path]:
     return {path.relative_to(SHIPPED).with_suffix("").as_posix(): path for path in sorted(SHIPPED.rglob("*.yaml"))}
 
 
+def shipped_file(path: Path) -> Optional[Path]:
+    """A file the shipped configs name by its checkout path (``configs/coupling/prompts.txt``), in the package.
+
+    None when ``path`` is not under a ``configs/`` folder or the package ships no such file.
+    """
+    parts = path.as_posix().split("configs/", 1)
+    if len(parts) < 2 or (parts[0] and not parts[0].endswith("/")):
+        return None
+    found = SHIPPED / parts[1]
+    return found if found.is_file() else None
+
+
 def description(path: Path) -> str:
     """The first sentence of a config's leading comment, cut to one line of at most 110 characters."""
     lines = []

@@ -5,6 +5,7 @@ The repository's ``configs/`` is the one source: a checkout reads it, the wheel 
 slow ``tests/project/test_wheel.py`` and in CI by ``.ci/wheel_check.sh``.
 """
 
+import re
 import sys
 from pathlib import Path
 
@@ -175,3 +176,25 @@ def test_fit_help_says_that_a_config_can_be_named(capsys):
     assert exit_.value.code in (0, None)
     out = " ".join(capsys.readouterr().out.split())
     assert "the name of a config the package ships (`--config quickstart`" in out
+
+
+def test_a_file_the_shipped_configs_name_by_its_checkout_path_is_found_in_any_folder(tmp_path, monkeypatch):
+    from layerwise.inference.coupling import load_prompts
+
+    monkeypatch.chdir(tmp_path)  # configs/coupling/pythia.yaml: `prompts: configs/coupling/prompts.txt`
+    lines = [line for line in (ROOT / "configs" / "coupling" / "prompts.txt").read_text().splitlines() if line.strip()]
+    assert load_prompts("configs/coupling/prompts.txt", 1000) == lines
+    with pytest.raises(ValueError, match="is not a file"):
+        load_prompts("myconfigs/coupling/prompts.txt", 10)
+
+
+def test_the_docs_and_the_configs_own_comments_name_the_shipped_configs():
+    """A command copied from the docs or from `layerwise configs show` runs from an installed wheel too."""
+    pages = [ROOT / "README.md", *(ROOT / "docs").rglob("*.md"), *(ROOT / "configs").rglob("*.yaml")]
+    by_path = [
+        f"{page.relative_to(ROOT)}:{number}"
+        for page in pages
+        for number, line in enumerate(page.read_text().splitlines(), start=1)
+        if re.search(r"(--config[ =]|-c )configs/", line)
+    ]
+    assert not by_path
