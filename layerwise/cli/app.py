@@ -19,7 +19,7 @@ from jsonargparse import ArgumentParser
 from layerwise import __version__
 from layerwise.cli.errors import bad_config_file, check_output_folders, class_options, exit_concisely, quiet_upstream
 from layerwise.cli.help_cache import is_plain_help, print_help
-from layerwise.cli.parser import command_parser, with_shipped_configs
+from layerwise.cli.parser import command_parser, say_configs_have_names, with_shipped_configs
 from layerwise.errors import DEBUG_VARIABLE
 
 
@@ -84,9 +84,7 @@ def _trainer_classes() -> tuple[type, type]:
             """LightningCLI's parser (and each subcommand's), knowing the arguments it parses (a bad --config file)."""
             parser = super().init_parser(**kwargs)
             parser.argv = self._argv
-            for action in parser._actions:  # Lightning's "Path to a configuration file": it can be named, too
-                if "--config" in action.option_strings:
-                    action.help = CONFIG_HELP
+            say_configs_have_names(parser)
             return parser
 
         def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -230,10 +228,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-CONFIG_HELP = (
-    "a YAML config file, or the name of a config the package ships (`--config quickstart`, "
-    "`--config transfer/digits_probe`; `layerwise configs` lists them); several compose, the later winning."
-)
 THREADS_HELP = "torch's intra-op threads of this process (default: torch's, one per core; the quickstart sets 1)."
 TRAINER_COMMANDS = {
     "fit": "Train a model, analysing every validation (LightningCLI).",
@@ -343,15 +337,13 @@ def main(args: Optional[list[str]] = None) -> None:
     """Entry point of ``layerwise`` and ``python -m layerwise``."""
     quiet_upstream()
     argv = with_shipped_configs(args)  # `--config quickstart`: the config the package ships
-    if argv[:1] and argv[0] in ("-V", "--version"):  # at once: nothing to import
-        print(f"layerwise {__version__}")
-    elif argv and argv[0] in COMMANDS:
+    if argv and argv[0] in COMMANDS:
         run_command(argv[0], argv[1:])
     elif args is None and argv and argv[0] in TRAINER_COMMANDS and is_plain_help(argv):  # a fresh process only:
         print_help(argv[0], lambda: _trainer_classes()[1](args=args))  # in-process callers may list their classes
     elif argv and argv[0] in TRAINER_COMMANDS or argv[:1] and argv[0].startswith("--config"):
         _trainer_classes()[1](args=None if args is None else argv)  # None: LightningCLI reads sys.argv
-    else:  # --help lists every command; anything else is an error naming the choices
+    else:  # --help lists every command, --version says it; anything else is an error naming the choices
         parser = build_parser()
         if parser.parse_args(argv).command is None:  # not `required` for jsonargparse: it would add a "(required)" line
             parser.error(f"give a command, one of {', '.join([*TRAINER_COMMANDS, *COMMANDS])}.")

@@ -83,6 +83,19 @@ def command_parser(name: str, function: Callable[..., None]) -> ArgumentParser:
 
 
 _CONFIG_FLAGS = ("--config", "-c")
+CONFIG_HELP = (
+    "a YAML config file, or the name of a config the package ships (`--config quickstart`, "
+    "`--config transfer/digits_probe`; `layerwise configs` lists them); several compose, the later winning."
+)
+
+
+def say_configs_have_names(parser: ArgumentParser) -> None:
+    """LightningCLI's ``--config`` help ("Path to a configuration file") saying that a shipped config has a name."""
+    for action in parser._actions:
+        if "--config" in action.option_strings:
+            action.help = CONFIG_HELP
+
+
 _IN_CONFIGS = re.compile(r"(?:^|/)configs/(.+)$")  # configs/quickstart, ../configs/transfer/digits_probe
 
 
