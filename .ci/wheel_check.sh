@@ -15,6 +15,8 @@ venv/bin/pip install --quiet "$wheel[vision]"
 echo "wheel_check: $(basename "$wheel")[vision] installed in $SECONDS s"
 venv/bin/python -c "import layerwise, sys; assert layerwise.__file__.startswith(sys.prefix), layerwise.__file__"
 
+venv/bin/layerwise --version
+test "$(venv/bin/layerwise configs | wc -l)" -gt 50  # every shipped config, one line each, and the count
 SECONDS=0
 venv/bin/layerwise fit --config quickstart --trainer.max_epochs=1 --trainer.limit_train_batches=2
 venv/bin/layerwise report runs/quickstart/version_0

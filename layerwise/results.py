@@ -1,6 +1,7 @@
 """The results format: what the callbacks write and what ``plot``, ``export`` and ``sweep`` read.
 
-- ``<log_dir>/layerwise/<stage>_epoch_<EEE>.json``: one summary per analysed epoch (keys in :data:`REQUIRED_KEYS`).
+- ``<log_dir>/layerwise/<stage>_epoch_<EEE>_step_<SSSSSSS>.json``: one summary per analysed validation (keys in
+  :data:`REQUIRED_KEYS`).
 - :func:`write_atomic`: the one way layerwise writes a file, so that a crash never leaves half a file.
 """
 
@@ -17,6 +18,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO, Any, Optional, Union
 
+from layerwise import __version__
 from layerwise.errors import LayerwiseWarning, UsageError
 
 REQUIRED_KEYS = (
@@ -204,7 +206,7 @@ def merge_summary(path: Path, updates: dict[str, Any], run_id: str) -> None:
         keep_earlier(path, "summary", warn=run_id not in _WARNED_EARLIER)
         _WARNED_EARLIER.add(run_id)
         summary = {}
-    summary = {"run_id": run_id, **summary}
+    summary = {"run_id": run_id, "layerwise_version": __version__, **summary}  # which layerwise wrote it
     summary.update(to_json(updates))
     write_text_atomic(path, json.dumps(summary, indent=1, allow_nan=False))
 

@@ -18,18 +18,27 @@ class LayerwiseAnalysis(LayerwiseMonitor):
     :class:`EffectiveDepthMonitor` together, but all families read the same per-batch features and their states
     travel in one all-reduce. Each family can be switched off.
 
-    Writes ``<log_dir>/layerwise/val_epoch_<EEE>.json`` with every key documented in the README.
+    Writes ``<log_dir>/layerwise/val_epoch_<EEE>_step_<SSSSSSS>.json`` (one per analysed validation) with the keys of
+    the JSON summary page (docs/json-format.md), and logs the scalars listed in the callbacks' reference.
 
     Args:
-        similarity, logit_lens, neural_collapse, depth, trajectory: switch a family on or off (``trajectory``: the
-            line-shape score and expodistance of the block outputs, see ``TrajectoryFamily``).
-        center, cka, max_buffered_samples, cos_bins: see :class:`LayerSimilarityMonitor`.
-        thresholds: early-exit confidences, see :class:`LogitLensMonitor`.
+        similarity: COS and CKA between every pair of layers (:class:`LayerSimilarityMonitor`); False: off.
+        logit_lens: the shared head at every layer: accuracy, loss, saturation, early exit (:class:`LogitLensMonitor`).
+        neural_collapse: NC1 per layer (:class:`NeuralCollapseMonitor`).
+        depth: the ε-effective depth (:class:`EffectiveDepthMonitor`).
+        trajectory: the line-shape score and expodistance of the block outputs (``TrajectoryFamily``).
+        center: see :class:`LayerSimilarityMonitor`.
+        cka: see :class:`LayerSimilarityMonitor`.
+        max_buffered_samples: see :class:`LayerSimilarityMonitor`.
+        cos_bins: see :class:`LayerSimilarityMonitor`.
+        thresholds: early-exit confidences, see :class:`LogitLensMonitor` (default ``DEFAULT_THRESHOLDS``:
+            0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99).
         f1: per-layer F1 of class 1, see :class:`LogitLensMonitor` (default: when the datamodule asks for it).
-        epsilons: see :class:`EffectiveDepthMonitor`.
+        epsilons: the ε of the effective depth, see :class:`EffectiveDepthMonitor` (default ``DEFAULT_EPSILONS``:
+            0.01, 0.05, 0.1).
         nc1_top_classes: restrict NC1 to the most frequent classes (see :class:`NeuralCollapseMonitor`). For a
             language model NC1 runs only when this is set: over a whole vocabulary it is off by default.
-        Others: see :class:`LayerwiseMonitor`.
+        **kwargs: every option of :class:`LayerwiseMonitor`.
     """
 
     def __init__(

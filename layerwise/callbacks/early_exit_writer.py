@@ -53,7 +53,7 @@ class EarlyExitPredictionWriter(BasePredictionWriter):
 
     Example::
 
-        layerwise predict --config configs/quickstart.yaml --ckpt_path last.ckpt \
+        layerwise predict --config quickstart --ckpt_path last.ckpt \
             --trainer.callbacks+=layerwise.callbacks.EarlyExitPredictionWriter \
             --trainer.callbacks.threshold=0.9 --trainer.callbacks.output_path=exits.csv
     """

@@ -59,7 +59,7 @@ class EffectiveDepthMonitor(LayerwiseMonitor):
     """ε-effective depth per ε: the first layer whose shared-head accuracy is good enough.
 
     The smallest layer with shared-head accuracy ``>= 1 − ε`` (else the last layer), and the variant relative to the
-    last layer (``>= Acc^L − ε``), for every ε in ``epsilons``.
+    last layer (``>= Acc^L − ε``), for every ε in ``epsilons`` (default ``DEFAULT_EPSILONS``: 0.01, 0.05, 0.1).
 
     Logged: ``val/effective_depth/eps_E`` and ``val/effective_depth_relative/eps_E``. JSON keys:
     ``effective_depth`` and ``effective_depth_relative`` (objects keyed by ε as a string, e.g. ``"0.05"``).

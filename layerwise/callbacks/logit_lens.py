@@ -186,6 +186,8 @@ class LogitLensMonitor(LayerwiseMonitor):
     - ``f1``: the F1 of class 1 per layer, as GLUE reports for MRPC and QQP. ``None`` (default) reports it when the
       datamodule lists ``"f1"`` in its ``metrics`` (``GLUEDataModule`` does for those tasks).
 
+    ``thresholds`` default to ``DEFAULT_THRESHOLDS``: 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99.
+
     With ``layers`` selecting a subset, saturation and early exit run over the selected layers (the deepest selected
     layer playing the last), and ``l`` in the speedup is the real layer number.
 

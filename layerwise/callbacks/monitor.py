@@ -50,9 +50,9 @@ class LayerwiseMonitor(AnalysisCallback):
     Args:
         every_n_epochs: analyse every n-th validation epoch while fitting (``validate``/``test`` always analyse).
         layers: which layers: None = all, int n = the last n, list = 0-based block indices (negatives allowed).
-        save_features: also write ``<log_dir>/layerwise/<stage>_epoch_<EEE>_features.pt`` with ``features``
-            (L x N x d float32), ``labels`` (N), ``predictions`` (L x N) and ``max_prob`` (L x N). Holds the
-            evaluated features in CPU memory for the epoch.
+        save_features: also write ``<log_dir>/layerwise/<stage>_epoch_<EEE>_step_<SSSSSSS>_features.pt`` with
+            ``features`` (L x N x d float32), ``labels`` (N), ``predictions`` (L x N) and ``max_prob`` (L x N).
+            Holds the evaluated features in CPU memory for the epoch.
         print_table: print a per-layer table (accuracy, COS/CKA to the last layer, NC1) and the summary's path at
             the end of every analysed validation (global rank zero only).
         log_figures: draw heatmaps/histograms as images in every logger (PNG files without one; global rank zero only).
@@ -61,7 +61,11 @@ class LayerwiseMonitor(AnalysisCallback):
             every epoch holds everything ``layerwise plot`` draws). ``validate``/``test`` always draw.
         source: ``"outputs"`` reads the step's returned dict, ``"hooks"`` attaches forward hooks; ``"auto"`` uses hooks
             when paths are given or the module is not a layerwise module, else the outputs.
-        blocks, final_norm, classifier: dotted paths, relative to the LightningModule, of the block list, the final
+        blocks: dotted paths, relative to the LightningModule, of the block list, the final
+            norm(s) and the classifier module(s) (applied in order); only for the hook source.
+        final_norm: dotted paths, relative to the LightningModule, of the block list, the final
+            norm(s) and the classifier module(s) (applied in order); only for the hook source.
+        classifier: dotted paths, relative to the LightningModule, of the block list, the final
             norm(s) and the classifier module(s) (applied in order); only for the hook source.
         pooling: ``"cls"``, ``"mean"`` or ``"last"`` token of each block output (hook source; default from the table).
         token_stride: language models: COS, CKA and the saturation COS use only positions ``t`` with

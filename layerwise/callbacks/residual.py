@@ -10,9 +10,9 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import Metric
 
 from layerwise.callbacks.lifecycle import AnalysisCallback
-from layerwise.errors import LayerwiseWarning
+from layerwise.errors import LayerwiseWarning, UsageError
 from layerwise.features.branches import BranchNorms, default_token, token_positions
-from layerwise.features.paths import find_layer_paths, get_blocks
+from layerwise.features.paths import FAMILIES, find_layer_paths, get_blocks
 from layerwise.metrics.residual import ResidualNormRatio
 
 Token = Literal["auto", "cls", "last"]
@@ -70,7 +70,14 @@ class ResidualNormRatioMonitor(AnalysisCallback):
         self._hooks = ExitStack()
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        paths = find_layer_paths(pl_module, option="ResidualNormRatioMonitor")
+        try:
+            paths = find_layer_paths(pl_module, option="ResidualNormRatioMonitor")
+        except UsageError as error:  # its message offers paths (blocks=...), which this callback does not take
+            raise UsageError(
+                f"ResidualNormRatioMonitor found no model of a known family (known: {sorted(FAMILIES)}) inside "
+                f"{type(pl_module).__name__}: it reads the blocks and their attention/MLP branches from the family "
+                "table and takes no paths. Add the family's entry to FAMILIES in layerwise/features/paths.py."
+            ) from error
         blocks = get_blocks(pl_module, paths)
         self._norms = BranchNorms(blocks, paths.branches, option=f"ResidualNormRatioMonitor ({paths.family})")
         self._token = self.token if self.token != "auto" else default_token(paths)

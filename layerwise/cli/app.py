@@ -16,9 +16,10 @@ from typing import Any, NoReturn, Optional
 
 from jsonargparse import ArgumentParser
 
+from layerwise import __version__
 from layerwise.cli.errors import bad_config_file, check_output_folders, class_options, exit_concisely, quiet_upstream
 from layerwise.cli.help_cache import is_plain_help, print_help
-from layerwise.cli.parser import command_parser, with_shipped_configs
+from layerwise.cli.parser import command_parser, say_configs_have_names, with_shipped_configs
 from layerwise.errors import DEBUG_VARIABLE
 
 
@@ -83,6 +84,7 @@ def _trainer_classes() -> tuple[type, type]:
             """LightningCLI's parser (and each subcommand's), knowing the arguments it parses (a bad --config file)."""
             parser = super().init_parser(**kwargs)
             parser.argv = self._argv
+            say_configs_have_names(parser)
             return parser
 
         def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -281,6 +283,11 @@ COMMANDS: dict[str, tuple[str, str, str]] = {
         "clip",
         "Layer-wise COS of a CLIP model within and across modalities (App. D of Jiang et al.).",
     ),
+    "configs": (
+        "layerwise.inference.configs",
+        "configs",
+        "List the configs the package ships (`--config NAME` runs one), or print one: `layerwise configs show NAME`.",
+    ),
     "report": (
         "layerwise.figures.report",
         "report",
@@ -299,9 +306,11 @@ def build_parser() -> ArgumentParser:
     """The top-level parser: every subcommand with its one-line help (``layerwise --help``)."""
     parser = ArgumentParser(
         prog="layerwise",
-        description="Trace how representations progress through the layers of a transformer. `layerwise COMMAND "
-        "--help` shows the options of a command.",
+        description=f"layerwise {__version__}: trace how representations progress through the layers of a "
+        "transformer. `layerwise COMMAND --help` shows the options of a command; `--config NAME` runs a config the "
+        "package ships (`layerwise configs` lists them).",
     )
+    parser.add_argument("-V", "--version", action="version", version=f"layerwise {__version__}")
     subcommands = parser.add_subcommands(dest="command", required=False, metavar="COMMAND")  # required: see main
     for name, help_text in TRAINER_COMMANDS.items():
         subcommands.add_subcommand(name, ArgumentParser(prog=f"layerwise {name}"), help=help_text)
@@ -334,7 +343,7 @@ def main(args: Optional[list[str]] = None) -> None:
         print_help(argv[0], lambda: _trainer_classes()[1](args=args))  # in-process callers may list their classes
     elif argv and argv[0] in TRAINER_COMMANDS or argv[:1] and argv[0].startswith("--config"):
         _trainer_classes()[1](args=None if args is None else argv)  # None: LightningCLI reads sys.argv
-    else:  # --help lists every command; anything else is an error naming the choices
+    else:  # --help lists every command, --version says it; anything else is an error naming the choices
         parser = build_parser()
         if parser.parse_args(argv).command is None:  # not `required` for jsonargparse: it would add a "(required)" line
             parser.error(f"give a command, one of {', '.join([*TRAINER_COMMANDS, *COMMANDS])}.")

@@ -8,6 +8,7 @@ import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import BasePredictionWriter
 
+from layerwise import __version__
 from layerwise.callbacks._loggers import image_sinks
 from layerwise.cli.runs import CheckpointPosition
 
@@ -120,7 +121,7 @@ def fit_closing_line(trainer: Trainer, run: Path, start_step: int = 0) -> str:
         parts.append(f"logs {run}/")
     nonfinite = getattr(trainer.lightning_module, "nonfinite_training", None)
     parts += [said for said in ([nonfinite()] if callable(nonfinite) else []) if said]
-    return "; ".join(parts) + "."
+    return "; ".join([*parts, f"layerwise {__version__}"]) + "."  # which layerwise made these results
 
 
 def evaluated_model(trainer: Trainer, position: Optional[CheckpointPosition]) -> str:

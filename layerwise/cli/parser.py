@@ -8,6 +8,7 @@ ships is that file (:func:`with_shipped_configs`): ``layerwise fit --config quic
 
 import inspect
 import os
+import re
 import sys
 import typing
 from collections.abc import Callable
@@ -18,8 +19,9 @@ from jsonargparse import ActionConfigFile, ArgumentParser
 
 from layerwise.cli.errors import exit_concisely
 from layerwise.errors import DEBUG_VARIABLE
+from layerwise.inference.configs import shipped_configs
 
-_POSITIONAL = {"path", "runs"}
+_POSITIONAL = {"path", "runs", "action", "name"}  # action, name: `layerwise configs show NAME`
 
 
 class _ConciseParser(ArgumentParser):
@@ -52,7 +54,11 @@ def command_parser(name: str, function: Callable[..., None]) -> ArgumentParser:
         prog=f"layerwise {name}",
         description=" ".join(filter(None, [docs.short_description, docs.long_description])),
     )
-    parser.add_argument("--config", action=ActionConfigFile, help="a YAML file with any of the options below")
+    parser.add_argument(
+        "--config",
+        action=ActionConfigFile,
+        help="a YAML file with any of the options below, or a shipped config's name (`layerwise configs` lists them)",
+    )
     hints = typing.get_type_hints(function)
     manual: set[Union[str, int]] = {
         key for key in hints if key != "return" and (key in _POSITIONAL or _list_item(hints[key]) is not None)
@@ -64,38 +70,83 @@ def command_parser(name: str, function: Callable[..., None]) -> ArgumentParser:
         item = _list_item(hints[key])
         choices = list(typing.get_args(item)) if typing.get_origin(item) is Literal else None
         flag = key if key in _POSITIONAL else f"--{key}"
-        extra = {} if key in _POSITIONAL else {"default": parameter.default}
+        extra: dict[str, Any] = {} if key in _POSITIONAL else {"default": parameter.default}
+        nargs = "+" if item else None
+        if key in _POSITIONAL and parameter.default is not inspect.Parameter.empty:  # an optional positional
+            nargs, extra["default"] = "?", parameter.default
         if choices:  # argparse's own str (no type=: jsonargparse would show its wrapper, a lambda, in --help)
             extra["choices"] = choices
         else:
             extra["type"] = item or hints[key]
-        parser.add_argument(flag, nargs="+" if item else None, help=help_of.get(key), **extra)
+        parser.add_argument(flag, nargs=nargs, help=help_of.get(key), **extra)
     return parser
 
 
-SHIPPED = Path(__file__).parents[1] / "configs"  # copies of files under the repository's configs/, byte for byte
 _CONFIG_FLAGS = ("--config", "-c")
+CONFIG_HELP = (
+    "a YAML config file, or the name of a config the package ships (`--config quickstart`, "
+    "`--config transfer/digits_probe`; `layerwise configs` lists them); several compose, the later winning."
+)
+
+
+def say_configs_have_names(parser: ArgumentParser) -> None:
+    """LightningCLI's ``--config`` help ("Path to a configuration file") saying that a shipped config has a name."""
+    for action in parser._actions:
+        if "--config" in action.option_strings:
+            action.help = CONFIG_HELP
+
+
+_IN_CONFIGS = re.compile(r"(?:^|/)configs/(.+)$")  # configs/quickstart, ../configs/transfer/digits_probe
+
+
+def shipped_name(name: str) -> Optional[str]:
+    """The shipped config's name that ``name`` means (``quickstart``, ``quickstart.yaml``, ``configs/quickstart.yaml``).
+
+    None when nothing shipped has that name.
+    """
+    stem = name.removesuffix(".yaml").replace("\\", "/")
+    shipped = shipped_configs()
+    if stem in shipped:
+        return stem
+    below = _IN_CONFIGS.search(stem)
+    return below.group(1) if below and below.group(1) in shipped else None
 
 
 def shipped_config(name: str) -> Optional[Path]:
     """The shipped config called ``name`` (``quickstart`` or ``quickstart.yaml``); None for a file of the user's own."""
-    shipped = {str(path.relative_to(SHIPPED).with_suffix("")): path for path in SHIPPED.rglob("*.yaml")}
-    path = shipped.get(name.removesuffix(".yaml"))
-    return None if path is None or Path(name).is_file() else path
+    if Path(name).is_file() or _IN_CONFIGS.search(name.replace("\\", "/")):  # a path into configs/: the user's own
+        return None
+    found = shipped_name(name)
+    return None if found is None else shipped_configs()[found]
+
+
+def missing_shipped_file(name: str) -> Optional[str]:
+    """For ``configs/quickstart.yaml`` that is not here but shipped: the line that names ``--config quickstart``."""
+    if Path(name).exists() or shipped_config(name) is not None or (found := shipped_name(name)) is None:
+        return None
+    return f"--config: no file {name} here; the shipped config is `--config {found}` (`layerwise configs` lists them)."
 
 
 def with_shipped_configs(args: Optional[list[str]]) -> list[str]:
     """``args`` (None: ``sys.argv[1:]``), each ``--config NAME`` of a shipped config given as its path.
 
-    Given None, ``sys.argv`` is rewritten too: LightningCLI reads it itself.
+    Given None, ``sys.argv`` is rewritten too: LightningCLI reads it itself. A missing ``configs/NAME.yaml`` that is
+    shipped ends the command in one line naming ``--config NAME``.
     """
     argv = sys.argv[1:] if args is None else list(args)
     for index, arg in enumerate(argv):
         flag, equals, value = arg.partition("=")
-        if equals and flag in _CONFIG_FLAGS and (path := shipped_config(value)):
-            argv[index] = f"{flag}={path}"
-        elif index and argv[index - 1] in _CONFIG_FLAGS and (path := shipped_config(arg)):
-            argv[index] = str(path)
+        if equals and flag in _CONFIG_FLAGS:
+            prefix, given = f"{flag}=", value
+        elif index and argv[index - 1] in _CONFIG_FLAGS:
+            prefix, given = "", arg
+        else:
+            continue
+        if path := shipped_config(given):
+            argv[index] = f"{prefix}{path}"
+        elif line := missing_shipped_file(given):
+            prog = " ".join(["layerwise", *argv[:1]]) if argv[:1] and not argv[0].startswith("-") else "layerwise"
+            exit_concisely(prog, line, parsed=False)
     if args is None:
         sys.argv[1:] = argv
     return argv

@@ -116,9 +116,12 @@ class COCODetectionDataModule(LightningDataModule):
     edge), which resizes, normalises, pads (``pixel_mask``) and converts the boxes.
 
     Args:
-        val_annotations, val_images: the validation annotation file and image folder (COCO's
+        val_annotations: the validation annotation file and image folder (COCO's
             ``annotations/instances_val2017.json`` and ``val2017/``).
-        train_annotations, train_images: the same for training (only ``fit`` needs them).
+        val_images: the validation annotation file and image folder (COCO's
+            ``annotations/instances_val2017.json`` and ``val2017/``).
+        train_annotations: the same for training (only ``fit`` needs them).
+        train_images: the same for training (only ``fit`` needs them).
         processor: the image processor's hub id or folder; None builds a ``DetrImageProcessor``.
         processor_size: shortest edge of the built processor (its longest edge is 5/3 of it, as DETR's 800/1333).
         batch_size: images per batch.

@@ -26,9 +26,15 @@ class TimmViT(Backbone):
         model_name: any timm VisionTransformer/DeiT name, e.g. ``"deit_small_patch16_224"``.
         pretrained: load timm's pretrained weights (needs the hub; keep off offline).
         num_classes: classifier outputs.
-        img_size, patch_size, in_chans, embed_dim, depth, num_heads: override the named architecture.
+        img_size: override the named architecture.
+        patch_size: override the named architecture.
+        in_chans: override the named architecture.
+        embed_dim: override the named architecture.
+        depth: override the named architecture.
+        num_heads: override the named architecture.
         pooling: ``"cls"`` (the class token, default) or ``"mean"`` (average of the patch tokens).
-        drop_rate, drop_path_rate: timm's dropout and stochastic-depth rates.
+        drop_rate: timm's dropout and stochastic-depth rates.
+        drop_path_rate: timm's dropout and stochastic-depth rates.
         activation_checkpointing: recompute every block in the backward pass instead of keeping its activations
             (timm's ``set_grad_checkpointing``): less memory, one more forward per block.
 

@@ -14,6 +14,7 @@ from layerwise.engines.coupling import CouplingAnalysis
 from layerwise.errors import UsageError
 from layerwise.inference._lazy import ANNOTATIONS_ONLY
 from layerwise.inference._options import DeviceMap, DType, ModelSource, check_layer_numbers
+from layerwise.inference.configs import shipped_file
 
 if ANNOTATIONS_ONLY:
     pass
@@ -30,6 +31,8 @@ def load_prompts(path: Any, max_prompts: int) -> list[str]:
     from pathlib import Path
 
     path = Path(path)
+    if not path.is_file() and (shipped := shipped_file(path)) is not None:  # configs/coupling/prompts.txt, shipped
+        path = shipped
     if not path.is_file():
         raise ValueError(f"`--prompts={path}` is not a file (give a text file, one prompt per line, or .jsonl).")
     lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]

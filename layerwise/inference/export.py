@@ -27,8 +27,8 @@ Usage::
     # or let the validation summary choose: the ε-effective depth (first layer with accuracy >= 1 - ε)
     layerwise export --checkpoint .../last.ckpt --summary runs/quickstart/version_0 --epsilon 0.02 --out deploy/
 
-``--summary`` takes a ``val_epoch_EEE.json`` or a log directory (its latest one); ``--relative`` uses the depth
-relative to the last layer (accuracy >= Acc_L − ε) instead. The checkpoint is a layerwise Lightning checkpoint
+``--summary`` takes a ``val_epoch_EEE_step_SSSSSSS.json`` or a log directory (its latest one); ``--relative`` uses
+the depth relative to the last layer (accuracy >= Acc_L − ε) instead. The checkpoint is a layerwise Lightning checkpoint
 written by ``layerwise fit`` (its hyper-parameters hold the module's and backbone's class paths).
 """
 
@@ -243,7 +243,7 @@ def export(
         checkpoint: a layerwise Lightning checkpoint (.ckpt).
         out: output folder.
         depth: layers to keep, 1..L (default: from --summary).
-        summary: a val_epoch_EEE.json or a log directory: choose --depth as its ε-effective depth.
+        summary: a val_epoch_EEE_step_SSSSSSS.json or a log directory: choose --depth as its ε-effective depth.
         epsilon: ε of the effective depth.
         relative: ε relative to the last layer's accuracy.
         verify: check on a random input that the export reproduces the shared head's layer-d logits.

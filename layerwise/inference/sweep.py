@@ -10,8 +10,8 @@ Usage::
 
     layerwise sweep runs/cifar_aligned runs/cifar_multi_exit --labels aligned multi_exit --out sweep/
 
-Each ``RUN_OR_JSON`` is a log directory (its latest ``layerwise/val_epoch_EEE.json`` is read) or a summary JSON
-file. Writes ``sweep.md`` and ``sweep.csv`` (one row per curve and threshold: ``curve``, ``threshold``,
+Each ``RUN_OR_JSON`` is a log directory (its latest ``layerwise/val_epoch_EEE_step_SSSSSSS.json`` is read) or a summary
+JSON file. Writes ``sweep.md`` and ``sweep.csv`` (one row per curve and threshold: ``curve``, ``threshold``,
 ``accuracy``, ``speedup``; the CSV holds the JSON's numbers at full precision) and ``sweep.png``/``sweep.pdf``
 (``--format`` picks the figure formats) in ``--out`` (default: the current folder). Curves are labelled
 "<label> (shared head)" and "<label> (separate heads)"; labels default to the run folder names. Speedup is

@@ -28,7 +28,17 @@ class Aligned(LayerwiseModule):
     (``"rotating"``); both depend only on the optimizer step, so every rank and every resumed run picks the same.
 
     Args:
-        backbone, optimizer, lr_scheduler, scheduler_interval, label_smoothing, chunk_size: see
+        backbone: see
+            :class:`LayerwiseModule`.
+        optimizer: see
+            :class:`LayerwiseModule`.
+        lr_scheduler: see
+            :class:`LayerwiseModule`.
+        scheduler_interval: see
+            :class:`LayerwiseModule`.
+        label_smoothing: see
+            :class:`LayerwiseModule`.
+        chunk_size: see
             :class:`LayerwiseModule`.
         layer_weights: ``"linear"`` (λ_l = 2l/(L(L+1)), default), ``"uniform"`` (1/L) or an explicit list of ``L``
             positive weights (used as given).

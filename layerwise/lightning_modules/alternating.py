@@ -22,7 +22,16 @@ class AlternatingAligned(Aligned):
 
     Args:
         alternate_by: ``"optimizer_step"`` (default) or ``"micro_batch"``.
-        Others (sampled exits included, which then apply on the aligned steps): see :class:`Aligned`.
+        backbone: see :class:`Aligned`.
+        layer_weights: see :class:`Aligned`.
+        sampled_exits: see :class:`Aligned`.
+        exit_sampling: see :class:`Aligned`.
+        sampling_seed: see :class:`Aligned`.
+        optimizer: see :class:`Aligned`.
+        lr_scheduler: see :class:`Aligned`.
+        scheduler_interval: see :class:`Aligned`.
+        label_smoothing: see :class:`Aligned`.
+        chunk_size: see :class:`Aligned`.
 
     Logged keys: ``train/loss_last`` and ``train/loss_aligned``, each the mean of that objective's losses over the
     steps since the logger last wrote (the window of ``log_every_n_steps`` optimizer steps ending at the written

@@ -131,7 +131,7 @@ class CheckpointReader(TorchCheckpointIO):
         if self.fitting and is_sharded_checkpoint(path):
             raise UsageError(
                 f"`--ckpt_path={path}` is a sharded (FSDP2) checkpoint: resume `fit` from it with the strategy that "
-                "wrote it (`--config configs/trainer/fsdp_gpu.yaml`, the same number of processes); one process can "
+                "wrote it (`--config trainer/fsdp_gpu`, the same number of processes); one process can "
                 "validate, test, predict and export from it."
             )
         return read_checkpoint(path, "--ckpt_path", weights_only=weights_only)

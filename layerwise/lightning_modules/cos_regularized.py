@@ -23,7 +23,12 @@ class CosRegularized(LayerwiseModule):
     Args:
         beta: weight β of the similarity term (>= 0).
         center: centre features by the batch mean before the cosine.
-        Others: see :class:`LayerwiseModule`.
+        backbone: see :class:`LayerwiseModule`.
+        optimizer: see :class:`LayerwiseModule`.
+        lr_scheduler: see :class:`LayerwiseModule`.
+        scheduler_interval: see :class:`LayerwiseModule`.
+        label_smoothing: see :class:`LayerwiseModule`.
+        chunk_size: see :class:`LayerwiseModule`.
 
     Logged keys: ``train/cos_to_last`` (the batch's mean_{l<L} COS(h_l, h_L)), plus those of the base.
     """

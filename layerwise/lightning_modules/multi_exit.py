@@ -29,7 +29,12 @@ class MultiExit(LayerwiseModule):
         layer_weights: λ as in :class:`Aligned` (default ``"linear"``).
         distill_weight: weight of the KL distillation term (0 disables it).
         distill_temperature: temperature ``T`` of the distillation.
-        Others: see :class:`LayerwiseModule`.
+        backbone: see :class:`LayerwiseModule`.
+        optimizer: see :class:`LayerwiseModule`.
+        lr_scheduler: see :class:`LayerwiseModule`.
+        scheduler_interval: see :class:`LayerwiseModule`.
+        label_smoothing: see :class:`LayerwiseModule`.
+        chunk_size: see :class:`LayerwiseModule`.
     """
 
     def __init__(

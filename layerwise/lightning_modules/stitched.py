@@ -97,7 +97,8 @@ class Stitched(LightningModule):
     ``precision``).
 
     Args:
-        model_a, model_b: hub ids, folders or layerwise ``.ckpt`` files (or modules holding a table-known model).
+        model_a: hub ids, folders or layerwise ``.ckpt`` files (or modules holding a table-known model).
+        model_b: hub ids, folders or layerwise ``.ckpt`` files (or modules holding a table-known model).
         layer_a: l, the number of A's blocks that run (0 = its embeddings only).
         layer_b: m, B runs its blocks m+1..L_B (0 <= m < L_B).
         phi: ``"learned"`` or ``"identity"`` (no training; equal widths).

@@ -47,8 +47,10 @@ class CrossModelCKA(_ShiftedSumStateMetric):
     additions remain.
 
     Args:
-        layers_a, dim_a: L_A and d_A of model A.
-        layers_b, dim_b: L_B and d_B of model B.
+        layers_a: L_A and d_A of model A.
+        dim_a: L_A and d_A of model A.
+        layers_b: L_B and d_B of model B.
+        dim_b: L_B and d_B of model B.
         pairs: ``"all"`` (every layer of A against every layer of B) or ``"diagonal"`` (layer i against layer i).
         precision: ``"exact"`` (every product in float64, the default) or ``"fast"`` (float32 products, float64 sums).
         kwargs: torchmetrics ``Metric`` options.

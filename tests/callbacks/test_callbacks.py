@@ -51,7 +51,10 @@ CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 N = 101  # validation samples: 6 batches of 16 and a ragged one of 5
 THRESHOLDS = [0.3, 0.5, 0.7, 0.9]
 EPSILONS = [0.01, 0.05, 0.1]
-HEADER = {"stage", "split", "epoch", "global_step", "num_samples", "depth", "layers", "run_id", "n_nonfinite"}
+HEADER = {
+    *("stage", "split", "epoch", "global_step", "num_samples", "depth", "layers", "run_id", "n_nonfinite"),
+    "layerwise_version",
+}
 
 
 # ---------------------------------------------------------------------------------------- float64 references
@@ -236,7 +239,7 @@ def test_analysis_json_equals_float64_reference(analysis_run):
     expected = reference(h, labels, logits, list(range(1, DEPTH + 1)))
     assert sum(count > 0 for count in expected["saturation_counts"]) >= 3
 
-    assert {key: summary[key] for key in HEADER - {"run_id"}} == {
+    assert {key: summary[key] for key in HEADER - {"run_id", "layerwise_version"}} == {
         "stage": "val",
         "split": "validation",
         "epoch": 0,

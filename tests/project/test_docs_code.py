@@ -4,7 +4,8 @@ The collector reads each fenced block and the line right before it:
 
 - ```` ```python ````: run in order with the page's earlier Python blocks, in one namespace, in a temporary folder.
 - ```` ```bash ````: every command must be ``layerwise …``; each runs in-process (``layerwise.cli.main``) in one
-  shared workspace (``configs/`` linked in, the quickstart fit already run, so ``runs/quickstart/version_0`` exists).
+  shared workspace (no ``configs/``: the docs name the shipped configs, ``--config quickstart``; the quickstart fit
+  already run, so ``runs/quickstart/version_0`` exists).
   ``fit``/``validate``/``test``/``predict`` are cut to one epoch of two training batches
   (``--trainer.max_epochs=1 --trainer.limit_train_batches=2``); a command that ran once (README and a page both
   show it) is not run again.
@@ -106,7 +107,7 @@ def test_the_install_block_is_what_ci_runs():
     """README's and the install page's two set-up lines are .ci/run's, verbatim."""
     ci = (REPO / ".ci" / "run").read_text().splitlines()
     for page in (REPO / "README.md", REPO / "docs" / "install.md"):
-        first = next(block for block in page_blocks(page) if block.language == "bash")
+        first = next(block for block in page_blocks(page) if "pip install -e" in block.code)
         assert first.code.splitlines() == ['pip install -e ".[dev]"', "pytest"], first.id
         assert all(line in ci for line in first.code.splitlines()), f"{first.id} differs from .ci/run"
 
@@ -146,7 +147,6 @@ class Workspace:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        (folder / "configs").symlink_to(REPO / "configs")
         self.outputs: dict[str, str] = {}
 
     def run(self, words: list[str], capfd) -> str:
@@ -175,7 +175,7 @@ def workspace(tmp_path_factory):
 @pytest.fixture
 def quickstart(workspace, capfd):
     """The workspace after the main job (cut), which later commands read (runs/quickstart/version_0)."""
-    workspace.run(["layerwise", "fit", "--config", "configs/quickstart.yaml"], capfd)
+    workspace.run(["layerwise", "fit", "--config", "quickstart"], capfd)
     return workspace
 
 

@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+import layerwise
 from layerwise.cli import main
 from layerwise.results import (
     find_summaries,
@@ -45,7 +46,12 @@ def test_a_corrupt_summary_is_moved_aside_with_a_warning_and_written_anew(tmp_pa
         path.write_text(bad)
         with pytest.warns(UserWarning, match=r"val_epoch_000.json is not .*Moved it to val_epoch_000.json.corrupt-"):
             merge_summary(path, {"epoch": 0, "accuracy": [0.5]}, run_id="new")
-        assert load_summary(path) == {"run_id": "new", "epoch": 0, "accuracy": [0.5]}
+        assert load_summary(path) == {
+            "run_id": "new",
+            "layerwise_version": layerwise.__version__,
+            "epoch": 0,
+            "accuracy": [0.5],
+        }
         for aside in tmp_path.glob("layerwise/*.corrupt-*"):
             aside.unlink()
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import layerwise
 from layerwise.cli import LayerwiseCLI, main
 from layerwise.results import write_text_atomic
 
@@ -65,6 +66,8 @@ def test_a_fit_ends_with_one_line_naming_accuracy_checkpoints_summaries_and_figu
     assert f"checkpoints {run / 'checkpoints'}/ (" in closing and "last.ckpt" in closing
     assert f"summaries {run / 'layerwise'}/" in closing and f"`layerwise plot {run}`" in closing
     assert f"figures in TensorBoard ({run}) and by" in closing
+    assert closing.endswith(f"; layerwise {layerwise.__version__}.")  # which layerwise made these results
+    assert last["layerwise_version"] == layerwise.__version__
 
 
 def test_the_closing_line_names_where_the_figures_went_without_tensorboard(tmp_path):
