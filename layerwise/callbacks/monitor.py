@@ -14,14 +14,15 @@ from lightning.pytorch import LightningModule, Trainer
 from layerwise.callbacks._loader import LoaderState
 from layerwise.callbacks._output import _log_dir, layer_table
 from layerwise.callbacks._source import FeatureSource
-from layerwise.callbacks.family import Family, LayerBatch, LayerSpec, per_layer
+from layerwise.callbacks.family import Family, LayerSpec, per_layer
 from layerwise.callbacks.lifecycle import AnalysisCallback, positive_int
+from layerwise.engines.readout import LayerOutputs
 from layerwise.errors import UsageError
 from layerwise.features.layers import LayerSelection, select_layers
 from layerwise.results import evaluated_split
 
 Source = Literal["auto", "outputs", "hooks"]
-__all__ = ["Family", "LayerBatch", "LayerSpec", "LayerwiseMonitor", "per_layer"]
+__all__ = ["Family", "LayerOutputs", "LayerSpec", "LayerwiseMonitor", "per_layer"]
 
 
 class LayerwiseMonitor(AnalysisCallback):
