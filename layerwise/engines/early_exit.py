@@ -124,6 +124,7 @@ class _ExitRule:
         if self.name == "threshold":
             return predictions, readout.max_prob >= self.value, state
         if self.name == "entropy":
+            assert readout.entropy is not None  # asked for by the walk for this criterion
             return predictions, readout.entropy <= self.value, state
         previous, count = state
         count = torch.where(predictions == previous, count + 1, torch.zeros_like(count))

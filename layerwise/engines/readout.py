@@ -169,7 +169,8 @@ def chunked_readout(
     ]
     if not parts:
         return _empty(features, targets, entropy)
-    return Readout(*(None if field[0] is None else torch.cat(field).view(layers, rows) for field in zip(*parts)))
+    fields = (None if field[0] is None else torch.cat(field).view(layers, rows) for field in zip(*parts))
+    return Readout(*fields)  # type: ignore[arg-type]  # predictions and max_prob are never None
 
 
 def _empty(features: Tensor, targets: Optional[Tensor], entropy: bool) -> Readout:
@@ -234,19 +235,15 @@ class LayerOutputs:
         used = self._samples_in(rows) if budget is not None else 0
         layers = layers.to(self.features.device)
 
-        def pick(value: Optional[Tensor]) -> Optional[Tensor]:
-            return None if value is None else value.index_select(0, layers)[:, rows]
-
-        def picked(readout: Optional[Readout]) -> Optional[Readout]:
-            return None if readout is None else Readout(*(pick(value) for value in readout))
+        def pick(value: Tensor) -> Tensor:
+            return value.index_select(0, layers)[:, rows]
 
         sampled = None
         if self.positions is not None and token_stride > 1:
             sampled = torch.nonzero(self.positions[rows] % token_stride == 0).flatten()
         targets = None if self.targets is None else self.targets[rows]
-        selected = LayerOutputs(
-            pick(self.features), picked(self.readout), targets, picked(self.exit_readout), sampled=sampled
-        )
+        exits = None if self.exit_readout is None else _mapped(self.exit_readout, pick)
+        selected = LayerOutputs(pick(self.features), _mapped(self.readout, pick), targets, exits, sampled=sampled)
         return selected, used
 
     def _real_rows(self, budget: Optional[int]) -> Union[slice, Tensor]:
@@ -275,11 +272,6 @@ class LayerOutputs:
     def keep(self, rows: Tensor) -> "LayerOutputs":
         """The outputs restricted to the rows where ``rows`` (N,) bool is True (``sampled`` renumbered)."""
 
-        def take(readout: Optional[Readout]) -> Optional[Readout]:
-            return (
-                None if readout is None else Readout(*(None if value is None else value[:, rows] for value in readout))
-            )
-
         def take_rows(value: Optional[Tensor]) -> Optional[Tensor]:
             return None if value is None else value[rows]
 
@@ -289,9 +281,9 @@ class LayerOutputs:
             sampled = position[sampled[rows[sampled]]]
         return LayerOutputs(
             self.features[:, rows],
-            take(self.readout),
+            _mapped(self.readout, lambda value: value[:, rows]),
             take_rows(self.targets),
-            take(self.exit_readout),
+            None if self.exit_readout is None else _mapped(self.exit_readout, lambda value: value[:, rows]),
             take_rows(self.sample_index),
             take_rows(self.positions),
             sampled,
@@ -321,7 +313,7 @@ class LayerOutputs:
             if pick(first) is None:
                 return None
             fields = range(len(Readout._fields))
-            return Readout(*(join([pick(batch)[field] for batch in batches], 1) for field in fields))  # type: ignore[index]
+            return Readout(*(join([pick(batch)[field] for batch in batches], 1) for field in fields))  # type: ignore
 
         sampled = None
         if any(batch.sampled is not None for batch in batches):
@@ -344,6 +336,11 @@ class LayerOutputs:
     def sampled_features(self) -> Tensor:
         """The features of the rows kept for COS/CKA/saturation-COS: ``(L, N', d)``."""
         return self.features if self.sampled is None else self.features[:, self.sampled]
+
+
+def _mapped(readout: Readout, change: Callable[[Tensor], Tensor]) -> Readout:
+    """``change`` applied to every tensor of a readout (its None fields stay None)."""
+    return Readout(*(None if value is None else change(value) for value in readout))  # type: ignore[arg-type]
 
 
 @torch.no_grad()

@@ -326,6 +326,7 @@ def log_last_layer(module: LightningModule, outputs: LayerOutputs, stage: str, d
         loaders = module.trainer.val_dataloaders if stage == "val" else module.trainer.test_dataloaders
         stage = loader_stages(stage, loaders)[dataloader_idx]
     readout, targets = outputs.readout, outputs.targets
+    assert readout.nll is not None and targets is not None  # an evaluation step reads labelled batches
     options = dict(prog_bar=True, sync_dist=True, batch_size=targets.shape[0], add_dataloader_idx=False)
     module.log(f"{stage}/loss", readout.nll[-1].mean().float(), **options)
     module.log(f"{stage}/acc", (readout.predictions[-1] == targets).float().mean(), **options)
