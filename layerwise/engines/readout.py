@@ -1,9 +1,12 @@
-"""Applying the shared head to every layer in token chunks, so no layers x tokens x vocabulary tensor ever exists.
+"""The one readout: the head applied to every layer in token chunks, and the hand-off it builds, ``LayerOutputs``.
 
 For a classifier with ten classes the head's logits of every layer are tiny; for a language model with a 50,257-token
-vocabulary one layer's logits over 8,192 tokens are already 1.6 GB in float32. Both functions here walk the
+vocabulary one layer's logits over 8,192 tokens are already 1.6 GB in float32. Every function here walks the
 ``(rows, d)`` features in chunks of ``chunk_size`` rows: the peak extra memory is about one chunk of logits
-(``chunk_size x V``), whatever the number of layers and tokens.
+(``chunk_size x V``), whatever the number of layers and tokens. The training losses (``chunked_cross_entropy``,
+``chunked_kl_divergence``) keep the gradient; everything else reads a layer through ``chunked_readout`` — the modules'
+evaluation steps and the callbacks' hooks via ``read_layers``, which builds :class:`LayerOutputs`, and the probes,
+early exit and ``lens`` (``tests/project/test_architecture.py`` finds any other call of a head on a layer).
 """
 
 from collections.abc import Callable, Sequence
