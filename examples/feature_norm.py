@@ -41,7 +41,7 @@ class FeatureNormMonitor(AnalysisCallback):
         self.metric = MeanFeatureNorm(pl_module.num_layers).to(pl_module.device)
 
     def after_batch(self, trainer, pl_module, outputs, batch):
-        features = outputs["features"]  # (L, B, d): what every layerwise module's validation_step returns
+        features = outputs.features  # (L, B, d) of the LayerOutputs every layerwise module's validation_step returns
         rows = self.real_rows(features.shape[1])  # the DistributedSampler's padding is not counted
         if rows:
             self.metric.update(features[:, :rows])

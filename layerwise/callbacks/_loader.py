@@ -9,10 +9,10 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torchmetrics import Metric
 
-from layerwise.callbacks._batch import layer_batch as make_layer_batch
 from layerwise.callbacks._output import FeatureSaver
 from layerwise.callbacks._sampling import rank_indices, real_samples_on_rank
-from layerwise.callbacks.family import Family, LayerBatch, LayerSpec
+from layerwise.callbacks.family import Family, LayerSpec
+from layerwise.engines.readout import LayerOutputs
 from layerwise.errors import LayerwiseWarning
 from layerwise.metrics import NonFiniteRows, SampleCount, all_reduce_sum_states
 
@@ -26,7 +26,7 @@ GROUP_BATCHES = 16
 class _Pending(NamedTuple):
     """Joined batches whose non-finite check is still on its way to the host (read when the next group is joined)."""
 
-    batch: LayerBatch
+    batch: LayerOutputs
     bad: Tensor  # (L, N) bool, on the batch's device
     any_bad: Tensor  # 0-dim bool on the host, written by a non-blocking copy
     copied: Optional[torch.cuda.Event]  # recorded after that copy (None on the CPU: nothing in flight)
@@ -42,7 +42,7 @@ class LoaderState:
     nonfinite: NonFiniteRows
     budget: Optional[int] = None
     saver: FeatureSaver = field(default_factory=FeatureSaver)
-    held: list[LayerBatch] = field(default_factory=list)
+    held: list[LayerOutputs] = field(default_factory=list)
     held_bytes: int = 0
     save_features: bool = False
     pending: Optional[_Pending] = None
@@ -64,7 +64,7 @@ class LoaderState:
         self.saver = FeatureSaver()
         self.saver.indices = rank_indices(loader) if keep_indices else None
 
-    def collect(self, outputs: dict[str, Any], selection: Tensor, token_stride: int, save_features: bool) -> None:
+    def collect(self, outputs: LayerOutputs, selection: Tensor, token_stride: int, save_features: bool) -> None:
         """Take one batch's real samples (the sampler's padding dropped); non-finite rows are counted and skipped.
 
         The batches are held and joined into groups of up to :data:`GROUP_BYTES` or :data:`GROUP_BATCHES` (one
@@ -75,7 +75,7 @@ class LoaderState:
         a non-blocking copy, and the group is fed when the next one is joined (or at :meth:`reduce`): by then the
         copy has long landed.
         """
-        layer_batch, used = make_layer_batch(outputs, selection, self.budget, token_stride)
+        layer_batch, used = outputs.select(selection, self.budget, token_stride)
         if self.budget is not None:
             self.budget -= used
         if layer_batch.features.shape[1] == 0:
@@ -93,7 +93,7 @@ class LoaderState:
         """Join the held batches, start their non-finite check, and feed the group checked before them."""
         if not self.held:
             return
-        layer_batch = LayerBatch.cat(self.held)
+        layer_batch = LayerOutputs.cat(self.held)
         self.held, self.held_bytes = [], 0
         self._feed_checked()
         bad = layer_batch.nonfinite_rows()

@@ -12,7 +12,8 @@ from torch import Tensor
 from layerwise._compat import already_reduced
 from layerwise.callbacks._drawing import FigureJob, draw_later, figures_in_process
 from layerwise.callbacks._loggers import image_sinks, tensorboards
-from layerwise.callbacks.family import LayerBatch, LayerSpec
+from layerwise.callbacks.family import LayerSpec
+from layerwise.engines.readout import LayerOutputs
 from layerwise.errors import LayerwiseWarning
 from layerwise.figures.style import stage_name
 from layerwise.figures.summary import stamped_figures
@@ -117,7 +118,7 @@ class FeatureSaver:
         self.indices: Optional[list[int]] = None
         self._saved: dict[str, list[Tensor]] = {}
 
-    def keep(self, batch: LayerBatch) -> None:
+    def keep(self, batch: LayerOutputs) -> None:
         """Add one batch (the sampled rows)."""
         rows = slice(None) if batch.sampled is None else batch.sampled
         parts = {

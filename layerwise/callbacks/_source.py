@@ -5,10 +5,9 @@ from contextlib import ExitStack
 from typing import Any, Optional
 
 from lightning.pytorch import LightningModule
-from torch import nn
+from torch import Tensor, nn
 
-from layerwise.callbacks._batch import _targets
-from layerwise.features import TARGETS
+from layerwise.engines.readout import LayerOutputs, read_layers
 from layerwise.features.hooks import HookTap, hook_paths
 from layerwise.features.paths import get_blocks
 
@@ -52,11 +51,18 @@ class FeatureSource:
         if self.tap is not None:
             self.tap.attention_mask = batch.get("attention_mask") if isinstance(batch, Mapping) else None
 
-    def outputs(self, outputs: Any, batch: Any) -> Any:
-        """The step's per-layer outputs: what hooks collected (with the batch's targets), else the step's own."""
-        if self.tap is None:
-            return outputs
-        return {**self.tap.pop(), TARGETS: _targets(batch)}
+    def outputs(self, outputs: Any, batch: Any) -> LayerOutputs:
+        """The step's :class:`LayerOutputs`: the features the hooks collected read by the one readout, else its own."""
+        if self.tap is not None:
+            return read_layers(self.tap.head, self.tap.pop(), _targets(batch))
+        if not isinstance(outputs, LayerOutputs):
+            raise TypeError(
+                f"The validation/test step returned {type(outputs).__name__}, not the per-layer LayerOutputs. Use a "
+                "layerwise LightningModule, return `layerwise.engines.readout.read_layers(head, features, targets)`, "
+                "or pass source='hooks' (with blocks=, final_norm=, classifier= for models outside the built-in path "
+                "table)."
+            )
+        return outputs
 
     def skip(self) -> None:
         """Drop what the hooks collected for a batch that is not analysed."""
@@ -79,3 +85,15 @@ class FeatureSource:
         backbone = pl_module.backbone
         classes = getattr(pl_module, "num_classes", None) or backbone.num_classes  # LinearProbes: the probes' own
         return backbone.num_layers, backbone.embed_dim, classes, bool(backbone.token_level)
+
+
+def _targets(batch: Any) -> Optional[Tensor]:
+    """The labels of a batch: its ``labels``/``label``/``targets``/``target`` entry, or its second element."""
+    if isinstance(batch, Mapping):
+        for key in ("labels", "label", "targets", "target"):
+            if key in batch:
+                return batch[key]
+        return None
+    if isinstance(batch, (tuple, list)) and len(batch) > 1:
+        return batch[1]
+    return None

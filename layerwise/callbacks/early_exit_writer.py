@@ -13,9 +13,9 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import Tensor
 
-from layerwise.engines.early_exit import EXIT_LAYERS, check_criterion, layer_count_speedup
+from layerwise.engines.early_exit import EXIT_LAYERS, PREDICTIONS, TARGETS, check_criterion, layer_count_speedup
 from layerwise.errors import LayerwiseWarning
-from layerwise.features import IGNORE_INDEX, PREDICTIONS, TARGETS
+from layerwise.features import IGNORE_INDEX
 from layerwise.results import to_json, write_text_atomic
 
 _OPTION = "--trainer.callbacks."

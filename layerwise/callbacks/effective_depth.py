@@ -6,7 +6,7 @@ from typing import Any, Optional
 from torchmetrics import Metric
 
 from layerwise.callbacks.family import shaped
-from layerwise.callbacks.monitor import Family, LayerBatch, LayerSpec, LayerwiseMonitor
+from layerwise.callbacks.monitor import Family, LayerOutputs, LayerSpec, LayerwiseMonitor
 from layerwise.metrics import LayerAccuracy, effective_depth
 
 DEFAULT_EPSILONS = (0.01, 0.05, 0.1)
@@ -31,7 +31,7 @@ class EffectiveDepthFamily(Family):
         self.accuracy = LayerAccuracy(spec.num_layers, sync_on_compute=False)
         return [self.accuracy]
 
-    def update(self, batch: LayerBatch) -> None:
+    def update(self, batch: LayerOutputs) -> None:
         if self.accuracy_from is None:
             self.accuracy.update(batch.readout, batch.targets)
 

@@ -1,16 +1,15 @@
-"""What a metric family of the analysis callbacks implements, and what it is fed."""
+"""What a metric family of the analysis callbacks implements; it is fed the module's ``LayerOutputs``."""
 
 import abc
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
-import torch
 from lightning.pytorch import Trainer
 from torch import Tensor
 from torchmetrics import Metric
 
-from layerwise.metrics import Readout
+from layerwise.engines.readout import LayerOutputs
 
 
 @dataclass(frozen=True)
@@ -33,94 +32,11 @@ class LayerSpec:
         return f"layer_{number:0{max(2, len(str(self.depth)))}d}"
 
 
-@dataclass
-class LayerBatch:
-    """One batch of the selected layers.
-
-    ``features`` ``(L, N, d)``; ``readout`` the shared head's per-layer predictions, top-1 probability and loss
-    ``(L, N)``; ``targets`` ``(N,)``; ``exit_readout`` that of separate exit heads, if any. ``sampled`` indexes the
-    rows kept for the feature-similarity statistics (every row unless tokens are subsampled).
-    """
-
-    features: Tensor
-    readout: Readout
-    targets: Optional[Tensor]
-    exit_readout: Optional[Readout] = None
-    sampled: Optional[Tensor] = None
-
-    def nonfinite_rows(self) -> Tensor:
-        """(L, N) bool: the rows whose feature, top-1 probability or loss is NaN or infinite, per layer."""
-        bad = ~torch.isfinite(self.features).all(dim=-1)
-        for value in (self.readout.max_prob, self.readout.nll):
-            if value is not None:
-                bad |= ~torch.isfinite(value)
-        return bad
-
-    def keep(self, rows: Tensor) -> "LayerBatch":
-        """The batch restricted to the rows where ``rows`` (N,) bool is True (``sampled`` renumbered)."""
-
-        def take(readout: Optional[Readout]) -> Optional[Readout]:
-            if readout is None:
-                return None
-            return Readout(*(None if value is None else value[:, rows] for value in readout))
-
-        sampled = self.sampled
-        if sampled is not None:
-            position = torch.cumsum(rows.long(), 0) - 1
-            sampled = position[sampled[rows[sampled]]]
-        targets = None if self.targets is None else self.targets[rows]
-        return LayerBatch(self.features[:, rows], take(self.readout), targets, take(self.exit_readout), sampled)
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held by the batch's tensors (features, readouts, targets, sampled rows)."""
-        readouts = [value for readout in (self.readout, self.exit_readout) if readout is not None for value in readout]
-        tensors = [self.features, self.targets, self.sampled, *readouts]
-        return sum(value.numel() * value.element_size() for value in tensors if value is not None)
-
-    @classmethod
-    def cat(cls, batches: Sequence["LayerBatch"]) -> "LayerBatch":
-        """One batch of ``batches``' rows in order (their ``sampled`` rows renumbered); one batch is returned as is."""
-        if len(batches) == 1:
-            return batches[0]
-        first = batches[0]
-
-        def join(values: list[Optional[Tensor]], dim: int) -> Optional[Tensor]:
-            return None if values[0] is None else torch.cat(values, dim=dim)  # type: ignore[arg-type]
-
-        def readouts(pick: Any) -> Optional[Readout]:
-            if pick(first) is None:
-                return None
-            fields = range(len(Readout._fields))
-            return Readout(*(join([pick(batch)[field] for batch in batches], 1) for field in fields))
-
-        sampled = None
-        if any(batch.sampled is not None for batch in batches):
-            parts, offset = [], 0
-            for batch in batches:
-                rows = batch.features.shape[1]
-                index = batch.sampled if batch.sampled is not None else torch.arange(rows, device=batch.features.device)
-                parts.append(index + offset)
-                offset += rows
-            sampled = torch.cat(parts)
-        return cls(
-            torch.cat([batch.features for batch in batches], dim=1),
-            readouts(lambda batch: batch.readout),  # type: ignore[arg-type]
-            join([batch.targets for batch in batches], 0),
-            readouts(lambda batch: batch.exit_readout),
-            sampled,
-        )
-
-    @property
-    def sampled_features(self) -> Tensor:
-        """The features of the rows kept for COS/CKA/saturation-COS: ``(L, N', d)``."""
-        return self.features if self.sampled is None else self.features[:, self.sampled]
-
-
 class Family(abc.ABC):
     """One metric family of a :class:`~layerwise.callbacks.LayerwiseMonitor`: its metrics, results, scalars, charts.
 
-    The monitor's families share its features (one forward, one :class:`LayerBatch` per group of batches) and its
+    The monitor's families share its features (one forward, one :class:`~layerwise.engines.readout.LayerOutputs`, its
+    layers selected, per group of batches) and its
     one all-reduce. The names of what a family reports are those of an analysis callback (``compute``, ``scalars``,
     ``charts``): the monitor's are the union of its families'. ``spec`` is the layer spec the metrics were built for
     (set before :meth:`build`).
@@ -145,7 +61,7 @@ class Family(abc.ABC):
         """Create the metrics (constructed with ``sync_on_compute=False``) and return them."""
 
     @abc.abstractmethod
-    def update(self, batch: LayerBatch) -> None:
+    def update(self, batch: LayerOutputs) -> None:
         """Feed consecutive evaluation batches, joined into one.
 
         Up to ``_loader.GROUP_BATCHES`` batches or ``_loader.GROUP_BYTES``, rows in order: a sum over rows is the

@@ -7,7 +7,7 @@ from lightning.pytorch import Trainer
 from torchmetrics import Metric
 
 from layerwise.callbacks.family import per_layer, shaped
-from layerwise.callbacks.monitor import Family, LayerBatch, LayerSpec, LayerwiseMonitor
+from layerwise.callbacks.monitor import Family, LayerOutputs, LayerSpec, LayerwiseMonitor
 from layerwise.metrics import (
     EarlyExit,
     LayerAccuracy,
@@ -81,7 +81,7 @@ class LogitLensFamily(Family):
             metrics.append(self.f1_metric)
         return metrics
 
-    def update(self, batch: LayerBatch) -> None:
+    def update(self, batch: LayerOutputs) -> None:
         self.accuracy.update(batch.readout, batch.targets)
         saturation = saturation_layers(batch.readout.predictions)
         if batch.sampled is not None:

@@ -14,14 +14,15 @@ from lightning.pytorch import LightningModule, Trainer
 from layerwise.callbacks._loader import LoaderState
 from layerwise.callbacks._output import _log_dir, layer_table
 from layerwise.callbacks._source import FeatureSource
-from layerwise.callbacks.family import Family, LayerBatch, LayerSpec, per_layer
+from layerwise.callbacks.family import Family, LayerSpec, per_layer
 from layerwise.callbacks.lifecycle import AnalysisCallback, positive_int
+from layerwise.engines.readout import LayerOutputs
 from layerwise.errors import UsageError
 from layerwise.features.layers import LayerSelection, select_layers
 from layerwise.results import evaluated_split
 
 Source = Literal["auto", "outputs", "hooks"]
-__all__ = ["Family", "LayerBatch", "LayerSpec", "LayerwiseMonitor", "per_layer"]
+__all__ = ["Family", "LayerOutputs", "LayerSpec", "LayerwiseMonitor", "per_layer"]
 
 
 class LayerwiseMonitor(AnalysisCallback):
@@ -32,8 +33,9 @@ class LayerwiseMonitor(AnalysisCallback):
     top-level keys (``layers``, ``depth``, ``num_samples``, ``n_nonfinite``, and each family's, e.g. ``cos``,
     ``accuracy``), drawn by the package's own figures.
 
-    Features come from the module's ``validation_step`` output when it follows the contract of
-    :mod:`layerwise.features.outputs` (every :class:`~layerwise.lightning_modules.LayerwiseModule` does), or from
+    Features come from the module's ``validation_step`` output when it is a
+    :class:`~layerwise.engines.readout.LayerOutputs` (every :class:`~layerwise.lightning_modules.LayerwiseModule`
+    returns one), or from
     forward hooks on the blocks of any other model (``source="hooks"``; paths from the built-in table for timm ViTs
     and Hugging Face BERT/GPT-2/LLaMA, or from ``blocks``/``final_norm``/``classifier``). Hooks live only while a
     dataloader is analysed and are always removed, also when the run fails.
@@ -59,7 +61,7 @@ class LayerwiseMonitor(AnalysisCallback):
         figures_every_n_epochs: while fitting, draw them only every n-th analysed epoch and at the last epoch
             (default every epoch: the figures are drawn off the training loop, ``callbacks/_drawing.py``; the JSON of
             every epoch holds everything ``layerwise plot`` draws). ``validate``/``test`` always draw.
-        source: ``"outputs"`` reads the step's returned dict, ``"hooks"`` attaches forward hooks; ``"auto"`` uses hooks
+        source: ``"outputs"`` reads the step's LayerOutputs, ``"hooks"`` attaches forward hooks; ``"auto"`` uses hooks
             when paths are given or the module is not a layerwise module, else the outputs.
         blocks: dotted paths, relative to the LightningModule, of the block list, the final
             norm(s) and the classifier module(s) (applied in order); only for the hook source.

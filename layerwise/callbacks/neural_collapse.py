@@ -8,7 +8,7 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from layerwise.callbacks.family import per_layer, shaped
-from layerwise.callbacks.monitor import Family, LayerBatch, LayerSpec, LayerwiseMonitor
+from layerwise.callbacks.monitor import Family, LayerOutputs, LayerSpec, LayerwiseMonitor
 from layerwise.metrics import LayerNC1
 
 
@@ -55,7 +55,7 @@ class NeuralCollapseFamily(Family):
             self._class_map[self.class_ids] = torch.arange(self.class_ids.numel())
         return [self.nc1]
 
-    def update(self, batch: LayerBatch) -> None:
+    def update(self, batch: LayerOutputs) -> None:
         if not self.active:
             return
         if self.class_ids is None:

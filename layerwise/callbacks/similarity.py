@@ -5,7 +5,7 @@ from typing import Any, Literal
 from torchmetrics import Metric
 
 from layerwise.callbacks.family import per_layer, shaped
-from layerwise.callbacks.monitor import Family, LayerBatch, LayerSpec, LayerwiseMonitor
+from layerwise.callbacks.monitor import Family, LayerOutputs, LayerSpec, LayerwiseMonitor
 from layerwise.metrics import LayerCKA, LayerCosineSimilarity, MinibatchCKA
 from layerwise.metrics.functional_distribution import histogram_quantiles
 
@@ -56,7 +56,7 @@ class SimilarityFamily(Family):
     def joins_batches(self) -> bool:
         return self.cka_estimator != "minibatch"  # the minibatch HSIC is an estimator per dataloader batch
 
-    def update(self, batch: LayerBatch) -> None:
+    def update(self, batch: LayerOutputs) -> None:
         self.cos.update(batch.sampled_features)
         if self.cka is not None:
             self.cka.update(batch.sampled_features)

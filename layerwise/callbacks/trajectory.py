@@ -4,7 +4,7 @@ from typing import Any
 
 from torchmetrics import Metric
 
-from layerwise.callbacks.monitor import Family, LayerBatch, LayerSpec
+from layerwise.callbacks.monitor import Family, LayerOutputs, LayerSpec
 from layerwise.metrics import TrajectoryShape
 
 
@@ -26,7 +26,7 @@ class TrajectoryFamily(Family):
         self.shape = TrajectoryShape(spec.num_layers - 1, sync_on_compute=False)
         return [self.shape]
 
-    def update(self, batch: LayerBatch) -> None:
+    def update(self, batch: LayerOutputs) -> None:
         if self.active:
             self.shape.update(batch.sampled_features)
 

@@ -32,10 +32,14 @@ from typing import Any, Optional, Union
 import torch
 from torch import Tensor
 
+from layerwise.engines.readout import chunked_readout
 from layerwise.features import Backbone
-from layerwise.metrics.functional import readout_rows
+from layerwise.metrics.functional import Readout
 
+# The keys of an early-exit ``predict_step``'s dict, which EarlyExitPredictionWriter reads.
+PREDICTIONS = "predictions"
 EXIT_LAYERS = "exit_layers"
+TARGETS = "targets"
 CRITERIA = ("threshold", "entropy", "patience")
 
 
@@ -114,16 +118,14 @@ class _ExitRule:
         previous = torch.full((num_samples,), -1, dtype=torch.long, device=device)  # no class: layer 1 counts 0
         return previous, torch.zeros(num_samples, dtype=torch.long, device=device)
 
-    def step(self, logits: Tensor, state: Any) -> tuple[Tensor, Tensor, Any]:
-        """Predictions ``(n,)``, exit decisions ``(n,)`` and the new state, from the head's logits ``(n, C)``."""
-        predictions, max_prob, _ = readout_rows(logits, None)
+    def step(self, readout: Readout, state: Any) -> tuple[Tensor, Tensor, Any]:
+        """Predictions ``(n,)``, exit decisions ``(n,)`` and the new state, from the head's readout ``(n,)`` fields."""
+        predictions = readout.predictions
         if self.name == "threshold":
-            return predictions, max_prob >= self.value, state
+            return predictions, readout.max_prob >= self.value, state
         if self.name == "entropy":
-            z = logits.to(torch.float64)
-            log_partition = torch.logsumexp(z, dim=-1, keepdim=True)
-            entropy = (log_partition - z).mul(torch.exp(z - log_partition)).sum(dim=-1)
-            return predictions, entropy <= self.value, state
+            assert readout.entropy is not None  # asked for by the walk for this criterion
+            return predictions, readout.entropy <= self.value, state
         previous, count = state
         count = torch.where(predictions == previous, count + 1, torch.zeros_like(count))
         return predictions, count >= self.value, (predictions, count)
@@ -182,11 +184,13 @@ def _walk(backbone: Backbone, inputs: Any, rule: "_ExitRule", criterion: dict[st
     state = rule.start(num_samples, device)
     for index in range(backbone.num_layers if num_samples or lockstep else 0):
         hidden = backbone.run_block(index, hidden, context)
-        logits = backbone.head(backbone.pool(hidden, context))
+        pooled = backbone.pool(hidden, context)[None]
+        readout = chunked_readout(backbone.head, pooled, entropy=rule.name == "entropy" and index < last)
+        readout = Readout(*(None if value is None else value[0] for value in readout))
         if index == last:  # everyone left exits here: no criterion to evaluate
-            predictions[remaining] = logits.max(dim=-1).indices
+            predictions[remaining] = readout.predictions
             break
-        layer_predictions, exits, state = rule.step(logits, state)
+        layer_predictions, exits, state = rule.step(readout, state)
         exited = exits.nonzero().squeeze(1)  # the one host synchronisation per block
         if exited.numel() == 0:
             continue

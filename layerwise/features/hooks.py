@@ -15,7 +15,6 @@ import torch
 from torch import Tensor, nn
 
 from layerwise.errors import UsageError
-from layerwise.features.outputs import FEATURES, LOGITS
 from layerwise.features.paths import Blocks, HeadSteps, LayerPaths, find_layer_paths, get_blocks
 from layerwise.features.pooling import check_pooling, pool_tokens
 
@@ -164,7 +163,8 @@ class HookTap:
         paths: where the blocks, final norm and classifier are (see :func:`hook_paths`).
 
     Use ``with tap.attached(): ...`` around the forward passes; the hooks are always removed on exit. After each
-    forward pass, :meth:`pop` returns ``features`` ``(L, B, d)`` and shared-head ``logits`` ``(L, B, C)``.
+    forward pass, :meth:`pop` returns the ``features`` ``(L, B, d)``; the callbacks read them through :meth:`head` with
+    the one readout (:func:`~layerwise.engines.readout.read_layers`).
     """
 
     def __init__(self, root: nn.Module, paths: LayerPaths) -> None:
@@ -199,8 +199,8 @@ class HookTap:
         return self.head_steps(h)
 
     @torch.no_grad()
-    def pop(self) -> dict[str, Tensor]:
-        """Features and shared-head logits of the last forward pass; clears the collected outputs."""
+    def pop(self) -> Tensor:
+        """The features ``(L, B, d)`` of the last forward pass; clears the collected outputs."""
         pooled, self._pooled = self._pooled, []
         if len(pooled) != self.num_layers:
             raise RuntimeError(
@@ -208,8 +208,7 @@ class HookTap:
                 f"{len(pooled)}: the step must run the model exactly once per batch."
             )
         check_equal_widths(pooled, self.paths.blocks)
-        features = torch.stack(pooled)
-        return {FEATURES: features, LOGITS: self.head(features)}
+        return torch.stack(pooled)
 
 
 def check_equal_widths(pooled: Sequence[Tensor], blocks: Optional[str]) -> None:

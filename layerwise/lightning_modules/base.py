@@ -2,7 +2,7 @@
 
 import abc
 from collections.abc import Sequence
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, Union
 
 import torch
 from lightning.pytorch import LightningModule
@@ -11,25 +11,18 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from layerwise._compat import built_by_lightning_cli
-from layerwise.engines.early_exit import EXIT_LAYERS, early_exit_predict
-from layerwise.engines.readout import DEFAULT_CHUNK_SIZE, Head, chunked_cross_entropy, chunked_readout
-from layerwise.errors import LayerwiseWarning, UsageError
-from layerwise.features import (
-    EXIT_LOGITS,
-    EXIT_PREFIX,
-    FEATURES,
-    IGNORE_INDEX,
-    LOGITS,
-    MAX_PROB,
-    NLL,
-    POSITIONS,
-    PREDICTIONS,
-    SAMPLE_INDEX,
-    TARGETS,
-    Backbone,
+from layerwise.engines.early_exit import EXIT_LAYERS, PREDICTIONS, early_exit_predict
+from layerwise.engines.readout import (
+    DEFAULT_CHUNK_SIZE,
+    Head,
+    LayerOutputs,
+    chunked_cross_entropy,
+    chunked_readout,
+    read_layers,
 )
+from layerwise.errors import LayerwiseWarning, UsageError
+from layerwise.features import FEATURES, IGNORE_INDEX, TARGETS, Backbone
 from layerwise.lightning_modules.checkpoint import use_checkpoint_reader
-from layerwise.metrics import Readout, readout_from_logits
 from layerwise.metrics.functional import group_logits
 from layerwise.results import loader_stages
 
@@ -42,15 +35,15 @@ class EvaluationSteps:
     :class:`~layerwise.lightning_modules.LinearProbes`.
     """
 
-    def _evaluation_step(self, batch: Any, stage: str, dataloader_idx: int) -> dict[str, Tensor]:
+    def _evaluation_step(self, batch: Any, stage: str, dataloader_idx: int) -> LayerOutputs:
         outputs = self.layer_outputs(batch)
         log_last_layer(self, outputs, stage, dataloader_idx)
         return outputs
 
-    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, Tensor]:
+    def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> LayerOutputs:
         return self._evaluation_step(batch, "val", dataloader_idx)
 
-    def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> dict[str, Tensor]:
+    def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> LayerOutputs:
         return self._evaluation_step(batch, "test", dataloader_idx)
 
 
@@ -65,11 +58,11 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
     rows, in checkpointed token chunks (:func:`~layerwise.engines.readout.chunked_cross_entropy`): the
     extra memory of even the all-layer aligned loss over a 50,257-token vocabulary is about one chunk of logits.
 
-    ``validation_step``, ``test_step`` and ``predict_step`` run the backbone once and return the dict of
-    :mod:`layerwise.features.outputs`: ``features`` ``(L, N, d)``, the shared head's readout per layer
-    (``predictions``, ``max_prob``, ``nll``, each ``(L, N)``), ``targets`` ``(N,)``; classifiers also return
-    ``logits`` ``(L, N, C)``, language models ``sample_index`` and ``positions`` of every token. The analysis
-    callbacks read it, so they never run a second forward pass.
+    ``validation_step``, ``test_step`` and ``predict_step`` run the backbone once and return one
+    :class:`~layerwise.engines.readout.LayerOutputs`: ``features`` ``(L, N, d)``, the shared head's readout per layer
+    (``predictions``, ``max_prob``, ``nll``, each ``(L, N)``, read by the one readout of
+    :mod:`layerwise.engines.readout`), ``targets`` ``(N,)``; language models also ``sample_index`` and ``positions``
+    of every token. The analysis callbacks read it, so they never run a second forward pass.
 
     Args:
         backbone: the layer tap: :class:`~layerwise.features.TimmViT`, :class:`~layerwise.features.HFEncoder`,
@@ -176,9 +169,8 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
         loss = self.compute_loss(outputs)
         self.log("train/loss", loss, prog_bar=True)
         if not self.backbone.token_level:
-            with torch.no_grad():
-                last = self.backbone.head(outputs[FEATURES][-1])
-            self.log("train/acc", (last.argmax(-1) == outputs[TARGETS]).float().mean(), prog_bar=True)
+            last = chunked_readout(self.backbone.head, outputs[FEATURES][-1:].detach(), None, self.chunk_size)
+            self.log("train/acc", (last.predictions[0] == outputs[TARGETS]).float().mean(), prog_bar=True)
         return loss
 
     def on_fit_start(self) -> None:
@@ -244,37 +236,28 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
         )
 
     @torch.no_grad()
-    def layer_outputs(self, batch: Any) -> dict[str, Tensor]:
+    def layer_outputs(self, batch: Any) -> LayerOutputs:
         """Every layer's features and the shared head's readout for one batch (the evaluation contract)."""
         outputs = self.samples(batch)
         features, targets = outputs[FEATURES], outputs[TARGETS]
-        if self.backbone.token_level:
+        sample_index = positions = None
+        if self.backbone.token_level:  # the positions that predict a token are the samples
             batch_size, length = self.backbone.split_batch(batch)[1].shape
             keep = targets != IGNORE_INDEX
-            rows = torch.arange(batch_size, device=keep.device).repeat_interleave(length)
-            positions = torch.arange(length, device=keep.device).repeat(batch_size)
-            outputs = {FEATURES: features[:, keep], TARGETS: targets[keep]}
-            outputs.update({SAMPLE_INDEX: rows[keep], POSITIONS: positions[keep]})
-            readout = chunked_readout(self.backbone.head, outputs[FEATURES], outputs[TARGETS], self.chunk_size)
-        else:
-            outputs[LOGITS] = self.data_logits(self.backbone.head(features))
-            readout = readout_from_logits(outputs[LOGITS], targets)
-        outputs.update(_readout_dict(readout))
-        if self.num_classifiers > 1:
-            heads = self.classifier_heads()
-            if self.backbone.token_level:
-                exits = chunked_readout(heads, outputs[FEATURES], outputs[TARGETS], self.chunk_size)
-            else:
-                outputs[EXIT_LOGITS] = self.data_logits(torch.stack([head(h) for head, h in zip(heads, features)]))
-                exits = readout_from_logits(outputs[EXIT_LOGITS], targets)
-            outputs.update({EXIT_PREFIX + key: value for key, value in _readout_dict(exits).items()})
-        return {key: value for key, value in outputs.items() if value is not None}
+            sample_index = torch.arange(batch_size, device=keep.device).repeat_interleave(length)[keep]
+            positions = torch.arange(length, device=keep.device).repeat(batch_size)[keep]
+            features, targets = features[:, keep], targets[keep]
+        exit_heads = self.classifier_heads() if self.num_classifiers > 1 else None
+        regroup = None if self.backbone.token_level else self.data_logits
+        return read_layers(
+            self.backbone.head, features, targets, self.chunk_size, exit_heads, regroup, sample_index, positions
+        )
 
     def data_logits(self, logits: Tensor) -> Tensor:
         """The model's logits over the data's classes (see :func:`data_logits`): every metric reads these."""
         return data_logits(self, logits)
 
-    def predict_step(self, batch: Any, batch_idx: int) -> dict[str, Tensor]:
+    def predict_step(self, batch: Any, batch_idx: int) -> Union[LayerOutputs, dict[str, Tensor]]:
         """Every layer's features and readout, or early-exit inference while ``early_exit`` is set.
 
         With ``early_exit`` (set by :class:`~layerwise.callbacks.EarlyExitPredictionWriter`) the batch runs block by
@@ -287,9 +270,9 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
             outputs = {PREDICTIONS: result.predictions, EXIT_LAYERS: result.exit_layers}
             return outputs if targets is None else {**outputs, TARGETS: targets}
         if targets is None and not self.backbone.token_level:  # unlabelled images: read every layer without targets
-            features = self.backbone(inputs)
-            logits = self.backbone.head(features)
-            return {FEATURES: features, LOGITS: logits, PREDICTIONS: logits.argmax(-1)}
+            return read_layers(
+                self.backbone.head, self.backbone(inputs), None, self.chunk_size, regroup=self.data_logits
+            )
         return self.layer_outputs(batch)
 
     def configure_model(self) -> None:
@@ -337,14 +320,16 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": self.scheduler_interval}}
 
 
-def log_last_layer(module: LightningModule, outputs: dict[str, Tensor], stage: str, dataloader_idx: int) -> None:
+def log_last_layer(module: LightningModule, outputs: LayerOutputs, stage: str, dataloader_idx: int) -> None:
     """Log ``<stage>/loss`` and ``<stage>/acc`` of the last layer; another evaluation set under its own name."""
     if dataloader_idx:  # as the analysis callbacks report it (val_<name>), not Lightning's /dataloader_idx_N
         loaders = module.trainer.val_dataloaders if stage == "val" else module.trainer.test_dataloaders
         stage = loader_stages(stage, loaders)[dataloader_idx]
-    options = dict(prog_bar=True, sync_dist=True, batch_size=outputs[TARGETS].shape[0], add_dataloader_idx=False)
-    module.log(f"{stage}/loss", outputs[NLL][-1].mean().float(), **options)
-    module.log(f"{stage}/acc", (outputs[PREDICTIONS][-1] == outputs[TARGETS]).float().mean(), **options)
+    readout, targets = outputs.readout, outputs.targets
+    assert readout.nll is not None and targets is not None  # an evaluation step reads labelled batches
+    options = dict(prog_bar=True, sync_dist=True, batch_size=targets.shape[0], add_dataloader_idx=False)
+    module.log(f"{stage}/loss", readout.nll[-1].mean().float(), **options)
+    module.log(f"{stage}/acc", (readout.predictions[-1] == targets).float().mean(), **options)
 
 
 def data_logits(module: LightningModule, logits: Tensor) -> Tensor:
@@ -360,10 +345,6 @@ def data_logits(module: LightningModule, logits: Tensor) -> Tensor:
         return logits
     groups = getattr(datamodule, "label_groups", None)
     return logits if groups is None else group_logits(logits, groups, getattr(datamodule, "grouping", "max"))
-
-
-def _readout_dict(readout: Readout) -> dict[str, Optional[Tensor]]:
-    return {PREDICTIONS: readout.predictions, MAX_PROB: readout.max_prob, NLL: readout.nll}
 
 
 def check_data_compatible(model: LayerwiseModule, datamodule: Any, after_setup: bool = False) -> None:

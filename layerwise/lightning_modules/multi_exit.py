@@ -21,7 +21,7 @@ class MultiExit(LayerwiseModule):
     exit's logits ``z_L`` detached (self-distillation of shallow exits towards the last layer).
 
     ``validation_step`` returns the shared head's readout per layer (the logit lens of the model's own head) and
-    the separate heads' (``exit_*`` keys; ``exit_logits`` for classifiers). For a language model every exit head is
+    the separate heads' (``LayerOutputs.exit_readout``). For a language model every exit head is
     a copy of the final norm and the LM head, so this baseline costs ``(L-1)·V·d`` extra parameters — the cost the
     shared head avoids.
 

@@ -3,6 +3,7 @@
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 from typing import Any, NamedTuple, Optional
 
 import numpy as np
@@ -14,11 +15,11 @@ from torch import Tensor, nn
 from torch.utils.data import DistributedSampler
 
 from layerwise._compat import built_by_lightning_cli
+from layerwise.engines.readout import Head, LayerOutputs, read_layers
 from layerwise.errors import LayerwiseWarning
-from layerwise.features import FEATURES, LOGITS, MAX_PROB, NLL, PREDICTIONS, TARGETS, Backbone
+from layerwise.features import Backbone
 from layerwise.lightning_modules.base import EvaluationSteps
 from layerwise.lightning_modules.checkpoint import load_module
-from layerwise.metrics import readout_from_logits
 
 WEIGHT_DECAYS = tuple(10.0 ** (k / 2) for k in range(-12, 1))  # 1e-6 .. 1, half a decade apart
 NEWTON_MAX_PARAMETERS = 2048  # (d + 1) * num_classes up to this: exact Newton steps; beyond: L-BFGS
@@ -137,9 +138,13 @@ class LinearProbes(EvaluationSteps, LightningModule):
             features = self.backbone(inputs)
         return features, targets
 
+    def probe_heads(self) -> list[Head]:
+        """Every layer's probe as a head, ``(..., d)`` -> ``(..., num_classes)`` in the probe's dtype."""
+        return [partial(_apply_probe, probe) for probe in self.probes]
+
     def probe_logits(self, features: Tensor) -> Tensor:
         """Every probe on its own layer: ``(L, B, d)`` -> ``(L, B, num_classes)``."""
-        return torch.stack([probe(h.to(probe.weight.dtype)) for probe, h in zip(self.probes, features)])
+        return torch.stack([head(h) for head, h in zip(self.probe_heads(), features)])
 
     def forward(self, inputs: Any) -> Tensor:
         """The logits of every layer's probe ``(L, B, num_classes)``."""
@@ -233,13 +238,10 @@ class LinearProbes(EvaluationSteps, LightningModule):
         return features, torch.cat([all_labels[r, :c] for r, c in enumerate(counts)]).cpu()
 
     @torch.no_grad()
-    def layer_outputs(self, batch: Any) -> dict[str, Tensor]:
-        """The analysis contract: frozen ``features``, every probe's ``logits`` and readout, ``targets``."""
+    def layer_outputs(self, batch: Any) -> LayerOutputs:
+        """The analysis contract: the frozen ``features``, every layer read by its own probe, ``targets``."""
         features, targets = self._features(batch)
-        logits = self.probe_logits(features)
-        readout = readout_from_logits(logits, targets)
-        outputs = {FEATURES: features, LOGITS: logits, TARGETS: targets, PREDICTIONS: readout.predictions}
-        return {**outputs, MAX_PROB: readout.max_prob, NLL: readout.nll}
+        return read_layers(self.probe_heads(), features, targets)
 
     def setup(self, stage: str) -> None:
         data_classes = getattr(getattr(self.trainer, "datamodule", None), "num_classes", None)
@@ -252,6 +254,11 @@ class LinearProbes(EvaluationSteps, LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """No optimizer moves the heads (they are fitted after the features are extracted): a step that only counts."""
         return _CountingStep(self.probes.parameters())
+
+
+def _apply_probe(probe: nn.Linear, h: Tensor) -> Tensor:
+    """One probe on features of its layer, cast to the probe's dtype."""
+    return probe(h.to(probe.weight.dtype))
 
 
 class _CountingStep(torch.optim.Optimizer):

@@ -298,12 +298,14 @@ class Readout(NamedTuple):
     """What the classifier reads out of every layer, per sample: all a prediction metric needs, without logits.
 
     ``predictions`` (L, B) long argmax (ties to the lowest index), ``max_prob`` (L, B) float64 top-1 softmax
-    probability, ``nll`` (L, B) float64 cross-entropy of the target (None without targets).
+    probability, ``nll`` (L, B) float64 cross-entropy of the target (None without targets), ``entropy`` (L, B)
+    float64 softmax entropy in nats (only where asked for: early exit's entropy criterion).
     """
 
     predictions: Tensor
     max_prob: Tensor
     nll: Optional[Tensor]
+    entropy: Optional[Tensor] = None
 
 
 def group_logits(logits: Tensor, groups: Sequence[Sequence[int]], how: str = "max") -> Tensor:

@@ -206,7 +206,7 @@ def test_quickstart_config_one_short_epoch(tmp_path):
     LayerwiseCLI(args=["validate", *common, checkpoint])
     LayerwiseCLI(args=["test", *common, checkpoint])
     predict = LayerwiseCLI(args=["predict", *common, checkpoint, "--trainer.limit_predict_batches=1"])
-    assert predict.trainer.predict_loop.predictions[0]["predictions"].shape[0] == 6
+    assert predict.trainer.predict_loop.predictions[0].readout.predictions.shape[0] == 6
     label = summary_file(log_dir).stem.removeprefix("val_")  # the checkpoint's epoch and step: its evaluations' too
     validated = read_summary(log_dir / f"validate_{label}")
     assert validated["accuracy"] == pytest.approx(summary["accuracy"], abs=1e-12)  # same weights, same numbers

@@ -357,7 +357,7 @@ def test_writer_predicts_with_early_exit_and_writes_csv_and_json(tmp_path):
     assert all(record["target"] is None for record in records)
     assert json.loads((tmp_path / "exits.summary.json").read_text())["accuracy"] is None
     plain = trainer(tmp_path, []).predict(module, images)
-    assert plain[0]["predictions"].shape == (module.num_layers, 4)
+    assert plain[0].readout.predictions.shape == (module.num_layers, 4)
 
 
 def test_writer_under_ddp_writes_every_sample_once_in_index_order(tmp_path, single_thread):

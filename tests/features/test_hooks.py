@@ -236,13 +236,14 @@ def test_hf_path_table_and_tap_reproduce_the_model(family):
         taken = tap.pop()
     assert hook_counts(blocks) == before
 
-    assert taken["features"].shape == (2, 4, 32) and taken["logits"].shape == (2, 4, 3)
-    torch.testing.assert_close(taken["logits"][-1], output.logits, rtol=0, atol=1e-5)
+    logits = tap.head(taken)
+    assert taken.shape == (2, 4, 32) and logits.shape == (2, 4, 3)
+    torch.testing.assert_close(logits[-1], output.logits, rtol=0, atol=1e-5)
     # layer l is the residual stream after block l: hidden_states[l + 1] (the last one is post final norm in HF
     # decoders, so it is checked through the logits above)
     rows = torch.arange(4)
     position = torch.zeros(4, dtype=torch.long) if family == "bert" else batch["attention_mask"].sum(1) - 1
-    torch.testing.assert_close(taken["features"][0], output.hidden_states[1][rows, position], rtol=0, atol=1e-6)
+    torch.testing.assert_close(taken[0], output.hidden_states[1][rows, position], rtol=0, atol=1e-6)
 
     if family != "bert":  # the mask decides which token is the last real one
         tap.attention_mask = None
@@ -250,7 +251,7 @@ def test_hf_path_table_and_tap_reproduce_the_model(family):
             model(**batch)
             unmasked = tap.pop()
         padded = batch["attention_mask"][:, -1] == 0
-        assert not torch.allclose(unmasked["logits"][-1][padded], output.logits[padded], atol=1e-3)
+        assert not torch.allclose(tap.head(unmasked)[-1][padded], output.logits[padded], atol=1e-3)
 
 
 class TextClassifier(pl.LightningModule):

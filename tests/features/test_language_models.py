@@ -21,7 +21,7 @@ from layerwise.engines.readout import chunked_readout
 from layerwise.features import HFCausalLM, HFEncoder
 from layerwise.lightning_modules import Aligned, AlternatingAligned, CosRegularized, MultiExit, Standard
 from layerwise.lightning_modules.weights import resolve_layer_weights, sample_exit_layers
-from layerwise.metrics import LayerF1
+from layerwise.metrics import LayerF1, readout_from_logits
 
 LAYERS, WIDTH, VOCAB = LM_LAYERS, LM_WIDTH, LM_VOCAB
 
@@ -80,9 +80,13 @@ def test_encoder_last_layer_logits_equal_model_logits(model_type):
     module = Standard(backbone).double()
     outputs = module.layer_outputs(batch)
     own = backbone.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-    torch.testing.assert_close(outputs["logits"][-1], own, rtol=0, atol=1e-12)
+    torch.testing.assert_close(backbone.head(outputs.features[-1]), own, rtol=0, atol=1e-12)
     reference = torch.stack(reference_encoder_logits(backbone, batch))
-    torch.testing.assert_close(outputs["logits"], reference, rtol=0, atol=1e-12)
+    torch.testing.assert_close(backbone.head(outputs.features), reference, rtol=0, atol=1e-12)
+    expected = readout_from_logits(reference, outputs.targets)  # what the one readout read at every layer
+    assert torch.equal(outputs.readout.predictions, expected.predictions)
+    torch.testing.assert_close(outputs.readout.max_prob, expected.max_prob, rtol=0, atol=1e-12)
+    torch.testing.assert_close(outputs.readout.nll, expected.nll, rtol=0, atol=1e-12)
 
 
 @pytest.mark.parametrize("model_type", sorted(DECODERS))

@@ -84,13 +84,20 @@ def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
     torch.testing.assert_close(actual, expected, rtol=0, atol=1e-5)
 
 
+
+def layer_logits(module, batch):
+    """The shared head's logits at every layer ``(L, B, C)``: what an export at depth d reproduces at layer d."""
+    with torch.no_grad():
+        inputs, _ = module.backbone.split_batch(batch)
+        return module.backbone.head(module.backbone(inputs))
+
 # ---------------------------------------------------------------------------------------------------------- timm
 @pytest.mark.parametrize(("pooling", "depth"), [("cls", 2), ("mean", 1), ("mean", 4)])
 def test_timm_export_reproduces_the_shared_head_at_layer_d(pooling, depth, tmp_path) -> None:
     module = timm_module(pooling)
     _, _, x, y = digits()
     x, y = x[:24], y[:24]
-    expected = module.layer_outputs((x, y))["logits"][depth - 1]
+    expected = layer_logits(module, (x, y))[depth - 1]
 
     result = export_truncated(module, depth, tmp_path / "out")
     assert result.checkpoint == tmp_path / "out" / f"model_depth_{depth}.pt" and result.hf_folder is None
@@ -100,11 +107,11 @@ def test_timm_export_reproduces_the_shared_head_at_layer_d(pooling, depth, tmp_p
     assert model.global_pool == {"cls": "token", "mean": "avg"}[pooling]
     with torch.no_grad():
         close(model(x), expected)
-        assert not torch.allclose(model(x), module.layer_outputs((x, y))["logits"][depth % 4], atol=1e-3)
+        assert not torch.allclose(model(x), layer_logits(module, (x, y))[depth % 4], atol=1e-3)
     # its weights are copies: the source module is unchanged by using or training the export
     with torch.no_grad():
         model.head.weight.add_(1.0)
-    close(module.layer_outputs((x, y))["logits"][depth - 1], expected)
+    close(layer_logits(module, (x, y))[depth - 1], expected)
 
 
 # --------------------------------------------------------------------------------------------------- Hugging Face
@@ -117,7 +124,7 @@ def test_hf_encoder_export_reproduces_the_shared_head_at_layer_d(model_type, tmp
     assert (backbone.num_layers, backbone.embed_dim, backbone.num_classes) == (LAYERS, WIDTH, 3)
     module = Standard(backbone).eval()
     inputs = text_inputs()
-    expected = module.layer_outputs({**inputs, "labels": torch.tensor([0, 1, 2])})["logits"][1]
+    expected = layer_logits(module, {**inputs, "labels": torch.tensor([0, 1, 2])})[1]
 
     result = export_truncated(module, 2, tmp_path)
     for model in (
@@ -233,7 +240,7 @@ def test_cli_export_at_the_effective_depth_of_a_summary(tmp_path, capsys) -> Non
     _, _, x, y = digits()
     model = load_pickled(tmp_path / "out" / "model_depth_3.pt")
     with torch.no_grad():
-        close(model(x[:16]), module.layer_outputs((x[:16], y[:16]))["logits"][2])
+        close(model(x[:16]), layer_logits(module, (x[:16], y[:16]))[2])
 
     # an explicit --depth wins; the summary's suggestion (here for ε = 0.02, from the JSON file itself) is printed
     summary = str(run / "layerwise" / "val_epoch_001.json")

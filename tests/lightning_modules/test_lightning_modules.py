@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from helpers import TRAINING_ONLY, RecordingAlternating
 from torch.utils.data import DataLoader, TensorDataset
 
-from layerwise.features import EXIT_LOGITS, TARGETS, TimmViT
+from layerwise.features import TimmViT
 from layerwise.lightning_modules import (
     Aligned,
     AlternatingAligned,
@@ -17,6 +17,7 @@ from layerwise.lightning_modules import (
     Standard,
     resolve_layer_weights,
 )
+from layerwise.metrics import readout_from_logits
 
 NUM_CLASSES, DEPTH = 5, 3
 
@@ -63,9 +64,7 @@ def ce(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 def outputs_of(module, x, y):
-    outputs = module.layer_outputs(x)
-    outputs[TARGETS] = y
-    return outputs
+    return module.samples((x, y))
 
 
 def test_the_base_module_is_abstract():
@@ -127,7 +126,11 @@ def test_multi_exit_has_one_head_per_layer_and_its_loss():
         reference_layer_logits(module.backbone, x, head)[i] if head is not None else own[i]
         for i, head in enumerate(heads)
     ]
-    assert torch.allclose(outputs[EXIT_LOGITS].double(), torch.stack(exit_logits), atol=1e-5)
+    exits = module.layer_outputs((x, y)).exit_readout  # the separate heads through the one readout
+    expected = readout_from_logits(torch.stack(exit_logits), y)
+    assert torch.equal(exits.predictions, expected.predictions)
+    assert torch.allclose(exits.max_prob, expected.max_prob, atol=1e-5)
+    assert torch.allclose(exits.nll, expected.nll, atol=1e-5)
     weights = [2 * layer / (DEPTH * (DEPTH + 1)) for layer in range(1, DEPTH + 1)]
     supervised = sum(w * ce(z, y) for w, z in zip(weights, exit_logits))
     t = 2.0

@@ -100,3 +100,72 @@ def test_the_command_line_face_stays_thin():
     with what they run, the parser of a command function in cli/parser.py, the CLI's errors in cli/errors.py)."""
     lines = len((PACKAGE / "cli" / "app.py").read_text().splitlines())
     assert lines <= 350, f"layerwise/cli/app.py has {lines} lines"
+
+
+# ----------------------------------------------------------------------------------------------------- the one readout
+READOUT = "layerwise/engines/readout.py"
+# Where a head is called outside the one readout, and why that is not reading an intermediate layer.
+HEAD_CALLS_ALLOWED = {
+    ("layerwise/features/timm_vit.py", "head"): "the backbone's head itself (its definition)",
+    ("layerwise/features/hf.py", "head"): "the backbone's head itself (its definition)",
+    ("layerwise/features/hooks.py", "head"): "HookTap.head, the hooked model's head (its definition)",
+    ("layerwise/features/clip.py", "_joint"): "CLIP's projection into the joint space: features, not a readout",
+    ("layerwise/lightning_modules/base.py", "forward"): "the model's own logits at its last layer",
+    ("layerwise/lightning_modules/probes.py", "probe_logits"): "LinearProbes.forward's logits",
+    ("layerwise/engines/early_exit.py", "full"): "the full model, timed against early exit",
+    ("layerwise/inference/export.py", "check_truncated"): "the full logits at depth d, compared with the export's",
+}
+MODEL_PARTS = ("features", "metrics", "engines", "callbacks", "lightning_modules", "inference", "cli")
+
+
+def head_calls(path: Path) -> list[tuple[str, int]]:
+    """(innermost function, line) of every call of a head in ``path``: ``x.head(...)``, ``head(...)``,
+    ``heads[i](...)``, ``x.head_steps(...)``, ``HeadSteps(...)(...)``."""
+    found: list[tuple[str, int]] = []
+
+    def is_head(func: ast.expr) -> bool:
+        if isinstance(func, ast.Attribute):
+            return func.attr in ("head", "head_steps")
+        if isinstance(func, ast.Name):
+            return func.id in ("head", "head_steps")
+        if isinstance(func, ast.Subscript):
+            return isinstance(func.value, ast.Name) and "head" in func.value.id
+        return isinstance(func, ast.Call) and isinstance(func.func, ast.Name) and func.func.id == "HeadSteps"
+
+    def visit(node: ast.AST, function: str) -> None:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            function = node.name
+        if isinstance(node, ast.Call) and is_head(node.func):
+            found.append((function, node.lineno))
+        for child in ast.iter_child_nodes(node):
+            visit(child, function)
+
+    visit(ast.parse(path.read_text()), "<module>")
+    return found
+
+
+def test_every_layer_is_read_through_the_one_readout():
+    """The head reads intermediate layers only in engines/readout.py (docs/architecture.md says so)."""
+    calls = {
+        (str(path.relative_to(REPO)), function, line)
+        for part in MODEL_PARTS
+        for path in (PACKAGE / part).rglob("*.py")
+        for function, line in head_calls(path)
+    }
+    assert any(path == READOUT for path, _, _ in calls), "the scan finds no head call even in the one readout"
+    outside = sorted(call for call in calls if call[0] != READOUT and call[:2] not in HEAD_CALLS_ALLOWED)
+    assert not outside, f"a head applied outside {READOUT} (use chunked_readout / read_layers there): {outside}"
+    unused = sorted(set(HEAD_CALLS_ALLOWED) - {call[:2] for call in calls})
+    assert not unused, f"allowed head calls that no longer exist (drop them from HEAD_CALLS_ALLOWED): {unused}"
+    text = (REPO / "docs" / "architecture.md").read_text()
+    assert "every layer is read through the one readout" in " ".join(text.split())
+
+
+def test_the_hand_off_is_one_type_and_no_callback_unpacks_a_dict():
+    """The evaluation steps hand on LayerOutputs; no per-layer key constants or readout dicts remain."""
+    keys = ("LOGITS", "PREDICTIONS", "MAX_PROB", "NLL", "EXIT_PREFIX", "EXIT_LOGITS", "SAMPLE_INDEX", "POSITIONS")
+    for path in [*(PACKAGE / "callbacks").rglob("*.py"), *(PACKAGE / "lightning_modules").rglob("*.py")]:
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module in ("layerwise.features", "layerwise.features.outputs"):
+                assert not {alias.name for alias in node.names} & set(keys), (path, [a.name for a in node.names])
+    assert not (PACKAGE / "callbacks" / "_batch.py").exists()
