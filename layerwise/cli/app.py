@@ -16,7 +16,14 @@ from typing import Any, NoReturn, Optional
 
 from jsonargparse import ArgumentParser
 
-from layerwise.cli.errors import bad_config_file, check_output_folders, class_options, exit_concisely, quiet_upstream
+from layerwise.cli.errors import (
+    bad_config_file,
+    check_output_folders,
+    class_options,
+    exit_concisely,
+    exit_failed_write,
+    quiet_upstream,
+)
 from layerwise.cli.help_cache import is_plain_help, print_help
 from layerwise.cli.parser import command_parser, with_shipped_configs
 from layerwise.errors import DEBUG_VARIABLE
@@ -37,6 +44,7 @@ def _trainer_classes() -> tuple[type, type]:
     from layerwise.errors import UsageError
     from layerwise.lightning_modules import LayerwiseModule
     from layerwise.lightning_modules.base import check_data_compatible
+    from layerwise.results import WriteError
 
     class _ConciseArgumentParser(LightningArgumentParser):
         """LightningCLI's parser, errors cut to one line naming the option (the whole of it with LAYERWISE_DEBUG=1)."""
@@ -172,10 +180,17 @@ def _trainer_classes() -> tuple[type, type]:
             super()._parse_ckpt_path()
 
         def _run_subcommand(self, subcommand: str) -> None:
-            """A mistake found once the run started (UsageError, missing file, anomaly mode's NaN) ends in one line."""
+            """A mistake found once the run started (UsageError, missing file, anomaly mode's NaN) ends in one line.
+
+            So does a file that could not be written (a full disk: a summary, a checkpoint; a figure only warns).
+            """
             with self._errors_in_one_line((UsageError, FileNotFoundError), parsed=False):
                 try:
                     super()._run_subcommand(subcommand)
+                except WriteError as error:
+                    if os.environ.get(DEBUG_VARIABLE):
+                        raise
+                    exit_failed_write(f"layerwise {subcommand}", error)
                 except RuntimeError as error:  # autograd's anomaly mode found a NaN/inf: the user asked it to stop
                     if "returned nan values" not in str(error):
                         raise
@@ -316,8 +331,14 @@ def run_command(name: str, argv: list[str]) -> None:
     parser = command_parser(name, function)
     config = parser.parse_args(argv)
     arguments = {key: value for key, value in vars(config).items() if key != "config"}
+    from layerwise.results import WriteError
+
     try:
         function(**arguments)
+    except WriteError as error:  # a full disk, a vanished folder: the path and the cause
+        if os.environ.get(DEBUG_VARIABLE):
+            raise
+        exit_failed_write(f"layerwise {name}", error)
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as error:
         if os.environ.get(DEBUG_VARIABLE):
             raise

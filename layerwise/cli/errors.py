@@ -1,7 +1,8 @@
 """The command line's error style: one line naming the option and the innermost cause, exit code 2.
 
 :func:`concise_error` cuts a jsonargparse message to the option and its innermost cause; :func:`exit_concisely`
-prints that one line (the traceback only with ``LAYERWISE_DEBUG=1``) and exits with code 2; :func:`class_options`
+prints that one line (the traceback only with ``LAYERWISE_DEBUG=1``) and exits with code 2 (a file that could not
+be written: :func:`exit_failed_write`, code 1); :func:`class_options`
 names the option of a class a constructor's error names; :func:`check_output_folders` and :func:`check_run_folder`
 check a fit's folders before it starts; :func:`quiet_upstream` drops the upstream lines that say nothing about the
 run. The error the rest of the package raises, :class:`~layerwise.errors.UsageError`, lives below: ``layerwise.errors``.
@@ -137,6 +138,15 @@ def exit_concisely(
         f"(options: {prog} --help; the whole message: {DEBUG_VARIABLE}=1 {prog} ...)\n"
     )
     sys.exit(2)
+
+
+def exit_failed_write(prog: str, error: OSError) -> NoReturn:
+    """A file that could not be written (:class:`~layerwise.results.WriteError`: a full disk, a vanished folder).
+
+    One line naming the path and the cause, and exit code 1: not a mistake in the command (2), the machine's.
+    """
+    sys.stderr.write(f"{prog}: error: {error}\n")
+    sys.exit(1)
 
 
 def class_options(config: Any) -> dict[str, str]:
