@@ -7,7 +7,7 @@ Elsewhere: ``LightningCLI._parse_ckpt_path`` and ``LightningCLI._run_subcommand`
 one line; ``tests/lightning_modules/test_checkpoint_errors.py`` checks that they still exist.
 """
 
-from typing import Any
+from typing import Any, Optional
 
 CHECKED_LIGHTNING = "2.6"
 
@@ -48,6 +48,36 @@ def already_reduced(keys: Any) -> None:
             f"It is recommended to use `self.log({key!r}, ..., sync_dist=True)` when logging on epoch level in"
             " distributed setting to accumulate the metric across devices."
         )
+
+
+def process_group_timeout(strategy: Any) -> Optional[str]:
+    """The process group timeout a Lightning strategy was given (``0:30:00``), or None when it has none.
+
+    Private use: ``DDPStrategy._timeout`` and ``ModelParallelStrategy._timeout`` (also FSDPStrategy's), where the
+    ``timeout`` constructor argument is kept until the process group is made with it. No public property reads it
+    back; the line a process says when a collective lost a peer (``layerwise/cli/peers.py``) names the value.
+    """
+    timeout = getattr(strategy, "_timeout", None)
+    return str(timeout) if timeout is not None else None
+
+
+def default_store() -> Any:
+    """The key-value store of the default process group (a ``TCPStore`` hosted by global rank zero), or None.
+
+    Private use: ``torch.distributed.distributed_c10d._get_default_store``. A rank that fails leaves its cause there
+    (``layerwise/cli/peers.py``) so that rank zero, whose collective then loses it, can name it in one line; no public
+    API hands out the store the process group was made with. Without it (another torch), the line says only that
+    another rank ended.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+    except ImportError:
+        return None
+    return _get_default_store()
 
 
 CHECKED_TORCHMETRICS = "1.9"

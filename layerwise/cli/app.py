@@ -39,6 +39,7 @@ def _trainer_classes() -> tuple[type, type]:
 
     from layerwise.callbacks import ProgressLines
     from layerwise.cli.closing import ClosingLine
+    from layerwise.cli.peers import end_children, exit_now, is_lost_peer, lost_peer_line, record_failure
     from layerwise.cli.runs import KeptConfig, place_logger, read_position, take_position, test_split_line
     from layerwise.cli.summary import replace_default_summary
     from layerwise.errors import UsageError
@@ -192,8 +193,16 @@ def _trainer_classes() -> tuple[type, type]:
                         raise
                     exit_failed_write(f"layerwise {subcommand}", error)
                 except RuntimeError as error:  # autograd's anomaly mode found a NaN/inf: the user asked it to stop
+                    if is_lost_peer(error) and not os.environ.get(DEBUG_VARIABLE):  # another rank died or hangs
+                        sys.stderr.write(lost_peer_line(subcommand, self.trainer, error) + "\n")
+                        end_children(self.trainer)
+                        exit_now(1)
+                    record_failure(getattr(self, "trainer", None), error)
                     if "returned nan values" not in str(error):
                         raise
+                except Exception as error:  # a failure of this rank only: rank zero names it (peers.py)
+                    record_failure(getattr(self, "trainer", None), error)
+                    raise
                     raise UsageError(f"`--trainer.detect_anomaly=true` stopped the run: {error}") from error
 
         def _check_before_run(self) -> None:
