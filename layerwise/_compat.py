@@ -29,6 +29,16 @@ def built_by_lightning_cli() -> bool:
     return value is not None
 
 
+REDUCED_KEYS: set[str] = set()
+"""Every key :func:`already_reduced` was told of in this process: the values layerwise reduced itself."""
+
+SAMPLER_ADVICE = r"Using `DistributedSampler` with the dataloaders\. During `trainer\.(validate|test)\(\)`"
+"""The start of Lightning's advice that a multi-process validate/test "replicates some samples" (a regular expression
+for ``warnings.filterwarnings``; ``lightning.pytorch.trainer.connectors.data_connector``, ``_resolve_sampler``).
+Not a private API, but Lightning's own words, which layerwise withholds where its analysis is exact
+(``layerwise/cli/exactness.py``); ``tests/project/test_compat.py`` checks that Lightning still says them so."""
+
+
 def already_reduced(keys: Any) -> None:
     """Tell Lightning that the epoch-level values logged under ``keys`` are already global (no sync advice for them).
 
@@ -39,6 +49,7 @@ def already_reduced(keys: Any) -> None:
     (and NCCL cannot reduce host tensors). No public API marks a logged value as already reduced; a message already
     in the set is not printed again. Without the module (another Lightning) the advice is printed as before.
     """
+    REDUCED_KEYS.update(str(key) for key in keys)
     try:
         from lightning.pytorch.trainer.connectors.logger_connector.result import warning_cache
     except ImportError:

@@ -39,6 +39,7 @@ def _trainer_classes() -> tuple[type, type]:
 
     from layerwise.callbacks import ProgressLines
     from layerwise.cli.closing import ClosingLine
+    from layerwise.cli.exactness import ExactnessLine
     from layerwise.cli.peers import end_children, exit_now, is_lost_peer, lost_peer_line, record_failure
     from layerwise.cli.runs import KeptConfig, place_logger, read_position, take_position, test_split_line
     from layerwise.cli.summary import replace_default_summary
@@ -128,6 +129,8 @@ def _trainer_classes() -> tuple[type, type]:
                     fit = self.subcommand == "fit" and read_position(self.config.fit.get("ckpt_path") or "")
                     start = fit.global_step if fit else 0  # the step a fit resumed from
                     trainer.callbacks.append(ClosingLine(self.subcommand, start, self._position))
+                if self.subcommand in ("validate", "test"):  # not Lightning's advice to use one device: exact here
+                    trainer.callbacks.append(ExactnessLine(self.subcommand))
             if trainer is None or sys.stdout.isatty() or trainer.progress_bar_callback is not None:
                 return
             if self.subcommand == "fit" and not any(isinstance(c, ProgressLines) for c in trainer.callbacks):

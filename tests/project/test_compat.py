@@ -153,3 +153,26 @@ def test_the_default_store_is_the_process_groups_own(tmp_path):
         assert store.get("layerwise/probe") == b"seen" and store.check(["layerwise/probe"])
     finally:
         dist.destroy_process_group()
+
+
+def test_lightning_still_gives_the_sampler_advice_that_layerwise_replaces():
+    import inspect
+    import re
+
+    from lightning.pytorch.trainer.connectors import data_connector
+
+    source = inspect.getsource(data_connector._DataConnector._resolve_sampler)
+    assert "Using `DistributedSampler` with the dataloaders. During `trainer.{trainer_fn.value}()`" in source, (
+        f"Lightning {lightning.__version__} changed its DistributedSampler advice: update _compat.SAMPLER_ADVICE"
+    )
+    assert "PossibleUserWarning" in source
+    for stage in ("validate", "test"):
+        said = f"Using `DistributedSampler` with the dataloaders. During `trainer.{stage}()`, it is recommended"
+        assert re.match(_compat.SAMPLER_ADVICE, said)
+    fit = "Using `DistributedSampler` with the dataloaders. During `trainer.fit()`"
+    assert not re.match(_compat.SAMPLER_ADVICE, fit)
+
+
+def test_the_keys_layerwise_reduced_itself_are_remembered():
+    _compat.already_reduced({"val/acc/layer_00": 0.5})
+    assert "val/acc/layer_00" in _compat.REDUCED_KEYS

@@ -171,7 +171,11 @@ def evaluate(root: Path, launcher: str, checkpoint: Path) -> dict:
             extra += [*WRITER, f"--trainer.callbacks.output_path={folder / 'exits.csv'}"]
         else:  # next to the checkpoint's run would mix the launchers' results: this folder instead
             extra += [f"--trainer.logger.init_args.save_dir={folder / 'runs'}"]
-        results["lines"][command] = check_finished(run_command(folder, launcher, command, extra), command)
+        processes = run_command(folder, launcher, command, extra)
+        results["lines"][command] = check_finished(processes, command)
+        if command != "predict" and launcher != "one":  # one line on exactness, not Lightning's advice of devices=1
+            assert "and the analysis counts each sample once" in "\n".join(p.stdout for p in processes)
+            assert "replicates" not in "\n".join(p.stderr for p in processes)
         if command == "predict":
             results[command] = (folder / "exits.csv").read_text()
         else:
