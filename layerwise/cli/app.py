@@ -16,14 +16,7 @@ from typing import Any, NoReturn, Optional
 
 from jsonargparse import ArgumentParser
 
-from layerwise.cli.errors import (
-    bad_config_file,
-    check_output_folders,
-    class_options,
-    exit_concisely,
-    exit_failed_write,
-    quiet_upstream,
-)
+from layerwise.cli.errors import bad_config_file, check_output_folders, class_options, exit_concisely, quiet_upstream
 from layerwise.cli.help_cache import is_plain_help, print_help
 from layerwise.cli.parser import command_parser, with_shipped_configs
 from layerwise.errors import DEBUG_VARIABLE
@@ -40,13 +33,12 @@ def _trainer_classes() -> tuple[type, type]:
     from layerwise.callbacks import ProgressLines
     from layerwise.cli.closing import ClosingLine
     from layerwise.cli.exactness import ExactnessLine
-    from layerwise.cli.peers import end_children, exit_now, is_lost_peer, lost_peer_line, record_failure
+    from layerwise.cli.peers import machine_failures_in_one_line
     from layerwise.cli.runs import KeptConfig, place_logger, read_position, take_position, test_split_line
     from layerwise.cli.summary import replace_default_summary
     from layerwise.errors import UsageError
     from layerwise.lightning_modules import LayerwiseModule
     from layerwise.lightning_modules.base import check_data_compatible
-    from layerwise.results import WriteError
 
     class _ConciseArgumentParser(LightningArgumentParser):
         """LightningCLI's parser, errors cut to one line naming the option (the whole of it with LAYERWISE_DEBUG=1)."""
@@ -129,8 +121,7 @@ def _trainer_classes() -> tuple[type, type]:
                     fit = self.subcommand == "fit" and read_position(self.config.fit.get("ckpt_path") or "")
                     start = fit.global_step if fit else 0  # the step a fit resumed from
                     trainer.callbacks.append(ClosingLine(self.subcommand, start, self._position))
-                if self.subcommand in ("validate", "test"):  # not Lightning's advice to use one device: exact here
-                    trainer.callbacks.append(ExactnessLine(self.subcommand))
+                    trainer.callbacks.extend(ExactnessLine.for_command(self.subcommand))  # validate/test: one line
             if trainer is None or sys.stdout.isatty() or trainer.progress_bar_callback is not None:
                 return
             if self.subcommand == "fit" and not any(isinstance(c, ProgressLines) for c in trainer.callbacks):
@@ -184,28 +175,14 @@ def _trainer_classes() -> tuple[type, type]:
             super()._parse_ckpt_path()
 
         def _run_subcommand(self, subcommand: str) -> None:
-            """A mistake found once the run started (UsageError, missing file, anomaly mode's NaN) ends in one line.
-
-            So does a file that could not be written (a full disk: a summary, a checkpoint; a figure only warns).
-            """
+            """A mistake found once the run started (UsageError, missing file, anomaly mode's NaN) ends in one line."""
             with self._errors_in_one_line((UsageError, FileNotFoundError), parsed=False):
                 try:
-                    super()._run_subcommand(subcommand)
-                except WriteError as error:
-                    if os.environ.get(DEBUG_VARIABLE):
-                        raise
-                    exit_failed_write(f"layerwise {subcommand}", error)
+                    with machine_failures_in_one_line(subcommand, self):  # a full disk, a dead rank (peers.py)
+                        super()._run_subcommand(subcommand)
                 except RuntimeError as error:  # autograd's anomaly mode found a NaN/inf: the user asked it to stop
-                    if is_lost_peer(error) and not os.environ.get(DEBUG_VARIABLE):  # another rank died or hangs
-                        sys.stderr.write(lost_peer_line(subcommand, self.trainer, error) + "\n")
-                        end_children(self.trainer)
-                        exit_now(1)
-                    record_failure(getattr(self, "trainer", None), error)
                     if "returned nan values" not in str(error):
                         raise
-                except Exception as error:  # a failure of this rank only: rank zero names it (peers.py)
-                    record_failure(getattr(self, "trainer", None), error)
-                    raise
                     raise UsageError(f"`--trainer.detect_anomaly=true` stopped the run: {error}") from error
 
         def _check_before_run(self) -> None:
@@ -343,14 +320,11 @@ def run_command(name: str, argv: list[str]) -> None:
     parser = command_parser(name, function)
     config = parser.parse_args(argv)
     arguments = {key: value for key, value in vars(config).items() if key != "config"}
-    from layerwise.results import WriteError
+    from layerwise.cli.errors import failed_writes_in_one_line
 
     try:
-        function(**arguments)
-    except WriteError as error:  # a full disk, a vanished folder: the path and the cause
-        if os.environ.get(DEBUG_VARIABLE):
-            raise
-        exit_failed_write(f"layerwise {name}", error)
+        with failed_writes_in_one_line(f"layerwise {name}"):  # a full disk, a vanished folder: the path and the cause
+            function(**arguments)
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as error:
         if os.environ.get(DEBUG_VARIABLE):
             raise

@@ -5,19 +5,22 @@ and advises ``devices=1`` "to ensure each sample/batch gets evaluated exactly on
 reduces itself that is not so: every rank feeds only its real samples (the sampler's repeats at the end of a rank's
 share are dropped) and the float64 sum states are all-reduced, so the analysis equals one process's (on 451 samples
 over 2 and 3 ranks too: ``tests/callbacks/test_callbacks_ddp.py``). :class:`ExactnessLine` withholds Lightning's
-advice while the run holds an analysis callback and prints one line saying so instead; values the module logs itself
-with ``self.log`` (``val/loss`` with ``sync_dist=True``) do average the repeats: for those keys Lightning's advice is
-given after the evaluation, naming them.
+advice while the run holds an analysis callback and prints one line saying so instead. Values the module logs itself
+with ``self.log`` (``val/acc`` and ``val/loss`` of the last layer, with ``sync_dist=True``) do count the repeats:
+where there are repeats, Lightning's advice is given for them after the evaluation, naming the keys and the count.
 """
 
 import warnings
+from typing import Any
 
 from lightning.fabric.utilities.warnings import PossibleUserWarning
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.rank_zero import rank_zero_warn
+from torch.utils.data import DistributedSampler
 
 from layerwise._compat import REDUCED_KEYS, SAMPLER_ADVICE
 from layerwise.callbacks import AnalysisCallback
+from layerwise.callbacks._sampling import evaluation_loaders
 
 
 class ExactnessLine(Callback):
@@ -30,6 +33,11 @@ class ExactnessLine(Callback):
     def __init__(self, command: str) -> None:
         self.command = command
         self._filtered = False
+
+    @classmethod
+    def for_command(cls, command: str) -> list["ExactnessLine"]:
+        """The callback for ``validate``/``test``; none for the other commands (Lightning warns in those two only)."""
+        return [cls(command)] if command in ("validate", "test") else []
 
     def _analysed(self, trainer: Trainer) -> bool:
         return trainer.world_size > 1 and any(isinstance(c, AnalysisCallback) for c in trainer.callbacks)
@@ -60,10 +68,24 @@ class ExactnessLine(Callback):
         if not self._filtered or stage != self.command:
             return
         own = sorted(key for key in trainer.logged_metrics if key not in REDUCED_KEYS and key != "epoch")
-        if own:
+        loaders = trainer.val_dataloaders if self.command == "validate" else trainer.test_dataloaders
+        repeated, total = repeats(loaders)
+        if own and repeated:
             rank_zero_warn(
-                f"{', '.join(own)} (logged by the module itself) average the samples `DistributedSampler` replicates "
-                "to give every process the same number of batches, so they can differ slightly from one process's: "
-                "Lightning advises `--trainer.devices=1` for those (layerwise's own analysis is exact).",
+                f"{', '.join(own)} (logged with `self.log`) count {repeated} of the {total} samples twice: "
+                "`DistributedSampler` repeats them to give every process as many batches. Lightning advises "
+                "`--trainer.devices=1` for those values; the analysis (per-layer table, summary) counts each once.",
                 category=PossibleUserWarning,
             )
+
+
+def repeats(loaders: Any) -> tuple[int, int]:
+    """How many samples ``DistributedSampler`` repeats over all ranks of the evaluation ``loaders``, and of how many."""
+    repeated = total = 0
+    for loader in evaluation_loaders(loaders):
+        sampler = getattr(loader, "sampler", None)
+        sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", sampler)
+        if isinstance(sampler, DistributedSampler) and not sampler.drop_last:
+            repeated += max(0, sampler.total_size - len(sampler.dataset))
+            total += len(sampler.dataset)
+    return repeated, total

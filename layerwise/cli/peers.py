@@ -18,10 +18,14 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
 from layerwise._compat import default_store, process_group_timeout
+from layerwise.cli.errors import failed_writes_in_one_line
+from layerwise.errors import DEBUG_VARIABLE
 
 _LOST_PEER = (
     "Connection reset by peer",
@@ -32,6 +36,27 @@ _LOST_PEER = (
     "NCCL communicator was aborted",
 )
 _TIMED_OUT = ("Application timeout caused pair closure", "Timed out waiting", "timed out")
+
+
+@contextmanager
+def machine_failures_in_one_line(command: str, cli: Any) -> Iterator[None]:
+    """Around a trainer command's run: what the machine did wrong, in one line and exit code 1.
+
+    A file that could not be written (a full disk: :func:`~layerwise.cli.errors.failed_writes_in_one_line`); a
+    collective that lost a peer (:func:`lost_peer_line`, exiting at once). Any other failure of this rank is left in
+    the store for rank zero's line (:func:`record_failure`) and goes on. The traceback with ``LAYERWISE_DEBUG=1``.
+    """
+    try:
+        with failed_writes_in_one_line(f"layerwise {command}"):
+            yield
+    except Exception as error:
+        trainer = getattr(cli, "trainer", None)
+        if trainer is not None and is_lost_peer(error) and not os.environ.get(DEBUG_VARIABLE):
+            sys.stderr.write(lost_peer_line(command, trainer, error) + "\n")
+            end_children(trainer)
+            exit_now(1)
+        record_failure(trainer, error)
+        raise
 
 
 def is_lost_peer(error: BaseException) -> bool:

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from lightning.fabric.utilities.warnings import PossibleUserWarning
+from torch.utils.data import DataLoader, DistributedSampler
 
 from layerwise._compat import already_reduced
 from layerwise.callbacks import LayerwiseAnalysis
@@ -24,9 +25,18 @@ ADVICE = (
 )
 
 
-def stand_in(world_size: int, analysed: bool, logged: dict) -> SimpleNamespace:
+def stand_in(world_size: int, analysed: bool, logged: dict, samples: int = 451) -> SimpleNamespace:
     callbacks = [LayerwiseAnalysis(log_figures=False)] if analysed else []
-    return SimpleNamespace(world_size=world_size, callbacks=callbacks, is_global_zero=True, logged_metrics=logged)
+    sampler = DistributedSampler(list(range(samples)), num_replicas=world_size, rank=0, shuffle=False)
+    loader = DataLoader(list(range(samples)), sampler=sampler)
+    return SimpleNamespace(
+        world_size=world_size,
+        callbacks=callbacks,
+        is_global_zero=True,
+        logged_metrics=logged,
+        val_dataloaders=loader,
+        test_dataloaders=[loader, loader],
+    )
 
 
 def lightning_advice_shown() -> bool:
@@ -48,8 +58,19 @@ def test_the_analysis_replaces_the_advice_by_one_line_and_a_modules_own_log_keep
             "layerwise validate: 2 processes, and the analysis counts each sample once (DistributedSampler's repeated "
             "samples are dropped before its sums are reduced): the same numbers as on one process."
         ]
-        with pytest.warns(PossibleUserWarning, match=r"^val/loss \(logged by the module itself\) average the samples"):
+        twice = r"^val/loss \(logged with `self.log`\) count 1 of the 451 samples twice"
+        with pytest.warns(PossibleUserWarning, match=twice):
             line.teardown(trainer, None, "validate")
+
+
+def test_without_repeats_a_modules_own_log_is_exact_too():
+    trainer = stand_in(3, True, {"val/loss": torch.tensor(1.0)}, samples=450)  # 150 per rank, none repeated
+    line = ExactnessLine("test")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        line.setup(trainer, None, "test")
+        line.teardown(trainer, None, "test")
+    assert not caught
 
 
 @pytest.mark.parametrize("world_size, analysed", [(1, True), (2, False)])
