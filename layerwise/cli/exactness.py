@@ -40,7 +40,8 @@ class ExactnessLine(Callback):
         return [cls(command)] if command in ("validate", "test") else []
 
     def _analysed(self, trainer: Trainer) -> bool:
-        return trainer.world_size > 1 and any(isinstance(c, AnalysisCallback) for c in trainer.callbacks)
+        callbacks = getattr(trainer, "callbacks", [])
+        return trainer.world_size > 1 and any(isinstance(c, AnalysisCallback) for c in callbacks)
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         if stage != self.command or not self._analysed(trainer):
@@ -86,6 +87,6 @@ def repeats(loaders: Any) -> tuple[int, int]:
         sampler = getattr(loader, "sampler", None)
         sampler = getattr(getattr(loader, "batch_sampler", None), "sampler", sampler)
         if isinstance(sampler, DistributedSampler) and not sampler.drop_last:
-            repeated += max(0, sampler.total_size - len(sampler.dataset))
-            total += len(sampler.dataset)
+            size = len(sampler.dataset)  # type: ignore[arg-type]
+            repeated, total = repeated + max(0, sampler.total_size - size), total + size
     return repeated, total
