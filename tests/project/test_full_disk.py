@@ -217,16 +217,16 @@ def test_a_fit_goes_on_when_only_its_figures_cannot_be_written(figureless_run):
     assert {"layerwise/val_epoch_000_step_0000002.json", "layerwise/val_epoch_001_step_0000004.json"} <= set(files)
 
 
-@pytest.mark.parametrize("command", ["plot", "report"])
+@pytest.mark.parametrize("command", ["plot", "report", "sweep"])
 def test_a_command_on_a_full_disk_ends_in_one_line_naming_a_file(figureless_run, full_disk, tmp_path, capsys, command):
     run, _, _ = figureless_run
-    out = tmp_path / ("report.html" if command == "report" else "figures")
+    out = tmp_path / ("report.html" if command == "report" else "out")
     full_disk(lambda final: True)
     with pytest.raises(SystemExit) as exit_info:
-        main([command, str(run), "--out", str(out), *(["--format", "png"] if command == "plot" else [])])
+        main([command, str(run), "--out", str(out), *(["--format", "png"] if command != "report" else [])])
     errors = capsys.readouterr().err.strip().splitlines()
     assert exit_info.value.code == 1
-    assert len(errors) == 1 and errors[0].startswith(f"layerwise {command}: error: could not write {out}")
+    assert len(errors) == 1 and errors[0].startswith(f"layerwise {command}: error: could not write {out}"), errors
     assert errors[0].endswith(f": {FULL}."), errors
     assert only_final_files(tmp_path) == []
 
