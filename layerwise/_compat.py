@@ -7,7 +7,7 @@ Elsewhere: ``LightningCLI._parse_ckpt_path`` and ``LightningCLI._run_subcommand`
 one line; ``tests/lightning_modules/test_checkpoint_errors.py`` checks that they still exist.
 """
 
-from typing import Any
+from typing import Any, Optional
 
 CHECKED_LIGHTNING = "2.6"
 
@@ -29,6 +29,16 @@ def built_by_lightning_cli() -> bool:
     return value is not None
 
 
+REDUCED_KEYS: set[str] = set()
+"""Every key :func:`already_reduced` was told of in this process: the values layerwise reduced itself."""
+
+SAMPLER_ADVICE = r"Using `DistributedSampler` with the dataloaders\. During `trainer\.(validate|test)\(\)`"
+"""The start of Lightning's advice that a multi-process validate/test "replicates some samples" (a regular expression
+for ``warnings.filterwarnings``; ``lightning.pytorch.trainer.connectors.data_connector``, ``_resolve_sampler``).
+Not a private API, but Lightning's own words, which layerwise withholds where its analysis is exact
+(``layerwise/cli/exactness.py``); ``tests/project/test_compat.py`` checks that Lightning still says them so."""
+
+
 def already_reduced(keys: Any) -> None:
     """Tell Lightning that the epoch-level values logged under ``keys`` are already global (no sync advice for them).
 
@@ -39,6 +49,7 @@ def already_reduced(keys: Any) -> None:
     (and NCCL cannot reduce host tensors). No public API marks a logged value as already reduced; a message already
     in the set is not printed again. Without the module (another Lightning) the advice is printed as before.
     """
+    REDUCED_KEYS.update(str(key) for key in keys)
     try:
         from lightning.pytorch.trainer.connectors.logger_connector.result import warning_cache
     except ImportError:
@@ -48,6 +59,36 @@ def already_reduced(keys: Any) -> None:
             f"It is recommended to use `self.log({key!r}, ..., sync_dist=True)` when logging on epoch level in"
             " distributed setting to accumulate the metric across devices."
         )
+
+
+def process_group_timeout(strategy: Any) -> Optional[str]:
+    """The process group timeout a Lightning strategy was given (``0:30:00``), or None when it has none.
+
+    Private use: ``DDPStrategy._timeout`` and ``ModelParallelStrategy._timeout`` (also FSDPStrategy's), where the
+    ``timeout`` constructor argument is kept until the process group is made with it. No public property reads it
+    back; the line a process says when a collective lost a peer (``layerwise/cli/peers.py``) names the value.
+    """
+    timeout = getattr(strategy, "_timeout", None)
+    return str(timeout) if timeout is not None else None
+
+
+def default_store() -> Any:
+    """The key-value store of the default process group (a ``TCPStore`` hosted by global rank zero), or None.
+
+    Private use: ``torch.distributed.distributed_c10d._get_default_store``. A rank that fails leaves its cause there
+    (``layerwise/cli/peers.py``) so that rank zero, whose collective then loses it, can name it in one line; no public
+    API hands out the store the process group was made with. Without it (another torch), the line says only that
+    another rank ended.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return None
+    try:
+        from torch.distributed.distributed_c10d import _get_default_store
+    except ImportError:
+        return None
+    return _get_default_store()
 
 
 CHECKED_TORCHMETRICS = "1.9"

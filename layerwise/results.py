@@ -2,7 +2,8 @@
 
 - ``<log_dir>/layerwise/<stage>_epoch_<EEE>_step_<SSSSSSS>.json``: one summary per analysed validation (keys in
   :data:`REQUIRED_KEYS`).
-- :func:`write_atomic`: the one way layerwise writes a file, so that a crash never leaves half a file.
+- :func:`write_atomic`: the one way layerwise writes a file, so that a crash or a full disk never leaves half a file
+  (its error: :class:`WriteError`, one line naming the path and the cause).
 """
 
 import glob
@@ -39,15 +40,35 @@ REQUIRED_KEYS = (
 )
 
 
+class WriteError(OSError):
+    """A file (or folder) layerwise writes could not be written: one line naming the path and the cause.
+
+    Raised by :func:`write_atomic` and :func:`write_folder_atomic` for any ``OSError`` of the writing (a full disk:
+    ``ENOSPC``, a folder that vanished: ``ENOENT``, no permission); ``errno`` is the cause's. Nothing is left under
+    the final name: the earlier file (if any) is still there, whole.
+    """
+
+    def __init__(self, path: Union[str, Path], cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror or str(cause))
+        self.path = Path(path)
+
+    def __str__(self) -> str:
+        return f"could not write {self.path}: {self.strerror}."
+
+
 def write_atomic(path: Union[str, Path], write: Callable[[IO[bytes]], Any]) -> Path:
     """Write a file through ``write(binary_file)`` into a temporary file beside ``path``, then rename it into place.
 
     Readers see the old file or the whole new one, never a part. The file gets the permissions ``open`` would give
     (0666 less the umask, usually 0644); the temporary file is removed on any error, ``KeyboardInterrupt`` included.
+    An ``OSError`` (a full disk, the folder removed meanwhile) is raised as a :class:`WriteError` naming ``path``.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as error:
+        raise WriteError(path, error) from error
     try:
         with os.fdopen(handle, "wb") as file:
             write(file)
@@ -55,9 +76,11 @@ def write_atomic(path: Union[str, Path], write: Callable[[IO[bytes]], Any]) -> P
         os.umask(umask)
         os.chmod(temporary, 0o666 & ~umask)
         os.replace(temporary, path)
-    except BaseException:
+    except BaseException as error:
         if os.path.exists(temporary):
             os.unlink(temporary)
+        if isinstance(error, OSError) and not isinstance(error, WriteError):
+            raise WriteError(path, error) from error
         raise
     return path
 
@@ -68,8 +91,19 @@ def write_folder_atomic(folder: Union[str, Path], write: Callable[[Path], Any], 
     Readers see the old folder or the whole new one, never a part; the staging folder is removed on any error.
     An existing ``folder`` is replaced (moved aside, then removed), or, with ``keep_existing``, kept: another process
     that wrote the same folder first (every rank training one tokenizer) wins, and this one's copy is dropped.
+    An ``OSError`` is raised as a :class:`WriteError` naming ``folder``.
     """
     folder = Path(folder)
+    try:
+        return _write_folder_atomic(folder, write, keep_existing)
+    except WriteError:
+        raise
+    except OSError as error:
+        raise WriteError(folder, error) from error
+
+
+def _write_folder_atomic(folder: Path, write: Callable[[Path], Any], keep_existing: bool) -> Path:
+    """:func:`write_folder_atomic`, its errors as they come."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     root = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
     staging, previous = root / folder.name, root / "previous"  # staging does not exist yet: ``write`` makes it

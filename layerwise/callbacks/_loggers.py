@@ -42,8 +42,10 @@ from typing import Any, Optional
 import numpy as np
 from lightning.pytorch import Trainer
 from lightning.pytorch.loggers import CSVLogger, MLFlowLogger, TensorBoardLogger, WandbLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 
-from layerwise.results import write_atomic
+from layerwise.errors import LayerwiseWarning
+from layerwise.results import WriteError, write_atomic
 
 
 @dataclass(frozen=True)
@@ -209,6 +211,11 @@ def mlflow_key(tag: str) -> str:
 
 
 def _png_files(folder: str) -> ImageSink:
+    """PNG files under ``<folder>/layerwise/images/``; one that cannot be written (a full disk) is skipped.
+
+    A figure is not worth a run: the first failure is warned once (the path and the cause), later ones are skipped
+    quietly, and the fit goes on (a summary or a checkpoint that cannot be written stops it).
+    """
     root = Path(folder) / "layerwise" / "images"
 
     def log(tag: str, image: np.ndarray, step: int) -> None:
@@ -216,9 +223,21 @@ def _png_files(folder: str) -> ImageSink:
 
         parts = [re.sub(r"[^\w.-]+", "_", part) for part in tag.split("/") if part not in ("", ".", "..")]
         path = _unused(root.joinpath(*parts[:-1], f"{parts[-1]}_step_{step:07d}.png"))
-        write_atomic(path, lambda file: Image.fromarray(image).save(file, format="png"))
+        try:
+            write_atomic(path, lambda file: Image.fromarray(image).save(file, format="png"))
+        except WriteError as error:
+            if root not in _UNWRITABLE:  # once per run folder, for every analysis callback's sink together
+                _UNWRITABLE.add(root)
+                rank_zero_warn(
+                    f"layerwise: {error} The run goes on; figures that cannot be written are skipped from now on "
+                    f"(`layerwise plot` draws them from the summaries later).",
+                    category=LayerwiseWarning,
+                )
 
     return ImageSink(f"PNG files in {root}/", log)
+
+
+_UNWRITABLE: set[Path] = set()  # the figure folders whose failed writes were warned of
 
 
 def _unused(path: Path) -> Path:

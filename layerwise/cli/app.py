@@ -33,6 +33,8 @@ def _trainer_classes() -> tuple[type, type]:
 
     from layerwise.callbacks import ProgressLines
     from layerwise.cli.closing import ClosingLine
+    from layerwise.cli.exactness import ExactnessLine
+    from layerwise.cli.peers import machine_failures_in_one_line
     from layerwise.cli.runs import KeptConfig, place_logger, read_position, take_position, test_split_line
     from layerwise.cli.summary import replace_default_summary
     from layerwise.errors import UsageError
@@ -121,6 +123,7 @@ def _trainer_classes() -> tuple[type, type]:
                     fit = self.subcommand == "fit" and read_position(self.config.fit.get("ckpt_path") or "")
                     start = fit.global_step if fit else 0  # the step a fit resumed from
                     trainer.callbacks.append(ClosingLine(self.subcommand, start, self._position))
+                    trainer.callbacks.extend(ExactnessLine.for_command(self.subcommand))  # validate/test: one line
             if trainer is None or sys.stdout.isatty() or trainer.progress_bar_callback is not None:
                 return
             if self.subcommand == "fit" and not any(isinstance(c, ProgressLines) for c in trainer.callbacks):
@@ -177,7 +180,8 @@ def _trainer_classes() -> tuple[type, type]:
             """A mistake found once the run started (UsageError, missing file, anomaly mode's NaN) ends in one line."""
             with self._errors_in_one_line((UsageError, FileNotFoundError), parsed=False):
                 try:
-                    super()._run_subcommand(subcommand)
+                    with machine_failures_in_one_line(subcommand, self):  # a full disk, a dead rank (peers.py)
+                        super()._run_subcommand(subcommand)
                 except RuntimeError as error:  # autograd's anomaly mode found a NaN/inf: the user asked it to stop
                     if "returned nan values" not in str(error):
                         raise
@@ -325,8 +329,11 @@ def run_command(name: str, argv: list[str]) -> None:
     parser = command_parser(name, function)
     config = parser.parse_args(argv)
     arguments = {key: value for key, value in vars(config).items() if key != "config"}
+    from layerwise.cli.errors import failed_writes_in_one_line
+
     try:
-        function(**arguments)
+        with failed_writes_in_one_line(f"layerwise {name}"):  # a full disk, a vanished folder: the path and the cause
+            function(**arguments)
     except (ValueError, TypeError, FileNotFoundError, RuntimeError) as error:
         if os.environ.get(DEBUG_VARIABLE):
             raise

@@ -1,19 +1,24 @@
 """The command line's error style: one line naming the option and the innermost cause, exit code 2.
 
 :func:`concise_error` cuts a jsonargparse message to the option and its innermost cause; :func:`exit_concisely`
-prints that one line (the traceback only with ``LAYERWISE_DEBUG=1``) and exits with code 2; :func:`class_options`
+prints that one line (the traceback only with ``LAYERWISE_DEBUG=1``) and exits with code 2 (a file that could not
+be written: :func:`failed_writes_in_one_line`, code 1); :func:`class_options`
 names the option of a class a constructor's error names; :func:`check_output_folders` and :func:`check_run_folder`
 check a fit's folders before it starts; :func:`quiet_upstream` drops the upstream lines that say nothing about the
 run. The error the rest of the package raises, :class:`~layerwise.errors.UsageError`, lives below: ``layerwise.errors``.
 """
 
+import os
 import re
 import sys
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn, Optional
 
 from layerwise.errors import DEBUG_VARIABLE, UsageError, drop_lightning_lines
+from layerwise.results import WriteError
 
 _HEADERS = ("Does not validate against any", "Subtypes:", "Errors:", "Given value", "Expected a <class 'NoneType'>")
 _KEY = re.compile(r'^Parser key "([^"]+)":\s*(.*)$')
@@ -137,6 +142,22 @@ def exit_concisely(
         f"(options: {prog} --help; the whole message: {DEBUG_VARIABLE}=1 {prog} ...)\n"
     )
     sys.exit(2)
+
+
+@contextmanager
+def failed_writes_in_one_line(prog: str) -> Iterator[None]:
+    """A file that could not be written (:class:`~layerwise.results.WriteError`: a full disk, a vanished folder).
+
+    One line naming the path and the cause, and exit code 1: not a mistake in the command (2), the machine's. The
+    traceback with ``LAYERWISE_DEBUG=1``.
+    """
+    try:
+        yield
+    except WriteError as error:
+        if os.environ.get(DEBUG_VARIABLE):
+            raise
+        sys.stderr.write(f"{prog}: error: {error}\n")
+        sys.exit(1)
 
 
 def class_options(config: Any) -> dict[str, str]:

@@ -15,6 +15,7 @@ from typing import Any, Optional
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 
+from layerwise.lightning_modules.checkpoint import LIGHTNING_META
 from layerwise.results import evaluated_split, keep_earlier
 
 
@@ -23,7 +24,7 @@ class CheckpointPosition:
     """Where in training a checkpoint was saved, read from the file without building the model.
 
     Attributes:
-        path: the checkpoint file.
+        path: the checkpoint file (or the folder of a sharded checkpoint: FSDP2's ``last.ckpt/``).
         epoch: its ``epoch`` (the Trainer's ``current_epoch`` when it was saved).
         global_step: its ``global_step``.
         fit_loop: the fit loop's state (its progress counters), if the checkpoint holds one.
@@ -48,17 +49,20 @@ class CheckpointPosition:
 
 
 def read_position(ckpt_path: Any) -> Optional[CheckpointPosition]:
-    """The position of the checkpoint file ``ckpt_path``; None for Lightning's names, a folder or an unreadable file.
+    """The position of the checkpoint ``ckpt_path``; None for Lightning's names, another folder or an unreadable file.
 
-    The tensors are memory-mapped, not read: only the counters are looked at.
+    A file's tensors are memory-mapped, not read: only the counters are looked at. A sharded checkpoint (the folder
+    FSDP2's ``ModelParallelStrategy`` and ``FSDPStrategy(state_dict_type="sharded")`` save) keeps its counters and
+    callback states in ``meta.pt`` beside the shards, written by global rank zero: that file is read.
     """
     import torch
 
     path = Path(str(ckpt_path))
-    if not path.is_file():
+    source = path / LIGHTNING_META if path.is_dir() else path
+    if not source.is_file():
         return None
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        checkpoint = torch.load(source, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # a checkpoint Lightning reads otherwise (or reports itself)
         return None
     if not isinstance(checkpoint, dict) or "epoch" not in checkpoint or "global_step" not in checkpoint:

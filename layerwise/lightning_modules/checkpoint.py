@@ -15,6 +15,7 @@ from lightning.pytorch import LightningModule, Trainer
 from torch import nn
 
 from layerwise.errors import UsageError
+from layerwise.results import write_atomic
 
 TRUSTED_PACKAGES = ("layerwise.",)
 ZIP_MAGIC = b"PK\x03\x04"  # torch.save's format (a zip archive) since PyTorch 1.6
@@ -115,7 +116,10 @@ class CheckpointReader(TorchCheckpointIO):
     its ``setup`` (before Lightning restores ``--ckpt_path``), so ``fit/validate/test/predict --ckpt_path`` answer a
     truncated or foreign file in one line naming it, and ``validate/test/predict`` on one process (or under DDP) read
     a sharded FSDP2 checkpoint folder. Resuming ``fit`` from such a folder needs its sharded optimizer state: that
-    is refused here in one line (run it under the strategy that wrote it). Writing is unchanged.
+    is refused here in one line (run it under the strategy that wrote it). Writing goes through
+    :func:`~layerwise.results.write_atomic` (Lightning's own writes into a temporary file in the system's temporary
+    folder, then moves it: a copy into the final name when that folder is on another disk), so a full disk never
+    leaves a truncated checkpoint under its name, and the error names the checkpoint.
 
     Args:
         fitting: whether the trainer restores for ``fit`` (a resume).
@@ -135,6 +139,12 @@ class CheckpointReader(TorchCheckpointIO):
                 "validate, test, predict and export from it."
             )
         return read_checkpoint(path, "--ckpt_path", weights_only=weights_only)
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Optional[Any] = None) -> None:
+        if storage_options is not None or "://" in str(path):  # Lightning's for remote folders and its options
+            super().save_checkpoint(checkpoint, path, storage_options)
+            return
+        write_atomic(path, lambda file: torch.save(checkpoint, file))
 
 
 def use_checkpoint_reader(trainer: Trainer, stage: str) -> None:

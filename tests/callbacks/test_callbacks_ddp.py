@@ -1,7 +1,8 @@
-"""DDP on CPU with gloo: the analysis of 2 (or 4) processes equals the analysis of 1 process, value for value.
+"""DDP on CPU with gloo: the analysis of 2 (3 or 4) processes equals the analysis of 1 process, value for value.
 
-The validation set has 101 samples and batches of 16, so ``DistributedSampler`` pads every rank to the same length
-(51 + 51 on 2 ranks: one sample counted twice unless the callback drops it) and every rank ends on a ragged batch.
+The validation set has 101 (or 451) samples and batches of 16, so ``DistributedSampler`` pads every rank to the same
+length (51 + 51 on 2 ranks: one sample counted twice unless the callback drops it) and every rank ends on a ragged
+batch.
 Processes are started with Lightning's ``ddp_fork``: the children inherit the imported modules and the weights (the
 state dict is saved once and loaded before launching), where ``ddp_spawn`` would re-import torch, Lightning and timm
 in every child (about 15 s each on a loaded 2-core box). The children run a single intra-op thread, as DataLoader
@@ -12,6 +13,7 @@ import pytest
 import torch
 from helpers import (
     assert_json_close,
+    digits,
     fitted_module,
     read_features,
     read_summary,
@@ -20,36 +22,49 @@ from helpers import (
     val_loader,
 )
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+from torch.utils.data import DataLoader, TensorDataset
 
 from layerwise.callbacks import LayerwiseAnalysis, ResidualNormRatioMonitor
 
 N = 101
 
 
-def analyse(root, weights, **trainer_options):
+def loader(num_samples: int) -> DataLoader:
+    """``num_samples`` digits in a fixed order, batches of 16: the validation set, or training images past its 360."""
+    if num_samples <= 360:
+        return val_loader(num_samples, batch_size=16)
+    x, y, _, _ = digits()
+    return DataLoader(TensorDataset(x[:num_samples], y[:num_samples]), batch_size=16)
+
+
+def analyse(root, weights, num_samples=N, **trainer_options):
     module = fitted_module()
     module.load_state_dict(torch.load(weights))
     callbacks = [LayerwiseAnalysis(save_features=True, log_figures=False), ResidualNormRatioMonitor(log_figures=False)]
-    trainer(root, callbacks, **trainer_options).validate(module, val_loader(N, batch_size=16), verbose=False)
+    trainer(root, callbacks, **trainer_options).validate(module, loader(num_samples), verbose=False)
     return read_summary(root), read_features(root)
 
 
-@pytest.mark.parametrize("devices", [2, pytest.param(4, marks=pytest.mark.slow)])
-def test_processes_match_one_process(tmp_path, single_thread, devices):
+# 101 on 2 ranks: 51 + 51, one repeat; 451 (the size an independent check measured) on 2: 226 + 226, one repeat, and
+# on 3: 151 x 3, two repeats; 101 on 4: 26 x 4, three repeats. Every rank ends on a ragged batch.
+@pytest.mark.parametrize(
+    "num_samples, devices",
+    [(N, 2), (451, 2), pytest.param(451, 3, marks=pytest.mark.slow), pytest.param(N, 4, marks=pytest.mark.slow)],
+)
+def test_processes_match_one_process(tmp_path, single_thread, num_samples, devices):
     weights = tmp_path / "weights.pt"
     torch.save(fitted_module().state_dict(), weights)
-    one, one_features = analyse(tmp_path / "one", weights)
-    many, many_features = analyse(tmp_path / "many", weights, devices=devices, strategy="ddp_fork")
+    one, one_features = analyse(tmp_path / "one", weights, num_samples)
+    many, many_features = analyse(tmp_path / "many", weights, num_samples, devices=devices, strategy="ddp_fork")
 
-    assert one["num_samples"] == many["num_samples"] == N  # the sampler's padding is not counted
-    assert one["residual_norm_ratio"]["num_samples"] == many["residual_norm_ratio"]["num_samples"] == N
-    assert sum(many["saturation_counts"]) == N
-    assert all(sum(row["exit_counts"]) == N for row in many["early_exit"])
+    assert one["num_samples"] == many["num_samples"] == num_samples  # the sampler's padding is not counted
+    assert one["residual_norm_ratio"]["num_samples"] == many["residual_norm_ratio"]["num_samples"] == num_samples
+    assert sum(many["saturation_counts"]) == num_samples
+    assert all(sum(row["exit_counts"]) == num_samples for row in many["early_exit"])
     assert_json_close(many, one, atol=1e-6, rtol=1e-6)
 
-    assert (
-        many_features["labels"].tolist() == one_features["labels"].tolist() == val_loader(N).dataset.tensors[1].tolist()
-    )
+    labels = loader(num_samples).dataset.tensors[1].tolist()
+    assert many_features["labels"].tolist() == one_features["labels"].tolist() == labels
     assert torch.equal(many_features["predictions"], one_features["predictions"])
     for key in ("features", "max_prob"):
         assert many_features[key].shape == one_features[key].shape

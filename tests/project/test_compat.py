@@ -18,6 +18,7 @@ PRIVATE = (
     r"|_given_"
     r"hyperparameters|overrides\.distributed"  # split so that this file does not match itself
     r"|def _app" + r"ly\b"  # overriding torch/torchmetrics' Module._apply
+    r"|\._time" + r"out\b|_get_default_" + r"store"  # a strategy's process group timeout, the group's store
 )
 
 
@@ -126,3 +127,52 @@ def test_already_reduced_silences_lightnings_sync_advice_for_those_keys_only(mon
     collection.metrics(on_step=False)
     advised = [str(w.message) for w in recwarn if "sync_dist=True" in str(w.message)]
     assert len(advised) == 1 and "'val/user_key'" in advised[0], advised
+
+
+def test_the_process_group_timeout_is_read_from_the_strategies_that_take_one():
+    from datetime import timedelta
+
+    from lightning.pytorch.strategies import DDPStrategy, FSDPStrategy, ModelParallelStrategy
+
+    assert _compat.process_group_timeout(DDPStrategy(timeout=timedelta(minutes=2))) == "0:02:00"
+    assert _compat.process_group_timeout(DDPStrategy()) == "0:30:00"  # Lightning's default, as the docs say
+    assert _compat.process_group_timeout(ModelParallelStrategy(timeout=timedelta(seconds=90))) == "0:01:30"
+    assert _compat.process_group_timeout(FSDPStrategy(timeout=timedelta(seconds=5))) == "0:00:05"
+    assert _compat.process_group_timeout(object()) is None
+
+
+def test_the_default_store_is_the_process_groups_own(tmp_path):
+    import torch.distributed as dist
+    from helpers import free_port
+
+    assert _compat.default_store() is None  # no process group
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        store = _compat.default_store()
+        store.set("layerwise/probe", "seen")
+        assert store.get("layerwise/probe") == b"seen" and store.check(["layerwise/probe"])
+    finally:
+        dist.destroy_process_group()
+
+
+def test_lightning_still_gives_the_sampler_advice_that_layerwise_replaces():
+    import inspect
+    import re
+
+    from lightning.pytorch.trainer.connectors import data_connector
+
+    source = inspect.getsource(data_connector._DataConnector._resolve_sampler)
+    assert "Using `DistributedSampler` with the dataloaders. During `trainer.{trainer_fn.value}()`" in source, (
+        f"Lightning {lightning.__version__} changed its DistributedSampler advice: update _compat.SAMPLER_ADVICE"
+    )
+    assert "PossibleUserWarning" in source
+    for stage in ("validate", "test"):
+        said = f"Using `DistributedSampler` with the dataloaders. During `trainer.{stage}()`, it is recommended"
+        assert re.match(_compat.SAMPLER_ADVICE, said)
+    fit = "Using `DistributedSampler` with the dataloaders. During `trainer.fit()`"
+    assert not re.match(_compat.SAMPLER_ADVICE, fit)
+
+
+def test_the_keys_layerwise_reduced_itself_are_remembered():
+    _compat.already_reduced({"val/acc/layer_00": 0.5})
+    assert "val/acc/layer_00" in _compat.REDUCED_KEYS

@@ -10,7 +10,9 @@ order of the distributed sampler cannot make the runs differ), so every summary 
 1e-6, and the early-exit predictions are the same rows.
 
 The one-process and ``ddp`` cells run in the default suite; ``ddp_spawn``, FSDP2 and ``torchrun`` are ``slow``
-(``pytest -m slow tests/runs/test_launchers.py``, run by ``.ci/run``).
+(``pytest -m slow tests/runs/test_launchers.py``, run by ``.ci/run``). FSDP2 also evaluates its own fit's sharded
+``last.ckpt/`` folder in place: ``validate`` and ``test`` land beside that run, labelled by the checkpoint's epoch
+and step (read here from the folder's ``meta.pt`` with torch itself), as they do for every single-file checkpoint.
 """
 
 import json
@@ -172,7 +174,11 @@ def evaluate(root: Path, launcher: str, checkpoint: Path) -> dict:
             extra += [*WRITER, f"--trainer.callbacks.output_path={folder / 'exits.csv'}"]
         else:  # next to the checkpoint's run would mix the launchers' results: this folder instead
             extra += [f"--trainer.logger.init_args.save_dir={folder / 'runs'}"]
-        results["lines"][command] = check_finished(run_command(folder, launcher, command, extra), command)
+        processes = run_command(folder, launcher, command, extra)
+        results["lines"][command] = check_finished(processes, command)
+        if command != "predict" and launcher != "one":  # one line on exactness, not Lightning's advice of devices=1
+            assert "and the analysis counts each sample once" in "\n".join(p.stdout for p in processes)
+            assert "replicates some samples" not in "\n".join(p.stderr for p in processes)  # Lightning's words
         if command == "predict":
             results[command] = (folder / "exits.csv").read_text()
         else:
@@ -210,3 +216,35 @@ def test_every_command_under_the_launcher_ends_and_equals_one_process(tmp_path, 
     results = merged(run_cell(tmp_path / "fit", launcher), evaluate(tmp_path, launcher, reference["checkpoint"]))
     check_equal(results, reference)
     assert "nothing was trained" not in results["lines"]["fit"]
+    if launcher == "fsdp":
+        check_evaluated_in_place(tmp_path / "fit", launcher)
+
+
+def check_evaluated_in_place(root: Path, launcher: str) -> None:
+    """``validate``/``test``/``predict`` of the fit's own (sharded) ``last.ckpt`` beside its run, at its epoch/step."""
+    import torch
+
+    run = root / "runs" / "quickstart" / "version_0"
+    checkpoint = run / "checkpoints" / "last.ckpt"
+    meta = torch.load(checkpoint / "meta.pt", map_location="cpu", weights_only=False) if checkpoint.is_dir() else {}
+    assert meta, f"{checkpoint} is not a sharded checkpoint folder"
+    epoch, step = int(meta["epoch"]), int(meta["global_step"])
+    assert step > 0
+    label = f"epoch {epoch}, step {step}"
+    for command in ("validate", "test", "predict"):
+        extra = [f"--ckpt_path={checkpoint}"]
+        if command == "predict":
+            extra += [*WRITER, f"--trainer.callbacks.output_path={root / 'exits.csv'}"]
+        processes = run_command(root, launcher, command, extra)
+        line = check_finished(processes, command)
+        assert f"checkpoint {checkpoint} ({label})" in line, line
+        stderr = "\n".join(p.stderr for p in processes)
+        assert "dirpath" not in stderr, stderr[-3000:]
+        if command == "predict":
+            continue
+        folder = run / f"{command}_epoch_{epoch:03d}_step_{step:07d}"
+        assert line.endswith(f"-> {folder}"), line
+        stage = "val" if command == "validate" else "test"
+        assert f"layerwise {stage} ({label}):" in "\n".join(p.stdout for p in processes)  # the console table
+        assert (folder / "layerwise" / f"{stage}_epoch_{epoch:03d}_step_{step:07d}.json").is_file()
+        assert not (root / "runs" / "quickstart" / "version_1").exists(), "the evaluation went into a new version"
