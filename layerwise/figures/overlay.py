@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 from layerwise.figures.seeds import (
     CSV_FIELDS,
@@ -35,6 +36,7 @@ from layerwise.figures.style import (
     legend_below,
     new_figure,
     series_colour,
+    stage_name,
     stamp,
 )
 from layerwise.results import find_runs, run_config, run_summaries, write_text_atomic
@@ -45,7 +47,7 @@ FIGURES = {
     "cos": ("cos", "COS to the last layer", "COS of each layer to the last layer"),
     "cka": ("cka", "CKA to the last layer", "CKA of each layer to the last layer"),
     "nc1": ("nc1", "NC1", "NC1 (within- / between-class variability) per layer"),
-    "effective_depth": ("effective_depth", "ε-effective depth (layers)", "ε-effective depth"),
+    "effective_depth": ("effective_depth", "effective depth (layer)", r"$\varepsilon$-effective depth"),
     "early_exit": ("early_exit_accuracy", "accuracy", "early exit: accuracy against speedup over τ"),
 }
 TABLE = ("comparison.csv", "comparison.md")
@@ -66,7 +68,8 @@ class Comparison:
     @property
     def line(self) -> str:
         """The line under every figure's title: the epoch, how it was chosen, what the bands are."""
-        return f"validation epoch {self.epoch} ({self.how}), bands: 95 % CI"
+        stage = stage_name(str(self.summaries[0].get("stage", "val"))) if self.summaries else stage_name("val")
+        return f"{stage}, epoch {self.epoch} ({self.how}) · bands: 95 % confidence interval over seeds"
 
     def legend(self, group: str) -> str:
         """A group's legend: its label and how many runs it holds."""
@@ -118,13 +121,15 @@ def load_comparison(
 
 
 # ------------------------------------------------------------------------------------------------------ figures
-def _band(ax: Any, x: Sequence[float], rows: Sequence[Row], colour: Any) -> None:
-    """The t-interval of ``rows`` as a band, where it is finite."""
+def _band(ax: Any, x: Sequence[float], rows: Sequence[Row], colour: Any, step: Optional[str] = None) -> None:
+    """The t-interval of ``rows`` as a band, where it is finite (``step="post"`` under a step plot)."""
     low = np.array([row.low for row in rows], dtype=float)
     high = np.array([row.high for row in rows], dtype=float)
     finite = np.isfinite(low) & np.isfinite(high)
     if finite.any():
-        ax.fill_between(np.asarray(x, dtype=float), low, high, where=finite, color=colour, alpha=0.2, linewidth=0)
+        ax.fill_between(
+            np.asarray(x, dtype=float), low, high, where=finite, color=colour, alpha=0.2, linewidth=0, step=step
+        )
 
 
 def _lines(comparison: Comparison, quantity: str) -> dict[str, list[Row]]:
@@ -146,21 +151,34 @@ def _finish(fig: Figure, ax: Any, comparison: Comparison, title: str) -> Figure:
 
 
 def per_point_figure(comparison: Comparison, name: str) -> Figure:
-    """One quantity against the layer (or ε): a line per group at its mean, its band the t-interval over seeds."""
+    """One quantity against the layer (or ε): a line per group at its mean, its band the t-interval over seeds.
+
+    Series colours are the house's colour-blind palette (:func:`series_colour`). ε-effective depth, a whole layer
+    that changes only at the ε measured, is a step plot over those ε (its summary key ``effective_depth``: the first
+    layer whose accuracy is >= 1 - ε), with whole-number layer ticks.
+    """
     quantity, ylabel, title = FIGURES[name]
     fig, ax = new_figure(5.2, 3.6)
     lines = _lines(comparison, quantity)
-    categorical = quantity == "effective_depth"
+    steps = quantity == "effective_depth"
     for index, (group, rows) in enumerate(lines.items()):
         colour = series_colour(group, index)
-        x = list(range(len(rows))) if categorical else [row.x for row in rows]
-        ax.plot(x, [row.mean for row in rows], marker="o", markersize=4, color=colour, label=comparison.legend(group))
-        _band(ax, x, rows, colour)
+        x = [row.x for row in rows]
+        ax.plot(
+            x,
+            [row.mean for row in rows],
+            marker="o",
+            markersize=4,
+            color=colour,
+            label=comparison.legend(group),
+            drawstyle="steps-post" if steps else "default",
+        )
+        _band(ax, x, rows, colour, step="post" if steps else None)
     first = next(iter(lines.values()))
-    if categorical:
-        ax.set_xticks(range(len(first)), [f"{row.x:g}" for row in first])
-        ax.set_xlabel("ε (accuracy within ε of the last layer's)")
-        ax.yaxis.get_major_locator().set_params(integer=True)
+    if steps:
+        ax.set_xticks([row.x for row in first], [f"{row.x:g}" for row in first])
+        ax.set_xlabel(r"tolerance $\varepsilon$ (accuracy $\geq 1 - \varepsilon$)")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     else:
         layer_ticks(ax, [row.x for row in first], axis="x", at_values=True)
         ax.set_xlabel("layer")
@@ -186,7 +204,7 @@ def early_exit_figure(comparison: Comparison) -> Figure:
         xerr = [0.0 if not math.isfinite(row.half_width) else row.half_width for row in across]
         if any(xerr):
             ax.errorbar(x, [row.mean for row in up], xerr=xerr, fmt="none", ecolor=colour, elinewidth=0.8)
-    ax.set_xlabel("speedup (L · samples / layers run)")
+    ax.set_xlabel("speedup (layers in the model / mean layers run)")
     ax.set_ylabel("accuracy")
     return _finish(fig, ax, comparison, FIGURES["early_exit"][2])
 

@@ -157,7 +157,7 @@ def _shown(key: str, value: Any) -> str:
     if key.endswith("class_path") and isinstance(value, str):
         return value.rsplit(".", 1)[-1]
     name = [part for part in key.split(".") if part != "init_args"][-1]
-    return f"{name}={value}"
+    return f"{name.replace('_', ' ')}={value}"  # in words: a legend shows it (embed dim=16, not embed_dim=16)
 
 
 def group_runs(

@@ -1,12 +1,17 @@
 """Every figure renders from a summary without a warning; legends off the curves, integer layer ticks, titles."""
 
+import json
+import tempfile
 import warnings
 import weakref
+from pathlib import Path
+from typing import Optional
 
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
+from layerwise.figures.overlay import comparison_figures, load_comparison
 from layerwise.figures.style import drawn_at
 from layerwise.figures.summary import summary_figures
 
@@ -276,7 +281,47 @@ def every_figure(num_layers: int) -> dict:
     ]
     figures["stitch"] = stitch_figure(rows, {"glue_task": "mnli", "phi": "linear"})
     figures.update(chart_figures("val", synthetic_charts(num_layers)))
+    with tempfile.TemporaryDirectory() as folder:  # several runs side by side (layerwise plot RUN...)
+        comparison = load_comparison(synthetic_runs(Path(folder), num_layers))
+    figures.update({f"comparison_{name}": f for name, f in comparison_figures(comparison).items()})
     return figures
+
+
+MODES = {"standard": "Standard", "aligned": "AlternatingAligned"}
+
+
+def synthetic_runs(folder: Path, num_layers: int, seeds: tuple = (0, 1, 2), data: Optional[dict] = None) -> list[Path]:
+    """Two training modes x three seeds as run folders (``config.yaml``, ``layerwise/val_epoch_*.json``): each seed's
+    summary :func:`synthetic_summary` shifted by a little, with an NC1 per layer; the folders ``layerwise plot``
+    reads. ``data``: mode -> the config's ``data.init_args`` (what else differs between the modes)."""
+    import yaml
+
+    from layerwise.results import summary_path
+
+    runs = []
+    for offset, (mode, model) in enumerate(MODES.items()):
+        for seed in seeds:
+            run = folder / f"{mode}_seed{seed}" / "version_0"
+            config = {"seed_everything": seed, "model": {"class_path": f"layerwise.lightning_modules.{model}"}}
+            if data:
+                config["data"] = {"init_args": data[mode]}
+            run.mkdir(parents=True)
+            (run / "config.yaml").write_text(yaml.safe_dump(config))
+            for epoch in (0, 1):
+                summary = synthetic_summary(num_layers)
+                shift = 0.02 * (seed - 1) + 0.05 * offset + 0.01 * epoch
+                summary.update(epoch=epoch, global_step=23 * (epoch + 1))
+                summary["accuracy"] = [min(1.0, value + shift) for value in summary["accuracy"]]
+                summary["cos"] = [[value - shift for value in row] for row in summary["cos"]]
+                summary["nc1"] = [60.0 / layer + shift for layer in summary["layers"]]
+                for row in summary["early_exit"]:
+                    row["accuracy"] += shift
+                    row["speedup"] += 10 * shift
+                path = summary_path(str(run), "val", epoch, 23 * (epoch + 1))
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(json.dumps(summary))
+            runs.append(run)
+    return runs
 
 
 def synthetic_charts(num_layers: int) -> dict:

@@ -13,6 +13,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+from matplotlib.collections import PolyCollection
 from matplotlib.colors import to_hex
 from matplotlib.text import Text
 from test_figures import drawn_texts, every_figure, synthetic_summary
@@ -332,3 +333,62 @@ def test_the_report_embeds_figures_at_150_dpi_shown_at_their_print_size(tmp_path
             image = Image.open(io.BytesIO(base64.b64decode(data)))
             assert image.info["dpi"][0] == pytest.approx(FIGURE_DPI, abs=0.5)
             assert image.size[0] / FIGURE_DPI == pytest.approx(inches, abs=0.02) == float(shown)
+
+
+# ------------------------------------------------------------------ runs side by side, in the house style
+@pytest.mark.parametrize("width", ["column", "page"])
+def test_runs_side_by_side_are_drawn_in_the_house_style(tmp_path, width):
+    """``layerwise plot RUN...`` drew its groups in tab10's blue and orange, under "validation epoch 1 (the last),
+    bands: 95 % CI", with ε-effective depth as sloped lines between ε labelled as the relative depth it is not. Now:
+    the groups in the colour-blind series palette (line and band alike), the stage and the interval in words,
+    ε-effective depth a step plot of whole layers at the ε measured; at the print width asked for."""
+    from test_figures import synthetic_runs
+
+    from layerwise.figures.overlay import comparison_figures, load_comparison
+    from layerwise.figures.style import SERIES_PALETTE
+
+    with drawn_at(width):
+        figures = comparison_figures(load_comparison(synthetic_runs(tmp_path, 6)))
+    assert set(figures) == {"accuracy", "cos", "cka", "nc1", "effective_depth", "early_exit"}
+    tab10 = {to_hex(f"tab:{name}") for name in ("blue", "orange", "green", "red")}
+    for name, figure in figures.items():
+        assert figure.get_size_inches()[0] == pytest.approx(PRINTS[width].width), name
+        (ax,) = figure.axes
+        colours = [to_hex(line.get_color()) for line in ax.get_lines()]
+        assert colours == [c.lower() for c in SERIES_PALETTE[:2]], (name, colours)
+        bands = [to_hex(band.get_facecolor()[0]) for band in ax.collections if isinstance(band, PolyCollection)]
+        assert bands and set(bands) <= set(colours) and not set(bands) & tab10, (name, bands)
+        title = ax.get_title().replace("\n", " ")
+        assert "validation, epoch 1 (the last)" in title and "95 % confidence interval over seeds" in title, title
+        legend = [text.get_text() for legend in figure.legends for text in legend.get_texts()]
+        assert legend == ["Standard (3 seeds)", "AlternatingAligned (3 seeds)"], (name, legend)
+    depth = figures["effective_depth"].axes[0]
+    assert all(line.get_drawstyle() == "steps-post" for line in depth.get_lines())
+    assert sorted(float(tick) for tick in depth.get_xticks()) == [0.01, 0.05, 0.1]
+    assert all(float(tick).is_integer() for tick in depth.get_yticks())
+    assert "1 - " in depth.get_xlabel(), "the summary's effective_depth is accuracy >= 1 - ε, not the relative one"
+    plt.close("all")
+
+
+def test_no_raw_key_in_a_comparison_whose_runs_differ_by_an_identifier(tmp_path):
+    """Runs that differ by ``data.init_args.batch_size`` were labelled ``batch_size=32`` in the legend and the
+    table: now ``batch size=32``, and no text of any comparison figure holds a key."""
+    from test_figures import synthetic_runs
+
+    from layerwise.figures.overlay import comparison_figures, load_comparison, table_texts
+
+    data = {"standard": {"batch_size": 32}, "aligned": {"batch_size": 64}}
+    comparison = load_comparison(synthetic_runs(tmp_path, 6, data=data))
+    assert [group.label for group in comparison.groups] == [
+        "batch size=32, Standard",
+        "batch size=64, AlternatingAligned",
+    ]
+    figures = comparison_figures(comparison)
+    keys = {
+        name: found
+        for name, figure in figures.items()
+        if (found := [k for t in every_text(figure) for k in raw_keys(t)])
+    }
+    assert not keys, keys
+    assert "batch_size" not in table_texts(comparison)["comparison.md"]
+    plt.close("all")

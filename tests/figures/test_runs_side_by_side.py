@@ -111,7 +111,7 @@ def test_two_modes_by_three_seeds_give_one_figure_per_quantity_with_two_bands(ru
         assert len(bands) == 2, name
         legend = [text.get_text() for legend in figure.legends for text in legend.get_texts()]
         assert legend == ["Standard (3 seeds)", "Aligned (3 seeds)"], name
-        assert "validation epoch 1 (the last)" in ax.get_title(), name
+        assert "validation, epoch 1 (the last)" in ax.get_title(), name
 
 
 @pytest.mark.parametrize("name", ["accuracy", "cos", "cka", "nc1"])
