@@ -65,7 +65,6 @@ __all__ = [
     "series_colour",
     "set_margins",
     "stamp",
-    "stamp_all",
 ]
 
 TITLE_SIZE = 11
@@ -271,15 +270,6 @@ def stamp(fig: Figure, line: str) -> Figure:
     title.set_text(f"{text}\n{line}" if text else line)
     fig._layerwise_stamp = line
     return fig
-
-
-def stamp_all(figures: dict[str, Figure], epoch: int, step: int, run: Optional[str] = None) -> dict[str, Figure]:
-    """:func:`stamp` each of a callback's ``stage/name`` -> figure with its run, stage, epoch and global step."""
-    run = run if run is None or len(run) <= 32 else "…" + run[-31:]
-    return {
-        tag: stamp(figure, run_line({"stage": tag.split("/")[0], "epoch": epoch, "global_step": step}, run))
-        for tag, figure in figures.items()
-    }
 
 
 def colorbar(fig: Figure, image: Any, ax: Any, label: str, own_axes: bool = False) -> Any:

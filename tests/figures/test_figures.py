@@ -445,48 +445,6 @@ def test_accuracy_uses_its_axis():
     assert (max(summary["accuracy"]) - min(summary["accuracy"])) / (high - low) >= 0.6
 
 
-def test_every_callback_figure_says_its_stage_epoch_and_step():
-    """TensorBoard's images: log_figures_later stamps each figure's title with its stage, epoch and step."""
-    from types import SimpleNamespace
-
-    from layerwise.callbacks import _drawing, _output
-    from layerwise.figures import worker
-    from layerwise.figures.heatmap import heatmap
-
-    titles = {}
-
-    class Writer:
-        def add_figure(self, *args, **kwargs):
-            pass
-
-        def add_image(self, tag, image, global_step, dataformats):
-            titles[tag] = (global_step, image.shape)
-
-    original = worker.rendered
-
-    def rendered(figure):
-        titles[len(titles)] = [ax.get_title() for ax in figure.axes] + [
-            figure._suptitle and figure._suptitle.get_text()
-        ]
-        return original(figure)
-
-    trainer = SimpleNamespace(
-        loggers=[SimpleNamespace(experiment=Writer())],
-        log_dir="runs/quickstart/version_0",
-        default_root_dir=".",
-        current_epoch=31,
-        global_step=736,
-    )
-    worker.rendered = rendered
-    try:
-        _output.log_figures_later(trainer, lambda: {"val/cos": heatmap(np.eye(3), [1, 2, 3], "COS")})
-        _drawing.wait_for_figures()
-    finally:
-        worker.rendered = original
-    assert titles["val/cos"][0] == 736
-    assert titles[0][0] == "COS\nval epoch 31, step 736"  # as `layerwise plot` draws it from the summary
-
-
 # ------------------------------------------------------------------ figures for print: fonts, colours, the defects
 # a reader's complaints (issue part 6): each test below fails on the figures before the fix
 
