@@ -188,9 +188,9 @@ def _image_dataset(data: Path) -> tuple[Any, list[str]]:
     if not data.is_dir():
         raise ValueError(f"`--data={data}`: no such folder.")
     if (data / "test_batch").is_file() and (data / "batches.meta").is_file():
-        from layerwise.datamodules.cifar import _LocalCIFAR10
+        from layerwise.datamodules.cifar import LocalCIFAR10
 
-        dataset = _LocalCIFAR10(data, train=False, download=False)
+        dataset = LocalCIFAR10(data, train=False, download=False)
         return dataset, list(dataset.classes)
     try:
         dataset = datasets.ImageFolder(str(data))

@@ -419,10 +419,10 @@ def check_labels(datamodule: Any, num_classes: int, grouped: bool = False) -> No
 
     Run before any training or evaluation step (``LayerwiseModule.setup``), so a label the head has no class for is
     not found by ``cross_entropy`` mid-training (``IndexError: Target 12 is out of bounds``). Reads only the labels
-    (:func:`~layerwise.datamodules._base.dataset_labels`); a dataset whose labels it cannot read is not checked.
+    (:func:`~layerwise.datamodules.labels.dataset_labels`); a dataset whose labels it cannot read is not checked.
     GLUE/HANS test rows without a label (-1) are allowed in the test set.
     """
-    from layerwise.datamodules._base import dataset_labels, labelled_sets
+    from layerwise.datamodules.labels import dataset_labels, labelled_sets
 
     for role, dataset in labelled_sets(datamodule):
         found = dataset_labels(dataset)

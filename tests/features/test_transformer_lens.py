@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from layerwise.cli import main as cli_main
 from layerwise.features import collect_block_outputs
 from layerwise.features.paths import get_blocks, layer_paths
-from layerwise.features.transformer_lens import SoLULN, legacy_config
+from layerwise.features.transformer_lens import SoLULN
+from layerwise.hub import legacy_config
 from layerwise.lightning_modules.checkpoint import load_model
 
 LAYERS, D, HEADS, D_HEAD, D_MLP, VOCAB, CTX = 2, 24, 3, 8, 40, 300, 64

@@ -20,7 +20,7 @@ else:  # pragma: no cover
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "layerwise"
 # Small leaf modules any part may use: they import nothing of layerwise.
-UTILITIES = {"extras", "_compat", "errors"}
+UTILITIES = {"extras", "_compat", "errors", "hub"}
 FACE = {"__main__", "__init__"}  # `python -m layerwise` and the package root
 
 
