@@ -161,7 +161,7 @@ def _trainer_classes() -> tuple[type, type]:
                 ckpt_path in ("best", "last", "hpc") or str(ckpt_path).startswith("registry") or "://" in str(ckpt_path)
             )  # Lightning resolves these itself
             if ckpt_path and (Path(ckpt_path).exists() or not lightnings):  # a missing file: "no such file", naming it
-                from layerwise.lightning_modules.checkpoint import check_checkpoint
+                from layerwise.engines.checkpoint import check_checkpoint
 
                 try:
                     check_checkpoint(ckpt_path, "--ckpt_path")
@@ -242,42 +242,42 @@ TRAINER_COMMANDS = {
 COMMANDS: dict[str, tuple[str, str, str]] = {
     "plot": ("layerwise.figures.plot", "plot", "Render the paper-style figures of layerwise summaries to PNG/PDF/SVG."),
     "export": (
-        "layerwise.inference.export",
+        "layerwise.commands.export",
         "export",
         "Export the first d blocks plus the shared head of a layerwise checkpoint as a standalone model.",
     ),
     "sweep": (
-        "layerwise.inference.sweep",
+        "layerwise.commands.sweep",
         "sweep",
         "Accuracy against speedup of confidence-threshold early exit, from the latest validation summary of each run.",
     ),
     "generate": (
-        "layerwise.inference.generation",
+        "layerwise.commands.generate",
         "generate",
         "Continue a prompt with blocks 1..l and the model's own final norm + LM head (Hugging Face's generate).",
     ),
     "lens": (
-        "layerwise.inference.lens",
+        "layerwise.commands.lens",
         "lens",
         "What the shared head predicts from every layer at every position the full model generates greedily.",
     ),
     "coupling": (
-        "layerwise.inference.coupling",
+        "layerwise.commands.coupling",
         "coupling",
         "Block coupling of a causal LM over prompts (Aristide et al., 2024), or the regression of scores on it.",
     ),
     "compare": (
-        "layerwise.inference.compare",
+        "layerwise.commands.compare",
         "compare",
         "CKA between every layer of two models on the same tokens, and their arccos distance (Brown et al., 2023).",
     ),
     "stitch": (
-        "layerwise.inference.stitch",
+        "layerwise.commands.stitch",
         "stitch",
         "Stitching penalties of two causal LMs or two classifiers over a grid of layers (Brown et al., 2023).",
     ),
     "clip": (
-        "layerwise.inference.clip",
+        "layerwise.commands.clip",
         "clip",
         "Layer-wise COS of a CLIP model within and across modalities (App. D of Jiang et al.).",
     ),

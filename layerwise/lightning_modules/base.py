@@ -11,6 +11,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from layerwise._compat import built_by_lightning_cli
+from layerwise.engines.checkpoint import use_checkpoint_reader
 from layerwise.engines.early_exit import EXIT_LAYERS, early_exit_predict
 from layerwise.engines.readout import DEFAULT_CHUNK_SIZE, Head, chunked_cross_entropy, chunked_readout
 from layerwise.errors import LayerwiseWarning, UsageError
@@ -28,7 +29,6 @@ from layerwise.features import (
     TARGETS,
     Backbone,
 )
-from layerwise.lightning_modules.checkpoint import use_checkpoint_reader
 from layerwise.metrics import Readout, readout_from_logits
 from layerwise.metrics.functional import group_logits
 from layerwise.results import loader_stages

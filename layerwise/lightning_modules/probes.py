@@ -14,10 +14,10 @@ from torch import Tensor, nn
 from torch.utils.data import DistributedSampler
 
 from layerwise._compat import built_by_lightning_cli
+from layerwise.engines.checkpoint import load_module
 from layerwise.errors import LayerwiseWarning
 from layerwise.features import FEATURES, LOGITS, MAX_PROB, NLL, PREDICTIONS, TARGETS, Backbone
 from layerwise.lightning_modules.base import EvaluationSteps
-from layerwise.lightning_modules.checkpoint import load_module
 from layerwise.metrics import readout_from_logits
 
 WEIGHT_DECAYS = tuple(10.0 ** (k / 2) for k in range(-12, 1))  # 1e-6 .. 1, half a decade apart

@@ -616,8 +616,8 @@ def saved_pdfs(folder) -> list:
     import json
     from types import SimpleNamespace
 
+    from layerwise.commands.sweep import write_sweep
     from layerwise.figures.plot import plot_summary
-    from layerwise.inference.sweep import write_sweep
     from layerwise.results import save_figure_atomic, summary_path
 
     summary = synthetic_summary(6)

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from layerwise.inference._lazy import ANNOTATIONS_ONLY
+from layerwise.commands._lazy import ANNOTATIONS_ONLY
 
 if ANNOTATIONS_ONLY:
     import torch
@@ -161,7 +161,7 @@ def clip(
     from torch.utils.data import DataLoader, Subset
     from transformers import AutoProcessor
 
-    from layerwise.inference._options import check_model_path, load_model_as
+    from layerwise.commands._options import check_model_path, load_model_as
     from layerwise.results import check_outputs_free
 
     if batch_size < 1 or max_pairs < 1:

@@ -15,8 +15,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from layerwise.inference._lazy import ANNOTATIONS_ONLY, no_grad
-from layerwise.inference._options import ModelSource, check_layer_numbers
+from layerwise.commands._lazy import ANNOTATIONS_ONLY, no_grad
+from layerwise.commands._options import ModelSource, check_layer_numbers
 
 if ANNOTATIONS_ONLY:
     from torch import Tensor, nn

@@ -27,13 +27,13 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from layerwise.cli import main as cli_main
+from layerwise.commands.generate import generate_from_layer
+from layerwise.commands.lens import lens_markdown, lens_table, write_lens
 from layerwise.datamodules.tokenizers import byte_tokenizer
 from layerwise.features.hooks import block_output
 from layerwise.features.paths import HeadSteps, get_blocks, layer_paths
 from layerwise.features.sentence_encoder import SentenceEncoder
 from layerwise.features.truncate import truncated
-from layerwise.inference.generation import generate_from_layer
-from layerwise.inference.lens import lens_markdown, lens_table, write_lens
 from layerwise.metrics.generation import coherence, corpus_rep_n, diversity, rep_n
 
 hf_logging.set_verbosity_error()
@@ -544,7 +544,7 @@ def test_cli_bad_input_names_the_flag_before_loading_the_model(extra, flag, monk
     def no_loading(*args, **kwargs):
         raise AssertionError("the model must not be loaded for bad input")
 
-    monkeypatch.setattr("layerwise.inference._options.load_causal_lm", no_loading)
+    monkeypatch.setattr("layerwise.commands._options.load_causal_lm", no_loading)
     argv = ["generate", "--model", "unused", "--tokenizer", "byte", "--prompt", "x"]
     with pytest.raises(SystemExit) as exit_info:
         cli_main([*argv, *extra])

@@ -17,15 +17,15 @@ DType = Literal["auto", "float32", "bfloat16", "float16", "float64"]
 
 
 def load_causal_lm(*args: Any, **kwargs: Any) -> Any:
-    """:func:`layerwise.inference.models.load_causal_lm`, imported when called (it imports torch)."""
-    from layerwise.inference.models import load_causal_lm as load
+    """:func:`layerwise.commands.models.load_causal_lm`, imported when called (it imports torch)."""
+    from layerwise.commands.models import load_causal_lm as load
 
     return load(*args, **kwargs)
 
 
 def load_tokenizer_spec(*args: Any, **kwargs: Any) -> Any:
-    """:func:`layerwise.inference.models.load_tokenizer_spec`, imported when called."""
-    from layerwise.inference.models import load_tokenizer_spec as load
+    """:func:`layerwise.commands.models.load_tokenizer_spec`, imported when called."""
+    from layerwise.commands.models import load_tokenizer_spec as load
 
     return load(*args, **kwargs)
 
@@ -84,7 +84,7 @@ def check_hub_model(spec: str, flag: str) -> None:
 
 def load_model_as(spec: str, flag: str, *args: Any, **kwargs: Any) -> Any:
     """``load_model(spec, flag, ...)``, its errors naming ``flag`` itself (not the training CLI's sub-options)."""
-    from layerwise.lightning_modules.checkpoint import load_model
+    from layerwise.engines.checkpoint import load_model
 
     check_model_path(spec, flag)
     if isinstance(spec, (str, Path)) and not str(spec).endswith(".ckpt"):

@@ -8,9 +8,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, Optional
 
+from layerwise.commands._lazy import ANNOTATIONS_ONLY
+from layerwise.commands._options import TextSource, check_block_size, check_same_vocab, load_model_as, model_tokenizer
 from layerwise.errors import lightning_lines_silenced
-from layerwise.inference._lazy import ANNOTATIONS_ONLY
-from layerwise.inference._options import TextSource, check_block_size, check_same_vocab, load_model_as, model_tokenizer
 
 if ANNOTATIONS_ONLY:
     from torch import nn

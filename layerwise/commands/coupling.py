@@ -10,10 +10,10 @@ import json
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
+from layerwise.commands._lazy import ANNOTATIONS_ONLY
+from layerwise.commands._options import DeviceMap, DType, ModelSource, check_layer_numbers
 from layerwise.engines.coupling import CouplingAnalysis
 from layerwise.errors import UsageError
-from layerwise.inference._lazy import ANNOTATIONS_ONLY
-from layerwise.inference._options import DeviceMap, DType, ModelSource, check_layer_numbers
 
 if ANNOTATIONS_ONLY:
     pass
