@@ -126,7 +126,7 @@ def test_a_hub_id_neither_cached_nor_reachable_is_refused_before_the_loader_retr
 ):
     """Offline, the loader would retry the Hub for ~30 s; the command names the flag at once instead."""
     from layerwise import hub
-    from layerwise.lightning_modules import checkpoint
+    from layerwise.engines import checkpoint
 
     monkeypatch.setattr(hub, "hub_offline", lambda: offline)
     monkeypatch.setattr(hub, "hub_unreachable_reason", lambda url, timeout_s=None: "ConnectError: refused")

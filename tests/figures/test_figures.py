@@ -209,7 +209,7 @@ def every_figure(num_layers: int) -> dict:
     from layerwise.figures.curves import chart_figures
     from layerwise.figures.lens import lens_figure
     from layerwise.figures.stitch import stitch_figure
-    from layerwise.figures.style import stamp_all
+    from layerwise.figures.style import run_line, stamp
     from layerwise.figures.summary import ap50_per_layer
     from layerwise.figures.sweep import sweep_figure
 
@@ -219,12 +219,8 @@ def every_figure(num_layers: int) -> dict:
     figures = dict(summary_figures(summary))
     figures["detection_ap50"] = ap50_per_layer(summary["detection_ap50"])
     # as TensorBoard gets them: the callbacks' figures stamped with the run, stage, epoch and step
-    figures = {
-        name: stamped
-        for (name, stamped) in zip(
-            figures, stamp_all({f"val/{n}": f for n, f in figures.items()}, 31, 736, "quickstart/version_0").values()
-        )
-    }
+    line = run_line({"stage": "val", "epoch": 31, "global_step": 736}, "quickstart/version_0")
+    figures = {name: stamp(figure, line) for name, figure in figures.items()}
     text_layers = layers[: max(1, num_layers // 2)]
     clip = {
         "num_pairs": 512,
