@@ -13,16 +13,14 @@ import lightning
 import lightning.pytorch as pl
 import pytest
 import torch
+from tiny_models import tiny_config
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 from torch import nn
 from transformers import (
     AutoModelForCausalLM,
-    BertConfig,
     BertModel,
-    GPT2Config,
-    LlamaConfig,
+    PretrainedConfig,
     PreTrainedTokenizerFast,
-    Qwen2Config,
 )
 from transformers.utils import logging as hf_logging
 
@@ -41,8 +39,9 @@ hf_logging.set_verbosity_error()
 DEPTH, WIDTH, VOCAB = 4, 32, 257  # 257: the byte tokenizer's 256 bytes + <|endoftext|>
 
 
-def gpt2_config() -> GPT2Config:
-    return GPT2Config(
+def gpt2_config() -> PretrainedConfig:
+    return tiny_config(
+        "gpt2",
         n_layer=DEPTH,
         n_embd=WIDTH,
         n_head=2,
@@ -66,7 +65,11 @@ def build(kind: str, seed: int = 0) -> nn.Module:
         max_position_embeddings=64,
         initializer_range=0.3,  # with 0.02 attention is nearly uniform and wrong positions go unnoticed
     )
-    configs = {"gpt2": gpt2_config, "llama": lambda: LlamaConfig(**decoder), "qwen2": lambda: Qwen2Config(**decoder)}
+    configs = {
+        "gpt2": gpt2_config,
+        "llama": lambda: tiny_config("llama", **decoder),
+        "qwen2": lambda: tiny_config("qwen2", **decoder),
+    }
     config = configs[kind]()
     model = AutoModelForCausalLM.from_config(config).eval()
     blocks = get_blocks(model, layer_paths(model))
@@ -342,7 +345,8 @@ def tiny_bert_folder(tmp_path) -> str:
         tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]"
     )
     torch.manual_seed(0)
-    config = BertConfig(
+    config = tiny_config(
+        "bert",
         vocab_size=backend.get_vocab_size(),
         hidden_size=16,
         num_hidden_layers=2,
