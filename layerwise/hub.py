@@ -71,6 +71,22 @@ def hub_unreachable_reason(url: str, timeout_s: Optional[float] = None) -> Optio
     return outcome[0] if outcome else f"no answer within {timeout_s:.0f} s"
 
 
+def check_reachable(what: str, instead: str) -> None:
+    """Raise :class:`HubUnreachable` at once when the Hub cannot be reached to load ``what`` (never offline).
+
+    ``instead`` says what to pass instead (a local copy); the message adds HF_HUB_OFFLINE for a cached copy.
+    """
+    if hub_offline():
+        return
+    endpoint = hub_endpoint()
+    reason = hub_unreachable_reason(endpoint)
+    if reason is not None:
+        raise HubUnreachable(
+            f"Cannot reach the Hugging Face Hub at {endpoint} ({reason}) to load {what}. {instead}, or set "
+            "HF_HUB_OFFLINE=1 to use a copy already in the Hugging Face cache."
+        )
+
+
 def legacy_config(spec: str) -> Optional[dict[str, Any]]:
     """The TransformerLens config of a folder or hub repo in the legacy format, ``None`` for anything else.
 

@@ -36,15 +36,8 @@ def load_hub_dataset(hub_id: str, root_hint: str, root_flag: str = "root") -> An
     import datasets
 
     instead = f"Pass {flag(root_flag)}={root_hint} to read a local copy instead"
-    if not Path(hub_id).expanduser().exists() and not hub.hub_offline():
-        endpoint = hub.hub_endpoint()
-        reason = hub.hub_unreachable_reason(endpoint)
-        if reason is not None:
-            raise hub.HubUnreachable(
-                f"Cannot reach the Hugging Face Hub at {endpoint} ({reason}) to load "
-                f"{flag('hub_id')}={hub_id}. {instead}, or set HF_HUB_OFFLINE=1 to use a copy already in the "
-                "Hugging Face cache."
-            )
+    if not Path(hub_id).expanduser().exists():
+        hub.check_reachable(f"{flag('hub_id')}={hub_id}", instead)
     try:
         return datasets.load_dataset(hub_id)
     except ConnectionError as err:

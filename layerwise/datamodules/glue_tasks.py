@@ -310,15 +310,7 @@ def _load_glue_hub(task: str) -> Any:
     import datasets
 
     instead = f"Pass `{flag('data_dir')}=/path/to/{TASKS[task].folder}` (a folder with train.tsv and dev.tsv) instead"
-    if not hub.hub_offline():
-        endpoint = hub.hub_endpoint()
-        reason = hub.hub_unreachable_reason(endpoint)
-        if reason is not None:
-            raise hub.HubUnreachable(
-                f"Cannot reach the Hugging Face Hub at {endpoint} ({reason}) to load {HUB_ID!r} config {task!r} "
-                f"({flag('task')}={task}). {instead}, or set HF_HUB_OFFLINE=1 to use a copy already in the "
-                "Hugging Face cache."
-            )
+    hub.check_reachable(f"{HUB_ID!r} config {task!r} ({flag('task')}={task})", instead)
     try:
         return datasets.load_dataset(HUB_ID, task)
     except ConnectionError as err:

@@ -316,14 +316,8 @@ class TextDataModule(LightningDataModule):
         assert self.dataset is not None
         name = f"{flag('dataset')}={self.dataset} ({flag('dataset_config')}={self.dataset_config})"
         instead = f"Pass {flag('train_files')}=[/path/to/train.txt] to read local text files instead"
-        if not Path(self.dataset).expanduser().exists() and not hub.hub_offline():
-            endpoint = hub.hub_endpoint()
-            reason = hub.hub_unreachable_reason(endpoint)
-            if reason is not None:
-                raise hub.HubUnreachable(
-                    f"Cannot reach the Hugging Face Hub at {endpoint} ({reason}) to load {name}. {instead}, or set "
-                    "HF_HUB_OFFLINE=1 to use a copy already in the Hugging Face cache."
-                )
+        if not Path(self.dataset).expanduser().exists():
+            hub.check_reachable(name, instead)
         try:
             return datasets.load_dataset(self.dataset, self.dataset_config)
         except ConnectionError as err:
