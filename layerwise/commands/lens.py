@@ -72,7 +72,7 @@ def lens_table(
     """
     import torch
 
-    from layerwise.commands.generate import eval_mode, generate_from_layer
+    from layerwise.commands.decoding import eval_mode, generate_from_layer
     from layerwise.engines.readout import chunked_readout
     from layerwise.features.hf import input_device
     from layerwise.features.hooks import hooked_blocks
@@ -198,7 +198,7 @@ def lens(
         out: folder for lens.md and lens.png.
         overwrite: replace the results of an earlier run in --out (without it, the command stops at them).
     """
-    from layerwise.commands.generate import check_generation_options
+    from layerwise.commands.decoding import check_generation_options
     from layerwise.results import check_outputs_free
 
     if not prompt:

@@ -25,7 +25,7 @@ from transformers import (
 from transformers.utils import logging as hf_logging
 
 from layerwise.cli import main as cli_main
-from layerwise.commands.generate import generate_from_layer
+from layerwise.commands.decoding import generate_from_layer
 from layerwise.commands.lens import lens_markdown, lens_table, write_lens
 from layerwise.datamodules.tokenizers import byte_tokenizer
 from layerwise.features.hooks import block_output
