@@ -2,7 +2,7 @@
 
 configs/ stays the one source (no copy in the package to keep in step): ``layerwise --config NAME`` and
 ``layerwise configs`` read ``layerwise/configs`` in an installed wheel and ``configs/`` in a checkout
-(``layerwise.inference.configs.shipped_folder``). The sdist carries configs/ (MANIFEST.in), so a wheel built from it
+(``layerwise.commands.configs.shipped_folder``). The sdist carries configs/ (MANIFEST.in), so a wheel built from it
 has them too.
 """
 

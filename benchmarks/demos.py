@@ -211,7 +211,7 @@ def sst2_comparison(runs: dict[str, Path], out: Path) -> None:
     import lightning.pytorch as pl
 
     from layerwise.datamodules import GLUEDataModule
-    from layerwise.lightning_modules.checkpoint import load_model
+    from layerwise.engines.checkpoint import load_model
     from layerwise.lightning_modules.stitched import Stitched
 
     standard, aligned = (runs[name] / "checkpoints" / "last.ckpt" for name in ("standard", "aligned"))

@@ -28,7 +28,7 @@ from _record import load_now, record  # noqa: E402
 from demos import last_summary, run  # noqa: E402
 
 from layerwise.datamodules.digits import DigitsDataModule  # noqa: E402
-from layerwise.lightning_modules.checkpoint import load_module  # noqa: E402
+from layerwise.engines.checkpoint import load_module  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 

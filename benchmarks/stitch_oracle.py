@@ -29,7 +29,7 @@ TESTS = Path(__file__).resolve().parents[1] / "tests"
 sys.path[:0] = [str(TESTS / "lightning_modules"), str(TESTS)]  # test_stitching, and the shared modules it imports
 from test_stitching import DIM, PRINTABLE, folded_llama, rotated  # noqa: E402
 
-from layerwise.inference._options import TextSource  # noqa: E402
+from layerwise.commands._options import TextSource  # noqa: E402
 from layerwise.lightning_modules.stitched import Stitched  # noqa: E402
 
 

@@ -92,27 +92,6 @@ def _jobs() -> "queue.Queue[Job]":
         return _queue
 
 
-def _plain(value: Any) -> bool:
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return True
-    if isinstance(value, (list, tuple, frozenset, set)):
-        return all(_plain(item) for item in value)
-    if isinstance(value, dict):
-        return all(_plain(key) and _plain(item) for key, item in value.items())
-    return False
-
-
-def plain_copy(owner: Any) -> Any:
-    """``owner`` (a family, a callback) with only its plain settings, which is all a figure method reads.
-
-    Metrics, models and links to other objects are left behind, so that it travels to the drawing process cheaply
-    (no GPU tensor, no model).
-    """
-    copy = object.__new__(type(owner))
-    copy.__dict__.update({name: value for name, value in vars(owner).items() if _plain(value)})
-    return copy
-
-
 class _Unsent(Exception):
     """The job could not be drawn in the process: draw it in the thread (``failed``: it ran there and raised)."""
 

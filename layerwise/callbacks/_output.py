@@ -10,13 +10,12 @@ from lightning.pytorch.utilities.rank_zero import WarningCache
 from torch import Tensor
 
 from layerwise._compat import already_reduced
-from layerwise.callbacks._drawing import FigureJob, draw_later, figures_in_process
+from layerwise.callbacks._drawing import draw_later, figures_in_process
 from layerwise.callbacks._loggers import image_sinks, tensorboards
 from layerwise.callbacks.family import LayerSpec
 from layerwise.engines.readout import LayerOutputs
 from layerwise.errors import LayerwiseWarning
 from layerwise.figures.style import stage_name
-from layerwise.figures.summary import stamped_figures
 from layerwise.results import summary_path, write_atomic
 
 
@@ -89,26 +88,16 @@ def write_charts(trainer: Trainer, layout: dict[str, dict[str, list]]) -> None:
             experiment.add_custom_scalars(layout)
 
 
-def log_figures_later(trainer: Trainer, figures: Callable[[], dict[str, Any]], stamp: bool = True) -> None:
+def log_figures_later(trainer: Trainer, figures: Callable[[], dict[str, Any]]) -> None:
     """Log ``figures()`` (tag -> matplotlib figure) as images at the trainer's global step, drawn off the loop.
 
     The one door from the callbacks to the loggers' images: every logger of the trainer that takes images receives
     them through its own API, PNG files in the run folder stand in for those that do not (CSV, no logger);
     :mod:`layerwise.callbacks._loggers` decides. A :class:`~layerwise.figures.worker.FigureJob` is drawn in the
-    drawing process (see :mod:`layerwise.callbacks._drawing`). ``stamp``: write the stage, epoch and step under each
-    title (a job of :mod:`layerwise.figures.summary` stamps its figures itself, from the summary).
+    drawing process (see :mod:`layerwise.callbacks._drawing`). The figures say their stage, epoch and step
+    themselves: a job of :mod:`layerwise.figures.summary` stamps them from the summary.
     """
-    epoch, step = trainer.current_epoch, trainer.global_step
-    job: Callable[[], dict[str, Any]] = figures
-    if stamp and isinstance(figures, FigureJob):
-        here = figures.here or figures
-        job = FigureJob(stamped_figures, (figures, epoch, step), here=lambda: stamped_figures(here, epoch, step))
-    elif stamp:
-
-        def job() -> dict[str, Any]:
-            return stamped_figures(figures, epoch, step)
-
-    draw_later(image_sinks(trainer), step, job, in_process=figures_in_process())
+    draw_later(image_sinks(trainer), trainer.global_step, figures, in_process=figures_in_process())
 
 
 class FeatureSaver:
@@ -162,7 +151,7 @@ def _merge_ranks(gathered: list[Any]) -> dict[str, Tensor]:
 _NO_FOLDER = WarningCache()
 
 
-def _log_dir(trainer: Trainer) -> str:
+def run_log_dir(trainer: Trainer) -> str:
     """The run folder the summaries go under (``trainer.log_dir``, a collective: every rank asks).
 
     A first logger that gives the run no folder (MLflow on a database: no ``save_dir``) leaves Lightning's

@@ -64,11 +64,6 @@ class FeatureSource:
             )
         return outputs
 
-    def skip(self) -> None:
-        """Drop what the hooks collected for a batch that is not analysed."""
-        if self.tap is not None:
-            self.tap.pop()
-
     def depth(self, pl_module: LightningModule) -> int:
         """Number of blocks of the model, without attaching anything."""
         if self.uses_hooks(pl_module):

@@ -9,10 +9,10 @@ from torch import Tensor, nn
 from torchmetrics import Metric
 
 from layerwise.callbacks.lifecycle import AnalysisCallback
+from layerwise.engines.checkpoint import load_model
 from layerwise.engines.compare import hidden_states, model_inputs, token_features
 from layerwise.features.hooks import hooked_blocks
 from layerwise.features.paths import find_model, get_blocks, layer_paths, model_width
-from layerwise.lightning_modules.checkpoint import load_model
 from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
 from layerwise.metrics.functional_compare import arccos_distance
 

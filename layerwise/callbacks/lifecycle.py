@@ -21,7 +21,7 @@ from layerwise.callbacks._loggers import (
     log_layer_charts,
     log_tensorboard_charts,
 )
-from layerwise.callbacks._output import _log_dir, log_figures_later, log_scalars, show, write_charts
+from layerwise.callbacks._output import log_figures_later, log_scalars, run_log_dir, show, write_charts
 from layerwise.callbacks._sampling import evaluation_loaders, real_samples_on_rank, take_real
 from layerwise.callbacks._schedule import analyses_now, draws_figures, last_step_unvalidated
 from layerwise.errors import LayerwiseWarning
@@ -306,7 +306,7 @@ class AnalysisCallback(Callback):
         results = self.compute(trainer, pl_module)
         scalars = {f"{self.stage}/{name}": value for name, value in self.scalars(results).items()}
         log_scalars(trainer, pl_module, scalars)  # already global: no sync, no collective per scalar
-        log_dir = _log_dir(trainer)  # a broadcast under DDP: every rank asks
+        log_dir = run_log_dir(trainer)  # a broadcast under DDP: every rank asks
         if not trainer.is_global_zero:
             return
         record, stage, step = self.run_record(trainer), self.stage, trainer.global_step
@@ -331,9 +331,9 @@ class AnalysisCallback(Callback):
         own = inspect.getattr_static(type(self), "figures")
         own = getattr(own, "__func__", own)  # a staticmethod's function
         if own is None:
-            log_figures_later(trainer, FigureJob(evaluation_figures, (stage, summary)), stamp=False)
+            log_figures_later(trainer, FigureJob(evaluation_figures, (stage, summary)))
         else:
-            log_figures_later(trainer, FigureJob(own_figures, (own, stage, summary, self.key)), stamp=False)
+            log_figures_later(trainer, FigureJob(own_figures, (own, stage, summary, self.key)))
         if charts and history:
             log_layer_charts(trainer, stage, charts, history)
             log_tensorboard_charts(trainer, stage, charts, history)

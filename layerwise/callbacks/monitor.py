@@ -12,7 +12,7 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 
 from layerwise.callbacks._loader import LoaderState
-from layerwise.callbacks._output import _log_dir, layer_table
+from layerwise.callbacks._output import layer_table, run_log_dir
 from layerwise.callbacks._source import FeatureSource
 from layerwise.callbacks.family import Family, LayerSpec, per_layer
 from layerwise.callbacks.lifecycle import AnalysisCallback, positive_int
@@ -171,7 +171,7 @@ class LayerwiseMonitor(AnalysisCallback):
         assert state is not None and spec is not None
         num_samples, results = state.reduce(spec, self.stage, type(self).__name__)  # one all-reduce of its states
         if self.save_features:
-            state.saver.write(trainer, self.stage, _log_dir(trainer))  # a gather: every rank
+            state.saver.write(trainer, self.stage, run_log_dir(trainer))  # a gather: every rank
         header = {
             "split": evaluated_split(trainer.datamodule, self.stage),
             "num_samples": num_samples,

@@ -1,7 +1,8 @@
 """The ``layerwise`` command line, the face of the package: no command body lives here.
 
-- ``app.py``: :class:`LayerwiseCLI` (fit/validate/test/predict), the :data:`~layerwise.cli.app.COMMANDS` registry
-  of the other commands and ``main``.
+- ``app.py``: the :data:`~layerwise.cli.app.COMMANDS` registry (each command's module in ``commands/``) and
+  ``main``.
+- ``trainer.py``: :class:`LayerwiseCLI` (fit/validate/test/predict), imported only when one of those runs.
 - ``parser.py``: a command function as a command line (its jsonargparse parser), shipped configs by name.
 - ``help_cache.py``: the ``--help`` of the LightningCLI commands, kept after its first rendering.
 - ``errors.py``: the error style, one line naming the option (``LAYERWISE_DEBUG=1``: the traceback), exit code 2.
@@ -23,7 +24,7 @@ __all__ = ["LayerwiseCLI", "main"]
 def __getattr__(name: str) -> Any:
     """``LayerwiseCLI`` on first use, importing Lightning then."""
     if name == "LayerwiseCLI":
-        from layerwise.cli import app
+        from layerwise.cli.trainer import LayerwiseCLI
 
-        return app.LayerwiseCLI
+        return LayerwiseCLI
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

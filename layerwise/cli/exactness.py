@@ -19,8 +19,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.data import DistributedSampler
 
 from layerwise._compat import REDUCED_KEYS, SAMPLER_ADVICE
-from layerwise.callbacks import AnalysisCallback
-from layerwise.callbacks._sampling import evaluation_loaders
+from layerwise.callbacks import AnalysisCallback, evaluation_loaders
 
 
 class ExactnessLine(Callback):

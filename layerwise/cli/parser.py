@@ -18,8 +18,8 @@ from typing import Any, Literal, NoReturn, Optional, Union
 from jsonargparse import ActionConfigFile, ArgumentParser
 
 from layerwise.cli.errors import exit_concisely
+from layerwise.commands.configs import shipped_configs
 from layerwise.errors import DEBUG_VARIABLE
-from layerwise.inference.configs import shipped_configs
 
 _POSITIONAL = {"path", "runs", "action", "name"}  # action, name: `layerwise configs show NAME`
 

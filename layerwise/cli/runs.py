@@ -15,7 +15,7 @@ from typing import Any, Optional
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 
-from layerwise.lightning_modules.checkpoint import LIGHTNING_META
+from layerwise.engines.checkpoint import LIGHTNING_META
 from layerwise.results import evaluated_split, keep_earlier
 
 

@@ -8,66 +8,14 @@ the local cache and fails immediately on a miss.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
 from torch.utils.data import Dataset
 
+from layerwise import hub
 from layerwise.datamodules._base import flag
-from layerwise.errors import UsageError
-
-
-class HubUnreachable(UsageError, ConnectionError):
-    """The Hub cannot give a dataset (unreachable, or offline without a cached copy): one line naming the option.
-
-    A ``ConnectionError`` as before, and a ``UsageError``, so that ``layerwise fit`` prints it in one line.
-    """
-
-
-PROBE_TIMEOUT_S = 5.0
-
-
-def hub_endpoint() -> str:
-    """The Hub URL ``datasets`` downloads from (honours ``HF_ENDPOINT``)."""
-    from huggingface_hub import constants
-
-    return constants.ENDPOINT
-
-
-def hub_offline() -> bool:
-    """Whether ``datasets`` runs in offline mode (``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE``)."""
-    import datasets
-
-    return bool(datasets.config.HF_HUB_OFFLINE)
-
-
-def hub_unreachable_reason(url: str, timeout_s: Optional[float] = None) -> Optional[str]:
-    """None if an HTTP HEAD to ``url`` gets any response within ``timeout_s`` seconds, else why it did not.
-
-    ``timeout_s`` defaults to ``PROBE_TIMEOUT_S``.
-
-    The request runs in a daemon thread joined with a deadline, because a stalled DNS lookup is not bounded by the
-    socket timeout. It goes through ``huggingface_hub``'s own HTTP session, so proxies and certificates are those
-    the download would use. Any HTTP status, even an error code, counts as reachable.
-    """
-    from huggingface_hub import get_session
-
-    timeout_s = PROBE_TIMEOUT_S if timeout_s is None else timeout_s
-    outcome: list[Optional[str]] = []
-
-    def probe() -> None:
-        try:
-            get_session().head(url, timeout=timeout_s)
-            outcome.append(None)
-        except Exception as err:  # any transport failure (DNS, refused, TLS, timeout) means "not reachable"
-            outcome.append(f"{type(err).__name__}: {err}")
-
-    thread = threading.Thread(target=probe, name="layerwise-hub-probe", daemon=True)
-    thread.start()
-    thread.join(timeout_s + 1.0)
-    return outcome[0] if outcome else f"no answer within {timeout_s:.0f} s"
 
 
 def load_hub_dataset(hub_id: str, root_hint: str, root_flag: str = "root") -> Any:
@@ -88,19 +36,12 @@ def load_hub_dataset(hub_id: str, root_hint: str, root_flag: str = "root") -> An
     import datasets
 
     instead = f"Pass {flag(root_flag)}={root_hint} to read a local copy instead"
-    if not Path(hub_id).expanduser().exists() and not hub_offline():
-        endpoint = hub_endpoint()
-        reason = hub_unreachable_reason(endpoint)
-        if reason is not None:
-            raise HubUnreachable(
-                f"Cannot reach the Hugging Face Hub at {endpoint} ({reason}) to load "
-                f"{flag('hub_id')}={hub_id}. {instead}, or set HF_HUB_OFFLINE=1 to use a copy already in the "
-                "Hugging Face cache."
-            )
+    if not Path(hub_id).expanduser().exists():
+        hub.check_reachable(f"{flag('hub_id')}={hub_id}", instead)
     try:
         return datasets.load_dataset(hub_id)
     except ConnectionError as err:
-        raise HubUnreachable(
+        raise hub.HubUnreachable(
             f"Could not load {flag('hub_id')}={hub_id} from the Hugging Face Hub or its local cache ({err}). {instead}."
         ) from err
     except FileNotFoundError as err:  # includes datasets' DatasetNotFoundError (missing or gated repository)

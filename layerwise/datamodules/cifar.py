@@ -26,11 +26,11 @@ class _LocalFolder:
         super().__init__(str(data_dir.parent), **kwargs)
 
 
-class _LocalCIFAR10(_LocalFolder, tv_datasets.CIFAR10):
+class LocalCIFAR10(_LocalFolder, tv_datasets.CIFAR10):
     """torchvision CIFAR-10 reading ``data_dir`` (any name) with md5 verification and no download."""
 
 
-class _LocalCIFAR100(_LocalFolder, tv_datasets.CIFAR100):
+class LocalCIFAR100(_LocalFolder, tv_datasets.CIFAR100):
     """torchvision CIFAR-100 reading ``data_dir`` (any name) with md5 verification and no download."""
 
 
@@ -46,7 +46,7 @@ class NpzImageDataset(Dataset):
             if "images" not in data or "labels" not in data:
                 raise ValueError(f"{path}: expected the arrays 'images' and 'labels', found {sorted(data.files)}.")
             self.images, self.labels = data["images"], data["labels"].astype(np.int64)
-        self.source = path  # named by the label check (layerwise.datamodules._base.dataset_labels)
+        self.source = path  # named by the label check (layerwise.datamodules.labels.dataset_labels)
         if self.images.ndim != 4 or self.images.shape[-1] != 3 or len(self.images) != len(self.labels):
             raise ValueError(f"{path}: expected images (N, H, W, 3) and N labels, got {self.images.shape}.")
         self.transform = transform
@@ -217,7 +217,7 @@ class CIFAR10DataModule(_CIFARDataModule):
     name = "CIFAR-10"
     folder = "cifar-10-batches-py"
     files = tuple(f"data_batch_{i}" for i in range(1, 6)) + ("test_batch", "batches.meta")
-    torchvision_class = _LocalCIFAR10
+    torchvision_class = LocalCIFAR10
     label_column = "label"
     mean = (0.4914, 0.4822, 0.4465)
     std = (0.2470, 0.2435, 0.2616)
@@ -265,7 +265,7 @@ class CIFAR100DataModule(_CIFARDataModule):
     name = "CIFAR-100"
     folder = "cifar-100-python"
     files = ("train", "test", "meta")
-    torchvision_class = _LocalCIFAR100
+    torchvision_class = LocalCIFAR100
     label_column = "fine_label"
     mean = (0.5071, 0.4865, 0.4409)
     std = (0.2673, 0.2564, 0.2762)

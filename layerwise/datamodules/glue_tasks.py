@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from layerwise.datamodules import _hub
+from layerwise import hub
 from layerwise.datamodules._base import flag
 from layerwise.errors import UsageError
 
@@ -310,19 +310,11 @@ def _load_glue_hub(task: str) -> Any:
     import datasets
 
     instead = f"Pass `{flag('data_dir')}=/path/to/{TASKS[task].folder}` (a folder with train.tsv and dev.tsv) instead"
-    if not _hub.hub_offline():
-        endpoint = _hub.hub_endpoint()
-        reason = _hub.hub_unreachable_reason(endpoint)
-        if reason is not None:
-            raise _hub.HubUnreachable(
-                f"Cannot reach the Hugging Face Hub at {endpoint} ({reason}) to load {HUB_ID!r} config {task!r} "
-                f"({flag('task')}={task}). {instead}, or set HF_HUB_OFFLINE=1 to use a copy already in the "
-                "Hugging Face cache."
-            )
+    hub.check_reachable(f"{HUB_ID!r} config {task!r} ({flag('task')}={task})", instead)
     try:
         return datasets.load_dataset(HUB_ID, task)
     except ConnectionError as err:
-        raise _hub.HubUnreachable(
+        raise hub.HubUnreachable(
             f"Could not load {HUB_ID!r} config {task!r} from the Hugging Face Hub or its local cache ({err}). "
             f"{instead}."
         ) from err

@@ -18,7 +18,7 @@ from torch import Tensor
 from torch.utils.data import DataLoader, Dataset
 from transformers import PreTrainedTokenizerFast
 
-from layerwise.datamodules import _hub
+from layerwise import hub
 from layerwise.datamodules._base import check_positive_int, flag
 from layerwise.datamodules.tokenizers import TRAINED_KINDS, load_tokenizer, parse_spec
 from layerwise.errors import LayerwiseWarning, UsageError
@@ -316,18 +316,12 @@ class TextDataModule(LightningDataModule):
         assert self.dataset is not None
         name = f"{flag('dataset')}={self.dataset} ({flag('dataset_config')}={self.dataset_config})"
         instead = f"Pass {flag('train_files')}=[/path/to/train.txt] to read local text files instead"
-        if not Path(self.dataset).expanduser().exists() and not _hub.hub_offline():
-            endpoint = _hub.hub_endpoint()
-            reason = _hub.hub_unreachable_reason(endpoint)
-            if reason is not None:
-                raise _hub.HubUnreachable(
-                    f"Cannot reach the Hugging Face Hub at {endpoint} ({reason}) to load {name}. {instead}, or set "
-                    "HF_HUB_OFFLINE=1 to use a copy already in the Hugging Face cache."
-                )
+        if not Path(self.dataset).expanduser().exists():
+            hub.check_reachable(name, instead)
         try:
             return datasets.load_dataset(self.dataset, self.dataset_config)
         except ConnectionError as err:
-            raise _hub.HubUnreachable(
+            raise hub.HubUnreachable(
                 f"Could not load {name} from the Hub or its local cache ({err}). {instead}."
             ) from err
         except FileNotFoundError as err:  # includes datasets' DatasetNotFoundError (missing or gated repository)

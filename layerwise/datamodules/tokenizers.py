@@ -28,7 +28,7 @@ from typing import Optional, Union
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-from layerwise.datamodules import _hub
+from layerwise import hub
 from layerwise.results import write_folder_atomic
 
 TOKENIZER_FLAG = "--data.init_args.tokenizer"
@@ -267,7 +267,7 @@ def _pretrained_tokenizer(spec: str, option: str) -> PreTrainedTokenizerFast:
     """``AutoTokenizer.from_pretrained(spec)``: local folder, else the Hugging Face cache, else the Hub."""
     from transformers import AutoTokenizer
 
-    from layerwise.features.transformer_lens import legacy_config
+    from layerwise.hub import legacy_config
 
     legacy = legacy_config(spec)  # a TransformerLens checkpoint names its tokenizer in its config
     if legacy is not None and legacy.get("tokenizer_name"):
@@ -284,13 +284,13 @@ def _pretrained_tokenizer(spec: str, option: str) -> PreTrainedTokenizerFast:
     try:
         tokenizer = AutoTokenizer.from_pretrained(spec, local_files_only=True)
     except Exception:  # not in the Hugging Face cache (the exception type varies across versions): try the Hub
-        if _hub.hub_offline():
+        if hub.hub_offline():
             raise ValueError(
                 f"{option}={spec!r} is neither a local folder nor in the Hugging Face cache, and offline mode is on "
                 f"(HF_HUB_OFFLINE). {instead}."
             ) from None
-        endpoint = _hub.hub_endpoint()
-        reason = _hub.hub_unreachable_reason(endpoint)
+        endpoint = hub.hub_endpoint()
+        reason = hub.hub_unreachable_reason(endpoint)
         if reason is not None:
             raise ValueError(
                 f"{option}={spec!r} is neither a local folder nor in the Hugging Face cache, and the Hub at "

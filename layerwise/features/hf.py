@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from layerwise.features import transformer_lens
 from layerwise.features.hooks import collect_block_outputs
 from layerwise.features.paths import HeadSteps, LayerPaths, get_blocks, layer_paths
+from layerwise.hub import legacy_config
 
 
 def build_model(
@@ -31,7 +32,7 @@ def build_model(
 
     overrides = {**(config_overrides or {}), **config_kwargs}
     if model_name_or_path is not None:
-        legacy = transformer_lens.legacy_config(str(model_name_or_path))
+        legacy = legacy_config(str(model_name_or_path))
         if legacy is not None:
             return _build_transformer_lens(auto_class, str(model_name_or_path), legacy, pretrained, overrides, option)
     if model_name_or_path is None:

@@ -26,12 +26,9 @@ def block_output(output: Any) -> Tensor:
     return output[0] if isinstance(output, (tuple, list)) else output
 
 
-def _block_input(args: tuple[Any, ...], kwargs: dict[str, Any], position: int = 0) -> Tensor:
+def block_input(args: tuple[Any, ...], kwargs: dict[str, Any], position: int = 0) -> Tensor:
+    """The hidden states a block is called with: its ``position``-th argument, else its ``hidden_states`` keyword."""
     return args[position] if len(args) > position else kwargs["hidden_states"]
-
-
-def _output_hook(on_output: BlockCallback, index: int) -> Callable[..., None]:
-    return lambda module, args, output: on_output(index, block_output(output))
 
 
 @contextmanager
@@ -64,7 +61,7 @@ def hooked_blocks(
             if on_input is not None:
                 handles.append(
                     block.register_forward_pre_hook(
-                        lambda module, args, kwargs, i=index: on_input(i, _block_input(args, kwargs, input_arg)),
+                        lambda module, args, kwargs, i=index: on_input(i, block_input(args, kwargs, input_arg)),
                         with_kwargs=True,
                     )
                 )
@@ -245,7 +242,7 @@ def residual_after(blocks: Blocks, layer: int, run: Callable[[], Any]) -> Tensor
         raise ValueError(f"`layer={layer}` must lie in 0..{len(blocks)}.")
     if layer == 0:
         args, kwargs = capture_block_call(blocks[0], run)
-        return _block_input(args, kwargs)
+        return block_input(args, kwargs)
     taken: list[Tensor] = []
 
     def take(module: nn.Module, args: Any, output: Any) -> None:

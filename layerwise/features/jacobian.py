@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from layerwise.errors import LayerwiseWarning
-from layerwise.features.hooks import _block_input, block_output, hooked_blocks
+from layerwise.features.hooks import block_input, block_output, hooked_blocks
 from layerwise.features.paths import Blocks
 from layerwise.features.token_rows import split_attention, split_block
 
@@ -100,7 +100,7 @@ def trace_blocks(blocks: Blocks, run: Callable[[], Any]) -> BlockTrace:
     returned: set[int] = set()
 
     def before(index: int, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        hidden = _block_input(args, kwargs)
+        hidden = block_input(args, kwargs)
         if hidden.shape[0] != 1:
             raise ValueError(f"Block Jacobians are taken one prompt at a time; got a batch of {hidden.shape[0]}.")
         rest = tuple(None if _is_cache(value) else value for value in args[1:])

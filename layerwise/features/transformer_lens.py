@@ -15,15 +15,13 @@ d_model = heads * d_head); anything else is refused in one line naming the optio
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 # TransformerLens act_fn -> transformers' activation name; "solu_ln" has none: SoLULN replaces the activation module.
-HUB_OWNERS = ("NeelNanda/", "ArthurConmy/", "Baidicoot/")  # TransformerLens's own list of legacy-format owners
 ACTIVATIONS = {"gelu": "gelu", "gelu_new": "gelu_new", "relu": "relu", "solu_ln": None}
 
 
@@ -36,36 +34,6 @@ class SoLULN(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.ln(x * torch.softmax(x, dim=-1))
-
-
-def legacy_config(spec: str) -> Optional[dict[str, Any]]:
-    """The TransformerLens config of a folder or hub repo in the legacy format, ``None`` for anything else.
-
-    A folder is recognised by its ``config.json``. On the hub only the owners that publish this format are asked
-    (:data:`HUB_OWNERS`, as TransformerLens itself does), so other hub ids cost no request; any failure to reach the
-    hub returns ``None`` so that transformers reports its own error.
-    """
-    path = Path(spec)
-    if path.is_dir():
-        file = path / "config.json"
-        if not file.is_file():
-            return None
-    elif path.exists() or not str(spec).startswith(HUB_OWNERS):
-        return None
-    else:
-        try:
-            from huggingface_hub import hf_hub_download
-
-            file = Path(hf_hub_download(str(spec), "config.json"))
-        except Exception:  # offline, gated or missing: transformers will say why
-            return None
-    try:
-        config = json.loads(file.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict) or "model_type" in config or not {"d_model", "n_layers", "act_fn"} <= set(config):
-        return None
-    return config
 
 
 def _checkpoint_file(spec: str) -> Path:

@@ -82,7 +82,6 @@ __all__ = [
     "sizes",
     "stage_name",
     "stamp",
-    "stamp_all",
 ]
 
 
@@ -442,15 +441,6 @@ def fit_to_cells(fig: Figure, ax: Any, rows: int, columns: int) -> None:
     wanted = min(max(axes_width * rows / max(1, columns), axes_width / 1.5), axes_width * 1.5, 4.0)  # <= 4 in
     fig.set_size_inches(width, height + wanted - axes_height)
     set_margins(fig)
-
-
-def stamp_all(figures: dict[str, Figure], epoch: int, step: int, run: Optional[str] = None) -> dict[str, Figure]:
-    """:func:`stamp` each of a callback's ``stage/name`` -> figure with its run, stage, epoch and global step."""
-    run = run if run is None or len(run) <= 32 else "…" + run[-31:]
-    return {
-        tag: stamp(figure, run_line({"stage": tag.split("/")[0], "epoch": epoch, "global_step": step}, run))
-        for tag, figure in figures.items()
-    }
 
 
 def colorbar(fig: Figure, image: Any, ax: Any, label: str, own_axes: bool = False) -> Any:

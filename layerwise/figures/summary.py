@@ -27,7 +27,6 @@ from layerwise.figures.style import (
     set_margins,
     sizes,
     stamp,
-    stamp_all,
 )
 
 # What each figure of summary_figures() shows, in words: the captions of the report (and of anyone listing the figures)
@@ -163,11 +162,6 @@ def ap50_per_layer(ap50: Sequence[float]) -> Figure:
     ax.set_ylabel("AP50")
     ax.set_title("detection AP50 per decoder layer")
     return finish(fig)
-
-
-def run_title(summary: dict[str, Any], what: str) -> str:
-    """A figure title that says which validation it shows: stage, epoch and global step."""
-    return f"{what}\n{run_line(summary)}"
 
 
 def saturation_histogram(counts: Sequence[float], layers: Sequence[int], cos: Optional[Sequence] = None) -> Figure:
@@ -316,8 +310,3 @@ def own_figures(function: Any, stage: str, summary: dict[str, Any], key: str) ->
     """
     line = run_line(summary)
     return {f"{stage}/{name}": stamp(figure, line) for name, figure in function(summary[key]).items()}
-
-
-def stamped_figures(figures: Any, epoch: int, step: int) -> dict[str, Figure]:
-    """``figures()`` (``stage/name`` -> figure), each stamped with its stage, epoch and global step under its title."""
-    return stamp_all(figures(), epoch, step)

@@ -10,7 +10,7 @@ def sweep_figure(curves: Sequence[Any]) -> Figure:
     """Accuracy against speedup, one line per curve: solid for the shared head, dashed for separate heads.
 
     ``curves``: objects with ``label`` (the run), ``key`` (``early_exit`` or ``exit_early_exit``), ``name`` (the
-    legend) and ``rows`` (dicts with ``threshold``, ``speedup``, ``accuracy``), e.g. ``inference.sweep.Curve``.
+    legend) and ``rows`` (dicts with ``threshold``, ``speedup``, ``accuracy``), e.g. ``commands.sweep.Curve``.
     Curves of one run share a colour; every point is annotated with its threshold τ where the label overlaps no other
     text (close thresholds get their labels on different sides; the table has every one).
     """

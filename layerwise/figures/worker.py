@@ -35,7 +35,7 @@ class FigureJob:
     """A picklable recipe of figures: ``function(*args)`` returns ``{tag: matplotlib figure}``.
 
     ``function`` is a module-level function (or a method of a class importable by its module path); ``args`` are
-    plain data on the host (results, layer numbers, :func:`plain_copy` of the object that owns a figure method).
+    plain data on the host (results, layer numbers, the plain settings of the object that owns a figure method).
     ``here`` (not pickled) builds the same figures from the original objects: what the background thread draws
     when the job cannot be drawn in the drawing process.
     """

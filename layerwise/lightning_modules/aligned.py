@@ -1,12 +1,9 @@
 """Aligned training: every layer is trained to be read out by the model's one shared head."""
 
-from typing import Literal, Optional
+from typing import Any, Optional
 
-import torch
-from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
-from layerwise.engines.readout import DEFAULT_CHUNK_SIZE
 from layerwise.features import Backbone
 from layerwise.lightning_modules.base import LayerwiseModule
 from layerwise.lightning_modules.weights import (
@@ -54,13 +51,9 @@ class Aligned(LayerwiseModule):
         sampled_exits: Optional[int] = None,
         exit_sampling: ExitSampling = "uniform",
         sampling_seed: int = 0,
-        optimizer: OptimizerCallable = torch.optim.AdamW,
-        lr_scheduler: Optional[LRSchedulerCallable] = None,
-        scheduler_interval: Literal["epoch", "step"] = "epoch",
-        label_smoothing: float = 0.0,
-        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(backbone, optimizer, lr_scheduler, scheduler_interval, label_smoothing, chunk_size)
+        super().__init__(backbone, **kwargs)
         weights = resolve_layer_weights(layer_weights, backbone.num_layers, "--model.init_args.layer_weights")
         self.register_buffer("layer_weights", weights, persistent=False)
         if sampled_exits is not None and backbone.num_layers < 3:

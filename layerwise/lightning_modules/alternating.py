@@ -1,15 +1,11 @@
 """Alternating aligned training: last-layer CE and the aligned loss on alternate steps."""
 
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
-import torch
-from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
-from layerwise.engines.readout import DEFAULT_CHUNK_SIZE
 from layerwise.features import Backbone
 from layerwise.lightning_modules.aligned import Aligned
-from layerwise.lightning_modules.weights import ExitSampling, LayerWeights
 
 
 class AlternatingAligned(Aligned):
@@ -45,29 +41,10 @@ class AlternatingAligned(Aligned):
     def __init__(
         self,
         backbone: Backbone,
-        layer_weights: LayerWeights = "linear",
         alternate_by: Literal["optimizer_step", "micro_batch"] = "optimizer_step",
-        sampled_exits: Optional[int] = None,
-        exit_sampling: ExitSampling = "uniform",
-        sampling_seed: int = 0,
-        optimizer: OptimizerCallable = torch.optim.AdamW,
-        lr_scheduler: Optional[LRSchedulerCallable] = None,
-        scheduler_interval: Literal["epoch", "step"] = "epoch",
-        label_smoothing: float = 0.0,
-        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(
-            backbone,
-            layer_weights,
-            sampled_exits,
-            exit_sampling,
-            sampling_seed,
-            optimizer,
-            lr_scheduler,
-            scheduler_interval,
-            label_smoothing,
-            chunk_size,
-        )
+        super().__init__(backbone, **kwargs)
         if alternate_by not in ("optimizer_step", "micro_batch"):
             raise ValueError(
                 f"`--model.init_args.alternate_by={alternate_by!r}` must be 'optimizer_step' or 'micro_batch'."

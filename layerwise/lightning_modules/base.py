@@ -11,6 +11,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
 from layerwise._compat import built_by_lightning_cli
+from layerwise.engines.checkpoint import use_checkpoint_reader
 from layerwise.engines.early_exit import EXIT_LAYERS, PREDICTIONS, early_exit_predict
 from layerwise.engines.readout import (
     DEFAULT_CHUNK_SIZE,
@@ -22,7 +23,6 @@ from layerwise.engines.readout import (
 )
 from layerwise.errors import LayerwiseWarning, UsageError
 from layerwise.features import FEATURES, IGNORE_INDEX, TARGETS, Backbone
-from layerwise.lightning_modules.checkpoint import use_checkpoint_reader
 from layerwise.metrics.functional import group_logits
 from layerwise.results import loader_stages
 
@@ -400,10 +400,10 @@ def check_labels(datamodule: Any, num_classes: int, grouped: bool = False) -> No
 
     Run before any training or evaluation step (``LayerwiseModule.setup``), so a label the head has no class for is
     not found by ``cross_entropy`` mid-training (``IndexError: Target 12 is out of bounds``). Reads only the labels
-    (:func:`~layerwise.datamodules._base.dataset_labels`); a dataset whose labels it cannot read is not checked.
+    (:func:`~layerwise.datamodules.labels.dataset_labels`); a dataset whose labels it cannot read is not checked.
     GLUE/HANS test rows without a label (-1) are allowed in the test set.
     """
-    from layerwise.datamodules._base import dataset_labels, labelled_sets
+    from layerwise.datamodules.labels import dataset_labels, labelled_sets
 
     for role, dataset in labelled_sets(datamodule):
         found = dataset_labels(dataset)

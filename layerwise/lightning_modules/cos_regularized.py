@@ -1,13 +1,10 @@
 """Cross-entropy plus a regulariser that pulls every layer's feature towards the last layer's."""
 
-from typing import Literal, Optional
+from typing import Any
 
-import torch
 import torch.nn.functional as F
-from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor
 
-from layerwise.engines.readout import DEFAULT_CHUNK_SIZE
 from layerwise.features import FEATURES, IGNORE_INDEX, TARGETS, Backbone
 from layerwise.lightning_modules.base import LayerwiseModule
 
@@ -38,13 +35,9 @@ class CosRegularized(LayerwiseModule):
         backbone: Backbone,
         beta: float = 0.1,
         center: bool = True,
-        optimizer: OptimizerCallable = torch.optim.AdamW,
-        lr_scheduler: Optional[LRSchedulerCallable] = None,
-        scheduler_interval: Literal["epoch", "step"] = "epoch",
-        label_smoothing: float = 0.0,
-        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(backbone, optimizer, lr_scheduler, scheduler_interval, label_smoothing, chunk_size)
+        super().__init__(backbone, **kwargs)
         if beta < 0:
             raise ValueError(f"`--model.init_args.beta={beta}` must be >= 0.")
         self.beta = beta

@@ -1,12 +1,11 @@
 """The classic multi-exit baseline: a separate classifier at every layer."""
 
-from typing import Literal, Optional
+from typing import Any
 
 import torch
-from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from torch import Tensor, nn
 
-from layerwise.engines.readout import DEFAULT_CHUNK_SIZE, Head, chunked_kl_divergence
+from layerwise.engines.readout import Head, chunked_kl_divergence
 from layerwise.features import FEATURES, IGNORE_INDEX, TARGETS, Backbone
 from layerwise.lightning_modules.base import LayerwiseModule
 from layerwise.lightning_modules.weights import LayerWeights, resolve_layer_weights
@@ -43,13 +42,9 @@ class MultiExit(LayerwiseModule):
         layer_weights: LayerWeights = "linear",
         distill_weight: float = 0.0,
         distill_temperature: float = 1.0,
-        optimizer: OptimizerCallable = torch.optim.AdamW,
-        lr_scheduler: Optional[LRSchedulerCallable] = None,
-        scheduler_interval: Literal["epoch", "step"] = "epoch",
-        label_smoothing: float = 0.0,
-        chunk_size: int = DEFAULT_CHUNK_SIZE,
+        **kwargs: Any,
     ) -> None:
-        super().__init__(backbone, optimizer, lr_scheduler, scheduler_interval, label_smoothing, chunk_size)
+        super().__init__(backbone, **kwargs)
         if distill_weight < 0:
             raise ValueError(f"`--model.init_args.distill_weight={distill_weight}` must be >= 0.")
         if distill_temperature <= 0:

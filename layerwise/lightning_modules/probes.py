@@ -15,11 +15,11 @@ from torch import Tensor, nn
 from torch.utils.data import DistributedSampler
 
 from layerwise._compat import built_by_lightning_cli
+from layerwise.engines.checkpoint import load_module
 from layerwise.engines.readout import Head, LayerOutputs, read_layers
 from layerwise.errors import LayerwiseWarning
 from layerwise.features import Backbone
 from layerwise.lightning_modules.base import EvaluationSteps
-from layerwise.lightning_modules.checkpoint import load_module
 
 WEIGHT_DECAYS = tuple(10.0 ** (k / 2) for k in range(-12, 1))  # 1e-6 .. 1, half a decade apart
 NEWTON_MAX_PARAMETERS = 2048  # (d + 1) * num_classes up to this: exact Newton steps; beyond: L-BFGS

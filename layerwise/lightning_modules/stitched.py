@@ -7,12 +7,12 @@ import torch.nn.functional as F
 from lightning.pytorch import LightningModule
 from torch import Tensor, nn
 
+from layerwise.engines.checkpoint import load_model
 from layerwise.features.hf import no_cache
 from layerwise.features.hooks import replaced_block_input, residual_after
 from layerwise.features.paths import get_blocks, layer_paths, model_width
 from layerwise.features.truncate import kept_blocks
 from layerwise.lightning_modules.base import data_logits
-from layerwise.lightning_modules.checkpoint import load_model
 
 Task = Literal["causal_lm", "classification"]
 

@@ -3,17 +3,8 @@
 from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
 from layerwise.metrics.count import NonFiniteRows, SampleCount
 from layerwise.metrics.dynamics import DepthCoupling, JacobianSpectrum, LinearisationCosine, TrajectoryShape
-from layerwise.metrics.functional import (
-    Readout,
-    effective_depth,
-    layer_accuracy,
-    layer_cosine_similarity,
-    linear_cka,
-    nc1,
-    readout_from_logits,
-    saturation_cosine,
-    saturation_layers,
-)
+from layerwise.metrics.functional import Readout, layer_accuracy, readout_from_logits, saturation_layers
+from layerwise.metrics.functional_collapse import effective_depth, nc1
 from layerwise.metrics.functional_compare import arccos_distance, cross_cka, minibatch_cross_cka
 from layerwise.metrics.functional_dynamics import (
     coupling_score,
@@ -25,6 +16,7 @@ from layerwise.metrics.functional_dynamics import (
     pairwise_mis_coupling,
     top_singular,
 )
+from layerwise.metrics.functional_similarity import layer_cosine_similarity, linear_cka, saturation_cosine
 from layerwise.metrics.neural_collapse import LayerNC1
 from layerwise.metrics.prediction import EarlyExit, LayerAccuracy, LayerF1, SaturationHistogram
 from layerwise.metrics.similarity import LayerCKA, LayerCosineSimilarity, MinibatchCKA, SaturationCosine

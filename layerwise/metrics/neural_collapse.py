@@ -7,7 +7,9 @@ from typing import Any
 from torch import Tensor
 
 from layerwise.metrics._base import _check_positive_int, _ShiftedSumStateMetric
-from layerwise.metrics.functional import _check_features, _nc1_compute, _nc1_update, _recentred_moments, nc1
+from layerwise.metrics.functional import _check_features
+from layerwise.metrics.functional_collapse import _nc1_compute, _nc1_update, nc1
+from layerwise.metrics.functional_similarity import _recentred_moments
 
 
 class LayerNC1(_ShiftedSumStateMetric):

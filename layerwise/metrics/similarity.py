@@ -12,8 +12,9 @@ from torchmetrics.utilities import rank_zero_warn
 
 from layerwise.errors import LayerwiseWarning
 from layerwise.metrics._base import _check_positive_int, _ShiftedSumStateMetric, _SumStateMetric
-from layerwise.metrics.functional import (
-    _check_features,
+from layerwise.metrics.functional import _check_features
+from layerwise.metrics.functional_distribution import counted_fraction
+from layerwise.metrics.functional_similarity import (
     _cosine_compute,
     _cosine_distribution_update,
     _cosine_update,
@@ -31,7 +32,6 @@ from layerwise.metrics.functional import (
     linear_cka,
     saturation_cosine,
 )
-from layerwise.metrics.functional_distribution import counted_fraction
 
 
 class _CenteredBufferMetric(_SumStateMetric):

@@ -151,15 +151,14 @@ def _figures_that_say_where(path: str) -> dict:
 
 
 class _PlainOwner:
-    """An owner of a figure method with a plain setting and a tensor the copy must leave behind."""
+    """An owner of a figure method with plain settings only, which is what travels to the drawing process."""
 
     def __init__(self):
-        self.title, self.layers, self.weights = "plain", [1, 2], torch.zeros(3)
+        self.title, self.layers = "plain", [1, 2]
 
     def figures(self, results):
         from layerwise.figures.style import new_figure
 
-        assert not hasattr(self, "weights")  # what reaches the drawing process holds no tensor
         figure, axes = new_figure(2, 2)
         axes.set_title(f"{self.title} {self.layers} {results}")
         return {"val/owned": figure}
@@ -173,13 +172,13 @@ def _reads_a_tensor(owner, results):
     from layerwise.figures.style import new_figure
 
     figure, axes = new_figure(2, 2)
-    axes.plot(owner.weights.numpy())  # the plain copy has no `weights`: AttributeError in the drawing process
+    axes.plot(owner.weights.numpy())  # a plain owner has no `weights`: AttributeError in the drawing process
     return {"val/tensor": figure}
 
 
 def test_figure_jobs_are_built_and_rendered_in_the_drawing_process_not_the_training_process(tmp_path):
     """The GIL stays with the training loop: a FigureJob's figures are built in another process (its pid is not
-    ours), a plain copy of their owner travels without its tensors, and the images reach the sinks in order."""
+    ours), a plain owner of a figure method travels with them, and the images reach the sinks in order."""
     import os
 
     from layerwise.callbacks._loggers import ImageSink
@@ -188,8 +187,7 @@ def test_figure_jobs_are_built_and_rendered_in_the_drawing_process_not_the_train
     sink = [ImageSink("test", lambda tag, image, step: logged.append((tag, step, image.shape)))]
     where = tmp_path / "pid"
     _drawing.draw_later(sink, 4, _drawing.FigureJob(_figures_that_say_where, (str(where),)))
-    owner = _drawing.plain_copy(_PlainOwner())
-    assert vars(owner) == {"title": "plain", "layers": [1, 2]}
+    owner = _PlainOwner()
     _drawing.draw_later(sink, 5, _drawing.FigureJob(_owned_figures, (owner, {"acc": [0.5]})))
     _drawing.wait_for_figures()
     assert int(where.read_text()) != os.getpid()
@@ -250,7 +248,7 @@ def test_figures_are_drawn_in_the_process_on_every_device_unless_layerwise_figur
 
 def test_a_job_that_cannot_travel_or_fails_there_is_drawn_in_the_thread_and_still_logged(tmp_path):
     """A function the drawing process cannot import (a lambda, a script's __main__) is drawn in the thread; one that
-    fails there (it reads a tensor that its plain copy left behind) is drawn in the thread from the original objects
+    fails there (it reads a tensor that its plain owner does not have) is drawn in the thread from the original objects
     (``here``); each with one warning that says why."""
     from layerwise.callbacks._loggers import ImageSink
     from layerwise.figures.style import new_figure
@@ -263,7 +261,7 @@ def test_a_job_that_cannot_travel_or_fails_there_is_drawn_in_the_thread_and_stil
     original = _PlainOwner()
     job = _drawing.FigureJob(
         _reads_a_tensor,
-        (_drawing.plain_copy(original), None),
+        (original, None),
         here=lambda: {"val/tensor": new_figure(2, 2)[0]},
     )
     with pytest.warns(UserWarning, match="failed in the drawing process .*AttributeError.*weights"):

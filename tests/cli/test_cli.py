@@ -250,6 +250,38 @@ def test_one_command_line_lists_every_command_and_each_has_help(capsys):
         assert not re.search(r"--[a-z]+-[a-z]", text.split("options:")[1]), f"{command}: flags are --snake_case"
 
 
+BASE_ARGUMENTS = ("backbone", "optimizer", "lr_scheduler", "scheduler_interval", "label_smoothing", "chunk_size")
+OWN_ARGUMENTS = {
+    "Standard": (),
+    "Aligned": ("layer_weights", "sampled_exits", "exit_sampling", "sampling_seed"),
+    "AlternatingAligned": ("alternate_by", "layer_weights", "sampled_exits", "exit_sampling", "sampling_seed"),
+    "CosRegularized": ("beta", "center"),
+    "MultiExit": ("layer_weights", "distill_weight", "distill_temperature"),
+}
+
+
+@pytest.mark.parametrize("strategy", sorted(OWN_ARGUMENTS))
+def test_strategies_list_the_inherited_base_arguments_in_fit_help(strategy, capsys):
+    """The strategies forward ``**kwargs`` to LayerwiseModule; jsonargparse follows them, so ``fit --model.help``
+    lists the base's arguments (typed, with their defaults and the base's docstring) and nothing else."""
+    with pytest.raises(SystemExit) as exit_info:
+        main(["fit", "--model.help", strategy])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    listed = re.findall(r"^  --model\.(\w+) ", text, flags=re.MULTILINE)
+    assert sorted(listed) == sorted({*BASE_ARGUMENTS, *OWN_ARGUMENTS[strategy]}), listed
+    assert "kwargs" not in text
+    assert "label smoothing of every cross-entropy term. (type: float, default: 0.0)" in " ".join(text.split())
+    assert "--model.scheduler_interval {epoch,step}" in text
+
+
+def test_an_argument_no_strategy_takes_is_refused_by_name(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        quickstart_cli(tmp_path, "--model.init_args.label_smothing=0.1")
+    assert "label_smothing" in one_line_error(capsys, exit_info)
+    assert_nothing_written(tmp_path)
+
+
 def test_plot_print_config_and_config_file(tmp_path, capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["plot", "runs/x", "--out", "figs", "--format", "png", "svg", "--print_config"])

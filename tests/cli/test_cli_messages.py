@@ -248,7 +248,7 @@ def run_python(code: str) -> subprocess.CompletedProcess:
 def test_help_imports_neither_lightning_nor_the_other_commands(argv):
     code = (
         f"import sys\nfrom layerwise.cli import main\ntry:\n    main({argv!r})\nexcept SystemExit:\n    pass\n"
-        "heavy = sorted(m for m in ('lightning', 'torch', 'transformers', 'timm', 'layerwise.inference.lens') "
+        "heavy = sorted(m for m in ('lightning', 'torch', 'transformers', 'timm', 'layerwise.commands.lens') "
         "if m in sys.modules)\nprint('IMPORTED', heavy)"
     )
     result = run_python(code)

@@ -92,7 +92,7 @@ def test_coupling_keeps_the_metrics_choices():
 def test_lazy_no_grad_turns_gradients_off():
     import torch
 
-    from layerwise.inference._lazy import no_grad
+    from layerwise.commands._lazy import no_grad
 
     @no_grad
     def grad_enabled() -> bool:

@@ -18,7 +18,8 @@ from lightning.pytorch import LightningDataModule
 from PIL import Image
 from torchvision.transforms import functional as TF
 
-from layerwise.datamodules import CIFAR10DataModule, CIFAR100DataModule, DigitsDataModule, ImageNetDataModule, _hub
+from layerwise import hub
+from layerwise.datamodules import CIFAR10DataModule, CIFAR100DataModule, DigitsDataModule, ImageNetDataModule
 
 ROOT_FLAG = "--data.init_args.root"
 
@@ -261,7 +262,7 @@ def fail_if_called(*args, **kwargs):
 
 @pytest.mark.parametrize("cls", [CIFAR10DataModule, CIFAR100DataModule, ImageNetDataModule])
 def test_hub_unreachable_fails_at_once(monkeypatch, online_mode, cls):
-    monkeypatch.setattr(_hub, "hub_endpoint", closed_port_url)
+    monkeypatch.setattr(hub, "hub_endpoint", closed_port_url)
     monkeypatch.setattr(datasets, "load_dataset", fail_if_called)
     dm = cls(num_workers=0)
     for hook in (dm.prepare_data, dm.setup):
@@ -275,8 +276,8 @@ def test_hub_probe_deadline_when_server_never_answers(monkeypatch, online_mode):
     server = socket.socket()
     server.bind(("127.0.0.1", 0))
     server.listen()  # the kernel completes the handshake, nobody ever replies
-    monkeypatch.setattr(_hub, "hub_endpoint", lambda: f"http://127.0.0.1:{server.getsockname()[1]}")
-    monkeypatch.setattr(_hub, "PROBE_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(hub, "hub_endpoint", lambda: f"http://127.0.0.1:{server.getsockname()[1]}")
+    monkeypatch.setattr(hub, "PROBE_TIMEOUT_S", 0.5)
     monkeypatch.setattr(datasets, "load_dataset", fail_if_called)
     try:
         start = time.perf_counter()
@@ -300,7 +301,7 @@ def test_hub_missing_or_gated_dataset_names_the_flag(monkeypatch):
     def gated(hub_id):
         raise datasets.exceptions.DatasetNotFoundError(f"Dataset '{hub_id}' is a gated dataset on the Hub.")
 
-    monkeypatch.setattr(_hub, "hub_unreachable_reason", lambda url: None)
+    monkeypatch.setattr(hub, "hub_unreachable_reason", lambda url: None)
     monkeypatch.setattr(datasets, "load_dataset", gated)
     with pytest.raises(FileNotFoundError, match=ROOT_FLAG):
         ImageNetDataModule(num_workers=0).setup("validate")
@@ -334,7 +335,7 @@ def fake_hub(monkeypatch):
             requested.append(hub_id)
             return dataset_dict
 
-        monkeypatch.setattr(_hub, "hub_unreachable_reason", lambda url: None)
+        monkeypatch.setattr(hub, "hub_unreachable_reason", lambda url: None)
         monkeypatch.setattr(datasets, "load_dataset", load_dataset)
         return requested
 

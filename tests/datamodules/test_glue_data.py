@@ -10,7 +10,8 @@ import datasets
 import pytest
 import torch
 
-from layerwise.datamodules import GLUEDataModule, _hub, glue
+from layerwise import hub
+from layerwise.datamodules import GLUEDataModule, glue
 from layerwise.datamodules.tokenizers import byte_tokenizer
 
 SST2_DIR = Path(__file__).resolve().parents[2] / ".." / "shared" / "data" / "sst2"
@@ -308,7 +309,7 @@ def fake_hub(monkeypatch):
             requested.append((path, name))
             return dataset_dict
 
-        monkeypatch.setattr(_hub, "hub_unreachable_reason", lambda url: None)
+        monkeypatch.setattr(hub, "hub_unreachable_reason", lambda url: None)
         monkeypatch.setattr(datasets, "load_dataset", load_dataset)
         return requested
 
@@ -375,7 +376,7 @@ def test_hub_unreachable_fails_at_once(monkeypatch, online_mode, tmp_path):
     def fail_if_called(*args, **kwargs):
         raise AssertionError("load_dataset must not be called when the Hub is unreachable")
 
-    monkeypatch.setattr(_hub, "hub_endpoint", closed_port_url)
+    monkeypatch.setattr(hub, "hub_endpoint", closed_port_url)
     monkeypatch.setattr(datasets, "load_dataset", fail_if_called)
     dm = GLUEDataModule(task="qqp", tokenizer="wordpiece:100", tokenizer_dir=str(tmp_path / "tok"))
     for hook in (dm.prepare_data, dm.setup):

@@ -99,7 +99,7 @@ def test_a_bad_glue_file_ends_in_one_line_naming_the_file_and_the_option(tmp_pat
 def test_an_unreachable_hub_ends_in_one_line_naming_the_option(tmp_path, capsys, monkeypatch):
     import datasets
 
-    from layerwise.datamodules import _hub
+    from layerwise import hub
 
     def closed_port_url() -> str:
         with socket.socket() as probe:
@@ -107,7 +107,7 @@ def test_an_unreachable_hub_ends_in_one_line_naming_the_option(tmp_path, capsys,
             return f"http://127.0.0.1:{probe.getsockname()[1]}"
 
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(_hub, "hub_endpoint", closed_port_url)
+    monkeypatch.setattr(hub, "hub_endpoint", closed_port_url)
     (tmp_path / "glue.yaml").write_text(GLUE_CONFIG)
     args = ["fit", "--config", str(tmp_path / "glue.yaml"), *QUIET, f"--trainer.default_root_dir={tmp_path}"]
     with pytest.raises(SystemExit) as exit_info:

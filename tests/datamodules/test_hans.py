@@ -75,10 +75,10 @@ def test_hans_file_heuristic_filter_and_labels(tmp_path):
 def test_hans_from_an_unreachable_hub_names_data_dir(monkeypatch):
     import datasets
 
-    from layerwise.datamodules import _hub
+    from layerwise import hub
 
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(_hub, "hub_unreachable_reason", lambda url, timeout_s=None: "connection refused")
+    monkeypatch.setattr(hub, "hub_unreachable_reason", lambda url, timeout_s=None: "connection refused")
     with pytest.raises(ConnectionError, match="--data.init_args.data_dir=/path/to/hans"):
         HANSDataModule(tokenizer="byte").prepare_data()
 

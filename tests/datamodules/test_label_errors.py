@@ -12,8 +12,8 @@ from torch.utils.data import TensorDataset
 
 from layerwise.cli import LayerwiseCLI
 from layerwise.datamodules import CIFAR10DataModule, DigitsDataModule
-from layerwise.datamodules._base import dataset_labels
 from layerwise.datamodules._hub import HubImageDataset
+from layerwise.datamodules.labels import dataset_labels
 from layerwise.features import TimmViT
 from layerwise.lightning_modules import Standard
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 from torch.utils.data import RandomSampler, SequentialSampler
 
-from layerwise.datamodules import TextDataModule, _hub
+from layerwise import hub
+from layerwise.datamodules import TextDataModule
 from layerwise.datamodules import text as text_module
 from layerwise.datamodules import tokenizers as tok_module
 from layerwise.datamodules.tokenizers import byte_tokenizer, load_tokenizer
@@ -163,7 +164,7 @@ def test_local_pretrained_tokenizer_gets_eos_as_pad(tmp_path):
 
 def test_hub_tokenizer_offline_fails_at_once_naming_the_option(monkeypatch):
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(_hub, "hub_unreachable_reason", lambda url: "ConnectError: no network")
+    monkeypatch.setattr(hub, "hub_unreachable_reason", lambda url: "ConnectError: no network")
     start = time.perf_counter()
     with pytest.raises(ValueError, match=r"--my.option='layerwise-tests/never-cached'.*no network.*--my.option=byte"):
         load_tokenizer("layerwise-tests/never-cached", option="--my.option")
@@ -323,7 +324,7 @@ def wikitext(splits=("train", "validation", "test")) -> datasets.DatasetDict:
 def fake_hub(monkeypatch):
     """Route ``datasets.load_dataset`` to an in-memory DatasetDict and record the requested (name, config)."""
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(_hub, "hub_unreachable_reason", lambda url: None)
+    monkeypatch.setattr(hub, "hub_unreachable_reason", lambda url: None)
     requested = []
 
     def install(dataset_dict):
@@ -374,7 +375,7 @@ def test_hub_rows_without_newlines_and_missing_text_column(fake_hub):
 
 def test_local_parquet_dataset_folder_through_load_dataset(tmp_path, monkeypatch):
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "hf-cache")
-    monkeypatch.setattr(_hub, "hub_unreachable_reason", lambda url: pytest.fail("no probe for a local folder"))
+    monkeypatch.setattr(hub, "hub_unreachable_reason", lambda url: pytest.fail("no probe for a local folder"))
     folder = tmp_path / "wikitext-like"
     folder.mkdir()
     for split, rows in WIKITEXT_ROWS.items():
@@ -390,7 +391,7 @@ def test_local_parquet_dataset_folder_through_load_dataset(tmp_path, monkeypatch
 
 def test_hub_unreachable_fails_at_once_naming_the_flags(monkeypatch):
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
-    monkeypatch.setattr(_hub, "hub_unreachable_reason", lambda url: "ConnectError: no network")
+    monkeypatch.setattr(hub, "hub_unreachable_reason", lambda url: "ConnectError: no network")
     monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: pytest.fail("load_dataset must not be called"))
     dm = TextDataModule(tokenizer="byte")
     assert len(dm.load_tokenizer()) == 257  # an untrained tokenizer does not read the dataset

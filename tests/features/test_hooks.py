@@ -180,18 +180,22 @@ def test_hooks_removed_after_an_exception_mid_validation(tmp_path):
 def hf_model(family: str) -> nn.Module:
     """A tiny Hugging Face sequence classifier built offline from its config (2 layers, width 32, 3 labels)."""
     transformers = pytest.importorskip("transformers")
+    from tiny_models import tiny_config
+
     torch.manual_seed(0)
     tokens = dict(vocab_size=100, num_labels=3, pad_token_id=0, bos_token_id=1, eos_token_id=2)
     if family == "bert":
-        config = transformers.BertConfig(
-            hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64, **tokens
-        )
+        config = tiny_config(
+            "bert", hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+            max_position_embeddings=512, **tokens,
+        )  # fmt: skip
         model = transformers.BertForSequenceClassification(config)
     elif family == "gpt2":
-        config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, n_positions=16, **tokens)
+        config = tiny_config("gpt2", n_embd=32, n_layer=2, n_head=2, n_positions=16, **tokens)
         model = transformers.GPT2ForSequenceClassification(config)
     else:
-        config = transformers.LlamaConfig(
+        config = tiny_config(
+            "llama",
             hidden_size=32,
             num_hidden_layers=2,
             num_attention_heads=2,

@@ -6,7 +6,8 @@ import pytest
 import timm
 import torch
 from helpers import fitted_module, read_summary, trainer, val_loader
-from transformers import AutoConfig, AutoModel
+from tiny_models import tiny_config
+from transformers import AutoModel
 from transformers.utils import logging as hf_logging
 
 from layerwise.callbacks import ResidualNormRatioMonitor
@@ -33,10 +34,8 @@ def tiny(family: str) -> torch.nn.Module:
         return timm.create_model(
             "vit_tiny_patch16_224", img_size=16, patch_size=4, embed_dim=WIDTH, depth=DEPTH, num_heads=4, num_classes=3
         ).double()
-    sizes = dict(hidden_size=WIDTH, num_hidden_layers=DEPTH, num_attention_heads=4, intermediate_size=64)
-    if family == "gpt2":
-        sizes = dict(n_embd=WIDTH, n_layer=DEPTH, n_head=4)
-    config = AutoConfig.for_model(family, vocab_size=VOCAB, max_position_embeddings=64, pad_token_id=0, **sizes)
+    config = tiny_config(family, vocab_size=VOCAB, pad_token_id=0)  # DEPTH blocks of width WIDTH, as here
+    assert (config.num_hidden_layers, config.hidden_size) == (DEPTH, WIDTH)
     return AutoModel.from_config(config).double().eval()
 
 

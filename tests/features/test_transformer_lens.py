@@ -13,10 +13,11 @@ import torch
 import torch.nn.functional as F
 
 from layerwise.cli import main as cli_main
+from layerwise.engines.checkpoint import load_model
 from layerwise.features import collect_block_outputs
 from layerwise.features.paths import get_blocks, layer_paths
-from layerwise.features.transformer_lens import SoLULN, legacy_config
-from layerwise.lightning_modules.checkpoint import load_model
+from layerwise.features.transformer_lens import SoLULN
+from layerwise.hub import legacy_config
 
 LAYERS, D, HEADS, D_HEAD, D_MLP, VOCAB, CTX = 2, 24, 3, 8, 40, 300, 64
 
@@ -144,7 +145,7 @@ def test_transformer_lens_detection_and_refusals(tmp_path):
 
 def test_a_transformer_lens_model_brings_its_tokenizer(tmp_path):
     """NeelNanda's repos hold no tokenizer: their config names one (tokenizer_name), which --tokenizer defaults to."""
-    from layerwise.inference._options import model_tokenizer
+    from layerwise.commands._options import model_tokenizer
 
     folder = write_checkpoint(tmp_path / "gelu", "gelu")
     assert model_tokenizer(str(folder)) == "NeelNanda/gpt-neox-tokenizer-digits"

@@ -216,7 +216,7 @@ def every_figure(num_layers: int) -> dict:
     from layerwise.figures.heatmap import heatmap
     from layerwise.figures.lens import lens_figure
     from layerwise.figures.stitch import stitch_figure
-    from layerwise.figures.style import stamp_all
+    from layerwise.figures.style import run_line, stamp
     from layerwise.figures.summary import ap50_per_layer
     from layerwise.figures.sweep import sweep_figure
 
@@ -228,12 +228,8 @@ def every_figure(num_layers: int) -> dict:
     signed = (np.asarray(summary["cos"]) - 0.7).tolist()  # a negative COS: the diverging map, signed cell values
     figures["cos_signed"] = heatmap(signed, layers, "COS between every pair of layers")
     # as TensorBoard gets them: the callbacks' figures stamped with the run, stage, epoch and step
-    figures = {
-        name: stamped
-        for (name, stamped) in zip(
-            figures, stamp_all({f"val/{n}": f for n, f in figures.items()}, 31, 736, "quickstart/version_0").values()
-        )
-    }
+    line = run_line({"stage": "val", "epoch": 31, "global_step": 736}, "quickstart/version_0")
+    figures = {name: stamp(figure, line) for name, figure in figures.items()}
     text_layers = layers[: max(1, num_layers // 2)]
     clip = {
         "num_pairs": 512,
@@ -503,48 +499,6 @@ def test_accuracy_uses_its_axis():
     assert (max(summary["accuracy"]) - min(summary["accuracy"])) / (high - low) >= 0.6
 
 
-def test_every_callback_figure_says_its_stage_epoch_and_step():
-    """TensorBoard's images: log_figures_later stamps each figure's title with its stage, epoch and step."""
-    from types import SimpleNamespace
-
-    from layerwise.callbacks import _drawing, _output
-    from layerwise.figures import worker
-    from layerwise.figures.heatmap import heatmap
-
-    titles = {}
-
-    class Writer:
-        def add_figure(self, *args, **kwargs):
-            pass
-
-        def add_image(self, tag, image, global_step, dataformats):
-            titles[tag] = (global_step, image.shape)
-
-    original = worker.rendered
-
-    def rendered(figure):
-        titles[len(titles)] = [ax.get_title() for ax in figure.axes] + [
-            figure._suptitle and figure._suptitle.get_text()
-        ]
-        return original(figure)
-
-    trainer = SimpleNamespace(
-        loggers=[SimpleNamespace(experiment=Writer())],
-        log_dir="runs/quickstart/version_0",
-        default_root_dir=".",
-        current_epoch=31,
-        global_step=736,
-    )
-    worker.rendered = rendered
-    try:
-        _output.log_figures_later(trainer, lambda: {"val/cos": heatmap(np.eye(3), [1, 2, 3], "COS")})
-        _drawing.wait_for_figures()
-    finally:
-        worker.rendered = original
-    assert titles["val/cos"][0] == 736
-    assert titles[0][0] == "COS\nvalidation, epoch 31, step 736"  # as `layerwise plot` draws it from the summary
-
-
 # ------------------------------------------------------------------ figures for print: fonts, colours, the defects
 # a reader's complaints (issue part 6): each test below fails on the figures before the fix
 
@@ -706,8 +660,8 @@ def saved_pdfs(folder) -> list:
     import json
     from types import SimpleNamespace
 
+    from layerwise.commands.sweep import write_sweep
     from layerwise.figures.plot import plot_summary
-    from layerwise.inference.sweep import write_sweep
     from layerwise.results import save_figure_atomic, summary_path
 
     summary = synthetic_summary(6)

@@ -6,7 +6,7 @@ import pytest
 from helpers import fitted_module, trainer, val_loader
 
 from layerwise.cli import LayerwiseCLI
-from layerwise.lightning_modules.checkpoint import load_module
+from layerwise.engines.checkpoint import load_module
 
 QUICKSTART = str(Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml")
 TRUNCATED = r"is truncated \([\d,]+ bytes, the end of the archive is missing\): the copy or the save was cut short"

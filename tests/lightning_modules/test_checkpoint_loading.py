@@ -5,7 +5,7 @@ import sys
 import pytest
 import torch
 
-from layerwise.lightning_modules.checkpoint import load_module
+from layerwise.engines.checkpoint import load_module
 
 
 def test_a_foreign_class_path_is_refused_before_anything_is_imported(tmp_path, monkeypatch):

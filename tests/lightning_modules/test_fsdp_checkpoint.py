@@ -15,9 +15,9 @@ import torch
 import torch.distributed as dist
 from helpers import DIM, TRAINING_ONLY, fitted_module, free_port, run_forked, train_loader, trainer, val_loader
 
-from layerwise.inference.export import export_truncated
+from layerwise.commands.export import export_truncated
+from layerwise.engines.checkpoint import is_sharded_checkpoint, load_model, load_module
 from layerwise.lightning_modules import LinearProbes, Standard
-from layerwise.lightning_modules.checkpoint import is_sharded_checkpoint, load_model, load_module
 
 pytestmark = pytest.mark.skipif(
     sys.platform != "linux" or not dist.is_available(), reason="needs fork and torch.distributed"

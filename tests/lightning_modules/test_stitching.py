@@ -153,7 +153,7 @@ def test_keep_best_ends_at_the_checked_step_with_the_lowest_dev_loss(oracle):
     From the least-squares start (the exact map Q here) SGD at lr 0.1 on 58 sequences moves phi away, so the best
     check is the start and the final phi is Q itself, not the last step's.
     """
-    from layerwise.inference.stitch import hold_in_tail
+    from layerwise.commands.stitch import hold_in_tail
 
     a, b, q, train, held_out = oracle
     fit_loader, dev_loader = hold_in_tail(train, 8)
@@ -187,7 +187,7 @@ def test_keep_best_ends_at_the_checked_step_with_the_lowest_dev_loss(oracle):
 def test_keep_best_dev_loss_is_the_whole_dev_slice_on_two_processes(oracle):
     """Under DDP each rank holds part of the dev slice: the check sums over ranks, so 2 processes see the loss 1 does
     (lr 0: phi stays at its start, so every check of both runs measures the same map)."""
-    from layerwise.inference.stitch import hold_in_tail
+    from layerwise.commands.stitch import hold_in_tail
 
     a, b, _, train, _ = oracle
     fit_loader, dev_loader = hold_in_tail(train, 8)

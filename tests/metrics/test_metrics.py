@@ -418,7 +418,7 @@ def test_nc1_matches_pinv_reference(dim, classes):
 @pytest.mark.parametrize(("dim", "classes"), [(40, 10), (8, 30)])  # A^T A (K x K) and A A^T (d x d)
 @pytest.mark.parametrize("spread", [0.1, 1e-5])  # well determined (eigh), and a 1e5 range (the SVD)
 def test_nc1_left_singular_pairs_equal_numpy_svd(monkeypatch, dim, classes, spread):
-    from layerwise.metrics import functional
+    from layerwise.metrics import functional_collapse as functional
 
     g = torch.Generator().manual_seed(23)
     a = torch.randn(L, dim, classes, generator=g, dtype=torch.float64)
@@ -462,7 +462,7 @@ def test_nc1_with_more_classes_than_dimensions_takes_the_cheapest_exact_path(mon
     """d < K: Sigma_B has full rank and NC1 = tr(Sigma_W Sigma_B^-1), by a Cholesky factor while a sure bound on its
     condition number is below 1e6; past the bound eigh of the Gram matrix, past eigh's own range the SVD. Every
     path gives the numpy pinv reference."""
-    from layerwise.metrics import functional
+    from layerwise.metrics import functional_collapse as functional
 
     g = torch.Generator().manual_seed(25)
     dim, classes, n = 8, 30, 300

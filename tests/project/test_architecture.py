@@ -20,7 +20,7 @@ else:  # pragma: no cover
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "layerwise"
 # Small leaf modules any part may use: they import nothing of layerwise.
-UTILITIES = {"extras", "_compat", "errors"}
+UTILITIES = {"extras", "_compat", "errors", "hub"}
 FACE = {"__main__", "__init__"}  # `python -m layerwise` and the package root
 
 
@@ -113,9 +113,9 @@ HEAD_CALLS_ALLOWED = {
     ("layerwise/lightning_modules/base.py", "forward"): "the model's own logits at its last layer",
     ("layerwise/lightning_modules/probes.py", "probe_logits"): "LinearProbes.forward's logits",
     ("layerwise/engines/early_exit.py", "full"): "the full model, timed against early exit",
-    ("layerwise/inference/export.py", "check_truncated"): "the full logits at depth d, compared with the export's",
+    ("layerwise/commands/export.py", "check_truncated"): "the full logits at depth d, compared with the export's",
 }
-MODEL_PARTS = ("features", "metrics", "engines", "callbacks", "lightning_modules", "inference", "cli")
+MODEL_PARTS = ("features", "metrics", "engines", "callbacks", "lightning_modules", "commands", "cli")
 
 
 def head_calls(path: Path) -> list[tuple[str, int]]:

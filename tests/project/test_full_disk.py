@@ -23,8 +23,8 @@ import torch
 
 from layerwise.callbacks._loggers import _png_files
 from layerwise.cli import LayerwiseCLI, main
+from layerwise.engines.checkpoint import CheckpointReader
 from layerwise.errors import LayerwiseWarning
-from layerwise.lightning_modules.checkpoint import CheckpointReader
 from layerwise.results import (
     WriteError,
     merge_summary,

@@ -15,7 +15,7 @@ import yaml
 import layerwise
 from layerwise.cli import main
 from layerwise.cli.parser import with_shipped_configs
-from layerwise.inference.configs import SHIPPED, description, shipped_configs
+from layerwise.commands.configs import SHIPPED, description, shipped_configs
 
 ROOT = Path(__file__).resolve().parents[2]
 QUICKSTART = SHIPPED / "quickstart.yaml"
@@ -181,7 +181,7 @@ def test_fit_help_says_that_a_config_can_be_named(capsys):
 
 
 def test_a_file_the_shipped_configs_name_by_its_checkout_path_is_found_in_any_folder(tmp_path, monkeypatch):
-    from layerwise.inference.coupling import load_prompts
+    from layerwise.commands.coupling import load_prompts
 
     monkeypatch.chdir(tmp_path)  # configs/coupling/pythia.yaml: `prompts: configs/coupling/prompts.txt`
     lines = [line for line in (ROOT / "configs" / "coupling" / "prompts.txt").read_text().splitlines() if line.strip()]

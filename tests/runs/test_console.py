@@ -78,10 +78,11 @@ def test_the_summary_path_is_printed_once_per_validation(ddp_fit):
 
 
 def test_lens_prints_no_transformers_generation_flag_warning(tmp_path):
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from tiny_models import tiny_config
+    from transformers import GPT2LMHeadModel
 
     torch.manual_seed(0)
-    config = GPT2Config(n_layer=2, n_embd=16, n_head=2, vocab_size=257, n_positions=32)
+    config = tiny_config("gpt2", n_layer=2, n_embd=16, n_head=2, vocab_size=257, n_positions=32)
     config.bos_token_id = config.eos_token_id = 256  # the byte tokenizer's one special token
     GPT2LMHeadModel(config).save_pretrained(tmp_path / "gpt")
     result = run_python(
@@ -91,5 +92,3 @@ def test_lens_prints_no_transformers_generation_flag_warning(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0 and (tmp_path / "lens" / "lens.md").exists(), result.stderr[-3000:]
     assert "top_k" not in result.stderr, result.stderr[-3000:]
-
-

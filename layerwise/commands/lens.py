@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from layerwise.inference._lazy import ANNOTATIONS_ONLY, no_grad
-from layerwise.inference._options import DeviceMap, DType, ModelSource, check_layer_numbers
+from layerwise.commands._lazy import ANNOTATIONS_ONLY, no_grad
+from layerwise.commands._options import DeviceMap, DType, ModelSource, check_layer_numbers
 
 if ANNOTATIONS_ONLY:
     from torch import Tensor, nn
@@ -72,12 +72,12 @@ def lens_table(
     """
     import torch
 
+    from layerwise.commands.decoding import eval_mode, generate_from_layer
     from layerwise.engines.readout import chunked_readout
     from layerwise.features.hf import input_device
     from layerwise.features.hooks import hooked_blocks
     from layerwise.features.layers import select_layers
     from layerwise.features.paths import HeadSteps, get_blocks, layer_paths
-    from layerwise.inference.generation import eval_mode, generate_from_layer
 
     paths = layer_paths(model, "--model")
     blocks = get_blocks(model, paths, "--model")
@@ -198,7 +198,7 @@ def lens(
         out: folder for lens.md and lens.png.
         overwrite: replace the results of an earlier run in --out (without it, the command stops at them).
     """
-    from layerwise.inference.generation import check_generation_options
+    from layerwise.commands.decoding import check_generation_options
     from layerwise.results import check_outputs_free
 
     if not prompt:

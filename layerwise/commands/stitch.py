@@ -6,11 +6,11 @@ import json
 import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, NamedTuple, Optional
 
+from layerwise.commands._lazy import ANNOTATIONS_ONLY
+from layerwise.commands._options import TextSource, check_block_size, check_same_vocab, load_model_as, model_tokenizer
 from layerwise.errors import lightning_lines_silenced
-from layerwise.inference._lazy import ANNOTATIONS_ONLY
-from layerwise.inference._options import TextSource, check_block_size, check_same_vocab, load_model_as, model_tokenizer
 
 if ANNOTATIONS_ONLY:
     from torch import nn
@@ -180,6 +180,127 @@ def write_stitch(rows: Sequence[dict[str, Any]], record: dict[str, Any], out: Pa
 
 
 # ------------------------------------------------------------------------------- the `layerwise stitch` command
+def check_stitch_options(
+    task: str, steps: int, batch_size: int, warmup_steps: Optional[int], dev_blocks: int, block_size: int, text: Any
+) -> int:
+    """The checks of ``stitch``'s numbers (and, for causal LMs, of its text source); the warm-up steps to use."""
+    if steps < 1:
+        raise ValueError(f"`--steps={steps}` must be >= 1.")
+    if batch_size < 1:
+        raise ValueError(f"`--batch_size={batch_size}` must be >= 1.")
+    warmup_steps = min(200, steps // 10) if warmup_steps is None else warmup_steps
+    if not 0 <= warmup_steps <= steps:
+        raise ValueError(f"`--warmup_steps={warmup_steps}` must lie in 0..--steps ({steps}).")
+    if dev_blocks < 0:
+        raise ValueError(f"`--dev_blocks={dev_blocks}` must be >= 0 (0: phi of the last step).")
+    if task == "causal_lm":
+        if block_size < 2:  # a block of one token has no next token to predict: nothing to evaluate
+            raise ValueError(f"`--block_size={block_size}` must be >= 2 (each block predicts its own next tokens).")
+        text.check()
+    return warmup_steps
+
+
+def load_pair(model_a: str, model_b: str, load_as: str, block_size: int) -> tuple[Any, Any]:
+    """A and B, loaded as ``load_as``, checked to read the same token ids (and, as causal LMs, ``--block_size``)."""
+    first, second = load_model_as(model_a, "--model_a", load_as), load_model_as(model_b, "--model_b", load_as)
+    check_same_vocab(first, second)
+    if load_as == "causal_lm":
+        check_block_size(block_size, {"--model_a": first, "--model_b": second})
+    return first, second
+
+
+def depths(first: Any, second: Any) -> tuple[int, int]:
+    """The number of blocks of A and of B."""
+    from layerwise.features.paths import num_blocks
+
+    return num_blocks(first, "--model_a"), num_blocks(second, "--model_b")
+
+
+def training_loaders(data: Any, stage: str, dev_blocks: int, steps: int) -> tuple[Optional[Any], Optional[Any]]:
+    """The training loader and the dev slice held out of its tail (both None when phi is not trained)."""
+    if stage != "fit":
+        return None, None
+    training = data.train_dataloader()
+    train_loader, dev_loader = hold_in_tail(training, dev_blocks)
+    print(dev_slice_line(dev_blocks, dev_loader, len(training.dataset), steps))
+    return train_loader, dev_loader
+
+
+def check_data_choice(task: str, text_given: bool, glue_task: Optional[str], hans: bool) -> None:
+    """Causal LMs read --text/--dataset, classifiers a GLUE task (and HANS only for MNLI)."""
+    if task == "causal_lm" and (glue_task is not None or hans):
+        raise ValueError("`--glue_task`/`--hans` are for `--task classification`; causal LMs read --text/--dataset.")
+    if task != "causal_lm" and (glue_task is None or text_given):
+        raise ValueError("`--task classification` reads a GLUE task: give --glue_task (and --data_dir), not --text.")
+    if hans and glue_task != "mnli":
+        raise ValueError(f"`--hans` evaluates MNLI classifiers; --glue_task is {glue_task!r}.")
+
+
+class GlueOptions(NamedTuple):
+    """The data options of ``stitch --task classification``: the GLUE task, its files and the tokenizer."""
+
+    task: str
+    data_dir: Optional[Path]
+    tokenizer: str
+    tokenizer_dir: Optional[Path]
+    max_length: int
+    batch_size: int
+
+
+def glue_data(
+    glue: GlueOptions,
+    max_train: Optional[int],
+    max_val: int,
+    stage: str,
+    hans: bool,
+    hans_heuristic: Optional[str],
+    hans_dir: Optional[Path],
+) -> tuple[Any, dict[str, Any]]:
+    """The GLUE task's datamodule set up for ``stage``, and ``{"hans": HANS}`` with ``hans`` (heuristic None: all)."""
+    from layerwise.datamodules import GLUEDataModule, HANSDataModule
+
+    data = GLUEDataModule(
+        task=glue.task,
+        data_dir=str(glue.data_dir) if glue.data_dir else None,
+        tokenizer=glue.tokenizer,
+        tokenizer_dir=str(glue.tokenizer_dir) if glue.tokenizer_dir else None,
+        max_length=glue.max_length,
+        batch_size=glue.batch_size,
+        max_train_samples=max_train,
+        max_val_samples=max_val,
+    )
+    extra: dict[str, Any] = {}
+    if hans:
+        extra["hans"] = HANSDataModule(
+            heuristic=hans_heuristic,
+            data_dir=str(hans_dir) if hans_dir else None,
+            tokenizer=glue.tokenizer,
+            max_length=glue.max_length,
+            batch_size=glue.batch_size,
+            max_val_samples=max_val,
+        )
+    for module in (data, *extra.values()):
+        module.prepare_data()
+        module.setup("validate" if module is not data else stage)
+    return data, extra
+
+
+def stitch_trainer_options(accelerator: str, steps: int, gradient_clip: float, precision: Optional[str]) -> dict:
+    """The Lightning Trainer options of every pair's fit: one device, no logger, checkpoint, summary or bar."""
+    return dict(
+        accelerator=accelerator,
+        devices=1,
+        max_steps=steps,
+        gradient_clip_val=gradient_clip,
+        logger=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        enable_progress_bar=False,
+        precision=precision or "32-true",
+        num_sanity_val_steps=0,
+    )
+
+
 def stitch(
     model_a: str,
     model_b: str,
@@ -270,133 +391,44 @@ def stitch(
     """
     from layerwise.results import check_outputs_free
 
-    if steps < 1:
-        raise ValueError(f"`--steps={steps}` must be >= 1.")
-    if batch_size < 1:
-        raise ValueError(f"`--batch_size={batch_size}` must be >= 1.")
-    warmup_steps = min(200, steps // 10) if warmup_steps is None else warmup_steps
-    if not 0 <= warmup_steps <= steps:
-        raise ValueError(f"`--warmup_steps={warmup_steps}` must lie in 0..--steps ({steps}).")
-    if dev_blocks < 0:
-        raise ValueError(f"`--dev_blocks={dev_blocks}` must be >= 0 (0: phi of the last step).")
-    if task == "causal_lm":
-        if block_size < 2:  # a block of one token has no next token to predict: nothing to evaluate
-            raise ValueError(f"`--block_size={block_size}` must be >= 2 (each block predicts its own next tokens).")
-        TextSource(text, dataset, dataset_config).check()
-        if glue_task is not None or hans:
-            raise ValueError(
-                "`--glue_task`/`--hans` are for `--task classification`; causal LMs read --text/--dataset."
-            )
-    elif glue_task is None or text or dataset:
-        raise ValueError("`--task classification` reads a GLUE task: give --glue_task (and --data_dir), not --text.")
-    if hans and glue_task != "mnli":
-        raise ValueError(f"`--hans` evaluates MNLI classifiers; --glue_task is {glue_task!r}.")
+    source = TextSource(text, dataset, dataset_config)
+    warmup_steps = check_stitch_options(task, steps, batch_size, warmup_steps, dev_blocks, block_size, source)
+    check_data_choice(task, bool(text or dataset), glue_task, hans)
     check_outputs_free(out, STITCH_FILES, overwrite)
     load_as = "causal_lm" if task == "causal_lm" else "classification"
-    first, second = load_model_as(model_a, "--model_a", load_as), load_model_as(model_b, "--model_b", load_as)
-    check_same_vocab(first, second)
-    if task == "causal_lm":
-        check_block_size(block_size, {"--model_a": first, "--model_b": second})
-    from layerwise.features.paths import num_blocks
-
-    depth_a, depth_b = num_blocks(first, "--model_a"), num_blocks(second, "--model_b")
-    chosen = parse_pairs(layers, pairs, depth_a, depth_b)
+    first, second = load_pair(model_a, model_b, load_as, block_size)
+    chosen = parse_pairs(layers, pairs, *depths(first, second))
     stage = "validate" if phi == "identity" else "fit"
-    extra: dict[str, Any] = {}
-    if task == "causal_lm":
-        data = TextSource(text, dataset, dataset_config).datamodule(
-            tokenizer or model_tokenizer(model_a),
-            tokenizer_dir,
-            block_size,
-            batch_size,
-            max_train_blocks,
-            max_val_blocks,
-            stage,
-            models={"--model_a": first, "--model_b": second},
-        )
+    tokenizer_name = tokenizer or model_tokenizer(model_a)
+    if task != "causal_lm":
+        glue = GlueOptions(glue_task, data_dir, tokenizer_name, tokenizer_dir, max_length, batch_size)
+        data, extra = glue_data(glue, max_train_blocks, max_val_blocks, stage, hans, hans_heuristic, hans_dir)
     else:
-        from layerwise.datamodules import GLUEDataModule, HANSDataModule
-
-        data = GLUEDataModule(
-            task=glue_task,
-            data_dir=str(data_dir) if data_dir else None,
-            tokenizer=tokenizer or model_tokenizer(model_a),
-            tokenizer_dir=str(tokenizer_dir) if tokenizer_dir else None,
-            max_length=max_length,
-            batch_size=batch_size,
-            max_train_samples=max_train_blocks,
-            max_val_samples=max_val_blocks,
-        )
-        if hans:
-            extra["hans"] = HANSDataModule(
-                heuristic=hans_heuristic,
-                data_dir=str(hans_dir) if hans_dir else None,
-                tokenizer=tokenizer or model_tokenizer(model_a),
-                max_length=max_length,
-                batch_size=batch_size,
-                max_val_samples=max_val_blocks,
-            )
-        for module in (data, *extra.values()):
-            module.prepare_data()
-            module.setup("validate" if module is not data else stage)
+        data, extra = source.datamodule(
+            tokenizer_name, tokenizer_dir, block_size, batch_size, max_train_blocks, max_val_blocks, stage,
+            models={"--model_a": first, "--model_b": second},
+        ), {}  # fmt: skip
     module_options = dict(
-        task=load_as,
-        phi=phi,
-        phi_norm=phi_norm,
-        phi_init=phi_init,
-        lr=lr,
-        momentum=momentum,
-        weight_decay=weight_decay,
-        warmup_steps=warmup_steps,
-        max_steps=steps,
-    )
-    trainer_options = dict(
-        accelerator=accelerator,
-        devices=1,
-        max_steps=steps,
-        gradient_clip_val=gradient_clip,
-        logger=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        enable_progress_bar=False,
-        precision=precision or "32-true",
-        num_sanity_val_steps=0,
-    )
-    train_loader, dev_loader = None, None
-    if stage == "fit":
-        training = data.train_dataloader()
-        train_loader, dev_loader = hold_in_tail(training, dev_blocks)
-        print(dev_slice_line(dev_blocks, dev_loader, len(training.dataset), steps))
+        task=load_as, phi=phi, phi_norm=phi_norm, phi_init=phi_init, lr=lr, momentum=momentum,
+        weight_decay=weight_decay, warmup_steps=warmup_steps, max_steps=steps,
+    )  # fmt: skip
+    train_loader, dev_loader = training_loaders(data, stage, dev_blocks, steps)
+    trainer_options = stitch_trainer_options(accelerator, steps, gradient_clip, precision)
     rows = stitch_sweep(
-        first,
-        second,
-        chosen,
-        train_loader,
-        data.val_dataloader(),
-        module_options,
-        trainer_options,
-        extra=extra,
-        seed=seed,
-        dev_loader=dev_loader,
-    )
-    record = {
-        "model_a": model_a,
-        "model_b": model_b,
-        ("held_out_blocks" if task == "causal_lm" else "held_out_examples"): len(data.val_dataloader().dataset),
-        **({"block_size": block_size} if task == "causal_lm" else {"glue_task": glue_task, "max_length": max_length}),
-        **(
-            {"hans_examples": len(extra["hans"].val_dataloader().dataset), "hans_heuristic": hans_heuristic}
-            if hans
-            else {}
-        ),  # fmt: skip
-        **({"text": [str(path) for path in text or []], "dataset": dataset} if task == "causal_lm" else {}),
-        "tokenizer": tokenizer or "--model_a's",
-        "batch_size": batch_size,
-        **{key: value for key, value in module_options.items() if key != "max_steps"},
-        "steps": steps,
-        "seed": seed,
-        "dev_blocks": 0 if dev_loader is None else len(dev_loader.dataset),
-    }
+        first, second, chosen, train_loader, data.val_dataloader(), module_options, trainer_options,
+        extra=extra, seed=seed, dev_loader=dev_loader,
+    )  # fmt: skip
+    if task == "causal_lm":
+        read = {"block_size": block_size, "text": [str(path) for path in text or []], "dataset": dataset}
+    else:
+        read = {"glue_task": glue_task, "max_length": max_length}
+        if hans:
+            read.update(hans_examples=len(extra["hans"].val_dataloader().dataset), hans_heuristic=hans_heuristic)
+    held_out = ("held_out_blocks" if task == "causal_lm" else "held_out_examples", len(data.val_dataloader().dataset))
+    options = {key: value for key, value in module_options.items() if key != "max_steps"}
+    record = {"model_a": model_a, "model_b": model_b, held_out[0]: held_out[1], **read}
+    record.update(tokenizer=tokenizer or "--model_a's", batch_size=batch_size, **options, steps=steps, seed=seed)
+    record["dev_blocks"] = 0 if dev_loader is None else len(dev_loader.dataset)
     print(stitch_markdown(rows), end="")
     for path in write_stitch(rows, record, out):
         print(path)

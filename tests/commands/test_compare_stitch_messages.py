@@ -125,11 +125,11 @@ def test_a_hub_id_neither_cached_nor_reachable_is_refused_before_the_loader_retr
     folders, tmp_path, capsys, monkeypatch, offline
 ):
     """Offline, the loader would retry the Hub for ~30 s; the command names the flag at once instead."""
-    from layerwise.datamodules import _hub
-    from layerwise.lightning_modules import checkpoint
+    from layerwise import hub
+    from layerwise.engines import checkpoint
 
-    monkeypatch.setattr(_hub, "hub_offline", lambda: offline)
-    monkeypatch.setattr(_hub, "hub_unreachable_reason", lambda url, timeout_s=None: "ConnectError: refused")
+    monkeypatch.setattr(hub, "hub_offline", lambda: offline)
+    monkeypatch.setattr(hub, "hub_unreachable_reason", lambda url, timeout_s=None: "ConnectError: refused")
     loaded = []
     original = checkpoint.load_model
     monkeypatch.setattr(checkpoint, "load_model", lambda spec, *a, **k: loaded.append(spec) or original(spec, *a, **k))

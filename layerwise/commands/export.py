@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Union
 
-from layerwise.inference._lazy import ANNOTATIONS_ONLY, no_grad
+from layerwise.commands._lazy import ANNOTATIONS_ONLY, no_grad
 
 if ANNOTATIONS_ONLY:
     from torch import Tensor, nn
@@ -248,8 +248,8 @@ def export(
         relative: ε relative to the last layer's accuracy.
         verify: check on a random input that the export reproduces the shared head's layer-d logits.
     """
+    from layerwise.engines.checkpoint import load_module
     from layerwise.features.truncate import check_depth
-    from layerwise.lightning_modules.checkpoint import load_module
     from layerwise.results import latest_summary, load_summary
 
     if depth is None and summary is None:

@@ -13,27 +13,25 @@ import lightning
 import lightning.pytorch as pl
 import pytest
 import torch
+from tiny_models import tiny_config
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
 from torch import nn
 from transformers import (
     AutoModelForCausalLM,
-    BertConfig,
     BertModel,
-    GPT2Config,
-    LlamaConfig,
+    PretrainedConfig,
     PreTrainedTokenizerFast,
-    Qwen2Config,
 )
 from transformers.utils import logging as hf_logging
 
 from layerwise.cli import main as cli_main
+from layerwise.commands.decoding import generate_from_layer
+from layerwise.commands.lens import lens_markdown, lens_table, write_lens
 from layerwise.datamodules.tokenizers import byte_tokenizer
 from layerwise.features.hooks import block_output
 from layerwise.features.paths import HeadSteps, get_blocks, layer_paths
 from layerwise.features.sentence_encoder import SentenceEncoder
 from layerwise.features.truncate import truncated
-from layerwise.inference.generation import generate_from_layer
-from layerwise.inference.lens import lens_markdown, lens_table, write_lens
 from layerwise.metrics.generation import coherence, corpus_rep_n, diversity, rep_n
 
 hf_logging.set_verbosity_error()
@@ -41,8 +39,9 @@ hf_logging.set_verbosity_error()
 DEPTH, WIDTH, VOCAB = 4, 32, 257  # 257: the byte tokenizer's 256 bytes + <|endoftext|>
 
 
-def gpt2_config() -> GPT2Config:
-    return GPT2Config(
+def gpt2_config() -> PretrainedConfig:
+    return tiny_config(
+        "gpt2",
         n_layer=DEPTH,
         n_embd=WIDTH,
         n_head=2,
@@ -66,7 +65,11 @@ def build(kind: str, seed: int = 0) -> nn.Module:
         max_position_embeddings=64,
         initializer_range=0.3,  # with 0.02 attention is nearly uniform and wrong positions go unnoticed
     )
-    configs = {"gpt2": gpt2_config, "llama": lambda: LlamaConfig(**decoder), "qwen2": lambda: Qwen2Config(**decoder)}
+    configs = {
+        "gpt2": gpt2_config,
+        "llama": lambda: tiny_config("llama", **decoder),
+        "qwen2": lambda: tiny_config("qwen2", **decoder),
+    }
     config = configs[kind]()
     model = AutoModelForCausalLM.from_config(config).eval()
     blocks = get_blocks(model, layer_paths(model))
@@ -342,7 +345,8 @@ def tiny_bert_folder(tmp_path) -> str:
         tokenizer_object=backend, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]", sep_token="[SEP]"
     )
     torch.manual_seed(0)
-    config = BertConfig(
+    config = tiny_config(
+        "bert",
         vocab_size=backend.get_vocab_size(),
         hidden_size=16,
         num_hidden_layers=2,
@@ -544,7 +548,7 @@ def test_cli_bad_input_names_the_flag_before_loading_the_model(extra, flag, monk
     def no_loading(*args, **kwargs):
         raise AssertionError("the model must not be loaded for bad input")
 
-    monkeypatch.setattr("layerwise.inference._options.load_causal_lm", no_loading)
+    monkeypatch.setattr("layerwise.commands._options.load_causal_lm", no_loading)
     argv = ["generate", "--model", "unused", "--tokenizer", "byte", "--prompt", "x"]
     with pytest.raises(SystemExit) as exit_info:
         cli_main([*argv, *extra])

@@ -1,4 +1,4 @@
-"""Loading what the inference commands run on: a Hugging Face causal LM and its tokenizer."""
+"""Loading what the commands run on: a Hugging Face causal LM and its tokenizer."""
 
 from pathlib import Path
 from typing import Any, Optional, Union
@@ -6,7 +6,7 @@ from typing import Any, Optional, Union
 import torch
 from torch import nn
 
-from layerwise.lightning_modules.checkpoint import load_model, load_module
+from layerwise.engines.checkpoint import load_model, load_module
 
 
 def load_tokenizer_spec(spec: str, tokenizer_dir: Optional[Path]) -> Any:
@@ -41,7 +41,7 @@ def load_causal_lm(
     """The Hugging Face causal LM of a layerwise checkpoint (``module.backbone.model``) or of ``--model``.
 
     Either is in ``dtype`` when given (``"auto"``: as saved); a ``--model`` is placed by ``device_map`` as it loads
-    (see :func:`~layerwise.lightning_modules.checkpoint.load_model`), a checkpoint is loaded whole.
+    (see :func:`~layerwise.engines.checkpoint.load_model`), a checkpoint is loaded whole.
     """
     if model is not None:
         return load_model(model, "--model", "causal_lm", dtype, device_map, offload_folder)

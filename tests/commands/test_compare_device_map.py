@@ -8,7 +8,7 @@ from tiny_models import tiny_config
 from transformers import AutoModelForCausalLM
 
 from layerwise.cli import main
-from layerwise.inference.compare import base_device_map
+from layerwise.commands.compare import base_device_map
 
 pytest.importorskip("accelerate")
 

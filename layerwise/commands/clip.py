@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Optional
 
-from layerwise.inference._lazy import ANNOTATIONS_ONLY
+from layerwise.commands._lazy import ANNOTATIONS_ONLY
 
 if ANNOTATIONS_ONLY:
     import torch
@@ -161,7 +161,7 @@ def clip(
     from torch.utils.data import DataLoader, Subset
     from transformers import AutoProcessor
 
-    from layerwise.inference._options import check_model_path, load_model_as
+    from layerwise.commands._options import check_model_path, load_model_as
     from layerwise.results import check_outputs_free
 
     if batch_size < 1 or max_pairs < 1:
@@ -188,9 +188,9 @@ def _image_dataset(data: Path) -> tuple[Any, list[str]]:
     if not data.is_dir():
         raise ValueError(f"`--data={data}`: no such folder.")
     if (data / "test_batch").is_file() and (data / "batches.meta").is_file():
-        from layerwise.datamodules.cifar import _LocalCIFAR10
+        from layerwise.datamodules.cifar import LocalCIFAR10
 
-        dataset = _LocalCIFAR10(data, train=False, download=False)
+        dataset = LocalCIFAR10(data, train=False, download=False)
         return dataset, list(dataset.classes)
     try:
         dataset = datasets.ImageFolder(str(data))

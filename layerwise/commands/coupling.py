@@ -7,14 +7,15 @@ The prompts, the files and the score regression of ``layerwise coupling``; the a
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
+from layerwise.commands._lazy import ANNOTATIONS_ONLY
+from layerwise.commands._options import DeviceMap, DType, ModelSource, check_layer_numbers
+from layerwise.commands.configs import shipped_file
 from layerwise.engines.coupling import CouplingAnalysis
 from layerwise.errors import UsageError
-from layerwise.inference._lazy import ANNOTATIONS_ONLY
-from layerwise.inference._options import DeviceMap, DType, ModelSource, check_layer_numbers
-from layerwise.inference.configs import shipped_file
 
 if ANNOTATIONS_ONLY:
     pass
@@ -189,6 +190,47 @@ def correlate_scores(table: Any, score_column: Optional[str], k: Optional[int]) 
 
 
 # ------------------------------------------------------------------------------- the `layerwise coupling` command
+def check_coupling_options(
+    prompts: bool,
+    dataset: bool,
+    max_prompts: int,
+    max_tokens: int,
+    ks: Sequence[int],
+    chunk_size: Optional[int],
+    token_blocks: Optional[Sequence[int]],
+) -> None:
+    """The checks of ``coupling``'s options before any model is loaded, each error naming its flag."""
+    if prompts == dataset:
+        raise ValueError("Give --prompts (a text file, one prompt per line) or --dataset, or --correlate scores.csv.")
+    if max_prompts < 1 or max_tokens < 2:
+        raise ValueError("`--max_prompts` must be >= 1 and `--max_tokens` >= 2.")
+    if not ks or min(ks) < 1:
+        raise ValueError(f"`--ks={ks}` must be positive ints.")
+    if chunk_size is not None and chunk_size < 1:
+        raise ValueError(f"`--chunk_size={chunk_size}` must be >= 1.")
+    if token_blocks is not None and len(token_blocks) != 2:
+        raise ValueError(f"`--token_blocks={token_blocks}` must be two block numbers.")
+
+
+def tokenized_prompts(
+    texts: Sequence[str], tokenizer: Any, max_tokens: int, tokens: Any, flag: str
+) -> list[dict[str, Any]]:
+    """Every prompt tokenized (at most ``max_tokens``), each checked to have 2 tokens and the ``--tokens`` index."""
+    batches = []
+    for number, text in enumerate(texts, 1):
+        batch = tokenizer(text, return_tensors="pt", truncation=True, max_length=max_tokens)
+        length = batch["input_ids"].shape[1]
+        if length < 2:
+            raise UsageError(f"`{flag}`: prompt {number} ({text!r}) has fewer than 2 tokens; remove it.")
+        if isinstance(tokens, int) and not -length <= tokens < length:
+            raise UsageError(
+                f"`--tokens={tokens}`: prompt {number} of `{flag}` has {length} tokens (index {-length} to "
+                f"{length - 1}); give a smaller index, or first/last."
+            )
+        batches.append(dict(batch))
+    return batches
+
+
 def coupling(
     prompts: Optional[Path] = None,
     dataset: Optional[str] = None,
@@ -264,16 +306,9 @@ def coupling(
         return
     from tqdm.auto import tqdm
 
-    if (prompts is None) == (dataset is None):
-        raise ValueError("Give --prompts (a text file, one prompt per line) or --dataset, or --correlate scores.csv.")
-    if max_prompts < 1 or max_tokens < 2:
-        raise ValueError("`--max_prompts` must be >= 1 and `--max_tokens` >= 2.")
-    if not ks or min(ks) < 1:
-        raise ValueError(f"`--ks={ks}` must be positive ints.")
-    if chunk_size is not None and chunk_size < 1:
-        raise ValueError(f"`--chunk_size={chunk_size}` must be >= 1.")
-    if token_blocks is not None and len(token_blocks) != 2:
-        raise ValueError(f"`--token_blocks={token_blocks}` must be two block numbers.")
+    check_coupling_options(
+        prompts is not None, dataset is not None, max_prompts, max_tokens, ks, chunk_size, token_blocks
+    )
     texts = (
         load_prompts(prompts, max_prompts)
         if prompts is not None
@@ -290,19 +325,8 @@ def coupling(
     analysis = CouplingAnalysis(
         lm, ks, tokens, form, method, token_pair_blocks=pair_blocks, chunk_size=chunk_size, token_mode=token_mode
     )
-    batches = []
-    for number, text in enumerate(texts, 1):  # every prompt checked before any Jacobian
-        batch = tokenizer_object(text, return_tensors="pt", truncation=True, max_length=max_tokens)
-        flag = "--prompts" if prompts is not None else "--dataset"
-        length = batch["input_ids"].shape[1]
-        if length < 2:
-            raise UsageError(f"`{flag}`: prompt {number} ({text!r}) has fewer than 2 tokens; remove it.")
-        if isinstance(tokens, int) and not -length <= tokens < length:
-            raise UsageError(
-                f"`--tokens={tokens}`: prompt {number} of `{flag}` has {length} tokens (index {-length} to "
-                f"{length - 1}); give a smaller index, or first/last."
-            )
-        batches.append(dict(batch))
+    flag = "--prompts" if prompts is not None else "--dataset"
+    batches = tokenized_prompts(texts, tokenizer_object, max_tokens, tokens, flag)  # all checked before any Jacobian
     source = str(prompts) if prompts is not None else f"{dataset}:{split}:{column}"
     header = {"model": model or str(checkpoint), "prompts": source, "max_tokens": max_tokens}
     for number, batch in enumerate(tqdm(batches, desc="prompts", unit="prompt"), 1):

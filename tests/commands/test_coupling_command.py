@@ -92,7 +92,7 @@ def test_coupling_configs_parse_with_the_command_parser():
     from pathlib import Path
 
     from layerwise.cli.parser import command_parser
-    from layerwise.inference.coupling import coupling
+    from layerwise.commands.coupling import coupling
 
     root = Path(__file__).resolve().parents[2]
     for config in sorted((root / "configs" / "coupling").glob("*.yaml")):
@@ -104,8 +104,8 @@ def test_compare_and_stitch_configs_parse_with_their_command_parsers():
     from pathlib import Path
 
     from layerwise.cli.parser import command_parser
-    from layerwise.inference.compare import compare
-    from layerwise.inference.stitch import stitch
+    from layerwise.commands.compare import compare
+    from layerwise.commands.stitch import stitch
 
     root = Path(__file__).resolve().parents[2]
     commands = {

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+from layerwise.commands._lazy import ANNOTATIONS_ONLY
 from layerwise.figures.plot import FigureFormat
-from layerwise.inference._lazy import ANNOTATIONS_ONLY
 
 if ANNOTATIONS_ONLY:
     pass

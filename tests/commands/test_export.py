@@ -15,8 +15,8 @@ from helpers import digits, tiny_backbone
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from layerwise.cli import main as cli_main
+from layerwise.commands.export import choose_depth, export_truncated
 from layerwise.features import HFCausalLM, HFEncoder, TimmViT
-from layerwise.inference.export import choose_depth, export_truncated
 from layerwise.lightning_modules import Standard
 
 
@@ -84,12 +84,12 @@ def close(actual: torch.Tensor, expected: torch.Tensor) -> None:
     torch.testing.assert_close(actual, expected, rtol=0, atol=1e-5)
 
 
-
 def layer_logits(module, batch):
     """The shared head's logits at every layer ``(L, B, C)``: what an export at depth d reproduces at layer d."""
     with torch.no_grad():
         inputs, _ = module.backbone.split_batch(batch)
         return module.backbone.head(module.backbone(inputs))
+
 
 # ---------------------------------------------------------------------------------------------------------- timm
 @pytest.mark.parametrize(("pooling", "depth"), [("cls", 2), ("mean", 1), ("mean", 4)])
@@ -202,7 +202,7 @@ def test_a_failed_export_leaves_nothing_half_written(tmp_path, monkeypatch) -> N
 
 
 def test_an_export_that_does_not_reproduce_the_head_is_refused(tmp_path, monkeypatch) -> None:
-    monkeypatch.setattr("layerwise.inference.export.exported_logits", lambda model, inputs: model(inputs) + 1e-2)
+    monkeypatch.setattr("layerwise.commands.export.exported_logits", lambda model, inputs: model(inputs) + 1e-2)
     with pytest.raises(RuntimeError, match="does not reproduce"):
         export_truncated(timm_module("cls"), 2, tmp_path / "out")
     assert not (tmp_path / "out").exists()

@@ -6,9 +6,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from layerwise.engines.compare import compare_models
-from layerwise.errors import UsageError
-from layerwise.inference._options import (
+from layerwise.commands._options import (
     DeviceMap,
     TextSource,
     check_block_size,
@@ -16,6 +14,8 @@ from layerwise.inference._options import (
     load_model_as,
     model_tokenizer,
 )
+from layerwise.engines.compare import compare_models
+from layerwise.errors import UsageError
 
 COMPARE_FILES = ("compare.json", "compare_cka.png")  # what `compare` writes into --out
 

@@ -17,22 +17,22 @@ DType = Literal["auto", "float32", "bfloat16", "float16", "float64"]
 
 
 def load_causal_lm(*args: Any, **kwargs: Any) -> Any:
-    """:func:`layerwise.inference.models.load_causal_lm`, imported when called (it imports torch)."""
-    from layerwise.inference.models import load_causal_lm as load
+    """:func:`layerwise.commands.models.load_causal_lm`, imported when called (it imports torch)."""
+    from layerwise.commands.models import load_causal_lm as load
 
     return load(*args, **kwargs)
 
 
 def load_tokenizer_spec(*args: Any, **kwargs: Any) -> Any:
-    """:func:`layerwise.inference.models.load_tokenizer_spec`, imported when called."""
-    from layerwise.inference.models import load_tokenizer_spec as load
+    """:func:`layerwise.commands.models.load_tokenizer_spec`, imported when called."""
+    from layerwise.commands.models import load_tokenizer_spec as load
 
     return load(*args, **kwargs)
 
 
 def model_tokenizer(model: Optional[str]) -> Optional[str]:
     """The tokenizer a model's own name implies: the one a TransformerLens checkpoint's config names, else the name."""
-    from layerwise.features.transformer_lens import legacy_config
+    from layerwise.hub import legacy_config
 
     legacy = legacy_config(model) if model else None
     return str(legacy["tokenizer_name"]) if legacy and legacy.get("tokenizer_name") else model
@@ -61,7 +61,7 @@ def check_hub_model(spec: str, flag: str) -> None:
     """
     from huggingface_hub import try_to_load_from_cache
 
-    from layerwise.datamodules import _hub
+    from layerwise import hub
 
     if Path(spec).expanduser().exists():
         return
@@ -71,11 +71,11 @@ def check_hub_model(spec: str, flag: str) -> None:
     except ValueError:  # not a valid hub id at all: the loader says so in its own words
         return
     where = "offline mode is on (HF_HUB_OFFLINE)"
-    if not _hub.hub_offline():
-        reason = _hub.hub_unreachable_reason(_hub.hub_endpoint())
+    if not hub.hub_offline():
+        reason = hub.hub_unreachable_reason(hub.hub_endpoint())
         if reason is None:
             return  # the Hub answers: the loader downloads it, or says why not
-        where = f"the Hub at {_hub.hub_endpoint()} cannot be reached ({reason})"
+        where = f"the Hub at {hub.hub_endpoint()} cannot be reached ({reason})"
     raise UsageError(
         f"`{flag}={spec}` is neither a local folder nor in the Hugging Face cache, and {where}: give a local model "
         "folder or a layerwise .ckpt."
@@ -84,7 +84,7 @@ def check_hub_model(spec: str, flag: str) -> None:
 
 def load_model_as(spec: str, flag: str, *args: Any, **kwargs: Any) -> Any:
     """``load_model(spec, flag, ...)``, its errors naming ``flag`` itself (not the training CLI's sub-options)."""
-    from layerwise.lightning_modules.checkpoint import load_model
+    from layerwise.engines.checkpoint import load_model
 
     check_model_path(spec, flag)
     if isinstance(spec, (str, Path)) and not str(spec).endswith(".ckpt"):

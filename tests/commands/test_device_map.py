@@ -39,7 +39,7 @@ def tiny_llama(tmp_path_factory):
 
 
 def test_offloaded_model_is_really_offloaded(tiny_llama, tmp_path):
-    from layerwise.lightning_modules.checkpoint import load_model
+    from layerwise.engines.checkpoint import load_model
 
     model = load_model(str(tiny_llama), "--model", "causal_lm", device_map=SPLIT, offload_folder=tmp_path)
     devices = {name.split(".weight")[0]: str(p.device) for name, p in model.named_parameters()}

@@ -11,8 +11,8 @@ from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcesso
 from transformers.utils import logging as hf_logging
 
 from layerwise.cli import main
+from layerwise.commands.clip import CLIPAnalysis
 from layerwise.features.clip import clip_layers
-from layerwise.inference.clip import CLIPAnalysis
 from layerwise.metrics import layer_cosine_similarity
 from layerwise.metrics.similarity import PairedCosine
 
@@ -196,7 +196,7 @@ def test_clip_config_parses_with_the_command_parser(tmp_path):
     from pathlib import Path
 
     from layerwise.cli.parser import command_parser
-    from layerwise.inference.clip import clip
+    from layerwise.commands.clip import clip
 
     config = Path(__file__).resolve().parents[2] / "configs" / "clip" / "cifar10.yaml"
     parsed = command_parser("clip", clip).parse_args(["--config", str(config), "--data", str(tmp_path)])
@@ -205,7 +205,7 @@ def test_clip_config_parses_with_the_command_parser(tmp_path):
 
 def test_a_rank_without_pairs_holds_states_of_the_same_shapes_as_one_with_pairs():
     """The all-reduce packs every rank's states into one buffer: a rank that saw no pair must pack the same length."""
-    from layerwise.inference.clip import CLIPAnalysis
+    from layerwise.commands.clip import CLIPAnalysis
 
     model = tiny_clip()
     empty, fed = CLIPAnalysis(model), CLIPAnalysis(model)

@@ -15,8 +15,8 @@ from helpers import DEPTH, fitted_backbone, head64, read_features, read_summary,
 
 from layerwise.callbacks import LayerwiseAnalysis
 from layerwise.cli import main as cli_main
+from layerwise.commands.sweep import load_curves
 from layerwise.figures.sweep import sweep_figure
-from layerwise.inference.sweep import load_curves
 from layerwise.lightning_modules import MultiExit, Standard
 from layerwise.results import latest_summary
 
@@ -201,7 +201,7 @@ def test_sweep_bad_input_names_the_argument(tmp_path, capsys) -> None:
 
 
 def test_threshold_labels_never_overlap():
-    from layerwise.inference.sweep import Curve
+    from layerwise.commands.sweep import Curve
 
     rows = [
         {"threshold": round(0.5 + 0.01 * i, 2), "accuracy": 0.9 + 0.0001 * i, "speedup": 2.0 - 0.001 * i}
@@ -217,7 +217,7 @@ def test_threshold_labels_never_overlap():
 
 def test_close_thresholds_both_keep_their_label():
     """τ = 0.95 and 0.99 often exit at almost the same point: the 0.99 label moves aside instead of vanishing."""
-    from layerwise.inference.sweep import Curve
+    from layerwise.commands.sweep import Curve
 
     rows = [
         {"threshold": 0.9, "accuracy": 0.95, "speedup": 1.60},
