@@ -1,7 +1,5 @@
 """Analysis callbacks: drop them into any Lightning Trainer."""
 
-# evaluation_loaders for cli/exactness.py: a trainer's evaluation dataloaders as a list, as every analysis reads them
-from layerwise.callbacks._sampling import evaluation_loaders as evaluation_loaders
 from layerwise.callbacks.analysis import LayerwiseAnalysis
 from layerwise.callbacks.compare import CrossModelComparison
 from layerwise.callbacks.coupling import BlockCoupling

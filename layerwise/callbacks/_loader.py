@@ -10,9 +10,9 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from layerwise.callbacks._output import FeatureSaver
-from layerwise.callbacks._sampling import rank_indices, real_samples_on_rank
 from layerwise.callbacks.family import Family, LayerSpec
 from layerwise.engines.readout import LayerOutputs
+from layerwise.engines.sampling import rank_indices, real_samples_on_rank
 from layerwise.errors import LayerwiseWarning
 from layerwise.metrics import NonFiniteRows, SampleCount, all_reduce_sum_states
 

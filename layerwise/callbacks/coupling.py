@@ -8,9 +8,9 @@ import torch
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.utilities import move_data_to_device
 
-from layerwise.callbacks._sampling import evaluation_loaders
 from layerwise.callbacks.lifecycle import AnalysisCallback
 from layerwise.engines.coupling import CouplingAnalysis, Token
+from layerwise.engines.sampling import evaluation_loaders
 
 
 class BlockCoupling(AnalysisCallback):

@@ -22,8 +22,8 @@ from layerwise.callbacks._loggers import (
     log_tensorboard_charts,
 )
 from layerwise.callbacks._output import log_figures_later, log_scalars, run_log_dir, show, write_charts
-from layerwise.callbacks._sampling import evaluation_loaders, real_samples_on_rank, take_real
 from layerwise.callbacks._schedule import analyses_now, draws_figures, last_step_unvalidated
+from layerwise.engines.sampling import evaluation_loaders, real_samples_on_rank, take_real
 from layerwise.errors import LayerwiseWarning
 from layerwise.figures.summary import evaluation_figures, own_figures
 from layerwise.metrics.sync import all_reduce_sum_states

@@ -5,9 +5,10 @@ and advises ``devices=1`` "to ensure each sample/batch gets evaluated exactly on
 reduces itself that is not so: every rank feeds only its real samples (the sampler's repeats at the end of a rank's
 share are dropped) and the float64 sum states are all-reduced, so the analysis equals one process's (on 451 samples
 over 2 and 3 ranks too: ``tests/callbacks/test_callbacks_ddp.py``). :class:`ExactnessLine` withholds Lightning's
-advice while the run holds an analysis callback and prints one line saying so instead. Values the module logs itself
-with ``self.log`` (``val/acc`` and ``val/loss`` of the last layer, with ``sync_dist=True``) do count the repeats:
-where there are repeats, Lightning's advice is given for them after the evaluation, naming the keys and the count.
+advice while the run holds an analysis callback and prints one line saying so instead. The module's own
+``<stage>/loss`` and ``<stage>/acc`` are exact too (float64 sums of the real rows, ``lightning_modules/base.py``,
+``LastLayerMeans``). Values a user logs with ``self.log`` do count the repeats: where there are repeats, Lightning's
+advice is given for them after the evaluation, naming the keys and the count.
 """
 
 import warnings
@@ -19,7 +20,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_warn
 from torch.utils.data import DistributedSampler
 
 from layerwise._compat import REDUCED_KEYS, SAMPLER_ADVICE
-from layerwise.callbacks import AnalysisCallback, evaluation_loaders
+from layerwise.callbacks import AnalysisCallback
+from layerwise.engines.sampling import evaluation_loaders
 
 
 class ExactnessLine(Callback):

@@ -10,7 +10,7 @@ from lightning.pytorch.cli import LRSchedulerCallable, OptimizerCallable
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 
-from layerwise._compat import built_by_lightning_cli
+from layerwise._compat import REDUCED_KEYS, built_by_lightning_cli
 from layerwise.engines.checkpoint import use_checkpoint_reader
 from layerwise.engines.early_exit import EXIT_LAYERS, PREDICTIONS, early_exit_predict
 from layerwise.engines.readout import (
@@ -21,8 +21,10 @@ from layerwise.engines.readout import (
     chunked_readout,
     read_layers,
 )
+from layerwise.engines.sampling import evaluation_loaders, real_samples_on_rank
 from layerwise.errors import LayerwiseWarning, UsageError
 from layerwise.features import FEATURES, IGNORE_INDEX, TARGETS, Backbone
+from layerwise.metrics.count import RowMean
 from layerwise.metrics.functional import group_logits
 from layerwise.results import loader_stages
 
@@ -35,16 +37,16 @@ class EvaluationSteps:
     :class:`~layerwise.lightning_modules.LinearProbes`.
     """
 
-    def _evaluation_step(self, batch: Any, stage: str, dataloader_idx: int) -> LayerOutputs:
+    def _evaluation_step(self, batch: Any, batch_idx: int, stage: str, dataloader_idx: int) -> LayerOutputs:
         outputs = self.layer_outputs(batch)
-        log_last_layer(self, outputs, stage, dataloader_idx)
+        log_last_layer(self, outputs, stage, dataloader_idx, batch_idx)
         return outputs
 
     def validation_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> LayerOutputs:
-        return self._evaluation_step(batch, "val", dataloader_idx)
+        return self._evaluation_step(batch, batch_idx, "val", dataloader_idx)
 
     def test_step(self, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> LayerOutputs:
-        return self._evaluation_step(batch, "test", dataloader_idx)
+        return self._evaluation_step(batch, batch_idx, "test", dataloader_idx)
 
 
 class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
@@ -320,16 +322,64 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": self.scheduler_interval}}
 
 
-def log_last_layer(module: LightningModule, outputs: LayerOutputs, stage: str, dataloader_idx: int) -> None:
-    """Log ``<stage>/loss`` and ``<stage>/acc`` of the last layer; another evaluation set under its own name."""
-    if dataloader_idx:  # as the analysis callbacks report it (val_<name>), not Lightning's /dataloader_idx_N
+class LastLayerMeans:
+    """The exact ``<stage>/loss`` and ``<stage>/acc`` of one evaluation dataloader: float64 sums of its real rows.
+
+    Each rank feeds only its real samples (``DistributedSampler`` repeats samples at the end of a rank's share so
+    that every rank gets as many; the padding budget of :func:`~layerwise.engines.sampling.real_samples_on_rank`,
+    as the analysis callbacks count it), and the sums and counts are summed over the ranks when Lightning calls
+    ``compute``: the mean over every sample once, equal to one process's, where a mean of per-rank means is not.
+    """
+
+    def __init__(self) -> None:
+        self.loss, self.acc = RowMean(), RowMean()
+        self.budget: Optional[int] = None  # real samples this rank has left in the dataloader (None: no padding)
+
+    def start(self, loader: Any, device: torch.device) -> None:
+        """A dataloader's first batch: forget the last evaluation, take this rank's budget of real samples."""
+        for metric in (self.loss, self.acc):
+            metric.reset()
+            metric.to(device)
+        self.budget = real_samples_on_rank(loader)
+
+    def update(self, outputs: LayerOutputs) -> None:
+        """Add the last layer's loss and correctness of the batch's real rows."""
+        last = torch.tensor([outputs.features.shape[0] - 1])
+        real, used = outputs.select(last, self.budget)
+        if self.budget is not None:
+            self.budget = max(0, self.budget - used)
+        readout, targets = real.readout, real.targets
+        assert readout.nll is not None and targets is not None  # an evaluation step reads labelled batches
+        self.loss.update(readout.nll[0])
+        self.acc.update(readout.predictions[0] == targets)
+
+
+def log_last_layer(
+    module: LightningModule, outputs: LayerOutputs, stage: str, dataloader_idx: int, batch_idx: int = 0
+) -> None:
+    """Log ``<stage>/loss`` and ``<stage>/acc`` of the last layer; another evaluation set under its own name.
+
+    Exact under DDP (:class:`LastLayerMeans`): the sampler's repeated samples are not counted and the mean is over
+    every sample, so these keys need no advice from Lightning (they join ``REDUCED_KEYS``).
+    """
+    loaders = None
+    try:
         loaders = module.trainer.val_dataloaders if stage == "val" else module.trainer.test_dataloaders
+    except RuntimeError:  # not attached to a Trainer (a step called by hand): one process, nothing to drop
+        pass
+    if dataloader_idx:  # as the analysis callbacks report it (val_<name>), not Lightning's /dataloader_idx_N
         stage = loader_stages(stage, loaders)[dataloader_idx]
-    readout, targets = outputs.readout, outputs.targets
-    assert readout.nll is not None and targets is not None  # an evaluation step reads labelled batches
-    options = dict(prog_bar=True, sync_dist=True, batch_size=targets.shape[0], add_dataloader_idx=False)
-    module.log(f"{stage}/loss", readout.nll[-1].mean().float(), **options)
-    module.log(f"{stage}/acc", (readout.predictions[-1] == targets).float().mean(), **options)
+    means: dict[str, LastLayerMeans] = module.__dict__.setdefault("_last_layer_means", {})
+    if stage not in means or batch_idx == 0:  # Lightning numbers the batches of every dataloader from 0
+        means.setdefault(stage, LastLayerMeans())
+        loader = evaluation_loaders(loaders)[dataloader_idx] if loaders is not None else None
+        means[stage].start(loader, outputs.features.device)
+    means[stage].update(outputs)
+    REDUCED_KEYS.update((f"{stage}/loss", f"{stage}/acc"))
+    # the metrics are deliberately not submodules (no state_dict entries, no FSDP wrapping): named explicitly
+    options = dict(prog_bar=True, add_dataloader_idx=False)
+    module.log(f"{stage}/loss", means[stage].loss, metric_attribute=f"_last_layer_means.{stage}.loss", **options)
+    module.log(f"{stage}/acc", means[stage].acc, metric_attribute=f"_last_layer_means.{stage}.acc", **options)
 
 
 def data_logits(module: LightningModule, logits: Tensor) -> Tensor:

@@ -1,7 +1,7 @@
 """Layer-wise metrics: pure functions in ``functional`` and torchmetrics ``Metric`` classes of sufficient statistics."""
 
 from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
-from layerwise.metrics.count import NonFiniteRows, SampleCount
+from layerwise.metrics.count import NonFiniteRows, RowMean, SampleCount
 from layerwise.metrics.dynamics import DepthCoupling, JacobianSpectrum, LinearisationCosine, TrajectoryShape
 from layerwise.metrics.functional import Readout, layer_accuracy, readout_from_logits, saturation_layers
 from layerwise.metrics.functional_collapse import effective_depth, nc1
@@ -50,6 +50,7 @@ __all__ = [
     "Readout",
     "SaturationCosine",
     "NonFiniteRows",
+    "RowMean",
     "SampleCount",
     "SaturationHistogram",
     "all_reduce_sum_states",

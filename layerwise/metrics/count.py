@@ -55,3 +55,30 @@ class NonFiniteRows(_SumStateMetric):
     def compute(self) -> Tensor:
         """Samples non-finite at each layer: (L,) float64."""
         return self.per_layer.clone()
+
+
+class RowMean(_SumStateMetric):
+    """The exact mean of the values fed to ``update``: float64 sum and count states, summed across processes.
+
+    Unlike a mean of per-process (or per-batch) means, the mean over all processes' rows whatever each one holds:
+    what a module logs with ``self.log(key, metric)`` for ``<stage>/loss`` and ``<stage>/acc``, fed only the real
+    rows of each rank (``DistributedSampler``'s padding dropped). torchmetrics syncs the states when Lightning calls
+    ``compute`` (``sync_on_compute=True``, its default).
+
+    Shapes:
+        ``update(values)``: any shape, every element one row.
+    """
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self._add_sum_state("total", ())
+        self._add_sum_state("count", ())
+
+    def update(self, values: Tensor) -> None:
+        """Add the elements of ``values`` (summed in float64)."""
+        self.total += values.detach().to(torch.float64).sum().to(self.total.device)
+        self.count += values.numel()
+
+    def compute(self) -> Tensor:
+        """The float64 mean over every row fed, NaN when none was."""
+        return self.total / self.count

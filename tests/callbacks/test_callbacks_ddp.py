@@ -9,6 +9,9 @@ in every child (about 15 s each on a loaded 2-core box). The children run a sing
 workers do, so a forked OpenMP pool is never used.
 """
 
+import copy
+
+import numpy as np
 import pytest
 import torch
 from helpers import (
@@ -25,6 +28,7 @@ from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
 from layerwise.callbacks import LayerwiseAnalysis, ResidualNormRatioMonitor
+from layerwise.features import FEATURES
 
 N = 101
 
@@ -122,3 +126,46 @@ def test_several_validation_dataloaders_on_two_processes_match_one(tmp_path, sin
         assert summaries[1][stage]["num_samples"] == summaries[2][stage]["num_samples"] == 360
         assert_json_close(summaries[2][stage], summaries[1][stage], atol=1e-6, rtol=1e-6, where=stage)
     assert summaries[1]["val"]["accuracy"] != summaries[1]["val_corrupted"]["accuracy"]
+
+
+def last_layer_reference(module, num_samples: int) -> dict[str, float]:
+    """``val/loss`` and ``val/acc`` of the last layer over all samples at once, in float64 with numpy: one forward
+    pass of every sample, the head applied by hand, no Trainer, no sampler, no readout, no logging."""
+    x, y = loader(num_samples).dataset.tensors
+    model = copy.deepcopy(module).double().eval()
+    with torch.no_grad():
+        logits = model.backbone.head(model.samples((x.double(), y))[FEATURES][-1]).numpy()
+    labels = y.numpy()
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    nll = np.log(np.exp(shifted).sum(axis=1)) - shifted[np.arange(len(labels)), labels]
+    return {"val/loss": float(np.mean(nll)), "val/acc": float(np.mean(logits.argmax(axis=1) == labels)), "nll": nll}
+
+
+# 451 on 2 ranks: 226 + 225 real (sample 0 repeated on rank 1); on 3: 151 + 150 + 150 (samples 0 and 1 repeated).
+# In float64 ("64-true") the only difference left is the order of the sums: 1e-12. A float32 model's loss differs from
+# the float64 reference by its own rounding (float32's 1.2e-7 relative on each row's loss of about 2.5; measured:
+# 1.6e-8 on the mean), whatever the number of processes: 1e-6.
+@pytest.mark.parametrize(
+    "devices, precision, atol",
+    [(2, "64-true", 1e-12), pytest.param(3, "64-true", 1e-12, marks=pytest.mark.slow), (2, "32-true", 1e-6)],
+)
+def test_the_modules_own_loss_and_accuracy_count_each_sample_once(tmp_path, single_thread, devices, precision, atol):
+    """``val/loss`` and ``val/acc`` (logged by the module itself) equal one process's and the float64 reference."""
+    module = fitted_module()
+    reference = last_layer_reference(module, 451)
+    weights = tmp_path / "weights.pt"
+    torch.save(module.state_dict(), weights)
+    logged = {}
+    for processes in (1, devices):
+        module = fitted_module()
+        module.load_state_dict(torch.load(weights))
+        options = dict(devices=processes, strategy="ddp_fork") if processes > 1 else {}
+        run = trainer(tmp_path / str(processes), [], precision=precision, **options)
+        (logged[processes],) = run.validate(module, loader(451), verbose=False)
+    for key in ("val/loss", "val/acc"):
+        assert logged[devices][key] == pytest.approx(reference[key], rel=0, abs=atol), key
+        assert logged[1][key] == pytest.approx(reference[key], rel=0, abs=atol), key
+    # the mean with the sampler's repeats (what sync_dist=True gave) is further off than the tolerance
+    repeats = list(range(-len(reference["nll"]) % devices))
+    padded = np.concatenate([reference["nll"], reference["nll"][repeats]]).mean()
+    assert abs(padded - reference["val/loss"]) > 100 * atol

@@ -5,7 +5,7 @@ import torch
 from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 from torch.utils.data import DataLoader, DistributedSampler, RandomSampler
 
-from layerwise.callbacks._sampling import rank_indices
+from layerwise.engines.sampling import rank_indices
 
 
 def test_plain_distributed_sampler_gives_indices():

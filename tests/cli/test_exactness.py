@@ -46,8 +46,9 @@ def lightning_advice_shown() -> bool:
 
 
 def test_the_analysis_replaces_the_advice_by_one_line_and_a_modules_own_log_keeps_it(capsys):
-    already_reduced({"val/acc": 0.5, "step": 8})
-    trainer = stand_in(2, True, {"val/acc": torch.tensor(0.5), "val/loss": torch.tensor(1.0), "step": 8.0})
+    already_reduced({"val/acc/layer_01": 0.5, "step": 8})
+    logged = {"val/acc/layer_01": torch.tensor(0.5), "val/my_loss": torch.tensor(1.0), "step": 8.0}
+    trainer = stand_in(2, True, logged)
     line = ExactnessLine("validate")
     with warnings.catch_warnings():
         warnings.simplefilter("always")
@@ -58,13 +59,13 @@ def test_the_analysis_replaces_the_advice_by_one_line_and_a_modules_own_log_keep
             "layerwise validate: 2 processes, and the analysis counts each sample once (DistributedSampler's repeated "
             "samples are dropped before its sums are reduced): the same numbers as on one process."
         ]
-        twice = r"^val/loss \(logged with `self.log`\) count 1 of the 451 samples twice"
+        twice = r"^val/my_loss \(logged with `self.log`\) count 1 of the 451 samples twice"
         with pytest.warns(PossibleUserWarning, match=twice):
             line.teardown(trainer, None, "validate")
 
 
 def test_without_repeats_a_modules_own_log_is_exact_too():
-    trainer = stand_in(3, True, {"val/loss": torch.tensor(1.0)}, samples=450)  # 150 per rank, none repeated
+    trainer = stand_in(3, True, {"val/my_loss": torch.tensor(1.0)}, samples=450)  # 150 per rank, none repeated
     line = ExactnessLine("test")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -75,7 +76,7 @@ def test_without_repeats_a_modules_own_log_is_exact_too():
 
 @pytest.mark.parametrize("world_size, analysed", [(1, True), (2, False)])
 def test_without_processes_to_reduce_over_or_an_analysis_lightning_speaks_for_itself(capsys, world_size, analysed):
-    trainer = stand_in(world_size, analysed, {"val/loss": torch.tensor(1.0)})
+    trainer = stand_in(world_size, analysed, {"val/my_loss": torch.tensor(1.0)})
     line = ExactnessLine("test")
     with warnings.catch_warnings():
         warnings.simplefilter("always")
@@ -85,3 +86,20 @@ def test_without_processes_to_reduce_over_or_an_analysis_lightning_speaks_for_it
         with warnings.catch_warnings(record=True) as caught:
             line.teardown(trainer, None, "test")
     assert capsys.readouterr().out == "" and not caught
+
+
+def test_the_modules_own_loss_and_accuracy_need_no_advice(tmp_path):
+    """``<stage>/loss`` and ``<stage>/acc`` count each sample once (``tests/callbacks/test_callbacks_ddp.py``), so the
+    module marks them reduced and the advice after the evaluation names only a user's own keys."""
+    from helpers import fitted_module, trainer, val_loader
+
+    trainer(tmp_path, []).validate(fitted_module(), val_loader(101, batch_size=16), verbose=False)
+    logged = {"val/loss": torch.tensor(1.0), "val/acc": torch.tensor(0.5), "val/my_loss": torch.tensor(1.0)}
+    line = ExactnessLine("validate")
+    stand = stand_in(2, True, logged)
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        line.setup(stand, None, "validate")
+        with pytest.warns(PossibleUserWarning, match=r"^val/my_loss \(logged with `self.log`\) count 1 of") as caught:
+            line.teardown(stand, None, "validate")
+    assert len(caught) == 1 and "val/acc" not in str(caught[0].message) and "val/loss," not in str(caught[0].message)

@@ -9,7 +9,7 @@ from lightning.pytorch.cli import LightningCLI
 from torch.utils.data import DistributedSampler
 
 from layerwise import _compat
-from layerwise.callbacks._sampling import real_samples_on_rank
+from layerwise.engines.sampling import real_samples_on_rank
 from layerwise.metrics import LayerCKA
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,7 +1,7 @@
 """How many of a rank's evaluation samples are real, not the distributed sampler's padding."""
 
-from collections.abc import Mapping
-from typing import Any, Optional
+from collections.abc import Mapping, Sized
+from typing import Any, Optional, cast
 
 from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
 from torch.utils.data import DistributedSampler
@@ -31,9 +31,10 @@ def real_samples_on_rank(dataloader: Any) -> Optional[int]:
     sampler = _sampler(dataloader)
     if not isinstance(sampler, DistributedSampler) or sampler.drop_last:
         return None
-    if sampler.total_size <= len(sampler.dataset):  # no padding (e.g. Lightning's unrepeated sampler for predict)
+    size = len(cast(Sized, sampler.dataset))  # DistributedSampler itself takes the len of its dataset
+    if sampler.total_size <= size:  # no padding (e.g. Lightning's unrepeated sampler for predict)
         return None
-    return len(range(sampler.rank, len(sampler.dataset), sampler.num_replicas))
+    return len(range(sampler.rank, size, sampler.num_replicas))
 
 
 def rank_indices(dataloader: Any) -> Optional[list[int]]:
