@@ -22,6 +22,7 @@ from torch.utils.data import DistributedSampler
 from layerwise._compat import REDUCED_KEYS, SAMPLER_ADVICE
 from layerwise.callbacks import AnalysisCallback
 from layerwise.engines.sampling import evaluation_loaders
+from layerwise.errors import LayerwiseWarning
 
 
 class ExactnessLine(Callback):
@@ -77,7 +78,7 @@ class ExactnessLine(Callback):
                 f"{', '.join(own)} (logged with `self.log`) count {repeated} of the {total} samples twice: "
                 "`DistributedSampler` repeats them to give every process as many batches. Lightning advises "
                 "`--trainer.devices=1` for those values; the analysis (per-layer table, summary) counts each once.",
-                category=PossibleUserWarning,
+                category=LayerwiseWarning,
             )
 
 

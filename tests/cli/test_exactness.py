@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader, DistributedSampler
 from layerwise._compat import already_reduced
 from layerwise.callbacks import LayerwiseAnalysis
 from layerwise.cli.exactness import ExactnessLine
+from layerwise.errors import LayerwiseWarning
 
 ADVICE = (
     "Using `DistributedSampler` with the dataloaders. During `trainer.validate()`, it is recommended to use "
@@ -60,7 +61,7 @@ def test_the_analysis_replaces_the_advice_by_one_line_and_a_modules_own_log_keep
             "samples are dropped before its sums are reduced): the same numbers as on one process."
         ]
         twice = r"^val/my_loss \(logged with `self.log`\) count 1 of the 451 samples twice"
-        with pytest.warns(PossibleUserWarning, match=twice):
+        with pytest.warns(LayerwiseWarning, match=twice):
             line.teardown(trainer, None, "validate")
 
 
@@ -100,6 +101,6 @@ def test_the_modules_own_loss_and_accuracy_need_no_advice(tmp_path):
     with warnings.catch_warnings():
         warnings.simplefilter("always")
         line.setup(stand, None, "validate")
-        with pytest.warns(PossibleUserWarning, match=r"^val/my_loss \(logged with `self.log`\) count 1 of") as caught:
+        with pytest.warns(LayerwiseWarning, match=r"^val/my_loss \(logged with `self.log`\) count 1 of") as caught:
             line.teardown(stand, None, "validate")
     assert len(caught) == 1 and "val/acc" not in str(caught[0].message) and "val/loss," not in str(caught[0].message)

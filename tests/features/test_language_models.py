@@ -175,7 +175,7 @@ def test_every_strategy_trains_a_language_model():
         module = strategy(decoder("gpt2"), chunk_size=6).double()
         if strategy is AlternatingAligned:
             module.step_number = lambda: 1
-            module.log = lambda *args, **kwargs: None
+            module._log_window_means = lambda *args: None  # no Trainer: no logging window, nowhere to log
         loss = module.compute_loss(module.samples(batch))
         torch.testing.assert_close(loss, value, rtol=1e-10, atol=0, msg=strategy.__name__)
 

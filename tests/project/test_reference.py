@@ -30,13 +30,26 @@ PUBLIC = [
 ]
 
 
+def accepted_parameters(cls) -> set[str]:
+    """The parameters ``cls(...)`` takes: its own, and while its ``__init__`` forwards ``**kwargs``, its parents'
+    (as jsonargparse follows them for ``--help``: a strategy inherits the base module's arguments)."""
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        if "__init__" not in vars(klass):
+            continue
+        parameters = inspect.signature(klass.__init__).parameters
+        names |= {p.name for p in parameters.values()}
+        forwards = [p.name for p in parameters.values() if p.kind is p.VAR_KEYWORD]
+        names |= {f"**{name}" for name in forwards}
+        if not forwards:
+            break
+    return names
+
+
 @pytest.mark.parametrize("package, name", PUBLIC, ids=[f"{p}.{n}" for p, n in PUBLIC])
 def test_every_documented_parameter_is_one_parameter_of_the_signature(package, name):
     cls = getattr(importlib.import_module(package), name)
-    parameters = inspect.signature(cls.__init__).parameters
-    names = {p.name for p in parameters.values()} | {
-        f"**{p.name}" for p in parameters.values() if p.kind is p.VAR_KEYWORD
-    }
+    names = accepted_parameters(cls)
     documented = [param.arg_name for param in parse(cls.__doc__ or "").params if param.args[0] == "param"]
     assert not [arg for arg in documented if arg not in names], f"{name}: documented {documented}, signature {names}"
 

@@ -131,7 +131,10 @@ def test_an_evaluation_is_labelled_and_filed_by_its_checkpoint(fitted, command, 
     assert cli.trainer.log_dir == str(folder)
     summary = json.loads((folder / "layerwise" / f"{stage}_{label}.json").read_text())
     assert (summary["epoch"], summary["global_step"]) == (saved["epoch"], saved["global_step"]) == (0, 2)
-    assert folders(save_dir) - before == {folder, folder / "layerwise"}  # no new version_N beside the run
+    new = folders(save_dir) - before
+    layer_runs = {path for path in new if path.is_relative_to(folder / "layers")}  # TensorBoard's run per layer
+    assert new - layer_runs == {folder, folder / "layerwise"}  # no new version_N beside the run
+    assert layer_runs == {folder / "layers"} | {folder / "layers" / f"layer_{n:02d}" for n in range(1, len(layer_runs))}
     assert not any("dirpath has changed" in message for message in caught)
     assert f"layerwise {command}: checkpoint {checkpoint} (epoch 0, step 2) -> {folder}" in output.splitlines()
 
@@ -179,7 +182,9 @@ def write_run(folder: Path, epochs: int, step_per_epoch: int = 10) -> None:
 
 def test_plot_draws_the_latest_fit_run_and_says_which(tmp_path, capsys, monkeypatch):
     drawn = []
-    monkeypatch.setattr("layerwise.figures.plot.plot_summary", lambda file, out, formats: drawn.append(file) or [])
+    monkeypatch.setattr(
+        "layerwise.figures.plot.plot_summary", lambda file, out, formats, width: drawn.append(file) or []
+    )
     older, newer = tmp_path / "exp" / "version_0", tmp_path / "exp" / "version_1"
     write_run(older, epochs=5)
     write_run(newer, epochs=1)  # a newer, shorter fit
