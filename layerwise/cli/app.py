@@ -32,6 +32,7 @@ def _trainer_classes() -> tuple[type, type]:
 
     from layerwise.callbacks import ProgressLines
     from layerwise.cli.closing import ClosingLine
+    from layerwise.cli.preemption import Preemption, resume_into_run
     from layerwise.cli.runs import KeptConfig, place_logger, read_position, take_position, test_split_line
     from layerwise.cli.summary import replace_default_summary
     from layerwise.errors import UsageError
@@ -97,6 +98,9 @@ def _trainer_classes() -> tuple[type, type]:
             if threads:  # before any tensor work; OMP_NUM_THREADS keeps Lightning's DDP launcher from resetting it
                 torch.set_num_threads(threads)
                 os.environ["OMP_NUM_THREADS"] = str(threads)
+            if subcommand == "fit" and self.config.fit.get("ckpt_path"):  # a resume continues in its run's folder
+                if resume_into_run(self.config.fit.trainer, self.config.fit.ckpt_path) is not None:
+                    self.save_config_callback = None  # the run keeps the config.yaml it started with
             if subcommand not in ("validate", "test", "predict"):
                 return
             config = self.config[subcommand]
@@ -119,6 +123,8 @@ def _trainer_classes() -> tuple[type, type]:
                     fit = self.subcommand == "fit" and read_position(self.config.fit.get("ckpt_path") or "")
                     start = fit.global_step if fit else 0  # the step a fit resumed from
                     trainer.callbacks.append(ClosingLine(self.subcommand, start, self._position))
+                if self.subcommand == "fit":  # SIGTERM/SIGUSR1: a resumable checkpoint, a closing line, exit 128+N
+                    trainer.callbacks.append(Preemption(self._argv or sys.argv[1:]))
             if trainer is None or sys.stdout.isatty() or trainer.progress_bar_callback is not None:
                 return
             if self.subcommand == "fit" and not any(isinstance(c, ProgressLines) for c in trainer.callbacks):
