@@ -104,6 +104,9 @@ class AnalysisCallback(Callback):
        plots of W&B and TensorBoard's chart images of the :meth:`charts` over the run so far.
     5. ``on_exception`` and ``teardown``: :meth:`stop`, and the figures already enqueued reach the logger first.
 
+    A checkpoint keeps the run's id and the scalars' history (``state_dict``): a resumed fit writes its summaries
+    under the same id and draws its charts over the whole run.
+
     What the callbacks of one run share (the summary's run id, the paths shown, the charts' layout, the scalars'
     history) is a :class:`RunRecord` held by the first analysis callback of the trainer, not module state.
 
@@ -121,6 +124,7 @@ class AnalysisCallback(Callback):
     """
 
     key: ClassVar[str] = ""  # the JSON key of the results in the epoch's summary
+    _resumed: dict[str, Any] = {}  # the run record's state from a checkpoint (load_state_dict)
     # A module-level function of the JSON results -> {name: matplotlib figure}, drawn in the drawing process (which
     # imports its module by name, and no torch unless that module does); None: the package's own figures of `key`
     # (layerwise.figures.summary.summary_figures, which `layerwise plot` draws from the summary file too).
@@ -200,9 +204,18 @@ class AnalysisCallback(Callback):
         callbacks = trainer.callbacks  # type: ignore[attr-defined]  # an attribute Lightning's connector sets
         first = next((other for other in callbacks if isinstance(other, AnalysisCallback)), self)
         if first._record is None or first._record.trainer() is not trainer:
-            first._record = RunRecord(weakref.ref(trainer))
+            resumed = {key: first._resumed[key] for key in ("run_id", "history") if key in first._resumed}
+            first._record = RunRecord(weakref.ref(trainer), **resumed)
         self._record = first._record
         return first._record
+
+    def state_dict(self) -> dict[str, Any]:
+        """What a resumed fit continues: the run's id in its summaries and the scalars' history (its charts)."""
+        record = self._record  # global rank zero's, which the checkpoint keeps
+        return {} if record is None else {"run_id": record.run_id, "history": record.history}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self._resumed = dict(state_dict)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         last = last_step_unvalidated(trainer)

@@ -1,0 +1,150 @@
+"""What a resumable checkpoint's extra state costs: every rank's random states and the training data's position.
+
+A quickstart fit (the shipped model and data, TensorBoard off) trains a few steps, then saves the same checkpoint
+``--repeats`` times with and without that state, alternated: *with* is ``layerwise fit`` as it runs (the
+``Preemption`` callback's random states, the ``ResumableDataLoader``'s position in the fit loop), *without* the same
+Trainer with neither (a plain ``DataLoader``, no ``Preemption``). Per checkpoint: the file's bytes and the median
+seconds of ``trainer.save_checkpoint`` (dump + write), and the extra state's own bytes. With ``--processes 2`` the
+same on two forked gloo processes (the random states are gathered from every rank: one ``all_gather_object``).
+Records ``recorded/checkpoint_state.json`` (``checkpoint_state_2_processes`` with ``--processes 2``).
+
+    python benchmarks/checkpoint_state.py [--repeats 21] [--processes 1|2]
+"""
+
+import argparse
+import io
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _record import load_now, record  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def build(with_state: bool, world_size: int, root: Path):
+    """A quickstart model and Trainer fitted for 3 steps, with or without the resumable state."""
+    import lightning.pytorch as pl
+    import yaml
+    from jsonargparse import ArgumentParser
+    from torch.utils.data import DataLoader
+
+    from layerwise.cli.preemption import Preemption
+    from layerwise.datamodules import DigitsDataModule
+
+    config = yaml.safe_load((REPO / "configs" / "quickstart.yaml").read_text())
+    parser = ArgumentParser()
+    parser.add_argument("--model", type=pl.LightningModule)
+    model = parser.instantiate_classes(parser.parse_object({"model": config["model"]})).model
+    datamodule = DigitsDataModule(batch_size=64)
+    if not with_state:  # a plain DataLoader: no position in the checkpoint
+        datamodule.setup()
+        datamodule.train_dataloader = lambda: DataLoader(datamodule.train_set, batch_size=64, shuffle=True)
+    callbacks = [Preemption([])] if with_state else []
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=world_size,
+        strategy="ddp" if world_size > 1 else "auto",
+        max_steps=3,
+        limit_val_batches=0,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        callbacks=callbacks,
+        default_root_dir=root,
+    )
+    trainer.fit(model, datamodule)
+    return trainer
+
+
+def measure(trainer, path: Path) -> tuple[float, int]:
+    start = time.perf_counter()
+    trainer.save_checkpoint(path)
+    return time.perf_counter() - start, path.stat().st_size if trainer.is_global_zero else 0
+
+
+def extra_bytes(trainer) -> dict[str, int]:
+    """Bytes of the Preemption state and of the loader state, serialised alone."""
+    checkpoint = trainer._checkpoint_connector.dump_checkpoint()
+    sizes = {}
+    for name, part in (
+        ("random_states", checkpoint["callbacks"].get("Preemption")),
+        ("data_position", checkpoint["loops"]["fit_loop"].get("combined_loader")),
+    ):
+        buffer = io.BytesIO()
+        torch.save(part, buffer)
+        sizes[name] = len(buffer.getvalue()) if part is not None else 0
+    return sizes
+
+
+def run(rank: int, world_size: int, repeats: int, port: int, out: Path) -> None:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    if world_size > 1:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(world_size))
+        os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), NODE_RANK="0")
+    torch.set_num_threads(1)
+    with tempfile.TemporaryDirectory() as folder:
+        root = Path(folder)
+        trainers = {True: build(True, world_size, root / "with"), False: build(False, world_size, root / "without")}
+        times: dict[bool, list[float]] = {True: [], False: []}
+        sizes: dict[bool, int] = {}
+        for _ in range(repeats):  # alternated
+            for with_state, trainer in trainers.items():
+                seconds, size = measure(trainer, root / f"{with_state}.ckpt")
+                times[with_state].append(seconds)
+                sizes[with_state] = size
+        extra = extra_bytes(trainers[True])
+    if rank == 0:
+        values = {
+            "processes": world_size,
+            "repeats": repeats,
+            "bytes_with": sizes[True],
+            "bytes_without": sizes[False],
+            "bytes_random_states": extra["random_states"],
+            "bytes_data_position": extra["data_position"],
+            "seconds_with": round(statistics.median(times[True]), 5),
+            "seconds_without": round(statistics.median(times[False]), 5),
+        }
+        values["bytes_added"] = values["bytes_with"] - values["bytes_without"]
+        values["seconds_added"] = round(values["seconds_with"] - values["seconds_without"], 5)
+        out.write_text(json.dumps(values))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=21)
+    parser.add_argument("--processes", type=int, default=1, choices=(1, 2))
+    args = parser.parse_args()
+    load = load_now()
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "values"
+        if args.processes == 1:
+            run(0, 1, args.repeats, 0, out)
+        else:
+            import socket
+
+            import torch.multiprocessing as mp
+
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                port = sock.getsockname()[1]
+            mp.start_processes(run, args=(2, args.repeats, port, out), nprocs=2, start_method="fork")
+        values = json.loads(out.read_text())
+    for key, value in values.items():
+        print(f"{key:>22}: {value}")
+    name = "checkpoint_state" if args.processes == 1 else "checkpoint_state_2_processes"
+    record(name, values, load)
+
+
+if __name__ == "__main__":
+    main()
