@@ -28,10 +28,12 @@ written, the later ones are written once, beside them.
 
 import functools
 import random
+import re
 import shlex
 import signal
 import sys
 import threading
+import warnings
 from pathlib import Path
 from typing import Any, Optional
 
@@ -139,7 +141,7 @@ class Preemption(Callback):
         path = preemption_checkpoint(trainer)
         if trainer.is_global_zero and path.is_symlink():
             path.unlink()  # ModelCheckpoint(save_last="link"): not written through into the checkpoint it names
-        trainer.save_checkpoint(path)  # every rank: a collective
+        trainer.save_checkpoint(path, weights_only=False)  # every rank: a collective
         name = signal.Signals(signum).name
         line = (
             f"layerwise fit: stopped by {name} {where} (step {trainer.global_step}); resumable checkpoint {path}; "
@@ -258,4 +260,6 @@ def resume_into_run(trainer_config: Any, ckpt_path: Any) -> Optional[Path]:
     if run is None or not run.is_dir() or run.parent.resolve() != runs.resolve():
         return None
     init_args.version = run.name
+    # Lightning's ModelCheckpoint warns of any checkpoint already in its folder: here they are the run's own
+    warnings.filterwarnings("ignore", message=f"Checkpoint directory {re.escape(str(run))}.* exists and is not empty")
     return run
