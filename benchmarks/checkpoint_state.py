@@ -76,7 +76,7 @@ def extra_bytes(trainer) -> dict[str, int]:
     checkpoint = trainer._checkpoint_connector.dump_checkpoint()
     sizes = {}
     for name, part in (
-        ("random_states", checkpoint["callbacks"].get("Preemption")),
+        ("random_states", checkpoint.get("layerwise_random_states")),
         ("data_position", checkpoint["loops"]["fit_loop"].get("combined_loader")),
     ):
         buffer = io.BytesIO()

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import Metric
 
@@ -23,6 +24,7 @@ from layerwise.metrics.sync import all_reduce_sum_states
 from layerwise.results import loader_stages, merge_summary, summary_path, to_json
 
 Layout = dict[str, dict[str, list]]
+RUN_KEY = "layerwise_run"  # a checkpoint's record of its run: the summaries' run id and the scalars' history
 
 
 @dataclass
@@ -104,7 +106,7 @@ class AnalysisCallback(Callback):
        plots of W&B and TensorBoard's chart images of the :meth:`charts` over the run so far.
     5. ``on_exception`` and ``teardown``: :meth:`stop`, and the figures already enqueued reach the logger first.
 
-    A checkpoint keeps the run's id and the scalars' history (``state_dict``): a resumed fit writes its summaries
+    A checkpoint keeps the run's id and the scalars' history (``layerwise_run``): a resumed fit writes its summaries
     under the same id and draws its charts over the whole run.
 
     What the callbacks of one run share (the summary's run id, the paths shown, the charts' layout, the scalars'
@@ -209,13 +211,19 @@ class AnalysisCallback(Callback):
         self._record = first._record
         return first._record
 
-    def state_dict(self) -> dict[str, Any]:
-        """What a resumed fit continues: the run's id in its summaries and the scalars' history (its charts)."""
-        record = self._record  # global rank zero's, which the checkpoint keeps
-        return {} if record is None else {"run_id": record.run_id, "history": record.history}
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        """What a resumed fit continues: the run's id in its summaries and the scalars' history (its charts).
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._resumed = dict(state_dict)
+        In the checkpoint's own key (the run's, shared by its callbacks), not as a callback state: an evaluation
+        configured without this callback is then not warned by Lightning that a callback of the checkpoint is missing.
+        """
+        record = self._record  # global rank zero's, which the checkpoint keeps
+        if record is not None:
+            checkpoint[RUN_KEY] = {"run_id": record.run_id, "history": record.history}
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        if trainer.state.fn == TrainerFn.FITTING:  # an evaluation of the checkpoint is a run of its own
+            self._resumed = dict(checkpoint.get(RUN_KEY) or {})
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         last = last_step_unvalidated(trainer)

@@ -19,7 +19,8 @@ The checkpoint is ``last.ckpt`` in the first ``ModelCheckpoint``'s folder (Light
 it), written over a ``last.ckpt`` saved earlier (a link, as ``save_last="link"`` makes, is replaced, not followed).
 It holds what a resume needs to continue the uninterrupted run: Lightning's loops, optimizers and callbacks, the
 training dataloader's position (:class:`~layerwise.datamodules._resumable.ResumableDataLoader`), and, in this
-callback's state, the random states (torch, CUDA, numpy, Python) of every rank, restored at ``on_train_start``.
+checkpoint's ``layerwise_random_states``, the random states (torch, CUDA, numpy, Python) of every rank, restored at
+``on_train_start``.
 
 :func:`resume_into_run` makes ``layerwise fit … --ckpt_path last`` (or a checkpoint path of a run) continue in the
 run folder it resumes, rather than in a new ``version_N``: summaries of the epochs validated before the stop stay as
@@ -46,6 +47,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from layerwise.errors import LayerwiseWarning
 
+STATES_KEY = "layerwise_random_states"  # every rank's random states, in rank order, at the checkpoint's top level
 SIGNALS = ("SIGTERM", "SIGUSR1")  # SIGUSR1: what SLURM's `--signal=SIGUSR1@90` sends before the time limit
 
 
@@ -155,12 +157,14 @@ class Preemption(Callback):
 
     # -- state --------------------------------------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
-        """``{"random_states": [rank 0's, rank 1's, …]}``; a collective under DDP (every rank saves a checkpoint)."""
-        return {"random_states": gather(random_states())}
+    # In the checkpoint's own key, not as this callback's state: `validate --ckpt_path` (which has no Preemption)
+    # would be warned by Lightning that a callback of the checkpoint is missing.
 
-    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self._states = state_dict.get("random_states")
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        checkpoint[STATES_KEY] = gather(random_states())  # a collective under DDP: every rank dumps a checkpoint
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        self._states = checkpoint.get(STATES_KEY)
 
 
 def agreed_signal(trainer: Trainer, received: int) -> int:
