@@ -9,7 +9,8 @@ all-reduce of the marks, so a signal to any one rank stops them all, at the same
 (``trainer.save_checkpoint``, a collective) or none does. The fit stops with :class:`Preempted`, whose exit code is
 128 + the signal's number (143 for SIGTERM, 138 for SIGUSR1); global rank zero's last line says so, with the command
 that resumes the run. The last batch of an epoch is not a stopping point: the stop waits for the epoch's end (after
-its validation), so a resume never begins with an epoch's validation.
+its validation), and so does a batch after which a validation runs inside the epoch (``val_check_interval``): a
+resume never begins with a validation, which Lightning would take as done.
 
 Under SLURM with Lightning's ``SLURMEnvironment(auto_requeue=True)`` (its default there), Lightning's SIGUSR1
 handler still runs first (its ``hpc_ckpt_N.ckpt`` and ``scontrol requeue``); the requeued job's ``--ckpt_path last``
@@ -122,6 +123,8 @@ class Preemption(Callback):
     ) -> None:
         if (batch_idx + 1) % trainer.accumulate_grad_batches or batch_idx + 1 >= trainer.num_training_batches:
             return  # inside an accumulation, or the epoch's last batch (its validation comes first)
+        if validates_now(trainer):
+            return  # a validation follows this batch: a resume would take it as done, so stop after the next one
         if trainer.max_steps is not None and 0 <= trainer.max_steps <= trainer.global_step:
             return  # the fit ends here anyway
         self._stop_if_signalled(trainer, f"in epoch {trainer.current_epoch} after batch {batch_idx + 1}")
@@ -173,6 +176,15 @@ def agreed_signal(trainer: Trainer, received: int) -> int:
         return received
     mark = torch.tensor(received, dtype=torch.int64, device=trainer.strategy.root_device)
     return int(trainer.strategy.reduce(mark, reduce_op="max").item())
+
+
+def validates_now(trainer: Trainer) -> bool:
+    """Whether Lightning validates after the training batch that just ended (``val_check_interval`` inside an epoch)."""
+    epoch_loop = trainer.fit_loop.epoch_loop
+    try:  # Lightning's own decision, as its loop makes it right after this hook
+        return bool(epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
+    except Exception:  # another Lightning: stop here all the same
+        return False
 
 
 def preemption_checkpoint(trainer: Trainer) -> Path:

@@ -109,13 +109,13 @@ def outcome(run: Path) -> tuple[dict[str, torch.Tensor], dict[str, dict]]:
     return weights, summaries
 
 
-def assert_same_run(resumed: Path, uninterrupted: Path) -> None:
+def assert_same_run(resumed: Path, uninterrupted: Path, validations: int = EPOCHS) -> None:
     weights, summaries = outcome(resumed)
     reference_weights, reference_summaries = outcome(uninterrupted)
     assert weights.keys() == reference_weights.keys()
     for name, reference in reference_weights.items():  # bit for bit on the CPU (the issue's bound: 1e-12)
         torch.testing.assert_close(weights[name], reference, rtol=0, atol=0, msg=lambda m, n=name: f"{n}: {m}")
-    assert sorted(summaries) == sorted(reference_summaries) and len(summaries) == EPOCHS
+    assert sorted(summaries) == sorted(reference_summaries) and len(summaries) == validations
     for name, reference in reference_summaries.items():
         assert_json_close(summaries[name], reference, atol=0, where=name)
 
@@ -180,6 +180,22 @@ def test_a_fit_stopped_by_sigterm_resumes_to_the_uninterrupted_run(uninterrupted
     line = stop_and_resume(tmp_path, [], step)
     assert where in line
     assert_same_run(tmp_path / "runs/tiny/version_0", uninterrupted("one"))
+
+
+def test_a_signal_before_a_validation_inside_the_epoch_stops_after_it(tmp_path):
+    """With a validation every 2 batches, SIGTERM at step 6 (a validation follows it) stops after step 7."""
+    every_2 = ["--trainer.val_check_interval=2"]
+    reference = fit(tmp_path / "uninterrupted", every_2)
+    assert reference.returncode == 0, reference.stderr[-4000:]
+    stopped = fit(tmp_path / "stopped", [*every_2, *signal_at(6)])
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-4000:]
+    assert "in epoch 1 after batch 3 (step 7)" in last_line(stopped)
+    resumed = layerwise(tmp_path / "stopped", shlex.split(STOPPED.match(last_line(stopped)).group(5))[1:])
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    run, reference_run = (tmp_path / folder / "runs/tiny/version_0" for folder in ("stopped", "uninterrupted"))
+    _, summaries = outcome(reference_run)
+    assert len(summaries) == 2 * EPOCHS  # two validations an epoch: the one after step 6 too
+    assert_same_run(run, reference_run, validations=2 * EPOCHS)
 
 
 def test_sigusr1_stops_a_fit_the_same_way(uninterrupted, tmp_path):
