@@ -79,10 +79,10 @@ class Preemption(Callback):
     # -- signals ------------------------------------------------------------------------------------------------
 
     def on_sanity_check_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._install()
+        self._install(trainer)
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
-        self._install()
+        self._install(trainer)
         states, self._states = self._states, None
         if states is None:
             return
@@ -96,9 +96,13 @@ class Preemption(Callback):
             return
         set_random_states(states[trainer.global_rank])
 
-    def _install(self) -> None:
+    def _install(self, trainer: Trainer) -> None:
         if threading.current_thread() is not threading.main_thread():
             return  # Python handles signals in the main thread only
+        connector = getattr(trainer, "_signal_connector", None)
+        if getattr(connector, "received_sigterm", False):  # caught by Lightning's handler before this one came
+            self.received = self.received or signal.SIGTERM
+            connector.received_sigterm = False  # else Lightning's loops stop by themselves: exit 0, nothing saved
         for name in SIGNALS:
             signum = getattr(signal, name, None)
             if signum is None:  # Windows has no SIGUSR1

@@ -252,3 +252,23 @@ def test_lightnings_slurm_requeue_still_runs_on_sigusr1(tmp_path, monkeypatch):
     assert saved["global_step"] == 3 and len(saved["layerwise_random_states"]) == 1
     named = tmp_path / "checkpoints" / "last.ckpt"  # no ModelCheckpoint: `--ckpt_path last` would find nothing
     assert stopped.value.line.endswith(f"resume with: layerwise fit --config run.yaml --ckpt_path {named}")
+
+
+@TRAINING_ONLY
+def test_a_sigterm_lightning_caught_before_the_loops_still_saves_and_says_so(tmp_path):
+    """SIGTERM between Lightning's handler registration and the training loop: Lightning alone would end the fit
+    with exit 0 at its next check; here it is a preemption at the first step."""
+    from helpers import fitted_module, train_loader, trainer
+    from lightning.pytorch import Callback
+
+    from layerwise.cli.preemption import Preempted, Preemption
+
+    class CaughtByLightning(Callback):
+        def on_train_start(self, trainer, pl_module):
+            os.kill(os.getpid(), signal.SIGTERM)  # Lightning's handler still holds SIGTERM here
+
+    job = trainer(tmp_path, [CaughtByLightning(), Preemption(["fit"])], max_epochs=1, limit_val_batches=0)
+    with pytest.raises(Preempted) as stopped:
+        job.fit(fitted_module(), train_loader(64, batch_size=16))
+    assert stopped.value.code == 143 and "in epoch 0 after batch 1 (step 1)" in stopped.value.line
+    assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 1
