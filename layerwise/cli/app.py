@@ -32,6 +32,7 @@ def _trainer_classes() -> tuple[type, type]:
 
     from layerwise.callbacks import ProgressLines
     from layerwise.cli.closing import ClosingLine
+    from layerwise.cli.preemption import EXIT_CODES as PREEMPTED_EXIT_CODES
     from layerwise.cli.preemption import Preemption, resume_into_run
     from layerwise.cli.runs import KeptConfig, place_logger, read_position, take_position, test_split_line
     from layerwise.cli.summary import replace_default_summary
@@ -182,6 +183,10 @@ def _trainer_classes() -> tuple[type, type]:
             with self._errors_in_one_line((UsageError, FileNotFoundError), parsed=False):
                 try:
                     super()._run_subcommand(subcommand)
+                except torch.multiprocessing.ProcessExitedException as error:  # ddp_spawn: a worker was preempted
+                    if error.exit_code not in PREEMPTED_EXIT_CODES:
+                        raise
+                    raise SystemExit(error.exit_code) from None  # its closing line is printed: no traceback here
                 except RuntimeError as error:  # autograd's anomaly mode found a NaN/inf: the user asked it to stop
                     if "returned nan values" not in str(error):
                         raise

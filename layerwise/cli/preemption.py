@@ -50,6 +50,7 @@ from layerwise.errors import LayerwiseWarning
 
 STATES_KEY = "layerwise_random_states"  # every rank's random states, in rank order, at the checkpoint's top level
 SIGNALS = ("SIGTERM", "SIGUSR1")  # SIGUSR1: what SLURM's `--signal=SIGUSR1@90` sends before the time limit
+EXIT_CODES = tuple(128 + getattr(signal, name) for name in SIGNALS if hasattr(signal, name))  # 143, 138
 
 
 class Preempted(SIGTERMException):
@@ -156,11 +157,9 @@ class Preemption(Callback):
             f"layerwise fit: stopped by {name} {where} (step {trainer.global_step}); resumable checkpoint {path}; "
             f"resume with: {resume_command(self.argv, trainer, path)}"
         )
+        if trainer.is_global_zero:  # now: under ddp_spawn the parent ends the other workers once one has exited
+            print(line, flush=True)
         raise Preempted(signum, line)
-
-    def on_exception(self, trainer: Trainer, pl_module: LightningModule, exception: BaseException) -> None:
-        if isinstance(exception, Preempted) and trainer.is_global_zero:
-            print(exception.line, flush=True)
 
     # -- state --------------------------------------------------------------------------------------------------
 

@@ -68,6 +68,7 @@ data:
   init_args: {{batch_size: 32}}
 """
 DDP = ["--trainer.devices=2", "--trainer.strategy=ddp"]
+LAUNCHERS = {"one": [], "ddp": DDP, "ddp_spawn": ["--config", str(REPO / "configs/trainer/ddp_cpu.yaml")]}
 STOPPED = re.compile(
     r"^layerwise fit: stopped by (SIG\w+) (.*) \(step (\d+)\); resumable checkpoint (\S+); resume with: (.*)$"
 )
@@ -133,7 +134,7 @@ def uninterrupted(tmp_path_factory) -> dict[str, Path]:
 
     def run(launcher: str) -> Path:
         if launcher not in made:
-            finished = fit(root / launcher, DDP if launcher == "ddp" else [])
+            finished = fit(root / launcher, LAUNCHERS[launcher])
             assert finished.returncode == 0, finished.stderr[-4000:]
             assert last_line(finished).startswith(f"layerwise fit: {EPOCHS} epochs, step {EPOCHS * STEPS_PER_EPOCH};")
             made[launcher] = root / launcher / "runs" / "tiny" / "version_0"
@@ -206,12 +207,15 @@ def test_sigusr1_stops_a_fit_the_same_way(uninterrupted, tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    ("step", "rank"), [(6, 1), (8, 0)], ids=["mid-epoch-signal-to-rank-1", "epoch-boundary-signal-to-rank-0"]
+    ("launcher", "step", "rank"),
+    [("ddp", 6, 1), ("ddp", 8, 0), ("ddp_spawn", 6, 1)],
+    ids=["mid-epoch-signal-to-rank-1", "epoch-boundary-signal-to-rank-0", "ddp_spawn-mid-epoch"],
 )
-def test_a_ddp_fit_stopped_on_one_rank_stops_every_rank_and_resumes(uninterrupted, tmp_path, step, rank):
-    """Two processes (``ddp`` over gloo): a signal to either rank stops both at the same step, both save."""
-    stop_and_resume(tmp_path, DDP, step, rank=rank)
-    assert_same_run(tmp_path / "runs/tiny/version_0", uninterrupted("ddp"))
+def test_a_ddp_fit_stopped_on_one_rank_stops_every_rank_and_resumes(uninterrupted, tmp_path, launcher, step, rank):
+    """Two processes (``ddp`` over gloo, and ``ddp_spawn``, whose parent exits with its workers' code): a signal to
+    either rank stops both at the same step, both save."""
+    stop_and_resume(tmp_path, LAUNCHERS[launcher], step, rank=rank)
+    assert_same_run(tmp_path / "runs/tiny/version_0", uninterrupted(launcher))
 
 
 @TRAINING_ONLY
