@@ -33,7 +33,7 @@ def _trainer_classes() -> tuple[type, type]:
     from layerwise.callbacks import ProgressLines
     from layerwise.cli.closing import ClosingLine
     from layerwise.cli.preemption import EXIT_CODES as PREEMPTED_EXIT_CODES
-    from layerwise.cli.preemption import Preemption, resume_into_run
+    from layerwise.cli.preemption import add_preemption, resume_into_run
     from layerwise.cli.runs import KeptConfig, place_logger, read_position, take_position, test_split_line
     from layerwise.cli.summary import replace_default_summary
     from layerwise.errors import UsageError
@@ -125,7 +125,7 @@ def _trainer_classes() -> tuple[type, type]:
                     start = fit.global_step if fit else 0  # the step a fit resumed from
                     trainer.callbacks.append(ClosingLine(self.subcommand, start, self._position))
                 if self.subcommand == "fit":  # SIGTERM/SIGUSR1: a resumable checkpoint, a closing line, exit 128+N
-                    trainer.callbacks.append(Preemption(self._argv or sys.argv[1:]))
+                    add_preemption(trainer, self._argv or sys.argv[1:])
             if trainer is None or sys.stdout.isatty() or trainer.progress_bar_callback is not None:
                 return
             if self.subcommand == "fit" and not any(isinstance(c, ProgressLines) for c in trainer.callbacks):

@@ -30,7 +30,6 @@ written, the later ones are written once, beside them.
 
 import functools
 import random
-import re
 import shlex
 import signal
 import sys
@@ -42,7 +41,7 @@ from typing import Any, Optional
 import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
-from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
@@ -76,6 +75,12 @@ class Preemption(Callback):
         self.argv = list(sys.argv[1:] if argv is None else argv)
         self.received = 0  # the first signal this process received (0: none)
         self._states: Optional[list[dict[str, Any]]] = None  # every rank's random states, from the checkpoint
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        # In every process (the workers under ddp_spawn), before ModelCheckpoint's setup: a resumed fit's checkpoint
+        # folder holds the run's own checkpoints, which Lightning would warn of as if another run's.
+        if stage == "fit" and any(arg == "--ckpt_path" or arg.startswith("--ckpt_path=") for arg in self.argv):
+            warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
 
     # -- signals ------------------------------------------------------------------------------------------------
 
@@ -171,6 +176,15 @@ class Preemption(Callback):
 
     def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
         self._states = checkpoint.get(STATES_KEY)
+
+
+def add_preemption(trainer: Trainer, argv: list[str]) -> Preemption:
+    """Add a :class:`Preemption` to a fit's Trainer, before its checkpoint callbacks (its ``setup`` runs first)."""
+    preemption = Preemption(argv)
+    callbacks = trainer.callbacks
+    first = next((index for index, c in enumerate(callbacks) if isinstance(c, Checkpoint)), len(callbacks))
+    callbacks.insert(first, preemption)
+    return preemption
 
 
 def agreed_signal(trainer: Trainer, received: int) -> int:
@@ -279,6 +293,4 @@ def resume_into_run(trainer_config: Any, ckpt_path: Any) -> Optional[Path]:
     if run is None or not run.is_dir() or run.parent.resolve() != runs.resolve():
         return None
     init_args.version = run.name
-    # Lightning's ModelCheckpoint warns of any checkpoint already in its folder: here they are the run's own
-    warnings.filterwarnings("ignore", message=f"Checkpoint directory {re.escape(str(run))}.* exists and is not empty")
     return run
