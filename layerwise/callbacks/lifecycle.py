@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
 from lightning.pytorch import Callback, LightningModule, Trainer
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import Metric
 
@@ -30,6 +31,7 @@ from layerwise.metrics.sync import all_reduce_sum_states
 from layerwise.results import loader_stages, merge_summary, summary_path, to_json
 
 Layout = dict[str, dict[str, list]]
+RUN_KEY = "layerwise_run"  # a checkpoint's record of its run: the summaries' run id and the scalars' history
 
 
 @dataclass
@@ -115,6 +117,9 @@ class AnalysisCallback(Callback):
     5. ``on_exception`` and ``teardown``: :meth:`stop`, the figures already enqueued reach the logger first, and
        the layer runs' writers are flushed and closed.
 
+    A checkpoint keeps the run's id and the scalars' history (``layerwise_run``): a resumed fit writes its summaries
+    under the same id and draws its charts over the whole run.
+
     What the callbacks of one run share (the summary's run id, the paths shown, the charts' layout, the scalars'
     history) is a :class:`RunRecord` held by the first analysis callback of the trainer, not module state.
 
@@ -132,6 +137,7 @@ class AnalysisCallback(Callback):
     """
 
     key: ClassVar[str] = ""  # the JSON key of the results in the epoch's summary
+    _resumed: dict[str, Any] = {}  # the run record's state from a checkpoint (load_state_dict)
     # A module-level function of the JSON results -> {name: matplotlib figure}, drawn in the drawing process (which
     # imports its module by name, and no torch unless that module does); None: the package's own figures of `key`
     # (layerwise.figures.summary.summary_figures, which `layerwise plot` draws from the summary file too).
@@ -211,9 +217,24 @@ class AnalysisCallback(Callback):
         callbacks = trainer.callbacks  # type: ignore[attr-defined]  # an attribute Lightning's connector sets
         first = next((other for other in callbacks if isinstance(other, AnalysisCallback)), self)
         if first._record is None or first._record.trainer() is not trainer:
-            first._record = RunRecord(weakref.ref(trainer))
+            resumed = {key: first._resumed[key] for key in ("run_id", "history") if key in first._resumed}
+            first._record = RunRecord(weakref.ref(trainer), **resumed)
         self._record = first._record
         return first._record
+
+    def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        """What a resumed fit continues: the run's id in its summaries and the scalars' history (its charts).
+
+        In the checkpoint's own key (the run's, shared by its callbacks), not as a callback state: an evaluation
+        configured without this callback is then not warned by Lightning that a callback of the checkpoint is missing.
+        """
+        record = self._record  # global rank zero's, which the checkpoint keeps
+        if record is not None:
+            checkpoint[RUN_KEY] = {"run_id": record.run_id, "history": record.history}
+
+    def on_load_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: dict[str, Any]) -> None:
+        if trainer.state.fn == TrainerFn.FITTING:  # an evaluation of the checkpoint is a run of its own
+            self._resumed = dict(checkpoint.get(RUN_KEY) or {})
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         last = last_step_unvalidated(trainer)

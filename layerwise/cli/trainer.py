@@ -23,6 +23,8 @@ from layerwise.cli.errors import bad_config_file, check_output_folders, class_op
 from layerwise.cli.exactness import ExactnessLine
 from layerwise.cli.parser import say_configs_have_names
 from layerwise.cli.peers import machine_failures_in_one_line
+from layerwise.cli.preemption import EXIT_CODES as PREEMPTED_EXIT_CODES
+from layerwise.cli.preemption import add_preemption, resume_into_run
 from layerwise.cli.runs import KeptConfig, place_logger, read_position, take_position, test_split_line
 from layerwise.cli.summary import replace_default_summary
 from layerwise.errors import DEBUG_VARIABLE, UsageError
@@ -93,6 +95,9 @@ class LayerwiseCLI(LightningCLI):
         if threads:  # before any tensor work; OMP_NUM_THREADS keeps Lightning's DDP launcher from resetting it
             torch.set_num_threads(threads)
             os.environ["OMP_NUM_THREADS"] = str(threads)
+        if subcommand == "fit" and self.config.fit.get("ckpt_path"):  # a resume continues in its run's folder
+            if resume_into_run(self.config.fit.trainer, self.config.fit.ckpt_path) is not None:
+                self.save_config_callback = None  # the run keeps the config.yaml it started with
         if subcommand not in ("validate", "test", "predict"):
             return
         config = self.config[subcommand]
@@ -116,6 +121,8 @@ class LayerwiseCLI(LightningCLI):
                 start = fit.global_step if fit else 0  # the step a fit resumed from
                 trainer.callbacks.append(ClosingLine(self.subcommand, start, self._position))
                 trainer.callbacks.extend(ExactnessLine.for_command(self.subcommand))  # validate/test: one line
+            if self.subcommand == "fit":  # SIGTERM/SIGUSR1: a resumable checkpoint, a closing line, exit 128+N
+                add_preemption(trainer, self._argv or sys.argv[1:])
         if trainer is None or sys.stdout.isatty() or trainer.progress_bar_callback is not None:
             return
         if self.subcommand == "fit" and not any(isinstance(c, ProgressLines) for c in trainer.callbacks):
@@ -174,6 +181,10 @@ class LayerwiseCLI(LightningCLI):
             try:
                 with machine_failures_in_one_line(subcommand, self):  # a full disk, a dead rank (peers.py)
                     super()._run_subcommand(subcommand)
+            except torch.multiprocessing.ProcessExitedException as error:  # ddp_spawn: a worker was preempted
+                if error.exit_code not in PREEMPTED_EXIT_CODES:
+                    raise
+                raise SystemExit(error.exit_code) from None  # its closing line is printed: no traceback here
             except RuntimeError as error:  # autograd's anomaly mode found a NaN/inf: the user asked it to stop
                 if "returned nan values" not in str(error):
                     raise

@@ -9,6 +9,8 @@ import torch
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset
 
+from layerwise.datamodules._resumable import training_loader
+
 
 def flag(arg: str) -> str:
     """The LightningCLI flag that sets datamodule argument ``arg``."""
@@ -30,7 +32,8 @@ class ImageDataModule(LightningDataModule):
     """Base for the image datamodules: holds ``train_set``/``val_set`` and builds the dataloaders.
 
     Subclasses set ``num_classes``, ``img_size`` and ``in_chans`` in ``__init__`` and fill ``train_set`` (for
-    ``fit``) and ``val_set`` in ``setup``. Train loader: shuffle=True, drop_last=False; every other loader:
+    ``fit``) and ``val_set`` in ``setup``. Train loader: shuffled, drop_last=False, resumable mid-epoch
+    (:func:`~layerwise.datamodules._resumable.training_loader`); every other loader:
     shuffle=False, drop_last=False. ``test_dataloader`` and ``predict_dataloader`` return the validation split.
     Subclasses may add named validation sets under a distribution shift to ``shifted_val_sets`` in ``setup``.
     ``test_split`` names the split ``test_dataloader`` serves (recorded as ``split`` in a test summary).
@@ -55,7 +58,7 @@ class ImageDataModule(LightningDataModule):
     def _loader(self, dataset: Optional[Dataset], split: str, train: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}: the {split} split is not built; call setup() first")
-        return DataLoader(
+        return (training_loader if train else DataLoader)(
             dataset,
             batch_size=self.batch_size,
             shuffle=train,

@@ -13,6 +13,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
 from layerwise.datamodules._base import check_positive_int, flag
+from layerwise.datamodules._resumable import training_loader
 
 
 class COCODetection(Dataset):
@@ -176,7 +177,7 @@ class COCODetectionDataModule(LightningDataModule):
     def _loader(self, dataset: Optional[Dataset], train: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError("COCODetectionDataModule: call setup() first.")
-        return DataLoader(
+        return (training_loader if train else DataLoader)(
             dataset,
             batch_size=self.batch_size,
             shuffle=train,

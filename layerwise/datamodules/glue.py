@@ -17,6 +17,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
 from layerwise.datamodules._base import check_positive_int, flag, resolve_root
+from layerwise.datamodules._resumable import training_loader
 from layerwise.datamodules.glue_tasks import HUB_ID, TASKS, GLUESource, TaskSpec, TextSplit
 from layerwise.datamodules.tokenizers import load_tokenizer
 from layerwise.errors import LayerwiseWarning, UsageError
@@ -297,7 +298,7 @@ def padded_loader(dataset: TokenizedSplit, batch_size: int, shuffle: bool, num_w
     """Batches of a tokenised split, padded per batch to its longest example (``DataCollatorWithPadding``)."""
     from transformers import DataCollatorWithPadding
 
-    return DataLoader(
+    return (training_loader if shuffle else DataLoader)(
         dataset,
         batch_size=batch_size,
         shuffle=shuffle,

@@ -20,6 +20,7 @@ from transformers import PreTrainedTokenizerFast
 
 from layerwise import hub
 from layerwise.datamodules._base import check_positive_int, flag
+from layerwise.datamodules._resumable import training_loader
 from layerwise.datamodules.tokenizers import TRAINED_KINDS, load_tokenizer, parse_spec
 from layerwise.errors import LayerwiseWarning, UsageError
 
@@ -299,7 +300,7 @@ class TextDataModule(LightningDataModule):
     def _loader(self, blocks: Optional[Tensor], split: str, shuffle: bool) -> DataLoader:
         if blocks is None:
             raise RuntimeError(f"{type(self).__name__}: the {split} split is not built; call setup() first")
-        return DataLoader(
+        return (training_loader if shuffle else DataLoader)(
             _BlockDataset(blocks),
             batch_size=self.batch_size,
             shuffle=shuffle,
