@@ -116,3 +116,32 @@ class Float64StatesOnCast:
             device = probe.device
             return super()._apply(lambda tensor: tensor.to(device), exclude_state)  # type: ignore[misc]
         return super()._apply(fn, exclude_state)  # type: ignore[misc]
+
+
+def take_lightning_sigterm(trainer: Any) -> bool:
+    """Whether Lightning's own SIGTERM handler caught a signal; cleared, so that its loops do not stop by themselves.
+
+    Private use: ``Trainer._signal_connector.received_sigterm``, the flag Lightning's handler sets (its loops then raise
+    ``SIGTERMException``, a ``SystemExit`` without a code: exit 0, nothing saved). A preemption that arrives before
+    layerwise's handler is installed (:mod:`layerwise.cli.preemption`) is taken over through it. Without the flag
+    (another Lightning): False, and such an early signal ends the fit as Lightning ends it.
+    """
+    connector = getattr(trainer, "_signal_connector", None)
+    if not getattr(connector, "received_sigterm", False):
+        return False
+    connector.received_sigterm = False  # type: ignore[union-attr]  # found just above
+    return True
+
+
+def validates_after_this_batch(trainer: Any) -> bool:
+    """Whether Lightning validates right after the training batch that just ended (``val_check_interval``).
+
+    Private use: ``_TrainingEpochLoop._should_check_val_fx(data_fetcher)``, the decision the loop makes right after
+    ``on_train_batch_end``; no public API says it. A preemption must not stop before such a validation (a resume
+    would count it as done). Without it (another Lightning): False, the fit stops at that batch all the same.
+    """
+    loop = trainer.fit_loop
+    try:
+        return bool(loop.epoch_loop._should_check_val_fx(loop._data_fetcher))
+    except Exception:
+        return False

@@ -45,6 +45,7 @@ from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
+from layerwise._compat import take_lightning_sigterm, validates_after_this_batch
 from layerwise.errors import LayerwiseWarning
 
 STATES_KEY = "layerwise_random_states"  # every rank's random states, in rank order, at the checkpoint's top level
@@ -105,10 +106,8 @@ class Preemption(Callback):
     def _install(self, trainer: Trainer) -> None:
         if threading.current_thread() is not threading.main_thread():
             return  # Python handles signals in the main thread only
-        connector = getattr(trainer, "_signal_connector", None)
-        if getattr(connector, "received_sigterm", False):  # caught by Lightning's handler before this one came
+        if take_lightning_sigterm(trainer):  # caught by Lightning's handler before this one came
             self.received = self.received or signal.SIGTERM
-            connector.received_sigterm = False  # else Lightning's loops stop by themselves: exit 0, nothing saved
         for name in SIGNALS:
             signum = getattr(signal, name, None)
             if signum is None:  # Windows has no SIGUSR1
@@ -181,7 +180,7 @@ class Preemption(Callback):
 def add_preemption(trainer: Trainer, argv: list[str]) -> Preemption:
     """Add a :class:`Preemption` to a fit's Trainer, before its checkpoint callbacks (its ``setup`` runs first)."""
     preemption = Preemption(argv)
-    callbacks = trainer.callbacks
+    callbacks = trainer.callbacks  # type: ignore[attr-defined]  # the Trainer's list (a property Lightning types loosely)
     first = next((index for index, c in enumerate(callbacks) if isinstance(c, Checkpoint)), len(callbacks))
     callbacks.insert(first, preemption)
     return preemption
@@ -197,11 +196,7 @@ def agreed_signal(trainer: Trainer, received: int) -> int:
 
 def validates_now(trainer: Trainer) -> bool:
     """Whether Lightning validates after the training batch that just ended (``val_check_interval`` inside an epoch)."""
-    epoch_loop = trainer.fit_loop.epoch_loop
-    try:  # Lightning's own decision, as its loop makes it right after this hook
-        return bool(epoch_loop._should_check_val_fx(trainer.fit_loop._data_fetcher))
-    except Exception:  # another Lightning: stop here all the same
-        return False
+    return validates_after_this_batch(trainer)  # Lightning's own decision, as its loop makes it right after this hook
 
 
 def preemption_checkpoint(trainer: Trainer) -> Path:
@@ -239,7 +234,13 @@ def random_states() -> dict[str, Any]:
     kind, keys, position, has_gauss, gauss = np.random.get_state()
     states: dict[str, Any] = {
         "torch": torch.get_rng_state(),
-        "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), int(position), int(has_gauss), float(gauss)),
+        "numpy": (
+            kind,
+            torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            int(position),
+            int(has_gauss),
+            float(gauss),
+        ),
         "python": random.getstate(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():

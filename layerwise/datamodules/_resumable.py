@@ -92,7 +92,7 @@ class ResumableDataLoader(DataLoader):
         self._resume = dict(state)
         sampler = self.sampler
         if state.get("epoch") is not None and callable(getattr(sampler, "set_epoch", None)):
-            sampler.set_epoch(state["epoch"])  # a worker prefetching before Lightning sets it sees the right epoch
+            sampler.set_epoch(state["epoch"])  # type: ignore[attr-defined]  # checked just above  # a worker prefetching before Lightning sets it sees the right epoch
 
     @property
     def _index_sampler(self) -> Any:

@@ -104,11 +104,11 @@ def load_comparison(
                 "or one per path (runs sharing a label are one group)."
             )
     by_epoch = [run_summaries(run) for run in runs]
-    for name, summaries in zip(names, by_epoch):
-        if not summaries:
+    for name, epochs in zip(names, by_epoch):
+        if not epochs:
             raise FileNotFoundError(f"{option} {name}: the run has no layerwise/val_epoch_*.json.")
     chosen, how = choose_epoch(by_epoch, names, epoch)
-    summaries = [run[chosen] for run in by_epoch]
+    summaries: list[dict[str, Any]] = [run[chosen] for run in by_epoch]
     counts = layer_counts(summaries)
     if len(set(counts)) > 1:
         have = ", ".join(f"{name}: {count}" for name, count in zip(names, counts))

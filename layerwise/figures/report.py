@@ -124,7 +124,8 @@ COMPARISON_CAPTIONS = {
 
 def _markdown_tables(text: str) -> str:
     """The Markdown tables of ``comparison.md`` as HTML (its headings as h3; other lines as paragraphs)."""
-    parts, rows = [], []
+    parts: list[str] = []
+    rows: list[str] = []
 
     def flush() -> None:
         if rows:

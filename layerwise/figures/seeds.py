@@ -171,9 +171,9 @@ def group_runs(
     if labels is not None:
         order = list(dict.fromkeys(labels))
         return [Group(label, tuple(i for i, own in enumerate(labels) if own == label)) for label in order]
-    known = [i for i, config in enumerate(configs) if config is not None]
-    keys = differences([configs[i] for i in known])
-    flats = {i: flatten(configs[i]) for i in known}
+    present = {i: config for i, config in enumerate(configs) if config is not None}
+    keys = differences(list(present.values()))
+    flats = {i: flatten(config) for i, config in present.items()}
     groups: dict[str, list[int]] = {}
     for index, name in enumerate(names):
         if index not in flats:
@@ -226,7 +226,7 @@ def choose_epoch(
                     f"`{option}={epoch}`: run {missing} has no number under {key!r} at epoch {number} "
                     "(give a summary key such as accuracy or loss)."
                 )
-            scores.append(float(np.mean(values)))
+            scores.append(float(np.mean([float(value) for value in values if value is not None])))
         lower = any(word in key for word in LOWER_IS_BETTER)
         best = common[int(np.argmin(scores) if lower else np.argmax(scores))]
         return best, f"{'lowest' if lower else 'highest'} mean {key.replace('_', ' ')}"

@@ -418,10 +418,11 @@ def stamp(fig: Figure, line: str) -> Figure:
     if width > 0.9 * fig.get_size_inches()[0] and " · " in line:
         line = line.replace(" · ", "\n", 1)
     replaced = previous is not None and text.endswith(previous)
+    previous_lines = previous.count("\n") + 1 if previous is not None and replaced else 0
     if replaced:
-        text = text[: -len(previous)].rstrip("\n")
+        text = text[: -len(previous or "")].rstrip("\n")
     if text:  # room for the line's lines (beyond the replaced line's)
-        added = sizes().title_line * (line.count("\n") + 1 - (previous.count("\n") + 1 if replaced else 0))
+        added = sizes().title_line * (line.count("\n") + 1 - previous_lines)
         width, height = fig.get_size_inches()
         fig.set_size_inches(width, height + added)
         set_margins(fig, top=getattr(fig, "_layerwise_margins", {}).get("top", 0.1 + sizes().title_line) + added)

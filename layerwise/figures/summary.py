@@ -215,7 +215,7 @@ def exits_per_layer(early_exit: Sequence[dict[str, Any]], layers: Sequence[int])
     ax.set_title("early exit with the shared head")
     colorbar(fig, image, ax, "share of samples exiting")
     finish(fig)
-    renderer = fig.canvas.get_renderer()
+    renderer = fig.canvas.get_renderer()  # type: ignore[attr-defined]  # the Agg canvas style.py selects
     widest = max((label.get_window_extent(renderer).width for label in ax.get_yticklabels()), default=0.0) / fig.dpi
     set_margins(fig, left=widest + 0.1 + 2 * sizes().label / 72)  # the labels, the tick marks and the axis label
     cell_values(fig, ax, image, shares)

@@ -19,6 +19,7 @@ PRIVATE = (
     r"hyperparameters|overrides\.distributed"  # split so that this file does not match itself
     r"|def _app" + r"ly\b"  # overriding torch/torchmetrics' Module._apply
     r"|\._time" + r"out\b|_get_default_" + r"store"  # a strategy's process group timeout, the group's store
+    r"|_signal_" + r"connector|_should_check_" + r"val_fx"  # Lightning's SIGTERM flag, its mid-epoch validation
 )
 
 
@@ -176,3 +177,22 @@ def test_lightning_still_gives_the_sampler_advice_that_layerwise_replaces():
 def test_the_keys_layerwise_reduced_itself_are_remembered():
     _compat.already_reduced({"val/acc/layer_00": 0.5})
     assert "val/acc/layer_00" in _compat.REDUCED_KEYS
+
+
+def test_lightnings_sigterm_flag_is_taken_over_and_cleared():
+    from lightning.pytorch import Trainer
+
+    trainer = Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False)
+    assert not _compat.take_lightning_sigterm(trainer)  # the flag exists and is down
+    getattr(trainer, "_signal" + "_connector").received_sigterm = True  # as Lightning's handler sets it
+    assert _compat.take_lightning_sigterm(trainer)
+    assert not _compat.take_lightning_sigterm(trainer)  # cleared: Lightning's loops will not stop by themselves
+
+
+def test_lightnings_mid_epoch_validation_decision_is_still_there():
+    import inspect
+
+    from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
+
+    decision = getattr(_TrainingEpochLoop, "_should_check_" + "val_fx")
+    assert list(inspect.signature(decision).parameters) == ["self", "data_fetcher"]
