@@ -183,6 +183,7 @@ def test_a_fit_stopped_by_sigterm_resumes_to_the_uninterrupted_run(uninterrupted
     assert_same_run(tmp_path / "runs/tiny/version_0", uninterrupted("one"))
 
 
+@pytest.mark.slow  # in .ci/run's slow list: 20 s and 13 s of the default run
 def test_a_signal_before_a_validation_inside_the_epoch_stops_after_it(tmp_path):
     """With a validation every 2 batches, SIGTERM at step 6 (a validation follows it) stops after step 7."""
     every_2 = ["--trainer.val_check_interval=2"]
@@ -199,6 +200,7 @@ def test_a_signal_before_a_validation_inside_the_epoch_stops_after_it(tmp_path):
     assert_same_run(run, reference_run, validations=2 * EPOCHS)
 
 
+@pytest.mark.slow  # in .ci/run's slow list: 20 s and 13 s of the default run
 def test_sigusr1_stops_a_fit_the_same_way(uninterrupted, tmp_path):
     """SLURM's ``--signal=SIGUSR1@90`` warning: the same stop, exit 138."""
     stop_and_resume(tmp_path, [], 7, "SIGUSR1")
