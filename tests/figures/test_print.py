@@ -392,3 +392,16 @@ def test_no_raw_key_in_a_comparison_whose_runs_differ_by_an_identifier(tmp_path)
     assert not keys, keys
     assert "batch_size" not in table_texts(comparison)["comparison.md"]
     plt.close("all")
+
+
+@pytest.mark.parametrize("width", ["column", "page"])
+def test_the_early_exit_label_keeps_room_for_the_saved_png(width):
+    """The τ axis label sits at least 0.1 in inside the canvas when drawn: the PNGs are saved at 150 dpi, whose
+    hinting lays the long tick labels ("0.95 (0.442, ×1.00)") out up to 0.06 in wider and pushed it off (seen at
+    3.3 in; it sat 0.05 in inside)."""
+    with drawn_at(width):
+        figure = summary_figures(synthetic_summary(6))["early_exit"]
+    figure.canvas.draw()
+    label = figure.axes[0].yaxis.label
+    assert label.get_window_extent(figure.canvas.get_renderer()).x0 / figure.dpi >= 0.1
+    plt.close(figure)
