@@ -244,7 +244,7 @@ def check_evaluated_in_place(root: Path, launcher: str) -> None:
             continue
         folder = run / f"{command}_epoch_{epoch:03d}_step_{step:07d}"
         assert line.endswith(f"-> {folder}"), line
-        stage = "val" if command == "validate" else "test"
-        assert f"layerwise {stage} ({label}):" in "\n".join(p.stdout for p in processes)  # the console table
+        stage, words = ("val", "validation") if command == "validate" else ("test", "test")
+        assert f"layerwise {words}, {label}:" in "\n".join(p.stdout for p in processes)  # the console table
         assert (folder / "layerwise" / f"{stage}_epoch_{epoch:03d}_step_{step:07d}.json").is_file()
         assert not (root / "runs" / "quickstart" / "version_1").exists(), "the evaluation went into a new version"
