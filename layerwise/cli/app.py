@@ -7,6 +7,7 @@ validate, test and predict; the other commands are typed functions in ``layerwis
 
 import importlib
 import os
+import sys
 from collections.abc import Callable
 from typing import Optional
 
@@ -134,6 +135,14 @@ def run_command(name: str, argv: list[str]) -> None:
 
 def main(args: Optional[list[str]] = None) -> None:
     """Entry point of ``layerwise`` and ``python -m layerwise``."""
+    try:
+        _main(args)
+    except BrokenPipeError:  # `layerwise configs | head`: the reader has what it wanted; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python's own recipe (signal docs)
+        sys.exit(1)
+
+
+def _main(args: Optional[list[str]]) -> None:
     quiet_upstream()
     argv = with_shipped_configs(args)  # `--config quickstart`: the config the package ships
     if argv and argv[0] in COMMANDS:

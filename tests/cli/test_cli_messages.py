@@ -304,3 +304,14 @@ def test_a_parser_error_names_layerwise_not_main_py():
     )
     assert result.returncode == 2
     assert result.stderr.startswith("layerwise fit: error: --config: File does not exist"), result.stderr
+
+
+def test_a_reader_that_stops_early_gets_no_traceback():
+    """`layerwise configs | head -1`: the pipe closes after one line; the command ends without a BrokenPipeError."""
+    import subprocess
+    import sys
+
+    command = f"{sys.executable} -m layerwise configs | head -1"
+    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
+    assert len(result.stdout.splitlines()) == 1
+    assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr
