@@ -7,11 +7,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import read_summary, trainer, val_loader
+from helpers import trainer
 from lightning.pytorch import LightningModule
 from torch import nn
 
-from layerwise.callbacks import LayerwiseAnalysis
 from layerwise.callbacks.progress import ProgressLines
 from layerwise.cli import main
 from layerwise.errors import LayerwiseWarning
