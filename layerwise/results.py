@@ -355,7 +355,9 @@ def latest_summary(path: Path, option: str = "path", stage: str = "val") -> Path
 
 
 # ------------------------------------------------------------------------------- several runs (plot/report RUN...)
-_GLOB = re.compile(r"[*?[]")
+def is_pattern(path: Union[str, Path]) -> bool:
+    """Whether ``path`` is a glob to expand (``runs/modes/*``), not a file or folder that exists."""
+    return not Path(path).exists() and re.search(r"[*?[]", str(path)) is not None
 
 
 def find_runs(paths: Sequence[Union[str, Path]], option: str = "path") -> list[tuple[int, Path]]:
@@ -368,7 +370,7 @@ def find_runs(paths: Sequence[Union[str, Path]], option: str = "path") -> list[t
     for index, given in enumerate(paths):
         given = Path(given)
         matches = [given]
-        if not given.exists() and _GLOB.search(str(given)):
+        if is_pattern(given):
             matches = [Path(match) for match in sorted(glob.glob(str(given)))]
             if not matches:
                 raise FileNotFoundError(f"{option} {given}: the pattern matches no file or folder.")

@@ -3,7 +3,7 @@
 from pathlib import Path
 from typing import Literal, Optional
 
-from layerwise.results import find_summaries, is_summary, load_summary, save_figure_atomic, summary_order
+from layerwise.results import find_summaries, is_pattern, is_summary, load_summary, save_figure_atomic, summary_order
 
 FigureFormat = Literal["png", "pdf", "svg"]
 
@@ -92,11 +92,6 @@ def plot(
     for summary_file in files:
         for written in plot_summary(summary_file, out, formats, width):
             print(written)
-
-
-def is_pattern(path: Path) -> bool:
-    """Whether ``path`` is a glob to expand (``runs/modes/*``), not a file or folder that exists."""
-    return not path.exists() and any(char in str(path) for char in "*?[")
 
 
 def _at_epoch(run: Path, epoch: str) -> list[Path]:

@@ -53,7 +53,7 @@ def report(
         width: print width the figures are drawn at (at 150 dpi), every text >= 7 pt: a journal's column (3.3 in)
             or page (6.9 in).
     """
-    from layerwise.figures.plot import is_pattern
+    from layerwise.results import is_pattern
 
     path = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]  # one path, from Python
     if len(path) > 1 or is_pattern(path[0]):
