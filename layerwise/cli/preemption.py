@@ -132,7 +132,7 @@ class Preemption(Callback):
     ) -> None:
         if (batch_idx + 1) % trainer.accumulate_grad_batches or batch_idx + 1 >= trainer.num_training_batches:
             return  # inside an accumulation, or the epoch's last batch (its validation comes first)
-        if validates_now(trainer):
+        if validates_after_this_batch(trainer):  # Lightning validates inside the epoch right after this batch
             return  # a validation follows this batch: a resume would take it as done, so stop after the next one
         if trainer.max_steps is not None and 0 <= trainer.max_steps <= trainer.global_step:
             return  # the fit ends here anyway
@@ -192,11 +192,6 @@ def agreed_signal(trainer: Trainer, received: int) -> int:
         return received
     mark = torch.tensor(received, dtype=torch.int64, device=trainer.strategy.root_device)
     return int(trainer.strategy.reduce(mark, reduce_op="max").item())
-
-
-def validates_now(trainer: Trainer) -> bool:
-    """Whether Lightning validates after the training batch that just ended (``val_check_interval`` inside an epoch)."""
-    return validates_after_this_batch(trainer)  # Lightning's own decision, as its loop makes it right after this hook
 
 
 def preemption_checkpoint(trainer: Trainer) -> Path:
