@@ -158,10 +158,10 @@ _PATCHED_MODULE_PARTS = False
 
 
 def _time_finish_parts(monitor: LayerwiseMonitor, synchronize: Callable[[], None]) -> None:
-    """Time the parts of the epoch end: the reduction, each family's compute, logging, the JSON, the figure queue."""
+    """Time the parts of the epoch end: the reduction, each analysis's results, logging, the JSON, the figure queue."""
     global _PATCHED_MODULE_PARTS
-    for family in monitor.families:
-        _timed(family, "compute", f"compute {type(family).__name__}", synchronize)
+    for analysis in monitor.analyses:
+        _timed(analysis, "results", f"results of {type(analysis).__name__}", synchronize)
     if not _PATCHED_MODULE_PARTS:  # module-level: once, whichever configuration runs adds to its own _FINISH
         _PATCHED_MODULE_PARTS = True
         from layerwise.callbacks import _loader, lifecycle, monitor
@@ -591,7 +591,10 @@ def deit_s_case(args: argparse.Namespace) -> None:
             "EffectiveDepthMonitor": EffectiveDepthMonitor(),
         }
         configs += [
-            Config("LayerwiseAnalysis(cka='minibatch')", {"LayerwiseAnalysis": LayerwiseAnalysis(cka="minibatch")}),
+            Config(
+                "LayerwiseAnalysis(cka='minibatch')",
+                {"LayerwiseAnalysis": LayerwiseAnalysis(similarity=LayerSimilarityMonitor(cka="minibatch"))},
+            ),
             Config("4 standalone monitors together", standalone),
         ]
     measure(model, loader, configs, args.repeats, args.device)
@@ -642,7 +645,7 @@ def host_case(args: argparse.Namespace) -> None:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from layerwise.callbacks._loader import LoaderState
-    from layerwise.callbacks.family import LayerSpec
+    from layerwise.callbacks.layer_spec import LayerSpec
 
     class _Count(TorchDispatchMode):
         def __init__(self) -> None:
@@ -656,7 +659,9 @@ def host_case(args: argparse.Namespace) -> None:
     layers, dim, classes, batch, batches, device = 12, 16, 10, 8, 64, args.device
     synchronize = _synchronizer(device)
     spec = LayerSpec(list(range(1, layers + 1)), layers, dim, classes)
-    state = LoaderState.build(LayerwiseAnalysis().families, spec)
+    analysis = LayerwiseAnalysis()
+    analysis.configure_analyses(None, spec)  # no trainer: no datamodule to read
+    state = LoaderState.build(analysis.analyses, spec)
     for metric in state.metrics:
         metric.to(device)
     selection = torch.arange(layers, device=device)

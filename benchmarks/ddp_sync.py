@@ -20,9 +20,10 @@ loading, metric updates, synchronisation, compute and the JSON summary; no figur
 A collective's time on one rank includes waiting for the other rank to arrive; the rank that arrives last waits
 least, so the smaller of the two ranks' ``reduce`` is the closer figure for the transfer itself.
 
-Every configuration (no callback, ``LayerwiseAnalysis()`` with exact CKA, ``LayerwiseAnalysis(cka='minibatch')``)
-runs once per round, in turn (order reversed every other round), each run one ``trainer.validate`` in freshly forked
-processes, so the metric states are built afresh as in a run's first epoch. Medians over the rounds, per rank.
+Every configuration (no callback, ``LayerwiseAnalysis()`` with exact CKA, the minibatch CKA:
+``LayerwiseAnalysis(similarity=LayerSimilarityMonitor(cka='minibatch'))``) runs once per round, in turn (order reversed
+every other round), each run one ``trainer.validate`` in freshly forked processes, so the metric states are built afresh
+as in a run's first epoch. Medians over the rounds, per rank.
 
     .venv/bin/python benchmarks/ddp_sync.py                       # 128 images, batch 32, 3 rounds; ~3 min on 2 cores
     .venv/bin/python benchmarks/ddp_sync.py --quick               # 64x64 images, 32 samples, batch 8, 2 rounds
@@ -49,7 +50,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer, seed_everythin
 from torch.utils.data import DataLoader, TensorDataset
 
 import layerwise.callbacks.monitor as callback_base
-from layerwise.callbacks import LayerwiseAnalysis
+from layerwise.callbacks import LayerSimilarityMonitor, LayerwiseAnalysis
 from layerwise.features import TimmViT
 from layerwise.lightning_modules import Standard
 from layerwise.metrics._base import _SumStateMetric
@@ -179,7 +180,10 @@ class Config:
 CONFIGS = [
     Config("off", None),
     Config("LayerwiseAnalysis()", lambda: LayerwiseAnalysis(log_figures=False)),
-    Config("LayerwiseAnalysis(cka='minibatch')", lambda: LayerwiseAnalysis(cka="minibatch", log_figures=False)),
+    Config(
+        "LayerwiseAnalysis(cka='minibatch')",
+        lambda: LayerwiseAnalysis(similarity=LayerSimilarityMonitor(cka="minibatch"), log_figures=False),
+    ),
 ]
 
 

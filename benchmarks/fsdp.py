@@ -84,7 +84,7 @@ def state_bytes(module, optimizer) -> int:
 def run(args, strategy_name: str, analysis: bool, out: Path, rank: int) -> None:
     from lightning.pytorch.strategies import ModelParallelStrategy
 
-    from layerwise.callbacks import LayerwiseAnalysis
+    from layerwise.callbacks import LayerSimilarityMonitor, LayerwiseAnalysis
     from layerwise.features import HFCausalLM
     from layerwise.lightning_modules import Aligned
 
@@ -99,7 +99,14 @@ def run(args, strategy_name: str, analysis: bool, out: Path, rank: int) -> None:
         strategy = "ddp"
     timer = StepTimer(args.device)
     callbacks = [timer] + (
-        [LayerwiseAnalysis(cka="minibatch", neural_collapse=False, log_figures=False, print_table=False)]
+        [
+            LayerwiseAnalysis(
+                similarity=LayerSimilarityMonitor(cka="minibatch"),
+                neural_collapse=False,
+                log_figures=False,
+                print_table=False,
+            )
+        ]
         if analysis
         else []
     )

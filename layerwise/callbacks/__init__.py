@@ -13,6 +13,7 @@ from layerwise.callbacks.neural_collapse import NeuralCollapseMonitor
 from layerwise.callbacks.progress import ProgressLines
 from layerwise.callbacks.residual import ResidualNormRatioMonitor
 from layerwise.callbacks.similarity import LayerSimilarityMonitor
+from layerwise.callbacks.trajectory import TrajectoryMonitor
 
 __all__ = [
     "AnalysisCallback",
@@ -28,4 +29,5 @@ __all__ = [
     "NeuralCollapseMonitor",
     "ProgressLines",
     "ResidualNormRatioMonitor",
+    "TrajectoryMonitor",
 ]

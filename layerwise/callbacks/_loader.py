@@ -1,8 +1,9 @@
 """What one evaluation dataloader accumulates for a LayerwiseMonitor, and its reduction to global results."""
 
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Optional
+from typing import TYPE_CHECKING, Any, NamedTuple, Optional
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
@@ -10,11 +11,14 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from layerwise.callbacks._output import FeatureSaver
-from layerwise.callbacks.family import Family, LayerSpec
+from layerwise.callbacks.layer_spec import LayerSpec
 from layerwise.engines.readout import LayerOutputs
 from layerwise.engines.sampling import rank_indices, real_samples_on_rank
 from layerwise.errors import LayerwiseWarning
 from layerwise.metrics import NonFiniteRows, SampleCount, all_reduce_sum_states
+
+if TYPE_CHECKING:
+    from layerwise.callbacks.monitor import LayerwiseMonitor
 
 # Held batches are joined and fed together once they hold this many bytes or batches: the metrics' updates then cost
 # the host (Python, dispatch, kernel launches) once per group instead of once per batch, and a GPU's kernels run on
@@ -34,10 +38,11 @@ class _Pending(NamedTuple):
 
 @dataclass
 class LoaderState:
-    """One evaluation dataloader's own families, metrics, padding budget and saved features."""
+    """One evaluation dataloader's metrics of each analysis, padding budget and saved features."""
 
-    families: list[Family]
-    metrics: list[Metric]
+    analyses: Sequence["LayerwiseMonitor"]
+    metrics_of: list[dict[str, Metric]]  # each analysis's metrics, in the order of ``analyses``
+    metrics: list[Metric]  # all of them, with the count and the non-finite rows: one all-reduce
     count: SampleCount
     nonfinite: NonFiniteRows
     budget: Optional[int] = None
@@ -48,15 +53,13 @@ class LoaderState:
     pending: Optional[_Pending] = None
 
     @classmethod
-    def build(cls, families: list[Family], spec: LayerSpec) -> "LoaderState":
-        """Fresh metrics of ``families`` for ``spec``, with the sample count and the non-finite rows."""
+    def build(cls, analyses: Sequence["LayerwiseMonitor"], spec: LayerSpec) -> "LoaderState":
+        """Fresh metrics of ``analyses`` for ``spec``, with the sample count and the non-finite rows."""
         count = SampleCount(sync_on_compute=False)
         nonfinite = NonFiniteRows(len(spec.layer_numbers), sync_on_compute=False)
-        metrics: list[Metric] = [count, nonfinite]
-        for family in families:
-            family.spec = spec
-            metrics += family.build(spec)
-        return cls(families, metrics, count, nonfinite)
+        metrics_of = [analysis.build(spec) for analysis in analyses]
+        metrics = [count, nonfinite, *(metric for built in metrics_of for metric in built.values())]
+        return cls(analyses, metrics_of, metrics, count, nonfinite)
 
     def start(self, loader: Any, keep_indices: bool) -> None:
         """A new epoch over ``loader``: this rank's padding budget and a fresh feature saver (with sample indices)."""
@@ -68,7 +71,7 @@ class LoaderState:
         """Take one batch's real samples (the sampler's padding dropped); non-finite rows are counted and skipped.
 
         The batches are held and joined into groups of up to :data:`GROUP_BYTES` or :data:`GROUP_BATCHES` (one
-        batch where a family's estimator is defined per batch, e.g. the minibatch CKA), and each group is fed at
+        batch where an analysis's estimator is defined per batch, e.g. the minibatch CKA), and each group is fed at
         once: the same rows in the same order, with the host's per-update cost paid once per group. Whether a group
         holds non-finite rows is known on the device; reading it on the host would stall the loop until the group's
         forwards have run (on a GPU, the next batch could no longer be prepared meanwhile). So the answer travels by
@@ -85,7 +88,7 @@ class LoaderState:
         self.save_features = save_features
         self.held.append(layer_batch)
         self.held_bytes += layer_batch.nbytes
-        most = GROUP_BATCHES if all(family.joins_batches for family in self.families) else 1
+        most = GROUP_BATCHES if all(analysis.joins_batches for analysis in self.analyses) else 1
         if self.held_bytes >= GROUP_BYTES or len(self.held) >= most:
             self._check_held()
 
@@ -124,15 +127,17 @@ class LoaderState:
             if layer_batch.features.shape[1] == 0:
                 return
         self.count.update(layer_batch.features.shape[1])
-        for family in self.families:
-            family.update(layer_batch)
+        for analysis, metrics in zip(self.analyses, self.metrics_of):
+            analysis.update(metrics, layer_batch)
         if self.save_features:
             self.saver.keep(layer_batch)
 
     def reduce(self, spec: LayerSpec, stage: str, owner: str) -> tuple[int, dict[str, Any]]:
-        """One all-reduce, then the number of samples and every family's results (a collective: every rank)."""
+        """One all-reduce, then the number of samples and every analysis's results (a collective: every rank)."""
         self.feed_pending()
-        all_reduce_sum_states(self.metrics)
+        # the package's sum-state metrics (sync_on_compute=False) in one all-reduce; a plain torchmetrics Metric of a
+        # user's analysis syncs its own states in its compute, as AnalysisCallback.metrics says
+        all_reduce_sum_states([metric for metric in self.metrics if not metric.sync_on_compute])
         with warnings.catch_warnings():
             # The states were summed over every rank above; torchmetrics counts the updates of this rank only, and
             # would say "compute before update" on a rank without samples, or for every metric when every sample was
@@ -140,8 +145,8 @@ class LoaderState:
             warnings.filterwarnings("ignore", message=r"The ``compute`` method of metric .* before the ``update``")
             num_samples = int(self.count.compute().item())
             results: dict[str, Any] = {}
-            for family in self.families:
-                results.update(family.compute())
+            for analysis, metrics in zip(self.analyses, self.metrics_of):
+                results.update(analysis.results(metrics, results))
         nonfinite = self.nonfinite.per_layer  # the reduced state
         if bool(nonfinite.any()):
             layers = {number: int(count) for number, count in zip(spec.layer_numbers, nonfinite.tolist()) if count}

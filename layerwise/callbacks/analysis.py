@@ -1,74 +1,86 @@
-"""All analyses in one callback, sharing one source of features and one all-reduce."""
+"""All per-layer analyses in one callback, sharing one source of features and one all-reduce."""
 
 from collections.abc import Sequence
-from typing import Any, Optional
+from typing import Any, Union
 
-from layerwise.callbacks.effective_depth import DEFAULT_EPSILONS, EffectiveDepthFamily
-from layerwise.callbacks.logit_lens import DEFAULT_THRESHOLDS, LogitLensFamily
+from layerwise.callbacks.effective_depth import EffectiveDepthMonitor
+from layerwise.callbacks.logit_lens import LogitLensMonitor
 from layerwise.callbacks.monitor import LayerwiseMonitor
-from layerwise.callbacks.neural_collapse import NeuralCollapseFamily
-from layerwise.callbacks.similarity import CKAEstimator, SimilarityFamily
-from layerwise.callbacks.trajectory import TrajectoryFamily
+from layerwise.callbacks.neural_collapse import NeuralCollapseMonitor
+from layerwise.callbacks.similarity import LayerSimilarityMonitor
+from layerwise.callbacks.trajectory import TrajectoryMonitor
+from layerwise.errors import UsageError
 
 
 class LayerwiseAnalysis(LayerwiseMonitor):
     """Every layer-wise analysis at once: similarity, logit lens, neural collapse, effective depth, trajectory shape.
 
-    Equivalent to :class:`LayerSimilarityMonitor`, :class:`LogitLensMonitor`, :class:`NeuralCollapseMonitor` and
-    :class:`EffectiveDepthMonitor` together, but all families read the same per-batch features and their states
-    travel in one all-reduce. Each family can be switched off.
+    Runs the per-layer analyses on one feature source: every analysis reads the same per-batch features and their
+    states travel in one all-reduce. Each is ``True`` (its defaults), ``False`` (off) or the analysis itself with its
+    own options, which are declared once, in its class, e.g. ``logit_lens=LogitLensMonitor(thresholds=[0.9])`` (in a
+    config: ``logit_lens: {thresholds: [0.9]}``; on the command line
+    ``--trainer.callbacks.logit_lens.thresholds=[0.9]``). A composed analysis runs on this callback's features, so
+    the options of :class:`LayerwiseMonitor` (``layers``, ``every_n_epochs``, ...) are given here, not to it.
 
     Writes ``<log_dir>/layerwise/val_epoch_<EEE>_step_<SSSSSSS>.json`` (one per analysed validation) with the keys of
     the JSON summary page (docs/json-format.md), and logs the scalars listed in the callbacks' reference.
 
     Args:
-        similarity: COS and CKA between every pair of layers (:class:`LayerSimilarityMonitor`); False: off.
-        logit_lens: the shared head at every layer: accuracy, loss, saturation, early exit (:class:`LogitLensMonitor`).
-        neural_collapse: NC1 per layer (:class:`NeuralCollapseMonitor`).
-        depth: the ε-effective depth (:class:`EffectiveDepthMonitor`).
-        trajectory: the line-shape score and expodistance of the block outputs (``TrajectoryFamily``).
-        center: see :class:`LayerSimilarityMonitor`.
-        cka: see :class:`LayerSimilarityMonitor`.
-        max_buffered_samples: see :class:`LayerSimilarityMonitor`.
-        cos_bins: see :class:`LayerSimilarityMonitor`.
-        thresholds: early-exit confidences, see :class:`LogitLensMonitor` (default ``DEFAULT_THRESHOLDS``:
-            0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99).
-        f1: per-layer F1 of class 1, see :class:`LogitLensMonitor` (default: when the datamodule asks for it).
-        epsilons: the ε of the effective depth, see :class:`EffectiveDepthMonitor` (default ``DEFAULT_EPSILONS``:
-            0.01, 0.05, 0.1).
-        nc1_top_classes: restrict NC1 to the most frequent classes (see :class:`NeuralCollapseMonitor`). For a
-            language model NC1 runs only when this is set: over a whole vocabulary it is off by default.
+        similarity: COS and CKA between every pair of layers (:class:`LayerSimilarityMonitor`: ``center``, ``cka``,
+            ``max_buffered_samples``, ``cos_bins``).
+        logit_lens: the shared head at every layer: accuracy, loss, saturation, early exit (:class:`LogitLensMonitor`:
+            ``thresholds``, ``center``, ``max_buffered_samples``, ``f1``).
+        neural_collapse: NC1 per layer (:class:`NeuralCollapseMonitor`: ``top_classes``). For a language model NC1
+            runs only when ``top_classes`` is set: over a whole vocabulary it is off by default.
+        depth: the ε-effective depth (:class:`EffectiveDepthMonitor`: ``epsilons``); it reads the logit lens's
+            accuracy when the lens runs.
+        trajectory: the line-shape score and expodistance of the block outputs (:class:`TrajectoryMonitor`).
+        more: further per-layer analyses of your own (subclasses of :class:`LayerwiseMonitor`), run on the same
+            features after these.
         **kwargs: every option of :class:`LayerwiseMonitor`.
     """
 
     def __init__(
         self,
-        similarity: bool = True,
-        logit_lens: bool = True,
-        neural_collapse: bool = True,
-        depth: bool = True,
-        trajectory: bool = True,
-        center: bool = True,
-        cka: CKAEstimator = "exact",
-        max_buffered_samples: int = 65536,
-        cos_bins: int = 400,
-        thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
-        epsilons: Sequence[float] = DEFAULT_EPSILONS,
-        nc1_top_classes: Optional[int] = None,
-        f1: Optional[bool] = None,
+        similarity: Union[bool, LayerSimilarityMonitor] = True,
+        logit_lens: Union[bool, LogitLensMonitor] = True,
+        neural_collapse: Union[bool, NeuralCollapseMonitor] = True,
+        depth: Union[bool, EffectiveDepthMonitor] = True,
+        trajectory: Union[bool, TrajectoryMonitor] = True,
+        more: Sequence[LayerwiseMonitor] = (),
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if similarity:
-            self.families.append(SimilarityFamily(center, cka, max_buffered_samples, cos_bins))
-        lens = LogitLensFamily(thresholds, center, max_buffered_samples, f1) if logit_lens else None
-        if lens is not None:
-            self.families.append(lens)
-        if neural_collapse:
-            self.families.append(NeuralCollapseFamily(nc1_top_classes))
-        if depth:  # reads the logit lens's accuracy when it runs, instead of accumulating it a second time
-            self.families.append(EffectiveDepthFamily(epsilons, accuracy_from=lens))
-        if trajectory:
-            self.families.append(TrajectoryFamily())
-        if not self.families:
-            raise ValueError("LayerwiseAnalysis with every family switched off analyses nothing.")
+        chosen: dict[str, tuple[Union[bool, LayerwiseMonitor], type[LayerwiseMonitor]]] = {
+            "similarity": (similarity, LayerSimilarityMonitor),
+            "logit_lens": (logit_lens, LogitLensMonitor),
+            "neural_collapse": (neural_collapse, NeuralCollapseMonitor),
+            "depth": (depth, EffectiveDepthMonitor),
+            "trajectory": (trajectory, TrajectoryMonitor),
+        }
+        analyses: list[LayerwiseMonitor] = []
+        for name, (value, kind) in chosen.items():
+            if value is True:
+                analyses.append(kind())
+            elif isinstance(value, kind):
+                analyses.append(value)
+            elif value is not False:
+                raise ValueError(f"`{name}={value!r}` must be True, False or a {kind.__name__}.")
+        for analysis in more:
+            if not isinstance(analysis, LayerwiseMonitor) or isinstance(analysis, LayerwiseAnalysis):
+                raise ValueError(f"`more` takes per-layer analyses (LayerwiseMonitor subclasses), not {analysis!r}.")
+            analyses.append(analysis)
+        for analysis in analyses:
+            if analysis.monitor_options:
+                given = ", ".join(f"{name}={value!r}" for name, value in analysis.monitor_options.items())
+                raise UsageError(
+                    f"LayerwiseAnalysis runs its {type(analysis).__name__} on its own features: give {given} to "
+                    "LayerwiseAnalysis, not to the analysis."
+                )
+        if not analyses:
+            raise ValueError("LayerwiseAnalysis with every analysis switched off analyses nothing.")
+        self._analyses = analyses
+
+    @property
+    def analyses(self) -> Sequence[LayerwiseMonitor]:
+        return self._analyses

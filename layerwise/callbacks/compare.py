@@ -13,6 +13,7 @@ from layerwise.engines.checkpoint import load_model
 from layerwise.engines.compare import hidden_states, model_inputs, token_features
 from layerwise.features.hooks import hooked_blocks
 from layerwise.features.paths import find_model, get_blocks, layer_paths, model_width
+from layerwise.figures.summary import compare_figures
 from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
 from layerwise.metrics.functional_compare import arccos_distance
 
@@ -51,6 +52,7 @@ class CrossModelComparison(AnalysisCallback):
     """
 
     key = "compare"
+    figures = staticmethod(compare_figures)
 
     def __init__(
         self,

@@ -11,6 +11,7 @@ from lightning.pytorch.utilities import move_data_to_device
 from layerwise.callbacks.lifecycle import AnalysisCallback
 from layerwise.engines.coupling import CouplingAnalysis, Token
 from layerwise.engines.sampling import evaluation_loaders
+from layerwise.figures.coupling import coupling_figures
 
 
 class BlockCoupling(AnalysisCallback):
@@ -44,6 +45,7 @@ class BlockCoupling(AnalysisCallback):
     """
 
     key = "coupling"
+    figures = staticmethod(coupling_figures)
 
     def __init__(
         self,

@@ -8,6 +8,7 @@ from lightning.pytorch import LightningModule, Trainer
 from layerwise.callbacks.lifecycle import AnalysisCallback
 from layerwise.features.outputs import DETECTION_LABELS as LABELS
 from layerwise.features.outputs import LAYER_BOXES, LAYER_LOGITS
+from layerwise.figures.summary import detection_figures
 from layerwise.metrics.detection import cxcywh_to_xyxy, detections
 
 
@@ -35,6 +36,7 @@ class DetectionLayerAP(AnalysisCallback):
     """
 
     key = "detection_ap50"
+    figures = staticmethod(detection_figures)
 
     def __init__(self, every_n_epochs: int = 1, log_figures: bool = True, figures_every_n_epochs: int = 1) -> None:
         super().__init__(every_n_epochs, log_figures, figures_every_n_epochs)

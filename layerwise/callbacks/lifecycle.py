@@ -4,7 +4,7 @@ import inspect
 import re
 import uuid
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Optional
 
@@ -26,7 +26,8 @@ from layerwise.callbacks._output import log_figures_later, log_scalars, run_log_
 from layerwise.callbacks._schedule import analyses_now, draws_figures, last_step_unvalidated
 from layerwise.engines.sampling import evaluation_loaders, real_samples_on_rank, take_real
 from layerwise.errors import LayerwiseWarning
-from layerwise.figures.summary import evaluation_figures, own_figures
+from layerwise.figures.registry import FIGURE_FUNCTIONS, FigureFunction, recorded
+from layerwise.figures.summary import evaluation_figures
 from layerwise.metrics.sync import all_reduce_sum_states
 from layerwise.results import loader_stages, merge_summary, summary_path, to_json
 
@@ -109,11 +110,11 @@ class AnalysisCallback(Callback):
        no sync); then on global rank zero their Custom Scalars :meth:`charts` (those with a logged scalar), the
        per-layer scalars (``.../layer_XX``) in TensorBoard's run of each layer, the results made JSON and merged
        into the evaluation's summary (``<log_dir>/layerwise/<stage>_epoch_..._step_....json``) as
-       :meth:`summary_entries` (under :attr:`key`), the console :meth:`line` with the summary's path, and, when
-       ``log_figures`` and the figure schedule say so, the figures of the JSON results (:attr:`figures`, or the
-       package's own: the function ``layerwise plot`` draws the summary file with) drawn in the drawing process off
-       the training loop, with the per-layer line plots of W&B and TensorBoard's chart images of the :meth:`charts`
-       over the run so far.
+       :meth:`summary_entries` (under :attr:`key`) with the :meth:`figure_functions` that draw them (the summary's
+       registry of its figures, ``layerwise.figures.registry``), the console :meth:`line` with the summary's path,
+       and, when ``log_figures`` and the figure schedule say so, those figures drawn in the drawing process off the
+       training loop by the function ``layerwise plot`` and ``report`` draw the summary file with, with the per-layer
+       line plots of W&B and TensorBoard's chart images of the :meth:`charts` over the run so far.
     5. ``on_exception`` and ``teardown``: :meth:`stop`, the figures already enqueued reach the logger first, and
        the layer runs' writers are flushed and closed.
 
@@ -139,9 +140,10 @@ class AnalysisCallback(Callback):
     key: ClassVar[str] = ""  # the JSON key of the results in the epoch's summary
     _resumed: dict[str, Any] = {}  # the run record's state from a checkpoint (load_state_dict)
     # A module-level function of the JSON results -> {name: matplotlib figure}, drawn in the drawing process (which
-    # imports its module by name, and no torch unless that module does); None: the package's own figures of `key`
-    # (layerwise.figures.summary.summary_figures, which `layerwise plot` draws from the summary file too).
-    figures: ClassVar[Optional[Callable[[Any], dict[str, Any]]]] = None
+    # imports its module by name, and no torch unless that module does) and named in the summary, from which
+    # `layerwise plot` and `report` draw it again (layerwise.figures.registry); None: no figure.
+    # (set as `figures = staticmethod(function)`)
+    figures: ClassVar[Any] = None
 
     def __init__(self, every_n_epochs: int = 1, log_figures: bool = True, figures_every_n_epochs: int = 1) -> None:
         if not self.key and type(self).summary_entries is AnalysisCallback.summary_entries:
@@ -204,6 +206,12 @@ class AnalysisCallback(Callback):
     def summary_entries(self, results: Any) -> dict[str, Any]:
         """What the JSON results add to the evaluation's summary: ``{key: results}``."""
         return {self.key: results}
+
+    def figure_functions(self) -> list[tuple[FigureFunction, Optional[str]]]:
+        """The figure functions of the results with the summary key each reads: :attr:`figures` of :attr:`key`."""
+        own = inspect.getattr_static(type(self), "figures")
+        own = getattr(own, "__func__", own)  # a staticmethod's function
+        return [] if own is None else [(own, self.key or None)]
 
     # -- the lifecycle ------------------------------------------------------------------------------------------
 
@@ -339,7 +347,8 @@ class AnalysisCallback(Callback):
         record.layer_runs.log(trainer, scalars, step)
         written = to_json(results)
         header = {"stage": stage, "epoch": trainer.current_epoch, "global_step": step}
-        summary = {**header, **self.summary_entries(written)}
+        functions = self.figure_functions()
+        summary = {**header, **self.summary_entries(written), FIGURE_FUNCTIONS: recorded(functions)}
         path = summary_path(log_dir, stage, trainer.current_epoch, step)
         merge_summary(path, summary, record.run_id)
         text = self.line(written)
@@ -349,12 +358,9 @@ class AnalysisCallback(Callback):
         history = record.add_history(stage, step, scalars) if chart_loggers(trainer) else {}
         if not draws_figures(trainer, self.log_figures, self.figures_every_n_epochs):
             return
-        own = inspect.getattr_static(type(self), "figures")
-        own = getattr(own, "__func__", own)  # a staticmethod's function
-        if own is None:
-            log_figures_later(trainer, FigureJob(evaluation_figures, (stage, summary)))
-        else:
-            log_figures_later(trainer, FigureJob(own_figures, (own, stage, summary, self.key)))
+        if functions:  # the function `plot` draws the summary with, given the functions it names
+            drawn = tuple(function for function, _ in functions)
+            log_figures_later(trainer, FigureJob(evaluation_figures, (stage, summary, drawn)))
         if charts and history:
             log_layer_charts(trainer, stage, charts, history)
             log_tensorboard_charts(trainer, stage, charts, history)

@@ -6,8 +6,9 @@ from typing import Any, Optional
 from lightning.pytorch import Trainer
 from torchmetrics import Metric
 
-from layerwise.callbacks.family import per_layer, shaped
-from layerwise.callbacks.monitor import Family, LayerOutputs, LayerSpec, LayerwiseMonitor
+from layerwise.callbacks.layer_spec import LayerSpec, per_layer, shaped
+from layerwise.callbacks.monitor import LayerOutputs, LayerwiseMonitor, Metrics
+from layerwise.figures.summary import logit_lens_figures
 from layerwise.metrics import (
     EarlyExit,
     LayerAccuracy,
@@ -18,154 +19,6 @@ from layerwise.metrics import (
 )
 
 DEFAULT_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
-
-
-class LogitLensFamily(Family):
-    """Per-layer accuracy/loss of the shared head, saturation events and early exit; separate heads if present.
-
-    With separate exit heads (``MultiExit``), their accuracy/loss per layer and their own early exit (same thresholds,
-    same exit rule) are reported next to the shared head's, as ``exit_accuracy``, ``exit_loss`` and
-    ``exit_early_exit``: the paper's comparison of one shared classifier with a classifier per layer.
-    """
-
-    def __init__(
-        self,
-        thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
-        center: bool = True,
-        max_buffered_samples: int = 65536,
-        f1: Optional[bool] = None,
-    ) -> None:
-        thresholds = [float(value) for value in thresholds]
-        if not thresholds or any(not 0.0 <= value <= 1.0 for value in thresholds):
-            raise ValueError(f"`thresholds={thresholds}` must be a non-empty list of confidences in [0, 1].")
-        self.thresholds = thresholds
-        self.center = center
-        self.max_buffered_samples = max_buffered_samples
-        self.f1 = f1
-        self._report_f1 = bool(f1)
-
-    def configure(self, trainer: Trainer, spec: LayerSpec) -> None:
-        data_metrics = getattr(getattr(trainer, "datamodule", None), "metrics", ())
-        self._report_f1 = "f1" in data_metrics if self.f1 is None else self.f1
-        if self._report_f1 and spec.num_classes != 2:
-            raise ValueError(
-                f"`f1=True` reports the F1 of class 1 of a binary task; this model has {spec.num_classes} classes."
-            )
-
-    def build(self, spec: LayerSpec) -> list[Metric]:
-        layers = spec.num_layers
-        self.accuracy = LayerAccuracy(layers, sync_on_compute=False)
-        self.exit_accuracy = LayerAccuracy(layers, sync_on_compute=False)
-        self.saturation_cos = SaturationCosine(
-            layers, self.center, self.max_buffered_samples, dim=spec.dim, sync_on_compute=False
-        )
-        self.early_exit = EarlyExit(
-            layers, self.thresholds, layer_numbers=spec.layer_numbers, depth=spec.depth, sync_on_compute=False
-        )
-        self.exit_early_exit = EarlyExit(
-            layers, self.thresholds, layer_numbers=spec.layer_numbers, depth=spec.depth, sync_on_compute=False
-        )
-        # Counts over every sample; SaturationCosine averages over the (possibly subsampled) rows it sees.
-        self.histogram = SaturationHistogram(layers, sync_on_compute=False)
-        self._has_exit_heads = False
-        metrics = [
-            self.accuracy,
-            self.exit_accuracy,
-            self.saturation_cos,
-            self.histogram,
-            self.early_exit,
-            self.exit_early_exit,
-        ]
-        if self._report_f1:
-            self.f1_metric = LayerF1(layers, sync_on_compute=False)
-            metrics.append(self.f1_metric)
-        return metrics
-
-    def update(self, batch: LayerOutputs) -> None:
-        self.accuracy.update(batch.readout, batch.targets)
-        saturation = saturation_layers(batch.readout.predictions)
-        if batch.sampled is not None:
-            saturation = saturation[batch.sampled]
-        self.saturation_cos.update(batch.sampled_features, saturation)
-        self.histogram.update(batch.readout)
-        self.early_exit.update(batch.readout, batch.targets)
-        if self._report_f1:
-            self.f1_metric.update(batch.readout, batch.targets)
-        if batch.exit_readout is not None:
-            self._has_exit_heads = True
-            self.exit_accuracy.update(batch.exit_readout, batch.targets)
-            self.exit_early_exit.update(batch.exit_readout, batch.targets)
-
-    def compute(self) -> dict[str, Any]:
-        spec = self.spec
-        layers = spec.num_layers
-        accuracy = self.accuracy.compute()
-        loss = shaped(accuracy["loss"], layers)
-        results = {
-            "accuracy": shaped(accuracy["accuracy"], layers),
-            "loss": loss,
-            **({"perplexity": loss.exp()} if spec.token_level else {}),
-            **({"f1": shaped(self.f1_metric.compute(), layers)} if self._report_f1 else {}),
-            "saturation_counts": shaped(self.histogram.compute(), layers).round().long(),
-            "saturation_cos": shaped(self.saturation_cos.compute(), layers),
-            "early_exit": self._early_exit_rows(self.early_exit),
-        }
-        # Whether any rank saw separate exit heads is itself global: the reduced count is non-zero.
-        if float(self.exit_accuracy.count) > 0:
-            exit_accuracy = self.exit_accuracy.compute()
-            results["exit_accuracy"] = shaped(exit_accuracy["accuracy"], layers)
-            results["exit_loss"] = shaped(exit_accuracy["loss"], layers)
-            results["exit_early_exit"] = self._early_exit_rows(self.exit_early_exit)
-        return results
-
-    def _early_exit_rows(self, metric: EarlyExit) -> list[dict[str, Any]]:
-        """One JSON row per threshold: ``threshold``, ``accuracy``, ``exit_counts`` (per layer), ``speedup``."""
-        early_exit = metric.compute()
-        count = len(self.thresholds)
-        accuracy, speedup = shaped(early_exit["accuracy"], count), shaped(early_exit["speedup"], count)
-        exit_counts = shaped(early_exit["exit_counts"], count, -1)
-        return [
-            {
-                "threshold": threshold,
-                "accuracy": float(accuracy[i]),
-                "exit_counts": exit_counts[i].round().long().tolist(),
-                "speedup": float(speedup[i]),
-            }
-            for i, threshold in enumerate(self.thresholds)
-        ]
-
-    def scalars(self, results: dict[str, Any]) -> dict[str, float]:
-        spec = self.spec
-        scalars = per_layer(results["accuracy"], spec, "acc")
-        scalars.update(per_layer(results["loss"], spec, "loss"))
-        if "f1" in results:
-            scalars.update(per_layer(results["f1"], spec, "f1"))
-        if "perplexity" in results:
-            scalars.update(per_layer(results["perplexity"], spec, "perplexity"))
-        total = max(1, int(results["saturation_counts"].sum()))
-        scalars.update(per_layer(results["saturation_counts"].double() / total, spec, "saturation"))
-        if "exit_accuracy" in results:
-            scalars.update(per_layer(results["exit_accuracy"], spec, "exit_acc"))
-        for key in ("early_exit", "exit_early_exit"):
-            for row in results.get(key, ()):
-                name = f"tau_{row['threshold']:g}"
-                scalars[f"{key}/accuracy/{name}"] = row["accuracy"]
-                scalars[f"{key}/speedup/{name}"] = row["speedup"]
-        return scalars
-
-    def charts(self) -> dict[str, str]:
-        return {
-            "accuracy per layer": r"acc/layer_\d+",
-            "loss per layer": r"loss/layer_\d+",
-            "perplexity per layer": r"perplexity/layer_\d+",
-            "F1 per layer": r"f1/layer_\d+",
-            "saturation per layer": r"saturation/layer_\d+",
-            "exit-head accuracy per layer": r"exit_acc/layer_\d+",
-            "early-exit accuracy": r"early_exit/accuracy/.*",
-            "early-exit speedup": r"early_exit/speedup/.*",
-            "exit-head early-exit accuracy": r"exit_early_exit/accuracy/.*",
-            "exit-head early-exit speedup": r"exit_early_exit/speedup/.*",
-        }
 
 
 class LogitLensMonitor(LayerwiseMonitor):
@@ -200,6 +53,8 @@ class LogitLensMonitor(LayerwiseMonitor):
     ``val/perplexity/layer_XX`` for language models; ``f1`` and ``val/f1/layer_XX`` when F1 is reported.
     """
 
+    figures = staticmethod(logit_lens_figures)
+
     def __init__(
         self,
         thresholds: Sequence[float] = DEFAULT_THRESHOLDS,
@@ -209,4 +64,123 @@ class LogitLensMonitor(LayerwiseMonitor):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.families = [LogitLensFamily(thresholds, center, max_buffered_samples, f1)]
+        thresholds = [float(value) for value in thresholds]
+        if not thresholds or any(not 0.0 <= value <= 1.0 for value in thresholds):
+            raise ValueError(f"`thresholds={thresholds}` must be a non-empty list of confidences in [0, 1].")
+        self.thresholds = thresholds
+        self.center = center
+        self.max_buffered_samples = max_buffered_samples
+        self.f1 = f1
+        self._report_f1 = bool(f1)
+
+    def configure(self, trainer: Trainer, monitor: LayerwiseMonitor) -> None:
+        data_metrics = getattr(getattr(trainer, "datamodule", None), "metrics", ())
+        self._report_f1 = "f1" in data_metrics if self.f1 is None else self.f1
+        if self._report_f1 and self.spec.num_classes != 2:
+            raise ValueError(
+                f"`f1=True` reports the F1 of class 1 of a binary task; this model has {self.spec.num_classes} classes."
+            )
+
+    def build(self, spec: LayerSpec) -> Metrics:
+        layers = spec.num_layers
+        early_exit = dict(layer_numbers=spec.layer_numbers, depth=spec.depth, sync_on_compute=False)
+        metrics: Metrics = {
+            "accuracy": LayerAccuracy(layers, sync_on_compute=False),
+            "exit_accuracy": LayerAccuracy(layers, sync_on_compute=False),
+            "saturation_cos": SaturationCosine(
+                layers, self.center, self.max_buffered_samples, dim=spec.dim, sync_on_compute=False
+            ),
+            # counts over every sample; SaturationCosine averages over the (possibly subsampled) rows it sees
+            "histogram": SaturationHistogram(layers, sync_on_compute=False),
+            "early_exit": EarlyExit(layers, self.thresholds, **early_exit),
+            "exit_early_exit": EarlyExit(layers, self.thresholds, **early_exit),
+        }
+        if self._report_f1:
+            metrics["f1"] = LayerF1(layers, sync_on_compute=False)
+        return metrics
+
+    def update(self, metrics: Metrics, batch: LayerOutputs) -> None:
+        metrics["accuracy"].update(batch.readout, batch.targets)
+        saturation = saturation_layers(batch.readout.predictions)
+        if batch.sampled is not None:
+            saturation = saturation[batch.sampled]
+        metrics["saturation_cos"].update(batch.sampled_features, saturation)
+        metrics["histogram"].update(batch.readout)
+        metrics["early_exit"].update(batch.readout, batch.targets)
+        if "f1" in metrics:
+            metrics["f1"].update(batch.readout, batch.targets)
+        if batch.exit_readout is not None:
+            metrics["exit_accuracy"].update(batch.exit_readout, batch.targets)
+            metrics["exit_early_exit"].update(batch.exit_readout, batch.targets)
+
+    def results(self, metrics: Metrics, earlier: dict[str, Any]) -> dict[str, Any]:
+        spec = self.spec
+        layers = spec.num_layers
+        accuracy = metrics["accuracy"].compute()
+        loss = shaped(accuracy["loss"], layers)
+        results = {
+            "accuracy": shaped(accuracy["accuracy"], layers),
+            "loss": loss,
+            **({"perplexity": loss.exp()} if spec.token_level else {}),
+            **({"f1": shaped(metrics["f1"].compute(), layers)} if "f1" in metrics else {}),
+            "saturation_counts": shaped(metrics["histogram"].compute(), layers).round().long(),
+            "saturation_cos": shaped(metrics["saturation_cos"].compute(), layers),
+            "early_exit": self._early_exit_rows(metrics["early_exit"]),
+        }
+        # Whether any rank saw separate exit heads is itself global: the reduced count is non-zero.
+        exit_heads: Any = metrics["exit_accuracy"]
+        if float(exit_heads.count) > 0:
+            exit_accuracy = exit_heads.compute()
+            results["exit_accuracy"] = shaped(exit_accuracy["accuracy"], layers)
+            results["exit_loss"] = shaped(exit_accuracy["loss"], layers)
+            results["exit_early_exit"] = self._early_exit_rows(metrics["exit_early_exit"])
+        return results
+
+    def _early_exit_rows(self, metric: Metric) -> list[dict[str, Any]]:
+        """One JSON row per threshold: ``threshold``, ``accuracy``, ``exit_counts`` (per layer), ``speedup``."""
+        early_exit = metric.compute()
+        count = len(self.thresholds)
+        accuracy, speedup = shaped(early_exit["accuracy"], count), shaped(early_exit["speedup"], count)
+        exit_counts = shaped(early_exit["exit_counts"], count, -1)
+        return [
+            {
+                "threshold": threshold,
+                "accuracy": float(accuracy[i]),
+                "exit_counts": exit_counts[i].round().long().tolist(),
+                "speedup": float(speedup[i]),
+            }
+            for i, threshold in enumerate(self.thresholds)
+        ]
+
+    def layer_scalars(self, results: dict[str, Any]) -> dict[str, float]:
+        spec = self.spec
+        scalars = per_layer(results["accuracy"], spec, "acc")
+        scalars.update(per_layer(results["loss"], spec, "loss"))
+        if "f1" in results:
+            scalars.update(per_layer(results["f1"], spec, "f1"))
+        if "perplexity" in results:
+            scalars.update(per_layer(results["perplexity"], spec, "perplexity"))
+        total = max(1, int(results["saturation_counts"].sum()))
+        scalars.update(per_layer(results["saturation_counts"].double() / total, spec, "saturation"))
+        if "exit_accuracy" in results:
+            scalars.update(per_layer(results["exit_accuracy"], spec, "exit_acc"))
+        for key in ("early_exit", "exit_early_exit"):
+            for row in results.get(key, ()):
+                name = f"tau_{row['threshold']:g}"
+                scalars[f"{key}/accuracy/{name}"] = row["accuracy"]
+                scalars[f"{key}/speedup/{name}"] = row["speedup"]
+        return scalars
+
+    def layer_charts(self) -> dict[str, str]:
+        return {
+            "accuracy per layer": r"acc/layer_\d+",
+            "loss per layer": r"loss/layer_\d+",
+            "perplexity per layer": r"perplexity/layer_\d+",
+            "F1 per layer": r"f1/layer_\d+",
+            "saturation per layer": r"saturation/layer_\d+",
+            "exit-head accuracy per layer": r"exit_acc/layer_\d+",
+            "early-exit accuracy": r"early_exit/accuracy/.*",
+            "early-exit speedup": r"early_exit/speedup/.*",
+            "exit-head early-exit accuracy": r"exit_early_exit/accuracy/.*",
+            "exit-head early-exit speedup": r"exit_early_exit/speedup/.*",
+        }

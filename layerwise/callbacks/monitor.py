@@ -1,37 +1,49 @@
-"""LayerwiseMonitor: the per-layer metric families on the one lifecycle of the analysis callbacks.
+"""LayerwiseMonitor: the per-layer analyses on the one lifecycle of the analysis callbacks.
 
-When it runs and where its results go is :class:`~layerwise.callbacks.lifecycle.AnalysisCallback`'s; here: where
-the features come from (``_source.py``), what one evaluation dataloader accumulates and how it reduces
-(``_loader.py``), and the families' results as the summary's top-level keys.
+When it runs and where its results go is :class:`~layerwise.callbacks.lifecycle.AnalysisCallback`'s; here: what a
+per-layer analysis declares (its metrics, its results, its scalars, charts and figure), where the features come from
+(``_source.py``), what one evaluation dataloader accumulates and how it reduces (``_loader.py``), and the analyses'
+results as the summary's top-level keys.
 """
 
-import copy
-from typing import Any, Literal, Optional, Union
+import inspect
+from collections.abc import Sequence
+from typing import Any, ClassVar, Literal, Optional, Union
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
+from torchmetrics import Metric
 
 from layerwise.callbacks._loader import LoaderState
 from layerwise.callbacks._output import layer_table, run_log_dir
 from layerwise.callbacks._source import FeatureSource
-from layerwise.callbacks.family import Family, LayerSpec, per_layer
+from layerwise.callbacks.layer_spec import LayerSpec, per_layer
 from layerwise.callbacks.lifecycle import AnalysisCallback, positive_int
 from layerwise.engines.readout import LayerOutputs
 from layerwise.errors import UsageError
 from layerwise.features.layers import LayerSelection, select_layers
+from layerwise.figures.registry import FigureFunction
 from layerwise.results import evaluated_split
 
 Source = Literal["auto", "outputs", "hooks"]
-__all__ = ["Family", "LayerOutputs", "LayerSpec", "LayerwiseMonitor", "per_layer"]
+Metrics = dict[str, Metric]  # one analysis's metrics for one evaluation dataloader, by its own names
+__all__ = ["LayerOutputs", "LayerSpec", "LayerwiseMonitor", "Metrics", "per_layer"]
 
 
 class LayerwiseMonitor(AnalysisCallback):
-    """Base of the per-layer analyses: metric families fed with the features of every layer of every batch.
+    """Base of the per-layer analyses: metrics fed with the features and readout of every layer of every batch.
 
     An :class:`~layerwise.callbacks.lifecycle.AnalysisCallback` (its docstring is the order of the hooks: every
     evaluation stage and dataloader, the all-reduce, the summary, the figures), whose results are the summary's
-    top-level keys (``layers``, ``depth``, ``num_samples``, ``n_nonfinite``, and each family's, e.g. ``cos``,
-    ``accuracy``), drawn by the package's own figures.
+    top-level keys (``layers``, ``depth``, ``num_samples``, ``n_nonfinite``, and each analysis's, e.g. ``cos``,
+    ``accuracy``).
+
+    A per-layer analysis is one subclass that declares its own options in its ``__init__`` (the monitor's through
+    ``**kwargs``) and says, per evaluation dataloader, its metrics (:meth:`build`, :meth:`update`), its results
+    (:meth:`results`, top-level keys of the summary), its scalars and charts (:meth:`layer_scalars`,
+    :meth:`layer_charts`) and its figure (:attr:`figures`, a module-level function of the summary). On its own it
+    runs as a callback; :class:`~layerwise.callbacks.LayerwiseAnalysis` runs several (:attr:`analyses`) on one
+    feature source, one group of batches and one all-reduce.
 
     Features come from the module's ``validation_step`` output when it is a
     :class:`~layerwise.engines.readout.LayerOutputs` (every :class:`~layerwise.lightning_modules.LayerwiseModule`
@@ -90,6 +102,9 @@ class LayerwiseMonitor(AnalysisCallback):
         pooling: Optional[Literal["cls", "mean", "last"]] = None,
         token_stride: int = 1,
     ) -> None:
+        # the options given other than their defaults: an analysis composed into LayerwiseAnalysis runs on the
+        # composer's, which refuses them
+        self.monitor_options = {name: value for name, value in locals().items() if _DEFAULTS.get(name, value) != value}
         super().__init__(every_n_epochs, log_figures, figures_every_n_epochs)
         positive_int("token_stride", token_stride)
         if source not in ("auto", "outputs", "hooks"):
@@ -103,7 +118,6 @@ class LayerwiseMonitor(AnalysisCallback):
         self.hook_paths = {"blocks": blocks, "final_norm": final_norm, "classifier": classifier, "pooling": pooling}
         self._source = FeatureSource(source, self.hook_paths)
         self.token_stride = token_stride
-        self.families: list[Family] = []
         self._spec: Optional[LayerSpec] = None
         self._states: dict[int, LoaderState] = {}  # per evaluation dataloader, kept while the layer spec holds
         self._state: Optional[LoaderState] = None  # the dataloader's being analysed
@@ -132,22 +146,24 @@ class LayerwiseMonitor(AnalysisCallback):
         numbers = [index + 1 for index in select_layers(self.layers, depth)]
         spec = LayerSpec(numbers, depth, dim, num_classes, token_level)
         if spec != self._spec:
-            for family in self.families:
-                family.configure(trainer, spec)
+            self.configure_analyses(trainer, spec)
             self._spec, self._states = spec, {}
             self._selection = torch.tensor([number - 1 for number in numbers])
         index = self.dataloader_idx or 0
-        if index not in self._states:
-            # the first dataloader feeds the callback's own families; every other one a copy (a deep copy of the list
-            # keeps the links between families, e.g. effective depth reading the logit lens's accuracy)
-            families = self.families if index == 0 else copy.deepcopy(self.families)
-            self._states[index] = LoaderState.build(families, spec)
+        if index not in self._states:  # every dataloader its own metrics
+            self._states[index] = LoaderState.build(self.analyses, spec)
         state = self._state = self._states[index]
         state.reset()
         for metric in state.metrics:
             metric.to(pl_module.device)
         self._selection = self._selection.to(pl_module.device)  # once, not a host-to-device copy at every batch
         state.start(self.loader, keep_indices=self.save_features and trainer.world_size > 1)
+
+    def configure_analyses(self, trainer: Trainer, spec: LayerSpec) -> None:
+        """Every analysis's metrics are for ``spec`` from now on: each reads what it needs of the run."""
+        for analysis in self.analyses:
+            analysis.spec = spec
+            analysis.configure(trainer, self)
 
     def before_batch(self, trainer: Trainer, pl_module: LightningModule, batch: Any) -> None:
         self._source.before_batch(batch)
@@ -166,7 +182,7 @@ class LayerwiseMonitor(AnalysisCallback):
             state.reset()
 
     def compute(self, trainer: Trainer, pl_module: LightningModule) -> dict[str, Any]:
-        """The families' results with the evaluation's header; the features saved (a collective when asked)."""
+        """The analyses' results with the evaluation's header; the features saved (a collective when asked)."""
         state, spec = self._state, self._spec
         assert state is not None and spec is not None
         num_samples, results = state.reduce(spec, self.stage, type(self).__name__)  # one all-reduce of its states
@@ -187,14 +203,82 @@ class LayerwiseMonitor(AnalysisCallback):
         return results  # the summary's top-level keys
 
     def scalars(self, results: dict[str, Any]) -> dict[str, float]:
-        assert self._state is not None
-        return {key: value for family in self._state.families for key, value in family.scalars(results).items()}
+        return {key: value for analysis in self.analyses for key, value in analysis.layer_scalars(results).items()}
 
     def charts(self) -> dict[str, str]:
-        return {title: regex for family in self.families for title, regex in family.charts().items()}
+        return {title: regex for analysis in self.analyses for title, regex in analysis.layer_charts().items()}
+
+    def figure_functions(self) -> list[tuple[FigureFunction, Optional[str]]]:
+        """Every analysis's :attr:`figures`, each once: functions of the whole summary (its top-level keys)."""
+        functions = [function for each in self.analyses for function, _ in AnalysisCallback.figure_functions(each)]
+        return [(function, None) for function in dict.fromkeys(functions)]
+
+    # -- what a per-layer analysis declares ---------------------------------------------------------------------
+
+    figures: ClassVar[Any] = None  # a staticmethod of a module-level function of the summary (its top-level keys)
+    spec: LayerSpec  # what the metrics are built for: set before configure
+
+    @property
+    def analyses(self) -> Sequence["LayerwiseMonitor"]:
+        """The per-layer analyses this callback runs on its features: itself (``LayerwiseAnalysis``: several)."""
+        return [self]
+
+    @property
+    def joins_batches(self) -> bool:
+        """Whether :meth:`update` may get several batches joined into one.
+
+        False for an estimator defined per dataloader minibatch: then every analysis of its dataloader is fed batch
+        by batch.
+        """
+        return True
+
+    def configure(self, trainer: Trainer, monitor: "LayerwiseMonitor") -> None:
+        """Read what the analysis needs from the run before :meth:`build`; default: nothing.
+
+        :attr:`spec` is set; ``monitor`` runs the analysis: itself, or the ``LayerwiseAnalysis`` it is one of.
+        """
+
+    def build(self, spec: LayerSpec) -> Metrics:
+        """Fresh metrics for one evaluation dataloader, by name.
+
+        The package's sum-state metrics are constructed with ``sync_on_compute=False``: they travel in the monitor's
+        one all-reduce. A plain torchmetrics ``Metric`` (``sync_on_compute=True``, its default) syncs itself when
+        :meth:`results` calls its ``compute``, on every rank.
+        """
+        return {}
+
+    def update(self, metrics: Metrics, batch: LayerOutputs) -> None:
+        """Feed consecutive evaluation batches, joined into one, to the metrics :meth:`build` made.
+
+        Up to ``_loader.GROUP_BATCHES`` batches or ``_loader.GROUP_BYTES``, rows in order: a sum over rows is the
+        same. An analysis whose result depends on where a dataloader batch ends says so by :attr:`joins_batches`.
+        """
+
+    def results(self, metrics: Metrics, earlier: dict[str, Any]) -> dict[str, Any]:
+        """Results keyed as in the JSON summary (the states already reduced across ranks).
+
+        ``earlier``: the results of the analyses run before it on the same features (the effective depth reads the
+        logit lens's accuracy).
+        """
+        return {}
+
+    def layer_scalars(self, results: dict[str, Any]) -> dict[str, float]:
+        """Scalars to log from the results, keyed without the stage prefix, e.g. ``acc/layer_03``."""
+        return {}
+
+    def layer_charts(self) -> dict[str, str]:
+        """TensorBoard multi-line charts: title -> regex of tag suffixes (all layers of one quantity)."""
+        return {}
 
     def line(self, results: dict[str, Any]) -> str:
         if not self.print_table or self._spec is None:
             return ""
         epoch, step = self._position
         return layer_table(self.stage, epoch, step, results, self._spec)
+
+
+_DEFAULTS = {
+    name: parameter.default
+    for name, parameter in inspect.signature(LayerwiseMonitor.__init__).parameters.items()
+    if name != "self"
+}

@@ -13,6 +13,7 @@ from layerwise.callbacks.lifecycle import AnalysisCallback
 from layerwise.errors import LayerwiseWarning, UsageError
 from layerwise.features.branches import BranchNorms, default_token, token_positions
 from layerwise.features.paths import FAMILIES, find_layer_paths, get_blocks
+from layerwise.figures.summary import residual_figures
 from layerwise.metrics.residual import ResidualNormRatio
 
 Token = Literal["auto", "cls", "last"]
@@ -53,6 +54,7 @@ class ResidualNormRatioMonitor(AnalysisCallback):
     """
 
     key = "residual_norm_ratio"
+    figures = staticmethod(residual_figures)
 
     def __init__(
         self,

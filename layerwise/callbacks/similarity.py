@@ -2,10 +2,9 @@
 
 from typing import Any, Literal
 
-from torchmetrics import Metric
-
-from layerwise.callbacks.family import per_layer, shaped
-from layerwise.callbacks.monitor import Family, LayerOutputs, LayerSpec, LayerwiseMonitor
+from layerwise.callbacks.layer_spec import LayerSpec, per_layer, shaped
+from layerwise.callbacks.monitor import LayerOutputs, LayerwiseMonitor, Metrics
+from layerwise.figures.summary import similarity_figures
 from layerwise.metrics import LayerCKA, LayerCosineSimilarity, MinibatchCKA
 from layerwise.metrics.functional_distribution import histogram_quantiles
 
@@ -14,85 +13,6 @@ CKAEstimator = Literal["exact", "minibatch", "none"]
 
 # The quantiles of the per-sample COS written to the summary (the box plots draw 0.01 ... 0.99 and the extremes).
 COS_QUANTILES = (0.0, 0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99, 1.0)
-
-
-class SimilarityFamily(Family):
-    """COS matrix (centred by the evaluated set's mean, or not), its per-sample distribution, linear CKA matrix."""
-
-    def __init__(
-        self,
-        center: bool = True,
-        cka: CKAEstimator = "exact",
-        max_buffered_samples: int = 65536,
-        cos_bins: int = 400,
-    ) -> None:
-        if cka not in ("exact", "minibatch", "none"):
-            raise ValueError(f"`cka={cka!r}` must be 'exact', 'minibatch' or 'none'.")
-        if not isinstance(cos_bins, int) or isinstance(cos_bins, bool) or cos_bins < 0:
-            raise ValueError(f"`cos_bins={cos_bins!r}` must be a non-negative int (0: no COS distribution).")
-        self.center = center
-        self.cka_estimator = cka
-        self.max_buffered_samples = max_buffered_samples
-        self.cos_bins = cos_bins
-
-    def build(self, spec: LayerSpec) -> list[Metric]:
-        self.cos = LayerCosineSimilarity(
-            spec.num_layers,
-            self.center,
-            self.max_buffered_samples,
-            dim=spec.dim,
-            bins=self.cos_bins,
-            sync_on_compute=False,
-        )
-        metrics: list[Metric] = [self.cos]
-        self.cka = None
-        if self.cka_estimator == "exact":
-            self.cka = LayerCKA(spec.num_layers, spec.dim, sync_on_compute=False)
-        elif self.cka_estimator == "minibatch":
-            self.cka = MinibatchCKA(spec.num_layers, sync_on_compute=False)
-        return metrics + ([self.cka] if self.cka is not None else [])
-
-    @property
-    def joins_batches(self) -> bool:
-        return self.cka_estimator != "minibatch"  # the minibatch HSIC is an estimator per dataloader batch
-
-    def update(self, batch: LayerOutputs) -> None:
-        self.cos.update(batch.sampled_features)
-        if self.cka is not None:
-            self.cka.update(batch.sampled_features)
-
-    def compute(self) -> dict[str, Any]:
-        spec = self.spec
-        layers = spec.num_layers
-        cka = None if self.cka is None else shaped(self.cka.compute(), layers, layers)
-        if not self.cos_bins:
-            return {"cos": shaped(self.cos.compute(), layers, layers), "cka": cka}
-        mean, histogram, negative = self.cos.compute_distribution()
-        histogram = histogram.reshape(layers, layers, self.cos_bins)
-        return {
-            "cos": shaped(mean, layers, layers),
-            "cka": cka,
-            "cos_quantile_levels": list(COS_QUANTILES),
-            "cos_quantiles": histogram_quantiles(histogram, COS_QUANTILES, -1.0, 1.0),
-            "cos_negative_fraction": shaped(negative, layers, layers),
-            "cos_histogram_to_last": histogram[:, -1].round().long(),
-        }
-
-    def scalars(self, results: dict[str, Any]) -> dict[str, float]:
-        spec = self.spec
-        scalars = per_layer(results["cos"][:, -1], spec, "cos_to_last")
-        if results["cka"] is not None:
-            scalars.update(per_layer(results["cka"][:, -1], spec, "cka_to_last"))
-        if results.get("cos_negative_fraction") is not None:
-            scalars.update(per_layer(results["cos_negative_fraction"][:, -1], spec, "cos_negative_to_last"))
-        return scalars
-
-    def charts(self) -> dict[str, str]:
-        return {
-            "COS to last layer": r"cos_to_last/layer_\d+",
-            "CKA to last layer": r"cka_to_last/layer_\d+",
-            "fraction of negative COS to last layer": r"cos_negative_to_last/layer_\d+",
-        }
 
 
 class LayerSimilarityMonitor(LayerwiseMonitor):
@@ -122,6 +42,8 @@ class LayerSimilarityMonitor(LayerwiseMonitor):
     COS(h_l, h_L) on [-1, 1]). Other args: see :class:`LayerwiseMonitor`.
     """
 
+    figures = staticmethod(similarity_figures)
+
     def __init__(
         self,
         center: bool = True,
@@ -131,4 +53,69 @@ class LayerSimilarityMonitor(LayerwiseMonitor):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        self.families = [SimilarityFamily(center, cka, max_buffered_samples, cos_bins)]
+        if cka not in ("exact", "minibatch", "none"):
+            raise ValueError(f"`cka={cka!r}` must be 'exact', 'minibatch' or 'none'.")
+        if not isinstance(cos_bins, int) or isinstance(cos_bins, bool) or cos_bins < 0:
+            raise ValueError(f"`cos_bins={cos_bins!r}` must be a non-negative int (0: no COS distribution).")
+        self.center = center
+        self.cka_estimator = cka
+        self.max_buffered_samples = max_buffered_samples
+        self.cos_bins = cos_bins
+
+    def build(self, spec: LayerSpec) -> Metrics:
+        metrics: Metrics = {
+            "cos": LayerCosineSimilarity(
+                spec.num_layers,
+                self.center,
+                self.max_buffered_samples,
+                dim=spec.dim,
+                bins=self.cos_bins,
+                sync_on_compute=False,
+            )
+        }
+        if self.cka_estimator == "exact":
+            metrics["cka"] = LayerCKA(spec.num_layers, spec.dim, sync_on_compute=False)
+        elif self.cka_estimator == "minibatch":
+            metrics["cka"] = MinibatchCKA(spec.num_layers, sync_on_compute=False)
+        return metrics
+
+    @property
+    def joins_batches(self) -> bool:
+        return self.cka_estimator != "minibatch"  # the minibatch HSIC is an estimator per dataloader batch
+
+    def update(self, metrics: Metrics, batch: LayerOutputs) -> None:
+        for metric in metrics.values():
+            metric.update(batch.sampled_features)
+
+    def results(self, metrics: Metrics, earlier: dict[str, Any]) -> dict[str, Any]:
+        layers = self.spec.num_layers
+        cka = shaped(metrics["cka"].compute(), layers, layers) if "cka" in metrics else None
+        cos: Any = metrics["cos"]
+        if not self.cos_bins:
+            return {"cos": shaped(cos.compute(), layers, layers), "cka": cka}
+        mean, histogram, negative = cos.compute_distribution()
+        histogram = histogram.reshape(layers, layers, self.cos_bins)
+        return {
+            "cos": shaped(mean, layers, layers),
+            "cka": cka,
+            "cos_quantile_levels": list(COS_QUANTILES),
+            "cos_quantiles": histogram_quantiles(histogram, COS_QUANTILES, -1.0, 1.0),
+            "cos_negative_fraction": shaped(negative, layers, layers),
+            "cos_histogram_to_last": histogram[:, -1].round().long(),
+        }
+
+    def layer_scalars(self, results: dict[str, Any]) -> dict[str, float]:
+        spec = self.spec
+        scalars = per_layer(results["cos"][:, -1], spec, "cos_to_last")
+        if results["cka"] is not None:
+            scalars.update(per_layer(results["cka"][:, -1], spec, "cka_to_last"))
+        if results.get("cos_negative_fraction") is not None:
+            scalars.update(per_layer(results["cos_negative_fraction"][:, -1], spec, "cos_negative_to_last"))
+        return scalars
+
+    def layer_charts(self) -> dict[str, str]:
+        return {
+            "COS to last layer": r"cos_to_last/layer_\d+",
+            "CKA to last layer": r"cka_to_last/layer_\d+",
+            "fraction of negative COS to last layer": r"cos_negative_to_last/layer_\d+",
+        }

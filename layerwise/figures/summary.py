@@ -1,14 +1,17 @@
 """Paper-style figures of one epoch's summary; shared by the callbacks (TensorBoard) and ``layerwise plot``."""
 
+import warnings
 from collections.abc import Sequence
 from typing import Any, Optional
 
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
+from layerwise.errors import LayerwiseWarning
 from layerwise.figures.compare import cka_across_models
 from layerwise.figures.coupling import coupling_figures
 from layerwise.figures.heatmap import heatmap
+from layerwise.figures.registry import FIGURE_FUNCTIONS, FigureFunction, function_of, recorded, reference
 from layerwise.figures.residual import norm_ratio_figure
 from layerwise.figures.style import (
     Figure,
@@ -257,9 +260,9 @@ def effective_depth(summary: dict[str, Any]) -> Figure:
     return finish(fig)
 
 
-def summary_figures(summary: dict[str, Any]) -> dict[str, Figure]:
-    """Every figure the summary has data for, keyed by a file-name stem."""
-    layers = summary.get("layers")  # absent when only BlockCoupling wrote the summary
+def similarity_figures(summary: dict[str, Any]) -> dict[str, Figure]:
+    """The figures of ``LayerSimilarityMonitor``: the COS and CKA heatmaps, the COS box plots, the per-layer profile."""
+    layers = summary.get("layers")
     figures: dict[str, Figure] = {}
     for key in ("cos", "cka"):
         if summary.get(key) is not None:
@@ -271,7 +274,19 @@ def summary_figures(summary: dict[str, Any]) -> dict[str, Figure]:
             [row[-1] for row in summary["cos_negative_fraction"]],
             layers,
         )
-    if summary.get("cos") is not None or summary.get("cka") is not None or summary.get("accuracy") is not None:
+    if summary.get("cos") is not None or summary.get("cka") is not None:
+        figures["similarity_accuracy"] = similarity_and_accuracy(summary)
+    return figures
+
+
+def logit_lens_figures(summary: dict[str, Any]) -> dict[str, Figure]:
+    """The figures of ``LogitLensMonitor``: saturation and early exit, and the per-layer profile without a COS/CKA.
+
+    With a COS or CKA in the summary the profile (similarity and accuracy per layer) is :func:`similarity_figures`'s.
+    """
+    layers = summary.get("layers")
+    figures: dict[str, Figure] = {}
+    if summary.get("accuracy") is not None and summary.get("cos") is None and summary.get("cka") is None:
         figures["similarity_accuracy"] = similarity_and_accuracy(summary)
     if summary.get("saturation_counts") is not None:
         figures["saturation"] = saturation_histogram(
@@ -279,35 +294,77 @@ def summary_figures(summary: dict[str, Any]) -> dict[str, Figure]:
         )
     if summary.get("early_exit"):
         figures["early_exit"] = exits_per_layer(summary["early_exit"], layers)
-    if summary.get("effective_depth"):
-        figures["effective_depth"] = effective_depth(summary)
-    if summary.get("detection_ap50"):
-        figures["detection_ap50"] = ap50_per_layer(summary["detection_ap50"])
-    if summary.get("residual_norm_ratio"):
-        figures["residual_norm_ratio"] = norm_ratio_figure(summary["residual_norm_ratio"])
-    if summary.get("compare"):
-        figures["compare_cka"] = cka_across_models(summary["compare"])
-    if summary.get("coupling"):
-        figures.update(coupling_figures(summary["coupling"]))
+    return figures
+
+
+def effective_depth_figures(summary: dict[str, Any]) -> dict[str, Figure]:
+    """The figure of ``EffectiveDepthMonitor``: the ε-effective depth against ε."""
+    return {"effective_depth": effective_depth(summary)} if summary.get("effective_depth") else {}
+
+
+def detection_figures(ap50: Sequence[float]) -> dict[str, Figure]:
+    """The figure of ``DetectionLayerAP`` (its results: AP50 per decoder layer)."""
+    return {"detection_ap50": ap50_per_layer(ap50)}
+
+
+def residual_figures(results: dict[str, Any]) -> dict[str, Figure]:
+    """The figure of ``ResidualNormRatioMonitor``."""
+    return {"residual_norm_ratio": norm_ratio_figure(results)}
+
+
+def compare_figures(results: dict[str, Any]) -> dict[str, Figure]:
+    """The figure of ``CrossModelComparison``: CKA between the layers of the two models."""
+    return {"compare_cka": cka_across_models(results)}
+
+
+# The package's analyses' figure functions with the key each reads (None: the whole summary), in the order a summary
+# without a record of its figure functions (FIGURE_FUNCTIONS; layerwise 0.2.0 and earlier) is drawn. The callbacks
+# name the same functions (tests/figures/test_registry.py keeps the two equal).
+PACKAGE_FIGURES: tuple[tuple[FigureFunction, Optional[str]], ...] = (
+    (similarity_figures, None),
+    (logit_lens_figures, None),
+    (effective_depth_figures, None),
+    (detection_figures, "detection_ap50"),
+    (residual_figures, "residual_norm_ratio"),
+    (compare_figures, "compare"),
+    (coupling_figures, "coupling"),
+)
+
+
+def summary_figures(summary: dict[str, Any], functions: Optional[Sequence[FigureFunction]] = None) -> dict[str, Figure]:
+    """Every figure of a summary, keyed by a file-name stem: what the functions it names draw, stamped with the run.
+
+    The functions are those the summary's :data:`~layerwise.figures.registry.FIGURE_FUNCTIONS` names (imported by
+    name; the package's own for a summary that names none), or ``functions`` themselves, the objects those names were
+    taken from (the training run, whose drawing process may not import a function of a script). A function whose key
+    the summary lacks draws nothing.
+    """
+    entries = summary.get(FIGURE_FUNCTIONS)
+    if entries is None:
+        entries = recorded(PACKAGE_FIGURES)
+    given = {reference(function): function for function in functions or ()}
+    figures: dict[str, Figure] = {}
+    for name, key in entries.items():
+        if key is not None and not summary.get(key):
+            continue
+        try:
+            function = given.get(name) or function_of(name)
+        except ImportError as error:  # a user's analysis whose module is not on the path: the rest is still drawn
+            warnings.warn(f"layerwise: {error}.", LayerwiseWarning, stacklevel=2)
+            continue
+        figures.update(function(summary if key is None else summary[key]))
     line = run_line(summary)
     return {name: stamp(figure, line) for name, figure in figures.items()}
 
 
-def evaluation_figures(stage: str, summary: dict[str, Any]) -> dict[str, Figure]:
+def evaluation_figures(
+    stage: str, summary: dict[str, Any], functions: Optional[Sequence[FigureFunction]] = None
+) -> dict[str, Figure]:
     """What a training run logs of one evaluation: :func:`summary_figures` of its summary, tagged ``stage/name``.
 
     The one table from results to figures: the callbacks hand the drawing process the JSON they write into the
-    summary (with its ``stage``, ``epoch`` and ``global_step``), and ``layerwise plot`` and ``report`` draw the same
-    function from the file, so a figure logged during training is the figure ``plot`` writes from that summary.
+    summary (with its ``stage``, ``epoch``, ``global_step`` and the figure functions they name), and ``layerwise
+    plot`` and ``report`` draw the same function from the file, so a figure logged during training is the figure
+    ``plot`` writes from that summary, a user's own analysis's included.
     """
-    return {f"{stage}/{name}": figure for name, figure in summary_figures(summary).items()}
-
-
-def own_figures(function: Any, stage: str, summary: dict[str, Any], key: str) -> dict[str, Figure]:
-    """The figures of a user's own analysis: ``function(summary[key])`` (name -> figure), stamped and tagged.
-
-    ``function`` is the analysis's module-level figure function (``AnalysisCallback.figures``): it travels to the
-    drawing process by name, with the JSON results.
-    """
-    line = run_line(summary)
-    return {f"{stage}/{name}": stamp(figure, line) for name, figure in function(summary[key]).items()}
+    return {f"{stage}/{name}": figure for name, figure in summary_figures(summary, functions).items()}

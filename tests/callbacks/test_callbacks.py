@@ -54,6 +54,7 @@ EPSILONS = [0.01, 0.05, 0.1]
 HEADER = {
     *("stage", "split", "epoch", "global_step", "num_samples", "depth", "layers", "run_id", "n_nonfinite"),
     "layerwise_version",
+    "figure_functions",
 }
 
 
@@ -212,7 +213,11 @@ def analysis_run(tmp_path_factory):
     """One validation of the fitted tiny ViT with every family on and ``save_features=True``."""
     root = tmp_path_factory.mktemp("analysis")
     module = fitted_module()
-    callback = LayerwiseAnalysis(save_features=True, thresholds=THRESHOLDS, epsilons=EPSILONS)
+    callback = LayerwiseAnalysis(
+        save_features=True,
+        logit_lens=LogitLensMonitor(thresholds=THRESHOLDS),
+        depth=EffectiveDepthMonitor(epsilons=EPSILONS),
+    )
     trainer(root, [callback]).validate(module, val_loader(N), verbose=False)
     saved = read_features(root)
     h = saved["features"].double().numpy()
@@ -239,7 +244,7 @@ def test_analysis_json_equals_float64_reference(analysis_run):
     expected = reference(h, labels, logits, list(range(1, DEPTH + 1)))
     assert sum(count > 0 for count in expected["saturation_counts"]) >= 3
 
-    assert {key: summary[key] for key in HEADER - {"run_id", "layerwise_version"}} == {
+    assert {key: summary[key] for key in HEADER - {"run_id", "layerwise_version", "figure_functions"}} == {
         "stage": "val",
         "split": "validation",
         "epoch": 0,
@@ -341,7 +346,7 @@ def test_minibatch_cka_is_taken_per_dataloader_batch_whatever_the_grouping(tmp_p
     from helpers import ref_unbiased_hsic
 
     monkeypatch.setattr(_loader, "GROUP_BATCHES", group_batches)
-    callback = LayerwiseAnalysis(cka="minibatch", log_figures=False)
+    callback = LayerwiseAnalysis(similarity=LayerSimilarityMonitor(cka="minibatch"), log_figures=False)
     trainer(tmp_path, [callback]).validate(fitted_module(), val_loader(N), verbose=False)
     backbone, hsic = fitted_module().backbone, np.zeros((DEPTH, DEPTH))
     for x, _ in val_loader(N):  # 6 batches of 16 and one of 5, each its own estimate
@@ -573,7 +578,12 @@ def test_sanity_check_writes_and_logs_nothing(tmp_path):
 
 def test_layers_first_and_last(tmp_path, analysis_run):
     full, _, h, logits = analysis_run
-    callback = LayerwiseAnalysis(layers=[0, -1], thresholds=THRESHOLDS, epsilons=EPSILONS, log_figures=False)
+    callback = LayerwiseAnalysis(
+        layers=[0, -1],
+        logit_lens=LogitLensMonitor(thresholds=THRESHOLDS),
+        depth=EffectiveDepthMonitor(epsilons=EPSILONS),
+        log_figures=False,
+    )
     trainer(tmp_path, [callback]).validate(fitted_module(), val_loader(N), verbose=False)
     summary = read_summary(tmp_path)
 
@@ -643,7 +653,8 @@ def test_standalone_monitor_matches_analysis(tmp_path, analysis_run, monitor, kw
     trainer(tmp_path, [monitor(log_figures=False, **kwargs)]).validate(fitted_module(), val_loader(N), verbose=False)
     summary = read_summary(tmp_path)
     assert set(summary) == HEADER | keys
-    assert_json_close(summary, {key: full[key] for key in summary}, atol=1e-12)
+    results = {key: value for key, value in summary.items() if key != "figure_functions"}  # each names its own
+    assert_json_close(results, {key: full[key] for key in results}, atol=1e-12)
 
 
 def test_two_monitors_merge_into_one_json(tmp_path, analysis_run):
@@ -652,7 +663,8 @@ def test_two_monitors_merge_into_one_json(tmp_path, analysis_run):
     trainer(tmp_path, callbacks).validate(fitted_module(), val_loader(N), verbose=False)
     summary = read_summary(tmp_path)
     assert set(summary) == HEADER | {"cos", "cka", "nc1", *COS_DISTRIBUTION}
-    assert_json_close(summary, {key: full[key] for key in summary}, atol=1e-12)
+    results = {key: value for key, value in summary.items() if key != "figure_functions"}  # each names its own
+    assert_json_close(results, {key: full[key] for key in results}, atol=1e-12)
 
 
 def test_a_new_run_replaces_an_old_summary_instead_of_merging_and_keeps_it_aside(tmp_path):

@@ -8,7 +8,7 @@ import torch
 
 from layerwise.callbacks import LayerwiseAnalysis, _loader
 from layerwise.callbacks._loader import LoaderState
-from layerwise.callbacks.family import LayerSpec
+from layerwise.callbacks.layer_spec import LayerSpec
 from layerwise.engines.readout import LayerOutputs
 from layerwise.metrics import Readout, readout_from_logits
 
@@ -89,7 +89,9 @@ def test_cat_joins_the_rows_in_order_and_renumbers_the_sampled_rows():
 
 def test_the_held_batches_stay_bounded_and_are_fed_in_groups(monkeypatch):
     spec = LayerSpec([1, 2], 2, 4, 5)
-    state = LoaderState.build(LayerwiseAnalysis().families, spec)
+    analysis = LayerwiseAnalysis()
+    analysis.configure_analyses(None, spec)  # no trainer: no datamodule to read
+    state = LoaderState.build(analysis.analyses, spec)
     targets = torch.randint(0, 5, (6,))
     outputs = LayerOutputs(torch.randn(2, 6, 4), readout_from_logits(torch.randn(2, 6, 5), targets), targets)
     one_batch = outputs.select(torch.tensor([0, 1]), None, 1)[0].nbytes

@@ -509,10 +509,10 @@ def test_model_and_data_disagreeing_fail_before_training(tmp_path, capsys, argum
 
 
 def test_epsilon_zero_is_refused():
-    from layerwise.callbacks import LayerwiseAnalysis
+    from layerwise.callbacks import EffectiveDepthMonitor
 
     with pytest.raises(ValueError, match=r"epsilons=\[0.0\]` must be .* in \(0, 1\]"):
-        LayerwiseAnalysis(epsilons=[0.0])
+        EffectiveDepthMonitor(epsilons=[0.0])
     with pytest.raises(SystemExit):
         main(["export", "--checkpoint", "x.ckpt", "--out", "o", "--depth", "1", "--epsilon", "0"])
 

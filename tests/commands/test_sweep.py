@@ -13,7 +13,7 @@ import pytest
 import torch
 from helpers import DEPTH, fitted_backbone, head64, read_features, read_summary, trainer, val_loader
 
-from layerwise.callbacks import LayerwiseAnalysis
+from layerwise.callbacks import LayerwiseAnalysis, LogitLensMonitor
 from layerwise.cli import main as cli_main
 from layerwise.commands.sweep import load_curves
 from layerwise.figures.sweep import sweep_figure
@@ -71,7 +71,9 @@ def multi_exit_run(tmp_path_factory):
     """A validated MultiExit run: (log dir, module, trainer)."""
     root = tmp_path_factory.mktemp("multi_exit")
     module = multi_exit_module()
-    callback = LayerwiseAnalysis(thresholds=THRESHOLDS, save_features=True, log_figures=False)
+    callback = LayerwiseAnalysis(
+        logit_lens=LogitLensMonitor(thresholds=THRESHOLDS), save_features=True, log_figures=False
+    )
     validation = trainer(root, [callback])
     validation.validate(module, val_loader(N))
     return root, module, validation
@@ -111,9 +113,9 @@ def test_exit_heads_early_exit_equals_a_per_sample_loop(multi_exit_run) -> None:
 
 
 def test_one_shared_head_writes_no_exit_heads_early_exit(tmp_path) -> None:
-    trainer(tmp_path, [LayerwiseAnalysis(thresholds=THRESHOLDS, log_figures=False)]).validate(
-        Standard(fitted_backbone()), val_loader(N)
-    )
+    trainer(
+        tmp_path, [LayerwiseAnalysis(logit_lens=LogitLensMonitor(thresholds=THRESHOLDS), log_figures=False)]
+    ).validate(Standard(fitted_backbone()), val_loader(N))
     summary = read_summary(tmp_path)
     assert "early_exit" in summary and "exit_early_exit" not in summary and "exit_accuracy" not in summary
 

@@ -388,7 +388,7 @@ def test_lm_analysis_on_two_processes_equals_one(tmp_path, single_thread):
     def analyse(root, **options):
         model = decoder("gpt2")
         model.load_state_dict(torch.load(tmp_path / "weights.pt"))
-        callback = LayerwiseAnalysis(log_figures=False, token_stride=2, nc1_top_classes=None)
+        callback = LayerwiseAnalysis(log_figures=False, token_stride=2)
         trainer(root, [callback], **options).validate(Standard(model).double(), lm_loader(), verbose=False)
         return read_summary(root)
 
