@@ -177,12 +177,19 @@ def _draw_in_process(job: FigureJob) -> Optional[list[tuple[str, Image]]]:
 
 
 def _job_name(job: FigureJob) -> str:
-    """What a warning calls a job: the analysis's own figure function among its arguments, else its function."""
+    """What a warning calls a job: the figure function among its arguments that cannot travel, else its function."""
+    functions = []
     for arg in job.args:
-        if isinstance(arg, FigureJob):  # a wrapper (e.g. the stamp of stage, epoch and step): name what it wraps
+        if isinstance(arg, FigureJob):  # a wrapper: name what it wraps
             return _job_name(arg)
-        if callable(arg) and hasattr(arg, "__qualname__"):  # an analysis's own figure function
-            return f"{arg.__module__}.{arg.__qualname__}"
+        for item in arg if isinstance(arg, (tuple, list)) else (arg,):  # the analyses' figure functions
+            if callable(item) and hasattr(item, "__qualname__"):
+                functions.append(item)
+    for function in functions:
+        try:
+            pickle.dumps(function)
+        except Exception:  # noqa: BLE001 - any reason it cannot travel
+            return f"{function.__module__}.{function.__qualname__}"
     return getattr(job.function, "__qualname__", repr(job.function))
 
 

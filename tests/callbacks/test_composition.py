@@ -29,6 +29,8 @@ ANALYSES = (LayerSimilarityMonitor, LogitLensMonitor, NeuralCollapseMonitor, Eff
 
 
 def own_options(kind: type) -> set[str]:
+    if "__init__" not in vars(kind):  # no options of its own (TrajectoryMonitor)
+        return set()
     parameters = inspect.signature(kind.__init__).parameters.values()
     return {p.name for p in parameters if p.name != "self" and p.kind is not p.VAR_KEYWORD}
 
@@ -42,22 +44,29 @@ def test_each_option_is_declared_once_in_its_analysis():
 
 
 def test_a_config_composes_the_analyses_with_their_own_options(tmp_path):
-    cli = LayerwiseCLI(
-        args=[
-            "--config",
-            "configs/quickstart.yaml",
-            f"--trainer.logger.init_args.save_dir={tmp_path}",
-            "--trainer.callbacks.logit_lens.thresholds=[0.5,0.9]",
-            "--trainer.callbacks.similarity.cka=minibatch",
-            "--trainer.callbacks.neural_collapse=false",
-        ],
-        run=False,
+    config = tmp_path / "analysis.yaml"
+    config.write_text(
+        "trainer:\n"
+        "  callbacks:\n"
+        "    - class_path: layerwise.callbacks.LayerwiseAnalysis\n"
+        "      init_args:\n"
+        "        layers: 2\n"
+        "        logit_lens: {thresholds: [0.5, 0.9]}\n"
+        "        similarity: {cka: minibatch}\n"
+        "        neural_collapse: false\n"
     )
+    args = ["--config", "configs/quickstart.yaml", "--config", str(config)]
+    cli = LayerwiseCLI(args=[*args, f"--trainer.logger.init_args.save_dir={tmp_path}"], run=False)
     (analysis,) = [c for c in cli.trainer.callbacks if isinstance(c, LayerwiseAnalysis)]
     kinds = {type(a): a for a in analysis.analyses}
     assert set(kinds) == {LayerSimilarityMonitor, LogitLensMonitor, EffectiveDepthMonitor, TrajectoryMonitor}
-    assert kinds[LogitLensMonitor].thresholds == [0.5, 0.9]
+    assert kinds[LogitLensMonitor].thresholds == [0.5, 0.9] and analysis.layers == 2
     assert kinds[LayerSimilarityMonitor].cka_estimator == "minibatch"
+    # the command line reaches the last callback given
+    more = ["--trainer.callbacks+=LayerwiseAnalysis", "--trainer.callbacks.depth.epsilons=[0.2]"]
+    cli = LayerwiseCLI(args=[*args, *more, f"--trainer.logger.init_args.save_dir={tmp_path}"], run=False)
+    last = [c for c in cli.trainer.callbacks if isinstance(c, LayerwiseAnalysis)][-1]
+    assert [a.epsilons for a in last.analyses if isinstance(a, EffectiveDepthMonitor)] == [[0.2]]
 
 
 def test_a_composed_analysis_given_a_monitor_option_is_refused_naming_it():

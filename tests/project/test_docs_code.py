@@ -208,18 +208,30 @@ def run_python(block: Block, folder: Path, capfd) -> str:
 
 
 def build_classes(node) -> int:
-    """Build every ``class_path`` of a YAML tree with its ``init_args``; the number built."""
+    """Build every ``class_path`` of a YAML tree with its ``init_args`` as LightningCLI does (jsonargparse: a nested
+    analysis given by its options, ``logit_lens: {thresholds: [...]}``, included); the number of class paths."""
     import importlib
 
-    built = 0
+    from jsonargparse import ArgumentParser
+
     if isinstance(node, dict):
         if "class_path" in node:
             module, _, name = node["class_path"].rpartition(".")
-            getattr(importlib.import_module(module), name)(**node.get("init_args", {}))
-            built += 1
-        return built + sum(build_classes(value) for value in node.values())
+            parser = ArgumentParser(exit_on_error=False)
+            parser.add_class_arguments(getattr(importlib.import_module(module), name), "built")
+            parser.instantiate(parser.parse_object({"built": node.get("init_args", {})}))
+            return 1 + count_class_paths(node.get("init_args", {}))
+        return sum(build_classes(value) for value in node.values())
     if isinstance(node, list):
         return sum(build_classes(value) for value in node)
+    return 0
+
+
+def count_class_paths(node) -> int:
+    if isinstance(node, dict):
+        return ("class_path" in node) + sum(count_class_paths(value) for value in node.values())
+    if isinstance(node, list):
+        return sum(count_class_paths(value) for value in node)
     return 0
 
 
