@@ -161,6 +161,23 @@ def save_figure_atomic(path: Union[str, Path], figure: Any, dpi: int = 150) -> P
     return write_atomic(path, lambda file: figure.savefig(file, format=Path(path).suffix[1:], dpi=dpi))
 
 
+def save_figures(figures: Mapping[str, Any], out: Path, stem: str, formats: Sequence[str]) -> list[Path]:
+    """Every figure as ``out/<stem>_<name>.<format>`` in each of ``formats``, each closed once written (or failed).
+
+    Returns the written paths, figure by figure.
+    """
+    import matplotlib.pyplot as plt  # here: reading results needs no matplotlib
+
+    written = []
+    for name, figure in figures.items():
+        try:
+            for fmt in formats:
+                written.append(save_figure_atomic(out / f"{stem}_{name}.{fmt}", figure))
+        finally:
+            plt.close(figure)
+    return written
+
+
 def summary_path(log_dir: str, stage: str, epoch: int, step: int) -> Path:
     """Where the summary of ``stage`` (``val``/``test``) at ``epoch`` and global ``step`` lives.
 

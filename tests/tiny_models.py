@@ -3,7 +3,8 @@
 ``CONFIGS`` holds one entry per Hugging Face family of :data:`layerwise.features.paths.FAMILIES` (the timm ViT is built
 by ``tiny_model`` itself); ``tests/features/test_layer_paths.py`` fails when a family of the table has none here.
 ``tiny_config(family, **overrides)`` is that family's config with a test's own values on top: a test that needs other
-sizes passes them, so every test keeps the numbers it was written with. ``decoder``/``encoder`` are the tiny language
+sizes passes them, so every test keeps the numbers it was written with; ``tiny_overrides`` is the same as a dict, for
+the ``config_overrides`` option of layerwise's Hugging Face backbones. ``decoder``/``encoder`` are the tiny language
 model backbones (layerwise's ``HFCausalLM``/``HFEncoder``) that the language-model, comparison and coupling tests share.
 """
 
@@ -47,9 +48,14 @@ CONFIGS = {
 ENCODER_FAMILIES = ("bert", "roberta", "xlm-roberta", "distilbert")
 
 
+def tiny_overrides(family: str, **overrides) -> dict:
+    """``CONFIGS[family]`` with ``overrides`` on top: the ``config_overrides`` of ``HFEncoder``/``HFCausalLM``."""
+    return {**CONFIGS[family], **overrides}
+
+
 def tiny_config(family: str, **overrides) -> PretrainedConfig:
     """The family's tiny config of ``CONFIGS``, with ``overrides`` (a test's own sizes and ids) on top."""
-    return AutoConfig.for_model(family, **{**CONFIGS[family], **overrides})
+    return AutoConfig.for_model(family, **tiny_overrides(family, **overrides))
 
 
 def tiny_model(family: str, task: str = "base") -> nn.Module:

@@ -47,17 +47,19 @@ class CountedModelSummary(ModelSummary):
                 **summarize_kwargs,
             )
             return
-        print(summary_table(summary_data, total_parameters, trainable_parameters, model_size, total_training_modes))
+        totals = [
+            (get_human_readable_count(trainable_parameters), "Trainable params"),
+            (get_human_readable_count(total_parameters - trainable_parameters), "Non-trainable params"),
+            (get_human_readable_count(total_parameters), "Total params"),
+            (get_formatted_model_size(model_size), "Total estimated model params size (MB)"),
+            (str(total_training_modes["train"]), "Modules in train mode"),
+            (str(total_training_modes["eval"]), "Modules in eval mode"),
+        ]
+        print(summary_table(summary_data, totals))
 
 
-def summary_table(
-    summary_data: list[tuple[str, list[str]]],
-    total_parameters: int,
-    trainable_parameters: int,
-    model_size: float,
-    total_training_modes: dict[str, int],
-) -> str:
-    """The columns of Lightning's summary but FLOPs, one row per module, then the parameter counts."""
+def summary_table(summary_data: list[tuple[str, list[str]]], totals: list[tuple[str, str]]) -> str:
+    """The columns of Lightning's summary but FLOPs, one row per module, then the ``(value, label)`` totals."""
     columns = [(name, [str(value) for value in values]) for name, values in summary_data if name != "FLOPs"]
     widths = [max(len(name), *(len(value) for value in values)) for name, values in columns]
     rule = "-" * (sum(widths) + 3 * (len(widths) - 1))
@@ -65,14 +67,6 @@ def summary_table(
     for row in zip(*(values for _, values in columns)):
         lines.append(" | ".join(value.ljust(width) for value, width in zip(row, widths)).rstrip())
     lines.append(rule)
-    totals = [
-        (get_human_readable_count(trainable_parameters), "Trainable params"),
-        (get_human_readable_count(total_parameters - trainable_parameters), "Non-trainable params"),
-        (get_human_readable_count(total_parameters), "Total params"),
-        (get_formatted_model_size(model_size), "Total estimated model params size (MB)"),
-        (str(total_training_modes["train"]), "Modules in train mode"),
-        (str(total_training_modes["eval"]), "Modules in eval mode"),
-    ]
     lines += [f"{value:<10} {label}" for value, label in totals]
     return "\n".join(lines)
 

@@ -110,20 +110,13 @@ def pair_collate(processor: Any) -> Callable[[list[tuple[Any, str]]], dict[str, 
 
 def write_clip(results: dict[str, Any], out: Path) -> list[Path]:
     """``clip.json`` and the three heatmaps (``clip_vision.png``, ``clip_text.png``, ``clip_cross.png``)."""
-    import matplotlib.pyplot as plt
-
     from layerwise.figures.clip import clip_figures
-    from layerwise.results import save_figure_atomic, to_json, write_text_atomic
+    from layerwise.results import save_figures, to_json, write_text_atomic
 
     out.mkdir(parents=True, exist_ok=True)
     record = to_json(results)
     paths = [write_text_atomic(out / "clip.json", json.dumps(record, indent=1) + "\n")]
-    for name, figure in clip_figures(record).items():
-        try:
-            paths.append(save_figure_atomic(out / f"clip_{name}.png", figure))
-        finally:
-            plt.close(figure)
-    return paths
+    return paths + save_figures(clip_figures(record), out, "clip", ["png"])
 
 
 # ------------------------------------------------------------------------------- the `layerwise clip` command

@@ -12,8 +12,7 @@ What the ``generate`` and ``lens`` commands share: the options' checks, the ``Ge
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from typing import Any, Literal, Optional
 
 from layerwise.commands._lazy import ANNOTATIONS_ONLY, no_grad
@@ -49,17 +48,6 @@ def check_generation_options(
         raise ValueError(f"`--temperature={temperature}`: give a positive temperature.")
     if num_beams < 1:
         raise ValueError(f"`--num_beams={num_beams}`: give at least 1.")
-
-
-@contextmanager
-def eval_mode(model: nn.Module) -> Iterator[None]:
-    """Dropout off while generating; the training flag is restored afterwards."""
-    was_training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(was_training)
 
 
 def generation_config(
@@ -138,6 +126,7 @@ def generate_from_layer(
     """
     import torch
 
+    from layerwise.features.modes import eval_mode
     from layerwise.features.truncate import truncated
 
     check_generation_options(max_new_tokens, strategy, top_k, top_p, temperature, layer, num_beams)

@@ -157,15 +157,15 @@ def check_truncated(backbone: Backbone, truncated: nn.Module, depth: int) -> flo
     """
     import torch
 
+    from layerwise.features.modes import eval_mode
+
     inputs = probe_inputs(backbone)
     device = next(backbone.parameters()).device
-    was_training = backbone.training
-    backbone.eval()
     try:
-        reference = backbone.head(backbone(inputs)[depth - 1])
-        output = exported_logits(truncated.to(device), inputs)
+        with eval_mode(backbone):
+            reference = backbone.head(backbone(inputs)[depth - 1])
+            output = exported_logits(truncated.to(device), inputs)
     finally:
-        backbone.train(was_training)
         truncated.cpu()
     if output.shape != reference.shape:
         raise RuntimeError(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from layerwise.commands._options import ModelSource, check_layer_numbers
 from layerwise.commands.decoding import Strategy, check_generation_options, generate_from_layer
@@ -69,6 +69,9 @@ def generate(
     lm, tokenizer_object, total = ModelSource(checkpoint, model, tokenizer, tokenizer_dir).load()
     check_layer_numbers("--layers" if layers else "--layer", layers or ([layer] if layer else []), total)
     prompt_ids = tokenizer_object(prompt, return_tensors="pt")["input_ids"]
+    options: dict[str, Any] = dict(
+        strategy=strategy, top_k=top_k, top_p=top_p, temperature=temperature, num_beams=num_beams, seed=seed
+    )
     results = []
     for number in layers or [layer or total]:
         ids = generate_from_layer(
@@ -76,12 +79,7 @@ def generate(
             prompt_ids,
             number,
             max_new_tokens,
-            strategy=strategy,
-            top_k=top_k,
-            top_p=top_p,
-            temperature=temperature,
-            num_beams=num_beams,
-            seed=seed,
+            **options,
             eos_token_id=tokenizer_object.eos_token_id,
             stop_strings=stop_strings,
             tokenizer=tokenizer_object,
@@ -90,9 +88,6 @@ def generate(
         results.append({"layer": number, "token_ids": ids, "text": text})
         print(f"--- layer {number}/{total} ---\n{prompt}{text}")
     if out is not None:
-        options = dict(
-            strategy=strategy, top_k=top_k, top_p=top_p, temperature=temperature, num_beams=num_beams, seed=seed
-        )
         record = {"prompt": prompt, "num_layers": total, "max_new_tokens": max_new_tokens, **options}
         write_text_atomic(out, json.dumps({**record, "results": results}, indent=2) + "\n")
         print(out)

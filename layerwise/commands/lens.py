@@ -72,11 +72,12 @@ def lens_table(
     """
     import torch
 
-    from layerwise.commands.decoding import eval_mode, generate_from_layer
+    from layerwise.commands.decoding import generate_from_layer
     from layerwise.engines.readout import chunked_readout
     from layerwise.features.hf import input_device
     from layerwise.features.hooks import hooked_blocks
     from layerwise.features.layers import select_layers
+    from layerwise.features.modes import eval_mode
     from layerwise.features.paths import HeadSteps, get_blocks, layer_paths
 
     paths = layer_paths(model, "--model")

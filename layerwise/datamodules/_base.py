@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Optional, Union
+from typing import Any, Optional, Union
 
 import torch
 from lightning.pytorch import LightningDataModule
@@ -26,6 +27,25 @@ def check_positive_int(arg: str, value: int, minimum: int = 1) -> None:
 def resolve_root(root: Optional[str]) -> Optional[Path]:
     """Expand ``~`` and make ``root`` absolute; None stays None."""
     return None if root is None else Path(root).expanduser().resolve()
+
+
+def split_loader(
+    dataset: Any, batch_size: int, num_workers: int, shuffle: bool, collate_fn: Optional[Callable] = None
+) -> DataLoader:
+    """The loader of one split: shuffled and resumable mid-epoch (:func:`training_loader`) for training, else in order.
+
+    Every batch kept (``drop_last=False``), memory pinned on a CUDA machine, workers kept alive between epochs.
+    """
+    return (training_loader if shuffle else DataLoader)(
+        dataset,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        drop_last=False,
+        collate_fn=collate_fn,
+        num_workers=num_workers,
+        pin_memory=torch.cuda.is_available(),
+        persistent_workers=num_workers > 0,
+    )
 
 
 class ImageDataModule(LightningDataModule):
@@ -58,15 +78,7 @@ class ImageDataModule(LightningDataModule):
     def _loader(self, dataset: Optional[Dataset], split: str, train: bool) -> DataLoader:
         if dataset is None:
             raise RuntimeError(f"{type(self).__name__}: the {split} split is not built; call setup() first")
-        return (training_loader if train else DataLoader)(
-            dataset,
-            batch_size=self.batch_size,
-            shuffle=train,
-            drop_last=False,
-            num_workers=self.num_workers,
-            pin_memory=torch.cuda.is_available(),
-            persistent_workers=self.num_workers > 0,
-        )
+        return split_loader(dataset, self.batch_size, self.num_workers, shuffle=train)
 
     def train_dataloader(self) -> DataLoader:
         """Training split, shuffled."""

@@ -11,13 +11,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, Optional, get_args
 
-import torch
 from lightning.pytorch import LightningDataModule
 from lightning.pytorch.utilities import rank_zero_warn
 from torch.utils.data import DataLoader, Dataset
 
-from layerwise.datamodules._base import check_positive_int, flag, resolve_root
-from layerwise.datamodules._resumable import training_loader
+from layerwise.datamodules._base import check_positive_int, flag, resolve_root, split_loader
 from layerwise.datamodules.glue_tasks import HUB_ID, TASKS, GLUESource, TaskSpec, TextSplit
 from layerwise.datamodules.tokenizers import load_tokenizer
 from layerwise.errors import LayerwiseWarning, UsageError
@@ -298,16 +296,8 @@ def padded_loader(dataset: TokenizedSplit, batch_size: int, shuffle: bool, num_w
     """Batches of a tokenised split, padded per batch to its longest example (``DataCollatorWithPadding``)."""
     from transformers import DataCollatorWithPadding
 
-    return (training_loader if shuffle else DataLoader)(
-        dataset,
-        batch_size=batch_size,
-        shuffle=shuffle,
-        drop_last=False,
-        collate_fn=DataCollatorWithPadding(dataset.tokenizer, return_tensors="pt"),
-        num_workers=num_workers,
-        pin_memory=torch.cuda.is_available(),
-        persistent_workers=num_workers > 0,
-    )
+    collate = DataCollatorWithPadding(dataset.tokenizer, return_tensors="pt")
+    return split_loader(dataset, batch_size, num_workers, shuffle, collate_fn=collate)
 
 
 def _check_choice(arg: str, value: Any, choices: tuple[Any, ...], option: Optional[str] = None) -> None:

@@ -19,8 +19,7 @@ from torch.utils.data import DataLoader, Dataset
 from transformers import PreTrainedTokenizerFast
 
 from layerwise import hub
-from layerwise.datamodules._base import check_positive_int, flag
-from layerwise.datamodules._resumable import training_loader
+from layerwise.datamodules._base import check_positive_int, flag, split_loader
 from layerwise.datamodules.tokenizers import TRAINED_KINDS, load_tokenizer, parse_spec
 from layerwise.errors import LayerwiseWarning, UsageError
 
@@ -300,15 +299,7 @@ class TextDataModule(LightningDataModule):
     def _loader(self, blocks: Optional[Tensor], split: str, shuffle: bool) -> DataLoader:
         if blocks is None:
             raise RuntimeError(f"{type(self).__name__}: the {split} split is not built; call setup() first")
-        return (training_loader if shuffle else DataLoader)(
-            _BlockDataset(blocks),
-            batch_size=self.batch_size,
-            shuffle=shuffle,
-            drop_last=False,
-            num_workers=self.num_workers,
-            pin_memory=torch.cuda.is_available(),
-            persistent_workers=self.num_workers > 0,
-        )
+        return split_loader(_BlockDataset(blocks), self.batch_size, self.num_workers, shuffle)
 
     def _load_hub_dataset(self) -> Any:
         """``datasets.load_dataset(dataset, dataset_config)``, failing at once with a message naming the flags."""

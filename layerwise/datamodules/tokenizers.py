@@ -33,7 +33,15 @@ from layerwise.results import write_folder_atomic
 
 TOKENIZER_FLAG = "--data.init_args.tokenizer"
 END_OF_TEXT = "<|endoftext|>"
-WORDPIECE_SPECIALS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+# BERT's special tokens by their role in transformers' tokenizers, in the order of their ids
+WORDPIECE_SPECIAL_TOKENS = {
+    "pad_token": "[PAD]",
+    "unk_token": "[UNK]",
+    "cls_token": "[CLS]",
+    "sep_token": "[SEP]",
+    "mask_token": "[MASK]",
+}
+WORDPIECE_SPECIALS = tuple(WORDPIECE_SPECIAL_TOKENS.values())
 NUM_BYTES = 256
 RECIPE_VERSION = "1"  # part of the cache key: bump it when a training recipe changes, so old caches are not reused
 WORDPIECE_ALPHABET = 1000  # characters kept by the WordPiece trainer, as BERT
@@ -225,7 +233,7 @@ def _train_wordpiece(vocab_size: int, corpus: Callable[[], Iterable[str]]) -> Pr
     backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
     backend.decoder = decoders.WordPiece(prefix="##")
     backend.add_special_tokens(list(WORDPIECE_SPECIALS))
-    pad, unk, cls, sep, mask = WORDPIECE_SPECIALS
+    cls, sep = WORDPIECE_SPECIAL_TOKENS["cls_token"], WORDPIECE_SPECIAL_TOKENS["sep_token"]
     backend.post_processor = processors.TemplateProcessing(
         single=f"{cls}:0 $A:0 {sep}:0",
         pair=f"{cls}:0 $A:0 {sep}:0 $B:1 {sep}:1",
@@ -233,11 +241,7 @@ def _train_wordpiece(vocab_size: int, corpus: Callable[[], Iterable[str]]) -> Pr
     )
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
-        pad_token=pad,
-        unk_token=unk,
-        cls_token=cls,
-        sep_token=sep,
-        mask_token=mask,
+        **WORDPIECE_SPECIAL_TOKENS,
         model_input_names=["input_ids", "token_type_ids", "attention_mask"],
     )
 

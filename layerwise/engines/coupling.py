@@ -9,8 +9,7 @@ no torch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Optional, Union
 
 if TYPE_CHECKING:
@@ -180,8 +179,9 @@ class CouplingAnalysis:
         import torch
 
         from layerwise.features.jacobian import diagonal_jacobians
+        from layerwise.features.modes import eval_mode
 
-        with torch.inference_mode(False), torch.enable_grad(), _eval(self.model):
+        with torch.inference_mode(False), torch.enable_grad(), eval_mode(self.model):
             trace = self.trace(batch)
             num_tokens = trace.calls[0].inputs.shape[0]
             self.check_width(trace.calls[0].inputs.shape[-1])
@@ -241,14 +241,3 @@ class CouplingAnalysis:
             metric.reset()
         self.token_coupling = None
         self.example_trajectory = None
-
-
-@contextmanager
-def _eval(model: nn.Module) -> Iterator[None]:
-    """Eval mode (no dropout) for the body; the previous mode is restored after."""
-    training = model.training
-    model.eval()
-    try:
-        yield
-    finally:
-        model.train(training)

@@ -35,6 +35,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from layerwise.errors import LayerwiseWarning
 from layerwise.features.hooks import block_input, block_output, hooked_blocks
+from layerwise.features.modes import eval_mode
 from layerwise.features.paths import Blocks
 from layerwise.features.token_rows import split_attention, split_block
 
@@ -164,12 +165,8 @@ def exact_block(block: nn.Module, dtype: torch.dtype) -> Iterator[nn.Module]:
     """The block in eval mode and ``dtype`` (a float32 copy of a half/bf16 block; the block itself otherwise)."""
     parameter = next(block.parameters(), None)
     work = block if parameter is None or parameter.dtype == dtype else copy.deepcopy(block).to(dtype)
-    training = work.training
-    work.eval()
-    try:
+    with eval_mode(work):
         yield work
-    finally:
-        work.train(training)
 
 
 def _cast(value: Any, dtype: torch.dtype) -> Any:

@@ -72,7 +72,9 @@ class Branch:
 
 
 _ROBERTA_HEAD = ("classifier.dropout", "classifier.dense", TANH, "classifier.dropout", "classifier.out_proj")
+_DECODER_HEADS = {"causal_lm": ("lm_head",), "sequence_classification": ("score",)}
 _DECODER_POOLING = {"causal_lm": "tokens", "sequence_classification": "last", "base": "tokens"}
+_ENCODER_POOLING = {"sequence_classification": "cls", "base": "tokens"}
 
 
 # Pre-LN decoders of the LLaMA line: x + self_attn(input_layernorm(x)), then h + mlp(post_attention_layernorm(h)).
@@ -91,28 +93,16 @@ _BERT_BRANCHES = {
 def _decoder(
     embeddings: str, blocks: str, final_norm: tuple[str, ...], branches: Optional[Mapping[str, Branch]] = None
 ) -> Family:
-    return Family(
-        embeddings,
-        blocks,
-        final_norm,
-        {"causal_lm": ("lm_head",), "sequence_classification": ("score",)},
-        _DECODER_POOLING,
-        branches=branches or {},
-    )
+    """A Hugging Face decoder: its LM head and its sequence-classification score."""
+    return Family(embeddings, blocks, final_norm, _DECODER_HEADS, _DECODER_POOLING, branches=branches or {})
 
 
 def _encoder(
     embeddings: str, blocks: str, head: tuple[str, ...], branches: Optional[Mapping[str, Branch]] = None
 ) -> Family:
-    return Family(
-        embeddings,
-        blocks,
-        (),
-        {"sequence_classification": head},
-        {"sequence_classification": "cls", "base": "tokens"},
-        num_prefix_tokens=1,
-        branches=branches or {},
-    )
+    """A Hugging Face post-LN encoder: no final norm, the classifier ``head`` reading the [CLS] token."""
+    heads = {"sequence_classification": head}
+    return Family(embeddings, blocks, (), heads, _ENCODER_POOLING, num_prefix_tokens=1, branches=branches or {})
 
 
 # family -> parts. The one table of where layers live.

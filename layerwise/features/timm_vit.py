@@ -67,24 +67,17 @@ class TimmViT(Backbone):
         check_pooling(pooling, f"{option}.pooling")
         if pooling not in _TIMM_POOL:
             raise ValueError(f"`{option}.pooling={pooling!r}`: vision transformers pool with 'cls' or 'mean'.")
-        for name, value in (
-            ("depth", depth),
-            ("embed_dim", embed_dim),
-            ("num_heads", num_heads),
-            ("img_size", img_size),
-            ("patch_size", patch_size),
-            ("in_chans", in_chans),
-        ):
+        overrides = {
+            "depth": depth,
+            "embed_dim": embed_dim,
+            "num_heads": num_heads,
+            "img_size": img_size,
+            "patch_size": patch_size,
+            "in_chans": in_chans,
+        }
+        for name, value in overrides.items():
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"`{option}.{name}={value!r}` must be a positive integer.")
-        overrides = dict(
-            img_size=img_size,
-            patch_size=patch_size,
-            in_chans=in_chans,
-            embed_dim=embed_dim,
-            depth=depth,
-            num_heads=num_heads,
-        )
         model = timm.create_model(
             model_name,
             pretrained=pretrained,

@@ -39,7 +39,7 @@ from layerwise.figures.style import (
     stage_name,
     stamp,
 )
-from layerwise.results import find_runs, run_config, run_summaries, write_text_atomic
+from layerwise.results import find_runs, run_config, run_summaries, save_figures, write_text_atomic
 
 # figure name -> (quantity of the table, y label, title)
 FIGURES = {
@@ -244,15 +244,10 @@ def table_texts(comparison: Comparison) -> dict[str, str]:
 
 def write_comparison(comparison: Comparison, out: Path, formats: Sequence[str], width: str = "page") -> list[Path]:
     """Write every figure (``comparison_<name>.<format>``, drawn at print ``width``) and the table into ``out``."""
-    from layerwise.results import save_figure_atomic
-
     out.mkdir(parents=True, exist_ok=True)
-    written = []
     with drawn_at(width):
         figures = comparison_figures(comparison)
-    for name, figure in figures.items():
-        for fmt in formats:
-            written.append(save_figure_atomic(out / f"comparison_{name}.{fmt}", figure))
+    written = save_figures(figures, out, "comparison", formats)
     for name, text in table_texts(comparison).items():
         written.append(write_text_atomic(out / name, text))
     return written

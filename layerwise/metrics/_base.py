@@ -141,6 +141,8 @@ class _SumStateMetric(Float64StatesOnCast, Metric):
         distributed_available: Optional[Callable] = None,
     ) -> None:
         """Torchmetrics' own sync (``sync_on_compute=True``); remembers its process group for collective computes."""
+        if should_sync:
+            self._before_sync(process_group or self.process_group, distributed_available)
         super().sync(
             dist_sync_fn=dist_sync_fn,
             process_group=process_group,
@@ -150,6 +152,9 @@ class _SumStateMetric(Float64StatesOnCast, Metric):
         group = process_group or self.process_group
         self._synced_by_torchmetrics = bool(should_sync) and _world_size(group) > 1
         self._synced_group = group
+
+    def _before_sync(self, group: Optional[Any], distributed_available: Optional[Callable]) -> None:
+        """What every rank does to its states before torchmetrics sums them over ``group`` (nothing here)."""
 
     def unsync(self, should_unsync: bool = True) -> None:
         """Undo :meth:`sync`."""
@@ -250,23 +255,11 @@ class _ShiftedSumStateMetric(_SumStateMetric):
         common = packed[:-1].view_as(self.shift) / total if total > 0 else torch.zeros_like(self.shift)
         self._move_shift(common)
 
-    def sync(
-        self,
-        dist_sync_fn: Optional[Callable] = None,
-        process_group: Optional[Any] = None,
-        should_sync: bool = True,
-        distributed_available: Optional[Callable] = None,
-    ) -> None:
-        """Torchmetrics' sync, after aligning the ranks' shifts (so its sum of the states is exact)."""
+    def _before_sync(self, group: Optional[Any], distributed_available: Optional[Callable]) -> None:
+        """Align the ranks' shifts before torchmetrics' sync, so that its sum of the states is exact."""
         distributed = distributed_available or self.distributed_available_fn
-        if should_sync and callable(distributed) and distributed():
-            self._align_shift(process_group or self.process_group)
-        super().sync(
-            dist_sync_fn=dist_sync_fn,
-            process_group=process_group,
-            should_sync=should_sync,
-            distributed_available=distributed_available,
-        )
+        if callable(distributed) and distributed():
+            self._align_shift(group)
 
     def merge_state(self, incoming_state: Any) -> None:
         """Add another instance's states (or a state dict), re-expressed around this instance's shift."""

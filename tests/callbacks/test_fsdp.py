@@ -24,6 +24,7 @@ from helpers import (
     trainer,
     val_loader,
 )
+from tiny_models import tiny_overrides
 
 from layerwise.callbacks import LayerwiseAnalysis, ResidualNormRatioMonitor
 from layerwise.lightning_modules import Aligned
@@ -160,7 +161,8 @@ def test_activation_checkpointing_recomputes_blocks_and_keeps_the_gradients(fami
             )
             inputs = torch.randn(4, 1, 8, 8, generator=torch.Generator().manual_seed(1))
         else:
-            overrides = dict(
+            overrides = tiny_overrides(
+                "llama",
                 num_hidden_layers=2,
                 hidden_size=16,
                 num_attention_heads=2,

@@ -13,6 +13,7 @@ import pytest
 import torch
 import yaml
 from helpers import FROZEN_IN_EVAL, TRAINING_ONLY, RecordingAlternating, free_port, read_summary, summary_file
+from tiny_models import tiny_overrides
 from torch.utils.data import DataLoader, TensorDataset
 
 from layerwise.cli import LayerwiseCLI, main
@@ -25,12 +26,15 @@ QUICKSTART = str(CONFIGS / "quickstart.yaml")
 TRAINER_CONFIGS = sorted((CONFIGS / "trainer").glob("*.yaml"))
 EXPERIMENT_CONFIGS = sorted(p for p in CONFIGS.rglob("*.yaml") if "TimmViT" in p.read_text())
 LANGUAGE_CONFIGS = sorted(p for p in CONFIGS.rglob("*.yaml") if "layerwise.features.HF" in p.read_text())
-TINY_HF = {
-    "bert": '{"num_hidden_layers": 2, "hidden_size": 16, "num_attention_heads": 2, "intermediate_size": 32}',
-    "gpt2": '{"n_layer": 2, "n_embd": 16, "n_head": 2, "bos_token_id": 0, "eos_token_id": 0}',
-    "llama": '{"num_hidden_layers": 2, "hidden_size": 16, "num_attention_heads": 2, "num_key_value_heads": 1, '
-    '"intermediate_size": 32, "vocab_size": 300, "bos_token_id": 0, "eos_token_id": 0}',
-}
+SMALL = dict(num_hidden_layers=2, hidden_size=16, num_attention_heads=2, intermediate_size=32)
+TINY_HF = {  # the --config_overrides of a tiny offline stand-in, with the Hugging Face positions it was written with
+    "bert": tiny_overrides("bert", **SMALL, max_position_embeddings=512),
+    "gpt2": tiny_overrides("gpt2", n_layer=2, n_embd=16, n_head=2, n_positions=1024, bos_token_id=0, eos_token_id=0),
+    "llama": tiny_overrides(
+        "llama", **SMALL, num_key_value_heads=1, max_position_embeddings=2048, vocab_size=300, bos_token_id=0,
+        eos_token_id=0,
+    ),
+}  # fmt: skip
 TINY = [
     "--model.init_args.backbone.init_args.embed_dim=16",
     "--model.init_args.backbone.init_args.depth=2",
@@ -83,7 +87,7 @@ def test_every_language_config_parses_and_instantiates(config, tmp_path):
         override = tmp_path / "tiny.yaml"
         override.write_text(
             "model:\n  init_args:\n    backbone:\n      init_args:\n        model_name_or_path: null\n"
-            f"        model_type: {family}\n        config_overrides: {TINY_HF[family]}\n"
+            f"        model_type: {family}\n        config_overrides: {json.dumps(TINY_HF[family])}\n"
         )
         args += ["--config", str(override)]
     if "../shared/data" in text and not (ROOT.parent / "shared" / "data").is_dir():

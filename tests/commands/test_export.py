@@ -12,6 +12,7 @@ import pytest
 import timm
 import torch
 from helpers import digits, tiny_backbone
+from tiny_models import DECODERS, ENCODERS, LM_LAYERS, LM_VOCAB, LM_WIDTH
 from transformers import AutoModelForCausalLM, AutoModelForSequenceClassification
 
 from layerwise.cli import main as cli_main
@@ -24,35 +25,10 @@ def main(argv):
     cli_main(["export", *argv])
 
 
-LAYERS, WIDTH, VOCAB = 3, 32, 97
-ENCODERS = {
-    "bert": dict(num_hidden_layers=LAYERS, hidden_size=WIDTH, num_attention_heads=2, intermediate_size=64),
-    "distilbert": dict(n_layers=LAYERS, dim=WIDTH, n_heads=2, hidden_dim=64),
-}
-DECODERS = {
-    "gpt2": dict(n_layer=LAYERS, n_embd=WIDTH, n_head=2, n_positions=64, bos_token_id=0, eos_token_id=0),
-    "llama": dict(
-        num_hidden_layers=LAYERS,
-        hidden_size=WIDTH,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        bos_token_id=0,
-        eos_token_id=0,
-    ),
-    # its config lists one attention type per layer (`layer_types`): the export must cut it to d entries
-    "qwen2": dict(
-        num_hidden_layers=LAYERS,
-        hidden_size=WIDTH,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        bos_token_id=0,
-        eos_token_id=0,
-    ),
-}
+LAYERS, WIDTH, VOCAB = LM_LAYERS, LM_WIDTH, LM_VOCAB  # the shared language-model backbones of tiny_models
+EXPORTED_ENCODERS = ("bert", "distilbert")
+# Qwen2 at the LLaMA sizes: its config lists one attention type per layer (`layer_types`), the export must cut it to d
+EXPORTED_DECODERS = {**DECODERS, "qwen2": DECODERS["llama"]}
 TIMM_ARGS = dict(num_classes=10, img_size=8, patch_size=2, in_chans=1, embed_dim=16, depth=4, num_heads=2)
 
 
@@ -115,12 +91,10 @@ def test_timm_export_reproduces_the_shared_head_at_layer_d(pooling, depth, tmp_p
 
 
 # --------------------------------------------------------------------------------------------------- Hugging Face
-@pytest.mark.parametrize("model_type", list(ENCODERS))
+@pytest.mark.parametrize("model_type", EXPORTED_ENCODERS)
 def test_hf_encoder_export_reproduces_the_shared_head_at_layer_d(model_type, tmp_path) -> None:
     torch.manual_seed(0)
-    backbone = HFEncoder(
-        model_type=model_type, num_classes=3, config_overrides={**ENCODERS[model_type], "vocab_size": VOCAB}
-    )
+    backbone = HFEncoder(model_type=model_type, num_classes=3, config_overrides=ENCODERS[model_type])
     assert (backbone.num_layers, backbone.embed_dim, backbone.num_classes) == (LAYERS, WIDTH, 3)
     module = Standard(backbone).eval()
     inputs = text_inputs()
@@ -138,10 +112,10 @@ def test_hf_encoder_export_reproduces_the_shared_head_at_layer_d(model_type, tmp
     assert saved[{"bert": "num_hidden_layers", "distilbert": "n_layers"}[model_type]] == 2
 
 
-@pytest.mark.parametrize("model_type", list(DECODERS))
+@pytest.mark.parametrize("model_type", list(EXPORTED_DECODERS))
 def test_hf_causal_lm_export_reproduces_the_shared_head_at_layer_d(model_type, tmp_path) -> None:
     torch.manual_seed(0)
-    backbone = HFCausalLM(model_type=model_type, config_overrides={**DECODERS[model_type], "vocab_size": VOCAB})
+    backbone = HFCausalLM(model_type=model_type, config_overrides=EXPORTED_DECODERS[model_type])
     assert (backbone.num_layers, backbone.embed_dim, backbone.num_classes) == (LAYERS, WIDTH, VOCAB)
     backbone.eval()
     inputs = text_inputs()
@@ -175,7 +149,7 @@ def test_bad_depth_names_the_flag_and_writes_nothing(depth, tmp_path) -> None:
 
 def test_a_failed_export_leaves_nothing_half_written(tmp_path, monkeypatch) -> None:
     torch.manual_seed(0)
-    backbone = HFCausalLM(model_type="gpt2", config_overrides={**DECODERS["gpt2"], "vocab_size": VOCAB})
+    backbone = HFCausalLM(model_type="gpt2", config_overrides=DECODERS["gpt2"])
     out = tmp_path / "out"
     first = export_truncated(backbone, 2, out)
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}

@@ -2,9 +2,11 @@
 option, the traceback only with LAYERWISE_DEBUG=1: a bad label, a header only, the wrong columns, an empty file, an
 unreachable Hub."""
 
+import json
 import socket
 
 import pytest
+from tiny_models import tiny_overrides
 
 from layerwise.cli import LayerwiseCLI
 from layerwise.errors import UsageError
@@ -20,7 +22,11 @@ QUIET = [
     "--trainer.enable_checkpointing=false",
 ]
 
-GLUE_CONFIG = """\
+TINY_BERT = tiny_overrides(
+    "bert", num_hidden_layers=2, hidden_size=16, num_attention_heads=2, intermediate_size=32, vocab_size=300,
+    max_position_embeddings=512,  # BERT's default, which this test was written with
+)  # fmt: skip
+GLUE_CONFIG = f"""\
 seed_everything: 0
 trainer:
   logger: false
@@ -32,8 +38,7 @@ model:
       init_args:
         model_type: bert
         num_classes: 2
-        config_overrides: {hidden_size: 16, num_hidden_layers: 2, num_attention_heads: 2, intermediate_size: 32,
-                           vocab_size: 300}
+        config_overrides: {json.dumps(TINY_BERT)}
 data:
   class_path: layerwise.datamodules.GLUEDataModule
   init_args:

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import digits, fitted_backbone, fitted_module, trainer, val_loader
+from tiny_models import tiny_overrides
 from torch import nn
 
 from layerwise.callbacks import EarlyExitPredictionWriter
@@ -25,10 +26,13 @@ from layerwise.metrics.functional import _early_exit_compute, _early_exit_update
 
 QUICKSTART = str(Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml")
 VOCAB, LENGTH, CLASSES = 50, 9, 3
-HF_SIZES = {
-    "bert": {"num_hidden_layers": 4, "hidden_size": 16, "num_attention_heads": 2, "intermediate_size": 32},
-    "roberta": {"num_hidden_layers": 3, "hidden_size": 16, "num_attention_heads": 2, "intermediate_size": 32},
-    "distilbert": {"n_layers": 3, "dim": 16, "n_heads": 2, "hidden_dim": 32},
+BERT_SIZES = dict(hidden_size=16, num_attention_heads=2, intermediate_size=32, max_position_embeddings=512)
+HF_SIZES = {  # with the Hugging Face default of 512 positions, which this test was written with
+    "bert": tiny_overrides("bert", num_hidden_layers=4, **BERT_SIZES),
+    "roberta": tiny_overrides("roberta", num_hidden_layers=3, **BERT_SIZES),
+    "distilbert": tiny_overrides(
+        "distilbert", n_layers=3, dim=16, n_heads=2, hidden_dim=32, max_position_embeddings=512
+    ),
 }
 
 

@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 from helpers import memory_benchmark
+from tiny_models import tiny_overrides
 from torch.utils.checkpoint import checkpoint
 
 from layerwise.engines.readout import chunked_cross_entropy
@@ -26,7 +27,8 @@ KEPT = BATCH * (SEQ - 1)  # analysis rows: the positions that predict a token
 
 def gpt2(layers: int = LAYERS) -> HFCausalLM:
     torch.manual_seed(0)
-    config = dict(
+    config = tiny_overrides(
+        "gpt2",
         n_layer=layers,
         n_embd=WIDTH,
         n_head=2,

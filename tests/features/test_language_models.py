@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from helpers import assert_json_close, read_summary, trainer
 from lightning.pytorch import LightningDataModule
 from sklearn.metrics import f1_score
-from tiny_models import DECODERS, ENCODERS, LM_LAYERS, LM_VOCAB, LM_WIDTH, decoder, encoder, lm_loader
+from tiny_models import DECODERS, ENCODERS, LM_LAYERS, LM_VOCAB, LM_WIDTH, decoder, encoder, lm_loader, tiny_overrides
 from torch.utils.data import DataLoader
 
 from layerwise.callbacks import LayerwiseAnalysis, NeuralCollapseMonitor, _loader
@@ -400,7 +400,10 @@ def test_lm_analysis_on_two_processes_equals_one(tmp_path, single_thread):
 
 def test_gpt_neox_head_is_the_models_own():
     torch.manual_seed(0)
-    config = dict(num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64, vocab_size=VOCAB)
+    config = tiny_overrides(
+        "gpt_neox", num_hidden_layers=2, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+        vocab_size=VOCAB, max_position_embeddings=2048,  # GPT-NeoX's default, which this test was written with
+    )  # fmt: skip
     backbone = HFCausalLM(model_type="gpt_neox", config_overrides=config).double().eval()
     batch = text_batch()
     with torch.no_grad():
