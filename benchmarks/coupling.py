@@ -9,7 +9,7 @@ Three ways to the Jacobians J^l_{tt} of the last token, each followed by the sam
 - ``whole``: layerwise's path before the one-token split (``method="full"``): trace the blocks once, then re-run
   each block on the whole prompt with d vmapped JVPs (math SDPA);
 - ``layerwise``: today's default (``method="auto"``): trace once, then each block once on the whole prompt (its
-  keys/values kept) and d vmapped JVPs through the block run on the last token alone
+  keys/values kept) and d vmapped VJPs (reverse mode) through the block run on the last token alone
   (``layerwise.features.token_rows``).
 
 Timings: every thread count of ``--threads`` in one run (``torch.set_num_threads``), the methods alternated

@@ -19,6 +19,12 @@ FAMILIES = [
 FAMILIES += [("mistral", "base"), ("qwen2", "causal_lm")]
 
 
+# The one-token path takes reverse-mode products, the whole prompt forward-mode ones. LLaMA's RMSNorm (and Mistral's,
+# Qwen2's) computes in float32 even in a float64 model, so there the two round differently (at most 8e-9 measured);
+# elsewhere they agree to float64 rounding.
+SPLIT_ATOL = {"llama": 1e-7, "mistral": 1e-7, "qwen2": 1e-7}
+
+
 def one_prompt(family: str) -> dict:
     return {key: value[:1] for key, value in tiny_inputs(family).items()}
 
@@ -184,7 +190,8 @@ def test_token_wise_self_coupling_of_token_linear_blocks_is_zero():
 
 
 def test_jacobian_memory_is_bounded_by_the_chunk_size():
-    """The JVPs keep no backward graph, so the peak follows the tangents run at once (chunk_size), not d."""
+    """The products keep no graph beyond the one-token run's, so the peak follows the basis vectors run at once
+    (chunk_size), not d."""
     from helpers import memory_benchmark
 
     memory = memory_benchmark()
@@ -201,7 +208,9 @@ def test_jacobian_memory_is_bounded_by_the_chunk_size():
         peaks[chunk] = tracker.peak_bytes
     activations = 128 * 48 * 4 * 128  # d tangents x one (T, 4d) float32 MLP activation: 3 MiB
     assert peaks[None] < 40 * activations  # the tangents through the block, no graph on top (158 MB before)
-    assert peaks[8] < peaks[None] / 6  # 8 of 128 tangents at a time
+    # 8 of 128 basis vectors at a time; what stays is the one-token run's graph and the other tokens' keys/values
+    # (measured: 1.38 MB with all 128, 0.54 MB with 8; forward mode took 5.06 and 0.69 MB)
+    assert peaks[8] < peaks[None] / 2
 
 
 @pytest.mark.parametrize(("family", "task"), FAMILIES, ids=[f for f, _ in FAMILIES])
@@ -218,7 +227,7 @@ def test_one_token_jacobian_equals_autograd_of_the_whole_forward(family, task, r
     for layer, token in ((0, num_tokens - 1), (1, num_tokens // 2), (2, 0)):
         one_token = diagonal_block_jacobian(blocks[layer], trace.calls[layer], token)
         whole = block_jacobian(blocks[layer], trace.calls[layer], token, [token], method="full")[0]
-        torch.testing.assert_close(one_token, whole, rtol=0, atol=1e-12)
+        torch.testing.assert_close(one_token, whole, rtol=0, atol=SPLIT_ATOL.get(family, 1e-12))
         expected = reference_jacobian(model, blocks, layer, batch, token, token)
         torch.testing.assert_close(one_token, expected, rtol=0, atol=1e-6)  # HF's eager softmax runs in float32
         assert one_token.abs().max() > 1e-5
