@@ -3,7 +3,7 @@
 from pathlib import Path
 from typing import Literal, Optional
 
-from layerwise.results import find_summaries, is_pattern, is_summary, load_summary, save_figure_atomic, summary_order
+from layerwise.results import find_summaries, is_pattern, is_summary, load_summary, save_figures, summary_order
 
 FigureFormat = Literal["png", "pdf", "svg"]
 
@@ -18,24 +18,15 @@ def plot_summary(
     width: PrintWidth = "page",
 ) -> list[Path]:
     """Write every figure of one summary, drawn at print ``width``; returns the written paths."""
-    import matplotlib.pyplot as plt  # here, not at the top: `layerwise plot --help` answers without matplotlib
-
-    from layerwise.figures.style import drawn_at
+    from layerwise.figures.style import drawn_at  # here, not at the top: `plot --help` answers without matplotlib
     from layerwise.figures.summary import summary_figures
 
     summary = load_summary(str(summary_file))
     target = out_dir or summary_file.parent / "figures"
     target.mkdir(parents=True, exist_ok=True)
-    written = []
     with drawn_at(width):
         figures = summary_figures(summary)
-    for name, figure in figures.items():
-        for fmt in formats:
-            path = target / f"{summary_file.stem}_{name}.{fmt}"
-            save_figure_atomic(path, figure)
-            written.append(path)
-        plt.close(figure)
-    return written
+    return save_figures(figures, target, summary_file.stem, formats)
 
 
 # ------------------------------------------------------------------------------- the `layerwise plot` command

@@ -70,9 +70,7 @@ def test_a_config_composes_the_analyses_with_their_own_options(tmp_path):
 
 
 def test_a_composed_analysis_given_a_monitor_option_is_refused_naming_it():
-    with pytest.raises(
-        UsageError, match=r"LogitLensMonitor .* give layers=2 to LayerwiseAnalysis, not to"
-    ):
+    with pytest.raises(UsageError, match=r"LogitLensMonitor .* give layers=2 to LayerwiseAnalysis, not to"):
         LayerwiseAnalysis(logit_lens=LogitLensMonitor(layers=2))
     with pytest.raises(ValueError, match=r"`depth=.*` must be True, False or a EffectiveDepthMonitor"):
         LayerwiseAnalysis(depth=LogitLensMonitor())
