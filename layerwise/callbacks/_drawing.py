@@ -70,7 +70,11 @@ def _work() -> None:
         try:
             job()
         except Exception as error:  # a figure must never take the run down: skip it, say which
-            _skipped(None, error)
+            try:
+                _skipped(None, error)
+            except Exception as warned:  # the warning made an error (-W error): this thread must live on, the
+                # run waits on its queue; nothing up the stack can take it here, so it is printed
+                print(f"layerwise: {type(warned).__name__}: {warned}", file=sys.stderr)
         finally:
             _queue.task_done()
 

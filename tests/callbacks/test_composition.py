@@ -127,3 +127,22 @@ def test_a_users_per_layer_analysis_runs_alone_or_composed_with_the_same_numbers
     expected = 2.0 * layers.pow(2).sum(-1).mean(1).numpy()
     np.testing.assert_allclose(one["mean_squared_norm"], expected, rtol=1e-6)
     assert one["mean_squared_norm"] == both["mean_squared_norm"]
+
+
+def composed_summary(root, weights, **options) -> dict:
+    module = fitted_module()
+    module.load_state_dict(torch.load(weights))
+    callback = LayerwiseAnalysis(similarity=False, more=[MeanSquaredNorm(scale=2.0)], log_figures=False)
+    trainer(root, [callback], **options).validate(module, val_loader(37), verbose=False)
+    return read_summary(root)
+
+
+def test_a_users_composed_analysis_on_two_processes_equals_one(tmp_path, single_thread):
+    """Its plain torchmetrics metric syncs itself inside results(), beside the package's one all-reduce."""
+    weights = tmp_path / "weights.pt"
+    torch.save(fitted_module().state_dict(), weights)
+    one = composed_summary(tmp_path / "one", weights)
+    two = composed_summary(tmp_path / "two", weights, devices=2, strategy="ddp_fork")
+    np.testing.assert_allclose(two["mean_squared_norm"], one["mean_squared_norm"], rtol=1e-12)
+    np.testing.assert_allclose(two["accuracy"], one["accuracy"], rtol=1e-12)
+    assert two["num_samples"] == one["num_samples"] == 37

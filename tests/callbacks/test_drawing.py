@@ -140,6 +140,33 @@ def test_a_figure_that_fails_to_draw_is_skipped_with_a_warning_and_the_queue_kee
     assert torch.is_tensor(torch.zeros(1))  # the worker left torch usable in this thread
 
 
+def test_the_drawing_thread_outlives_a_warning_made_an_error(capfd):
+    """Under ``-W error`` the skip's warning raises in the thread: it is printed, and the thread draws the next job
+    (a dead thread left ``wait_for_figures`` waiting for ever on a job nobody would take)."""
+    import warnings
+
+    from layerwise.callbacks._loggers import ImageSink
+    from layerwise.figures.style import new_figure
+
+    tags = []
+    sink = [ImageSink("test", lambda tag, image, step: tags.append(tag))]
+
+    def broken():
+        raise ValueError("no data")
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _drawing.draw_later(sink, 1, broken, in_process=False)
+        _drawing.wait_for_figures()
+        alive = _drawing._thread
+        _drawing.draw_later(sink, 2, lambda: {"val/ok": new_figure(2, 2)[0]}, in_process=False)
+        _drawing.wait_for_figures()
+    assert tags == ["val/ok"] and _drawing._thread is alive and alive.is_alive()
+    assert "LayerwiseWarning: layerwise: a figure could not be drawn and was skipped (ValueError: no data)" in (
+        capfd.readouterr().err
+    )
+
+
 def _figures_that_say_where(path: str) -> dict:
     """A figure job's function: writes the id of the process that builds the figures."""
     import os

@@ -28,6 +28,7 @@ from layerwise.callbacks import (
     LayerwiseAnalysis,
     LogitLensMonitor,
     ResidualNormRatioMonitor,
+    _drawing,
 )
 from layerwise.cli import main
 from layerwise.figures import registry, worker
@@ -39,8 +40,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def feature_norm(monkeypatch):
-    """examples/feature_norm.py as a user's module: importable by its name, also by the drawing process."""
+    """examples/feature_norm.py as a user's module: importable by its name, also by the drawing process.
+
+    A user's path is set when the run starts; here the drawing process of an earlier test knows the path of its
+    start, so a fresh one is started with this one's.
+    """
     monkeypatch.syspath_prepend(str(REPO / "examples"))
+    if _drawing._process is not None:
+        _drawing._process.close()
+    monkeypatch.setattr(_drawing, "_process", None)
     sys.modules.pop("feature_norm", None)
     import feature_norm
 
@@ -55,9 +63,11 @@ def rgb(png: bytes) -> np.ndarray:
 def test_a_users_analysis_is_drawn_by_training_plot_and_report_alike(tmp_path, feature_norm, capsys):
     logger = TensorBoardLogger(str(tmp_path), name="tb")
     callbacks = [LayerwiseAnalysis(print_table=False), feature_norm.FeatureNormMonitor()]
+    in_thread = _drawing.drawn["thread"]
     trainer(tmp_path, callbacks, logger=logger, max_epochs=1, limit_train_batches=1).fit(
         fitted_module(), train_loader(), val_loader(40)
     )
+    assert _drawing.drawn["thread"] == in_thread  # every figure drawn in the drawing process, the user's too
     summary_path = find_summaries(Path(logger.log_dir), stage="val")[-1]
     summary = load_summary(summary_path)
     # the registry the analyses filled: the package's per-layer figures and the user's, with the key each reads
