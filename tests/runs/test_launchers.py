@@ -9,8 +9,8 @@ and write what the one-process run writes: the fit trains with ``lr=0`` (the wei
 order of the distributed sampler cannot make the runs differ), so every summary equals the one-process summary to
 1e-6, and the early-exit predictions are the same rows.
 
-The one-process and ``ddp`` cells run in the default suite; ``ddp_spawn``, FSDP2 and ``torchrun`` are ``slow``
-(``pytest -m slow tests/runs/test_launchers.py``, run by ``.ci/run``). FSDP2 also evaluates its own fit's sharded
+Every cell is ``slow`` (``pytest -m slow tests/runs/test_launchers.py``, run by ``.ci/run``): the one-process reference
+and ``ddp`` alone took 95 s of the default suite, which must stay within ten minutes on two cores. FSDP2 also evaluates its own fit's sharded
 ``last.ckpt/`` folder in place: ``validate`` and ``test`` land beside that run, labelled by the checkpoint's epoch
 and step (read here from the folder's ``meta.pt`` with torch itself), as they do for every single-file checkpoint.
 """
@@ -201,6 +201,7 @@ def check_equal(actual: dict, expected: dict) -> None:
             assert_json_close(actual[command], expected[command], atol=1e-6, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_one_process_every_command_ends_with_its_closing_line(reference):
     assert set(reference["lines"]) == set(COMMANDS)
     assert "val/acc" in reference["lines"]["fit"] and "summaries" in reference["lines"]["fit"]
@@ -209,8 +210,7 @@ def test_one_process_every_command_ends_with_its_closing_line(reference):
 
 @pytest.mark.parametrize(
     "launcher",
-    ["ddp", pytest.param("ddp_spawn", marks=pytest.mark.slow), pytest.param("fsdp", marks=pytest.mark.slow)]
-    + [pytest.param("torchrun", marks=pytest.mark.slow)],
+    [pytest.param(launcher, marks=pytest.mark.slow) for launcher in ("ddp", "ddp_spawn", "fsdp", "torchrun")],
 )
 def test_every_command_under_the_launcher_ends_and_equals_one_process(tmp_path, reference, launcher):
     results = merged(run_cell(tmp_path / "fit", launcher), evaluate(tmp_path, launcher, reference["checkpoint"]))
