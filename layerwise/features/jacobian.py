@@ -300,7 +300,7 @@ def diagonal_block_jacobian(
                     # d -> d: reverse mode, one VJP per output coordinate, takes as many passes as forward mode but
                     # runs autograd's C++ backward formulas, where forward mode runs some ops' Python
                     # decompositions (layer norm, GELU): about 1.5x faster per block on a CPU thread.
-                    _, pullback = torch.func.vjp(split, base[token])
+                    pullback = torch.func.vjp(split, base[token])[1]  # (output, its pullback): no aux
                     basis = torch.eye(base.shape[1], dtype=dtype, device=device)
                     (rows,) = torch.func.vmap(pullback, chunk_size=chunk_size, randomness="error")(basis)  # (d, d_in)
                     return rows.detach()

@@ -10,9 +10,10 @@ order of the distributed sampler cannot make the runs differ), so every summary 
 1e-6, and the early-exit predictions are the same rows.
 
 Every cell is ``slow`` (``pytest -m slow tests/runs/test_launchers.py``, run by ``.ci/run``): the one-process reference
-and ``ddp`` alone took 95 s of the default suite, which must stay within ten minutes on two cores. FSDP2 also evaluates its own fit's sharded
-``last.ckpt/`` folder in place: ``validate`` and ``test`` land beside that run, labelled by the checkpoint's epoch
-and step (read here from the folder's ``meta.pt`` with torch itself), as they do for every single-file checkpoint.
+and ``ddp`` alone took 95 s of the default suite, which must stay within ten minutes on two cores. FSDP2 also evaluates
+its own fit's sharded ``last.ckpt/`` folder in place: ``validate`` and ``test`` land beside that run, labelled by the
+checkpoint's epoch and step (read here from the folder's ``meta.pt`` with torch itself), as they do for every single-
+file checkpoint.
 """
 
 import json
