@@ -1,8 +1,8 @@
 """Several runs side by side, in numbers: which epoch, which group, each group's mean and 95 % t-interval over seeds.
 
 Pure functions over plain data (configs as nested dicts, summaries as the JSON objects of :mod:`layerwise.results`):
-numpy only, no matplotlib, no file. ``layerwise plot RUN...`` and ``layerwise report RUN...`` draw their figures and
-write their table from :func:`comparison_rows`.
+numpy (and scipy's t quantile), no matplotlib, no file. ``layerwise plot RUN...`` and ``layerwise report RUN...``
+draw their figures and write their table from :func:`comparison_rows`.
 
 - **Groups.** Runs whose configs differ only by seeds (``seed_everything``, any ``seed`` or ``*_seed`` option) and by
   where they write (logger, folders) form one group, labelled by what differs between the groups (:func:`group_runs`):
@@ -13,8 +13,7 @@ write their table from :func:`comparison_rows`.
   per-layer key, is highest; lowest for a loss).
 - **Statistics.** A group of ``n`` runs gives, at every point (layer, ε, τ), the mean of its runs' finite values and
   the half-width of the 95 % Student-t interval ``t_{0.975, n-1} · s / √n`` with ``s`` the sample standard
-  deviation (:func:`t_interval`; no interval for ``n = 1``). ``t`` is computed exactly for whole degrees of freedom
-  (:func:`t_quantile`), without scipy.
+  deviation (:func:`t_interval`; no interval for ``n = 1``), ``t`` from ``scipy.stats.t.ppf``.
 """
 
 import math
@@ -72,34 +71,6 @@ class Row:
 
 
 # ------------------------------------------------------------------------------------------------------ statistics
-def _two_sided_mass(theta: float, df: int) -> float:
-    """P(|T| < √df · tan θ) for Student's t with ``df`` whole degrees of freedom (Abramowitz & Stegun 26.7.3-4)."""
-    s, c = math.sin(theta), math.cos(theta)
-    if df % 2:
-        term, total = c, 0.0
-        for k in range(1, df - 1, 2):  # cos θ + 2/3 cos³ θ + ... up to cos^(df-2) θ
-            total += term
-            term *= (k + 1) / (k + 2) * c * c
-        return 2.0 / math.pi * (theta + s * total)
-    term, total = 1.0, 0.0
-    for k in range(0, df - 1, 2):  # 1 + 1/2 cos² θ + ... up to cos^(df-2) θ
-        total += term
-        term *= (k + 1) / (k + 2) * c * c
-    return s * total
-
-
-def t_quantile(probability: float, df: int) -> float:
-    """The ``probability`` quantile (> 0.5) of Student's t with ``df`` >= 1 whole degrees of freedom (bisection)."""
-    if df < 1 or int(df) != df or not 0.5 < probability < 1.0:
-        raise ValueError(f"t_quantile needs a probability in (0.5, 1) and whole df >= 1, not {probability}, {df}.")
-    mass = 2.0 * probability - 1.0
-    low, high = 0.0, math.pi / 2
-    for _ in range(200):
-        middle = 0.5 * (low + high)
-        low, high = (middle, high) if _two_sided_mass(middle, int(df)) < mass else (low, middle)
-    return math.sqrt(df) * math.tan(0.5 * (low + high))
-
-
 def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float, float, int]:
     """``(mean, half-width, n)`` of the finite ``values``: the Student-t interval of their mean (NaN width if n < 2)."""
     array = np.asarray([np.nan if value is None else value for value in values], dtype=float)
@@ -110,7 +81,9 @@ def t_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float
     mean = float(array.mean())
     if n < 2:
         return mean, math.nan, n
-    half = t_quantile(0.5 + confidence / 2, n - 1) * float(array.std(ddof=1)) / math.sqrt(n)
+    from scipy.stats import t  # here: the rest of the module needs numpy only
+
+    half = float(t.ppf(0.5 + confidence / 2, n - 1)) * float(array.std(ddof=1)) / math.sqrt(n)
     return mean, half, n
 
 
