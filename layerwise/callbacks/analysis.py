@@ -1,7 +1,7 @@
 """All per-layer analyses in one callback, sharing one source of features and one all-reduce."""
 
 from collections.abc import Sequence
-from typing import Any, Union
+from typing import Any, ClassVar, Union
 
 from layerwise.callbacks.effective_depth import EffectiveDepthMonitor
 from layerwise.callbacks.logit_lens import LogitLensMonitor
@@ -39,6 +39,18 @@ class LayerwiseAnalysis(LayerwiseMonitor):
             features after these.
         **kwargs: every option of :class:`LayerwiseMonitor`.
     """
+
+    # Options LayerwiseAnalysis took until 0.2.0, and where each went: the command line's error names it
+    moved_options: ClassVar[dict[str, str]] = {
+        "thresholds": "logit_lens: {thresholds: [...]}",
+        "f1": "logit_lens: {f1: ...}",
+        "cka": "similarity: {cka: ...}",
+        "cos_bins": "similarity: {cos_bins: ...}",
+        "center": "similarity: {center: ...} and logit_lens: {center: ...}",
+        "max_buffered_samples": "similarity: {max_buffered_samples: ...} and logit_lens: {max_buffered_samples: ...}",
+        "epsilons": "depth: {epsilons: [...]}",
+        "nc1_top_classes": "neural_collapse: {top_classes: ...}",
+    }
 
     def __init__(
         self,

@@ -32,6 +32,7 @@ _GIVEN_CLASS = re.compile(r"class_path='([^']+)'")
 # A key header at the end of another line: `Type ... expects a function or a callable class: Parser key "lr":`.
 _TRAILING_KEY = re.compile(r'^(.*?):\s*Parser key "([^"]+)":\s*$')
 _SCALAR = re.compile(r"^Expected a <class '(int|float|bool)'>$")
+_NOT_ACCEPTED = re.compile(r"^Option '([^']+)' is not accepted")
 _GIVEN_VALUE = re.compile(r"^Given value: (.*?)(?:\. Got value: .*)?$")
 
 
@@ -89,11 +90,23 @@ def concise_error(message: str, class_options: Optional[dict[str, str]] = None) 
         # a list of classes (loggers, callbacks): the one not yet instantiated in "Given value" is the one that failed
         given = [_GIVEN_CLASS.findall(line) for line in lines if line.lstrip(" -").startswith("Given value:")]
         last_class = given[-1][-1] if given and given[-1] else None
+    cause += _moved(last_class, cause)
     if not option:
         option = (class_options or {}).get(last_class or "", "")
         if not option:
             return f"class_path '{last_class}': {cause}" if last_class else cause
     return f"--{option}={last_class}: {cause}" if last_class else f"--{option}: {cause}"
+
+
+def _moved(class_path: Optional[str], cause: str) -> str:
+    """Where an option a class no longer takes went (its ``moved_options``), for the error that refuses it."""
+    refused = _NOT_ACCEPTED.match(cause)
+    if not refused or not class_path:
+        return ""
+    module, _, name = class_path.rpartition(".")
+    moved = getattr(getattr(sys.modules.get(module), name, None), "moved_options", {})  # imported: it was refused
+    hint = moved.get(refused.group(1)) if isinstance(moved, dict) else None
+    return f"; it moved: {hint}" if hint else ""
 
 
 def _option(path: tuple[tuple[int, str, str], ...]) -> tuple[str, Optional[str]]:

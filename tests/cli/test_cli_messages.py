@@ -107,6 +107,22 @@ def test_a_nested_error_names_the_option_and_the_innermost_cause(tmp_path, capsy
     assert not line.rstrip().endswith(":"), line
 
 
+@pytest.mark.parametrize(
+    "option, value, moved",
+    [("thresholds", "[0.5, 0.9]", "logit_lens: {thresholds: [...]}"), ("nc1_top_classes", "100", "neural_collapse")],
+)
+def test_an_option_layerwise_analysis_took_until_0_2_says_where_it_went(tmp_path, capsys, option, value, moved):
+    config = tmp_path / "old.yaml"
+    config.write_text(
+        "trainer:\n  callbacks:\n    - class_path: layerwise.callbacks.LayerwiseAnalysis\n"
+        f"      init_args:\n        {option}: {value}\n"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        quickstart(tmp_path, "--config", str(config))
+    line = one_line(capsys, exit_info)
+    assert f"LayerwiseAnalysis: Option '{option}' is not accepted; it moved: {moved}" in line
+
+
 def test_a_missing_required_backbone_is_named(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["fit", "--model.class_path=layerwise.lightning_modules.AlternatingAligned"])
