@@ -285,7 +285,7 @@ def _split(
     state.mode = "row"
     try:
         with _attention_split(block, state), torch.no_grad():
-            row, pullback = torch.func.vjp(update, hidden[token])
+            row, pullback = torch.func.vjp(update, hidden[token])[:2]  # no aux: (output, pullback)
     except Exception as error:  # noqa: BLE001 - any failure of the one-token run means: use the whole prompt
         return f"the one-token run fails ({type(error).__name__}: {str(error).splitlines()[0][:120]})"
     tolerance = 1e-6 if hidden.dtype == torch.float64 else 1e-4
