@@ -56,6 +56,12 @@ class _State:
     used: int = 0
     refused: Optional[str] = None
     originals: dict[int, tuple[Callable[..., Any], str]] = field(default_factory=dict)
+    attention_modules: int = 0  # the block's attention modules routed here (HF configs swapped, timm fused_attn)
+    stop_after: Optional[int] = None  # a capture run that needs no output stops after this many attention calls
+
+
+class _Captured(Exception):
+    """Raised by a capture run's last attention call when the run's output is not needed (its row is known)."""
 
 
 _ACTIVE: list[_State] = []
@@ -99,6 +105,8 @@ def _record(state: _State, query: Tensor, key: Tensor, value: Tensor, mask: Any,
         return
     scale = query.shape[-1] ** -0.5 if scale is None else float(scale)
     state.calls.append(_Keys(key.detach(), value.detach(), None if mask is None else mask.detach(), causal, scale))
+    if len(state.calls) == state.stop_after:
+        raise _Captured
 
 
 def _next_keys(state: _State) -> _Keys:
@@ -182,6 +190,7 @@ def _attention_split(block: nn.Module, state: _State) -> Iterator[None]:
             if hasattr(module, "fused_attn"):
                 fused.append((module, module.fused_attn))
                 module.fused_attn = True
+        state.attention_modules = len(swapped) if hf else len(fused)
         _ACTIVE.append(state)
         torch.nn.functional.scaled_dot_product_attention = _sdpa if not hf else _SDPA
         yield
@@ -206,10 +215,14 @@ def _per_token(name: str, value: Any, token: int) -> Any:
 
 @dataclass
 class SplitBlock:
-    """A block's output row at one token as a function of that token's input alone (see :func:`split_block`)."""
+    """A block's output row at one token as a function of that token's input alone (see :func:`split_block`).
+
+    ``pullback`` is the function's VJP at the token's input, from the one-token run that checked the row.
+    """
 
     function: Callable[[Tensor], Tensor]
     state: _State
+    pullback: Callable[[Tensor], tuple[Tensor]]
 
     def __call__(self, x: Tensor) -> Tensor:
         """``f(X)_t`` (d,), the residual update at the token, for its input ``x`` (d,)."""
@@ -217,18 +230,47 @@ class SplitBlock:
 
 
 def split_block(
-    block: nn.Module, hidden: Tensor, args: tuple[Any, ...], kwargs: dict[str, Any], token: int
+    block: nn.Module,
+    hidden: Tensor,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    token: int,
+    row: Optional[Tensor] = None,
 ) -> Union[SplitBlock, str]:
     """The residual update of ``block`` at ``token`` as a function of that token's input, or why it cannot be split.
 
     Runs the block once on the whole prompt ``hidden`` (T, d) (keeping every attention call's keys/values), then
-    once on the token alone, and compares the row: a reason (str) is returned when they differ by more than
-    1e-6 (float64) or 1e-4 (other dtypes) of the row's scale, or the one-token run fails. The block must be in eval
-    mode and the arguments in its dtype. Call the result inside :func:`split_attention` of the same block.
+    once on the token alone (under ``torch.func.vjp``: the result's ``pullback``), and compares the row: a reason
+    (str) is returned when they differ by more than 1e-6 (float64) or 1e-4 (other dtypes) of the row's scale, or the
+    one-token run fails. The block must be in eval mode and the arguments in its dtype. Call the result inside
+    :func:`split_attention` of the same block.
+
+    ``row``: the whole prompt's row at ``token`` where a run of the block on ``hidden`` already gave it (a trace's
+    output minus its input, in ``hidden``'s dtype). The whole-prompt run then only keeps the keys/values: it stops
+    at the call of the block's last attention module, before the attention products and the MLP on every token,
+    and the one-token row is checked against ``row``. Where that check fails, the block is split as without ``row``.
     """
+    if row is not None:
+        split = _split(block, hidden, args, kwargs, token, row)
+        if isinstance(split, SplitBlock):
+            return split
+    return _split(block, hidden, args, kwargs, token, None)
+
+
+def _split(
+    block: nn.Module, hidden: Tensor, args: tuple[Any, ...], kwargs: dict[str, Any], token: int, whole: Optional[Tensor]
+) -> Union[SplitBlock, str]:
+    """:func:`split_block` against the known whole-prompt row ``whole``, or against its own whole-prompt run."""
     state = _State("capture", token)
     with _attention_split(block, state), torch.no_grad():
-        whole = block_output(block(hidden.unsqueeze(0), *args, **kwargs))[0, token] - hidden[token]
+        if whole is None:
+            whole = block_output(block(hidden.unsqueeze(0), *args, **kwargs))[0, token] - hidden[token]
+        else:
+            state.stop_after = state.attention_modules or None
+            try:
+                block(hidden.unsqueeze(0), *args, **kwargs)
+            except _Captured:
+                pass
     if state.refused:
         return state.refused
     row_kwargs = {name: _per_token(name, value, token) for name, value in kwargs.items()}
@@ -243,7 +285,7 @@ def split_block(
     state.mode = "row"
     try:
         with _attention_split(block, state), torch.no_grad():
-            row = update(hidden[token])
+            row, pullback = torch.func.vjp(update, hidden[token])[:2]  # no aux: (output, pullback)
     except Exception as error:  # noqa: BLE001 - any failure of the one-token run means: use the whole prompt
         return f"the one-token run fails ({type(error).__name__}: {str(error).splitlines()[0][:120]})"
     tolerance = 1e-6 if hidden.dtype == torch.float64 else 1e-4
@@ -251,7 +293,7 @@ def split_block(
     difference = (row - whole).abs().max().item()
     if not difference <= tolerance * max(scale, 1.0):
         return f"its one-token row differs from the whole prompt's by {difference:.1e}"
-    return SplitBlock(update, state)
+    return SplitBlock(update, state, pullback)
 
 
 @contextmanager

@@ -147,7 +147,8 @@ def pairwise_mis_coupling(
 
     Depth-wise coupling is ``pairwise_mis_coupling(J, J)`` with J (L, d, d) the Jacobians J^l_{tt} of one token;
     token-wise coupling passes the Jacobians of two blocks at several tokens. One SVD per matrix, for the
-    largest K; the smaller K use its leading vectors.
+    largest K; the smaller K use its leading vectors: ``A_K`` is the top-left K x K block of ``A_{max K}``, so the
+    coupling matrices are multiplied out once, for the largest K.
     """
     _check_square(jacobians_a, "jacobians_a")
     _check_square(jacobians_b, "jacobians_b")
@@ -161,14 +162,11 @@ def pairwise_mis_coupling(
     basis = top_singular(jacobians_b, k_max, method=method)
     same = jacobians_a is jacobians_b and basis.method == "full"
     s_a = basis.s if same else torch.linalg.svdvals(jacobians_a.to(_F64))  # depth-wise: one SVD per Jacobian
-    a = jacobians_a.to(_F64)
-    out = []
-    for k in ks:
-        u, v = basis.u[..., :k], basis.v[..., :k]  # (m, d, k)
-        projected = torch.einsum("ide,jek->ijdk", a, v)  # J_i V_j: (n, m, d, k)
-        coupled = torch.einsum("jdl,ijdk->ijlk", u, projected)  # U_j^T J_i V_j: (n, m, k, k)
-        out.append(_mis_coupling_from(coupled, s_a[:, None, :k].expand(-1, coupled.shape[1], -1), form))
-    return torch.stack(out)
+    projected = torch.einsum("ide,jek->ijdk", jacobians_a.to(_F64), basis.v)  # J_i V_j: (n, m, d, K_max)
+    coupled = torch.einsum("jdl,ijdk->ijlk", basis.u, projected)  # U_j^T J_i V_j: (n, m, K_max, K_max)
+    return torch.stack(
+        [_mis_coupling_from(coupled[..., :k, :k], s_a[:, None, :k].expand(-1, coupled.shape[1], -1), form) for k in ks]
+    )
 
 
 def depth_coupling(

@@ -232,3 +232,31 @@ def test_one_token_jacobian_equals_autograd_of_the_whole_forward(family, task, r
         torch.testing.assert_close(one_token, expected, rtol=0, atol=1e-6)  # HF's eager softmax runs in float32
         assert one_token.abs().max() > 1e-5
     assert not [w for w in recwarn.list if "Jacobian on the whole prompt" in str(w.message)]  # no fallback taken
+
+
+def test_one_token_split_reuses_the_trace_row_and_stops_the_whole_prompt_run_at_attention():
+    """The trace's row spares the split its whole-prompt run past the attention call (no MLP on every token); a
+    wrong row is caught by the check and the block is split with its own whole-prompt run, to the same Jacobian."""
+    from layerwise.features.jacobian import diagonal_block_jacobian
+    from layerwise.features.token_rows import SplitBlock, split_block
+
+    model = tiny_model("gpt2", "causal_lm").double().eval()
+    blocks = get_blocks(model, layer_paths(model))
+    trace = trace_blocks(blocks, lambda: run(model, one_prompt("gpt2")))
+    call, block, token = trace.calls[1], blocks[1], 3
+    mlp_tokens = []
+    handle = block.mlp.register_forward_hook(lambda module, args, output: mlp_tokens.append(args[0].shape[1]))
+    try:
+        fast = diagonal_block_jacobian(block, call, token)
+        assert mlp_tokens == [1]  # the one-token run only: the whole-prompt run stopped at its attention call
+        mlp_tokens.clear()
+        wrong = call.outputs[token] - call.inputs[token] + 1.0
+        split = split_block(block, call.inputs, call.args, call.kwargs, token, wrong)
+        assert isinstance(split, SplitBlock)
+        assert mlp_tokens == [1, call.inputs.shape[0], 1]  # refused against the wrong row, then split whole
+    finally:
+        handle.remove()
+    (rows,) = torch.func.vmap(split.pullback)(torch.eye(call.inputs.shape[1], dtype=torch.float64))
+    torch.testing.assert_close(rows, fast, rtol=0, atol=0)
+    whole = block_jacobian(block, call, token, [token], method="full")[0]
+    torch.testing.assert_close(fast, whole, rtol=0, atol=1e-12)

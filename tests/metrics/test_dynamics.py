@@ -12,6 +12,7 @@ from layerwise.metrics.functional_dynamics import (
     line_shape_score,
     linearisation_cosine,
     mis_coupling,
+    pairwise_mis_coupling,
     step_variation,
     top_singular,
 )
@@ -86,6 +87,33 @@ def test_depth_coupling_matrix_and_score():
     metric.update(jacobians.flip(0))
     torch.testing.assert_close(metric.compute(), (matrices + depth_coupling(jacobians.flip(0), (3, 8))) / 2)
     torch.testing.assert_close(metric.score(), coupling_score(metric.compute()))
+
+
+@pytest.mark.parametrize("form", ["code", "offdiag"])
+def test_coupling_matrices_multiplied_once_for_the_largest_k_equal_one_product_per_k(form):
+    """A_K = U_K^T J V_K is the top-left block of A_{max K}: one product for the largest K, as the K products were."""
+    g = torch.Generator().manual_seed(17)
+    a, b = (
+        torch.randn(3, D, D, generator=g, dtype=torch.float64),
+        torch.randn(5, D, D, generator=g, dtype=torch.float64),
+    )
+    ks = (8, 3, 24)  # unsorted, and K = d
+    for first, second in ((a, b), (b, b)):
+        basis = top_singular(second, max(ks))
+        s_first = torch.linalg.svdvals(first)
+        expected = []
+        for k in ks:  # the formula before: one pair of products per K
+            coupled = torch.einsum(
+                "jdl,ijdk->ijlk", basis.u[..., :k], torch.einsum("ide,jek->ijdk", first, basis.v[..., :k])
+            )
+            if form == "code":
+                deviation = coupled.abs() - torch.diag_embed(s_first[:, None, :k].expand(-1, len(second), -1))
+            else:
+                deviation = coupled - torch.diag_embed(coupled.diagonal(dim1=-2, dim2=-1))
+            expected.append(deviation.square().sum(dim=(-2, -1)).sqrt() / s_first[:, None, :k].norm(dim=-1))
+        torch.testing.assert_close(
+            pairwise_mis_coupling(first, second, ks, form), torch.stack(expected), rtol=1e-12, atol=1e-14
+        )
 
 
 def test_randomized_svd_agrees_or_falls_back_and_says_so():
