@@ -38,7 +38,8 @@ class EffectiveDepthMonitor(LayerwiseMonitor):
         self.reads_lens = False
 
     def configure(self, trainer: Trainer, monitor: LayerwiseMonitor) -> None:
-        self.reads_lens = any(isinstance(analysis, LogitLensMonitor) for analysis in monitor.analyses)
+        before = list(monitor.analyses)[: list(monitor.analyses).index(self)]  # whose results it gets as `earlier`
+        self.reads_lens = any(isinstance(analysis, LogitLensMonitor) for analysis in before)
 
     def build(self, spec: LayerSpec) -> Metrics:
         return {} if self.reads_lens else {"accuracy": LayerAccuracy(spec.num_layers, sync_on_compute=False)}

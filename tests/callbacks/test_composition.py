@@ -146,3 +146,15 @@ def test_a_users_composed_analysis_on_two_processes_equals_one(tmp_path, single_
     np.testing.assert_allclose(two["mean_squared_norm"], one["mean_squared_norm"], rtol=1e-12)
     np.testing.assert_allclose(two["accuracy"], one["accuracy"], rtol=1e-12)
     assert two["num_samples"] == one["num_samples"] == 37
+
+
+def test_the_effective_depth_reads_only_a_logit_lens_run_before_it(tmp_path):
+    module = fitted_module()
+    lens_after = LayerwiseAnalysis(similarity=False, logit_lens=False, more=[LogitLensMonitor()], log_figures=False)
+    trainer(tmp_path / "after", [lens_after]).validate(module, val_loader(37), verbose=False)
+    lens_before = LayerwiseAnalysis(similarity=False, log_figures=False)
+    trainer(tmp_path / "before", [lens_before]).validate(module, val_loader(37), verbose=False)
+    after, before = read_summary(tmp_path / "after"), read_summary(tmp_path / "before")
+    assert after["effective_depth"] == before["effective_depth"]
+    assert [a.reads_lens for a in lens_after.analyses if isinstance(a, EffectiveDepthMonitor)] == [False]
+    assert [a.reads_lens for a in lens_before.analyses if isinstance(a, EffectiveDepthMonitor)] == [True]
