@@ -30,17 +30,11 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "runs"))
 from _record import load_now, record  # noqa: E402
+from dying import DIES, dying_fit  # noqa: E402  (the fit tests/runs/test_dead_rank.py runs)
 
 REPO = Path(__file__).resolve().parents[1]
-SMALL = [
-    "--model.init_args.backbone.init_args.embed_dim=16",
-    "--model.init_args.backbone.init_args.depth=2",
-    "--model.init_args.backbone.init_args.num_heads=2",
-    "--trainer.limit_train_batches=4",
-    "--trainer.limit_val_batches=1",
-    "--trainer.max_epochs=3",
-]
 
 
 def once(how: str, timeout: str) -> dict:
@@ -48,12 +42,7 @@ def once(how: str, timeout: str) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MASTER_", "LOCAL_RANK", "WORLD_"))}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests" / "runs"), str(REPO), env.get("PYTHONPATH", "")])
-    command = [
-        str(Path(sys.executable).with_name("layerwise")),
-        *("fit", "--config", str(REPO / "configs" / "quickstart.yaml"), *SMALL),
-        *("--trainer.devices=2", "--trainer.strategy=DDPStrategy", f"--trainer.strategy.init_args.timeout={timeout}"),
-        *("--trainer.callbacks+=dying.Die", "--trainer.callbacks.epoch=1", f"--trainer.callbacks.how={how}"),
-    ]
+    command = dying_fit(how, timeout)
     with tempfile.TemporaryDirectory() as cwd:
         process = subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         lines: queue.Queue[tuple[str, float, str]] = queue.Queue()
@@ -73,9 +62,9 @@ def once(how: str, timeout: str) -> dict:
     died, said, line = None, None, ""
     while not lines.empty():
         stream, when, text = lines.get()
-        match = re.match(r"^dying: rank 1 \(pid \d+\) ends now \(\w+\) at ([\d.]+)$", text)
+        match = re.match(DIES, text)
         if match:
-            died = float(match.group(1))
+            died = float(match.group(2))
         if stream == "err" and text.startswith("layerwise fit: error:"):
             said, line = when, text
     if died is None or said is None:

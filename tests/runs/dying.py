@@ -6,10 +6,30 @@ Used by ``tests/runs/test_dead_rank.py`` and ``benchmarks/dead_rank.py`` through
 
 import os
 import signal
+import sys
 import time
+from pathlib import Path
 from typing import Literal
 
 from lightning.pytorch import Callback
+
+REPO = Path(__file__).resolve().parents[2]
+# The rank's own line (stdout), with its pid and the Unix time it dies at.
+DIES = r"^dying: rank 1 \(pid (\d+)\) ends now \(\w+\) at ([\d.]+)$"
+
+
+def dying_fit(how: str, timeout: str) -> list[str]:
+    """The command of a 2-process DDP fit (the quickstart cut to a 2-block 16-wide ViT) whose rank 1 dies ``how`` in
+    its second epoch, under a process group ``timeout`` (h:m:s); run it with this folder on ``PYTHONPATH``."""
+    return [
+        str(Path(sys.executable).with_name("layerwise")),
+        *("fit", "--config", str(REPO / "configs" / "quickstart.yaml")),
+        *("--model.init_args.backbone.init_args.embed_dim=16", "--model.init_args.backbone.init_args.depth=2"),
+        "--model.init_args.backbone.init_args.num_heads=2",
+        *("--trainer.limit_train_batches=4", "--trainer.limit_val_batches=1", "--trainer.max_epochs=3"),
+        *("--trainer.devices=2", "--trainer.strategy=DDPStrategy", f"--trainer.strategy.init_args.timeout={timeout}"),
+        *("--trainer.callbacks+=dying.Die", "--trainer.callbacks.epoch=1", f"--trainer.callbacks.how={how}"),
+    ]
 
 
 class Die(Callback):

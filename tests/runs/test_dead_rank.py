@@ -17,16 +17,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from runs.dying import DIES, dying_fit
 
 REPO = Path(__file__).resolve().parents[2]
-SMALL = [
-    "--model.init_args.backbone.init_args.embed_dim=16",
-    "--model.init_args.backbone.init_args.depth=2",
-    "--model.init_args.backbone.init_args.num_heads=2",
-    "--trainer.limit_train_batches=4",
-    "--trainer.limit_val_batches=1",
-    "--trainer.max_epochs=3",
-]
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="kills a process as on a Linux node")
 
@@ -36,15 +29,9 @@ def run_with_a_dying_rank(cwd: Path, how: str, timeout: str) -> tuple[subprocess
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "MASTER_", "LOCAL_RANK", "WORLD_"))}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests" / "runs"), env.get("PYTHONPATH", "")])  # every rank
-    command = [
-        str(Path(sys.executable).with_name("layerwise")),
-        *("fit", "--config", str(REPO / "configs" / "quickstart.yaml"), *SMALL),
-        *("--trainer.devices=2", "--trainer.strategy=DDPStrategy", f"--trainer.strategy.init_args.timeout={timeout}"),
-        *("--trainer.callbacks+=dying.Die", "--trainer.callbacks.epoch=1", f"--trainer.callbacks.how={how}"),
-    ]
-    finished = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    finished = subprocess.run(dying_fit(how, timeout), cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
     ended = time.time()
-    died = re.search(r"^dying: rank 1 \(pid (\d+)\) ends now \(\w+\) at ([\d.]+)$", finished.stdout, re.MULTILINE)
+    died = re.search(DIES, finished.stdout, re.MULTILINE)
     assert died, f"rank 1 did not die\n{finished.stdout[-3000:]}\n{finished.stderr[-3000:]}"
     return finished, ended - float(died.group(2)), int(died.group(1))
 
