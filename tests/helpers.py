@@ -12,6 +12,7 @@ import functools
 import importlib.util
 import json
 import math
+import shutil
 import socket
 import sys
 import time
@@ -232,3 +233,34 @@ def memory_benchmark():
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
+
+
+# ------------------------------------------------------------------------------------------- headless Chromium
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_FLAGS = [  # no network beyond the page, nothing of a first run
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def playwright_or_skip():
+    """playwright's sync API; the test is skipped, saying what to install, where Chromium or playwright is absent."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Chromium is absent (apt-get install chromium; .ci/run installs it)")
+    return pytest.importorskip("playwright.sync_api", reason="playwright is absent (pip install -e '.[dev]')")
+
+
+def chromium_context(playwright: Any, profile: Path) -> Any:
+    """Headless Chromium with a fresh profile in ``profile`` and a 1300 x 900 viewport (close it when done)."""
+    return playwright.chromium.launch_persistent_context(
+        str(profile),
+        executable_path=CHROMIUM,
+        headless=True,
+        args=CHROMIUM_FLAGS,
+        viewport={"width": 1300, "height": 900},
+    )

@@ -8,7 +8,7 @@ results as the summary's top-level keys.
 
 import inspect
 from collections.abc import Sequence
-from typing import Any, ClassVar, Literal, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
@@ -215,7 +215,6 @@ class LayerwiseMonitor(AnalysisCallback):
 
     # -- what a per-layer analysis declares ---------------------------------------------------------------------
 
-    figures: ClassVar[Any] = None  # a staticmethod of a module-level function of the summary (its top-level keys)
     spec: LayerSpec  # what the metrics are built for: set before configure
 
     @property

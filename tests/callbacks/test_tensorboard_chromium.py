@@ -9,7 +9,6 @@ so).
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -19,11 +18,10 @@ from urllib.parse import quote
 
 import numpy as np
 import pytest
-from helpers import free_port
+from helpers import CHROMIUM, free_port, playwright_or_skip
 from PIL import Image
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 LAYERS = [f"layer_{n:02d}" for n in range(1, 7)]  # the quickstart's six blocks
 
 
@@ -66,9 +64,7 @@ def rgb(style: str) -> tuple[int, int, int]:
 
 @pytest.mark.slow
 def test_the_val_acc_chart_has_one_line_per_layer_in_its_own_colour_and_the_layers_named(tmp_path):
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Chromium is absent (apt-get install chromium; .ci/run installs it)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is absent (pip install -e '.[dev]')")
+    sync_api = playwright_or_skip()
     run = quickstart_run(tmp_path, epochs=5)  # later, layers 4-6 agree within a sample: their lines coincide
     assert sorted(folder.name for folder in (run / "layers").iterdir()) == LAYERS
     port = free_port()

@@ -14,6 +14,7 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
+from helpers import chromium_context, playwright_or_skip
 from PIL import Image
 
 from layerwise.cli import main
@@ -22,17 +23,6 @@ from layerwise.figures.summary import summary_figures
 from layerwise.results import load_summary, merge_summary, summary_order
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-CHROMIUM_FLAGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 @pytest.fixture(scope="module")
@@ -255,20 +245,12 @@ def test_a_failed_report_leaves_the_previous_file_whole(run, tmp_path, monkeypat
 @pytest.mark.slow
 def test_report_opens_in_headless_chromium_without_console_errors(run, tmp_path):
     """Loads the file in headless Chromium, moves the slider to the first validation, takes a screenshot."""
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Chromium is absent (apt-get install chromium; .ci/run installs it)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is absent (pip install -e '.[dev]')")
+    sync_api = playwright_or_skip()
     out, _ = write_report(run, tmp_path / "report.html")
     first = load_summary(next(f for f in summary_files(run) if f.name.startswith("val_epoch_000")))
     messages, requests = [], []
     with sync_api.sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(
-            str(tmp_path / "profile"),
-            executable_path=CHROMIUM,
-            headless=True,
-            args=[flag for flag in CHROMIUM_FLAGS if flag != "--headless"],
-            viewport={"width": 1300, "height": 900},
-        )
+        context = chromium_context(playwright, tmp_path / "profile")
         try:
             page = context.new_page()
             page.on("console", lambda message: messages.append(f"{message.type}: {message.text}"))

@@ -3,15 +3,13 @@ early exit in a column per layer, and NC1 over training on a log axis (slow: a b
 
 import json
 import re
-import shutil
-from pathlib import Path
 
 import pytest
+from helpers import chromium_context, playwright_or_skip
 
 from layerwise.figures.report import write_report
 from layerwise.results import summary_path
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 pytestmark = pytest.mark.slow  # a browser: .ci/run installs Chromium, then runs these
 NC1 = [[60.3, 55.1, 48.2, 41.7, 30.4, 25.2], [4.1, 3.3, 2.7, 2.2, 1.6, 1.2], [3.2, 2.5, 2.0, 1.6, 1.1, 0.81]]
 
@@ -50,9 +48,7 @@ def summaries() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def page(tmp_path_factory):
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Chromium is absent (apt-get install chromium; .ci/run installs it)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is absent (pip install -e '.[dev]')")
+    sync_api = playwright_or_skip()
     root = tmp_path_factory.mktemp("report_print")
     run = root / "runs" / "digits" / "version_0"
     for summary in summaries():
@@ -61,13 +57,7 @@ def page(tmp_path_factory):
         path.write_text(json.dumps(summary))
     out, _ = write_report(run, root / "report.html")
     with sync_api.sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(
-            str(root / "profile"),
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"],
-            viewport={"width": 1300, "height": 900},
-        )
+        context = chromium_context(playwright, root / "profile")
         try:
             tab = context.new_page()
             errors = []

@@ -9,7 +9,6 @@ file system (``LAYERWISE_SITE_SCREENSHOTS=DIR`` keeps the screenshots, e.g. as C
 
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -17,9 +16,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import yaml
+from helpers import chromium_context, playwright_or_skip
 
 ROOT = Path(__file__).resolve().parents[2]
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
 # the task pages this issue ordered as command, outputs, measured figures (others keep their own order for now)
 TASK_PAGES = ["install.md", "main-job.md", "compare.md", "coupling.md", "early-exit.md"]
 
@@ -51,9 +50,7 @@ def test_the_site_fetches_no_font_and_searches_offline():
 
 @pytest.mark.slow
 def test_the_built_site_opens_offline_in_headless_chromium(tmp_path):
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Chromium is absent (apt-get install chromium; .ci/run installs it)")
-    sync_api = pytest.importorskip("playwright.sync_api", reason="playwright is absent (pip install -e '.[dev]')")
+    sync_api = playwright_or_skip()
     from PIL import Image
 
     site = tmp_path / "site"
@@ -69,13 +66,7 @@ def test_the_built_site_opens_offline_in_headless_chromium(tmp_path):
     shots.mkdir(parents=True, exist_ok=True)
     messages, requests = [], []
     with sync_api.sync_playwright() as playwright:
-        context = playwright.chromium.launch_persistent_context(
-            str(tmp_path / "profile"),
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"],
-            viewport={"width": 1300, "height": 900},
-        )
+        context = chromium_context(playwright, tmp_path / "profile")
         try:
             page = context.new_page()
             page.on("pageerror", lambda error: messages.append(f"pageerror: {error}"))
