@@ -645,7 +645,7 @@ def host_case(args: argparse.Namespace) -> None:
     from torch.utils._python_dispatch import TorchDispatchMode
 
     from layerwise.callbacks._loader import LoaderState
-    from layerwise.callbacks.layer_spec import LayerSpec
+    from layerwise.analyses.layer_spec import LayerSpec
 
     class _Count(TorchDispatchMode):
         def __init__(self) -> None:

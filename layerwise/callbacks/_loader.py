@@ -11,7 +11,7 @@ from torch import Tensor
 from torchmetrics import Metric
 
 from layerwise.callbacks._output import FeatureSaver
-from layerwise.callbacks.layer_spec import LayerSpec
+from layerwise.analyses.layer_spec import LayerSpec
 from layerwise.engines.readout import LayerOutputs
 from layerwise.engines.sampling import rank_indices, real_samples_on_rank
 from layerwise.errors import LayerwiseWarning

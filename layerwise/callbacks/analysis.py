@@ -3,12 +3,12 @@
 from collections.abc import Sequence
 from typing import Any, ClassVar, Union
 
-from layerwise.callbacks.effective_depth import EffectiveDepthMonitor
-from layerwise.callbacks.logit_lens import LogitLensMonitor
+from layerwise.analyses.effective_depth import EffectiveDepthMonitor
+from layerwise.analyses.logit_lens import LogitLensMonitor
 from layerwise.callbacks.monitor import LayerwiseMonitor
-from layerwise.callbacks.neural_collapse import NeuralCollapseMonitor
-from layerwise.callbacks.similarity import LayerSimilarityMonitor
-from layerwise.callbacks.trajectory import TrajectoryMonitor
+from layerwise.analyses.neural_collapse import NeuralCollapseMonitor
+from layerwise.analyses.similarity import LayerSimilarityMonitor
+from layerwise.analyses.trajectory import TrajectoryMonitor
 from layerwise.errors import UsageError
 
 

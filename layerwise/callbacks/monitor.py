@@ -17,7 +17,7 @@ from torchmetrics import Metric
 from layerwise.callbacks._loader import LoaderState
 from layerwise.callbacks._output import layer_table, run_log_dir
 from layerwise.callbacks._source import FeatureSource
-from layerwise.callbacks.layer_spec import LayerSpec, per_layer
+from layerwise.analyses.layer_spec import LayerSpec, per_layer
 from layerwise.callbacks.lifecycle import AnalysisCallback, positive_int
 from layerwise.engines.readout import LayerOutputs
 from layerwise.errors import UsageError

@@ -40,8 +40,8 @@ from layerwise.callbacks import (
     NeuralCollapseMonitor,
     _loader,
 )
-from layerwise.callbacks.effective_depth import DEFAULT_EPSILONS
-from layerwise.callbacks.logit_lens import DEFAULT_THRESHOLDS
+from layerwise.analyses.effective_depth import DEFAULT_EPSILONS
+from layerwise.analyses.logit_lens import DEFAULT_THRESHOLDS
 from layerwise.cli import main
 from layerwise.features import TimmViT
 from layerwise.lightning_modules import Standard

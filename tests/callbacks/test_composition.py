@@ -21,7 +21,7 @@ from layerwise.callbacks import (
     NeuralCollapseMonitor,
     TrajectoryMonitor,
 )
-from layerwise.callbacks.layer_spec import per_layer
+from layerwise.analyses.layer_spec import per_layer
 from layerwise.cli import LayerwiseCLI
 from layerwise.errors import UsageError
 

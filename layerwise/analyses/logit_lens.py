@@ -6,7 +6,7 @@ from typing import Any, Optional
 from lightning.pytorch import Trainer
 from torchmetrics import Metric
 
-from layerwise.callbacks.layer_spec import LayerSpec, per_layer, shaped
+from layerwise.analyses.layer_spec import LayerSpec, per_layer, shaped
 from layerwise.callbacks.monitor import LayerOutputs, LayerwiseMonitor, Metrics
 from layerwise.figures.summary import logit_lens_figures
 from layerwise.metrics import (

@@ -4,7 +4,7 @@ from typing import Any
 
 from lightning.pytorch import Trainer
 
-from layerwise.callbacks.layer_spec import LayerSpec
+from layerwise.analyses.layer_spec import LayerSpec
 from layerwise.callbacks.monitor import LayerOutputs, LayerwiseMonitor, Metrics
 from layerwise.metrics import TrajectoryShape
 

@@ -6,7 +6,7 @@ import torch
 from lightning.pytorch import Trainer
 from torch import Tensor
 
-from layerwise.callbacks.layer_spec import LayerSpec, per_layer, shaped
+from layerwise.analyses.layer_spec import LayerSpec, per_layer, shaped
 from layerwise.callbacks.monitor import LayerOutputs, LayerwiseMonitor, Metrics
 from layerwise.metrics import LayerNC1
 

@@ -5,8 +5,8 @@ from typing import Any
 
 from lightning.pytorch import Trainer
 
-from layerwise.callbacks.layer_spec import LayerSpec, shaped
-from layerwise.callbacks.logit_lens import LogitLensMonitor
+from layerwise.analyses.layer_spec import LayerSpec, shaped
+from layerwise.analyses.logit_lens import LogitLensMonitor
 from layerwise.callbacks.monitor import LayerOutputs, LayerwiseMonitor, Metrics
 from layerwise.figures.summary import effective_depth_figures
 from layerwise.metrics import LayerAccuracy, effective_depth

@@ -2,7 +2,7 @@
 
 from typing import Any, Literal
 
-from layerwise.callbacks.layer_spec import LayerSpec, per_layer, shaped
+from layerwise.analyses.layer_spec import LayerSpec, per_layer, shaped
 from layerwise.callbacks.monitor import LayerOutputs, LayerwiseMonitor, Metrics
 from layerwise.figures.summary import similarity_figures
 from layerwise.metrics import LayerCKA, LayerCosineSimilarity, MinibatchCKA

@@ -1,0 +1,1 @@
+"""Per-layer analyses."""
