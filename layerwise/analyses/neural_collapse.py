@@ -1,17 +1,19 @@
 """Within-class variability collapse (NC1) per layer."""
 
+from collections.abc import Mapping
 from typing import Any, Optional
 
 import torch
-from lightning.pytorch import Trainer
 from torch import Tensor
 
+from layerwise.analyses.base import Analysis, Metrics, Statistic, refuse_runner_options
 from layerwise.analyses.layer_spec import LayerSpec, per_layer, shaped
-from layerwise.callbacks.monitor import LayerOutputs, LayerwiseMonitor, Metrics
+from layerwise.engines.readout import LayerOutputs
+from layerwise.errors import UsageError
 from layerwise.metrics import LayerNC1
 
 
-class NeuralCollapseMonitor(LayerwiseMonitor):
+class NeuralCollapseMonitor(Analysis):
     """NC1 per layer, ``(1/K) tr(Σ_W Σ_B^†)``, exact in one pass over the evaluated set.
 
     ``Σ_W`` is the within-class covariance, ``Σ_B`` the covariance of the class means around their mean; classes
@@ -20,68 +22,79 @@ class NeuralCollapseMonitor(LayerwiseMonitor):
 
     For a language model the classes are the vocabulary; ``top_classes=k`` restricts NC1 to the samples whose
     target is one of the ``k`` most frequent tokens of the training split (from the datamodule's
-    ``class_counts()``). On its own the monitor requires it there; within ``LayerwiseAnalysis`` NC1 is left out of a
-    language model's analysis without it (over a whole vocabulary it would need L x V x d statistics).
+    ``class_counts()``). Without it NC1 is left out of a language model's analysis (over a whole vocabulary it would
+    need L x V x d statistics).
 
     Logged: ``val/nc1/layer_XX``. JSON keys: ``nc1`` (L), ``nc1_classes`` (the class ids, when restricted).
-    Args: ``top_classes``, and see :class:`LayerwiseMonitor`.
+    Args: ``top_classes``.
     """
 
-    def __init__(self, top_classes: Optional[int] = None, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
+    name = "neural_collapse"
+    provides = ("nc1",)
+
+    def __init__(self, top_classes: Optional[int] = None, **refused: Any) -> None:
+        refuse_runner_options(type(self).__name__, refused)
+        if top_classes is not None and (isinstance(top_classes, bool) or not isinstance(top_classes, int)):
+            raise UsageError(f"NeuralCollapseMonitor(top_classes={top_classes!r}): give an int >= 2 or None.")
         if top_classes is not None and top_classes < 2:
             raise ValueError(f"`top_classes={top_classes}` must be >= 2 (NC1 compares classes).")
         self.top_classes = top_classes
-        self.class_ids: Optional[Tensor] = None
-        self.active = True
+        self._class_ids: Optional[Tensor] = None
+        self._active = True
 
-    def configure(self, trainer: Trainer, monitor: LayerwiseMonitor) -> None:
-        self.active = not self.spec.token_level or self.top_classes is not None
-        if not self.active and monitor is self:
-            raise ValueError(
-                "NC1 over a whole vocabulary needs L x V x d statistics: set `top_classes` (e.g. 1000) to restrict it "
-                "to the most frequent tokens."
-            )
-        self.class_ids = None
-        if self.active and self.top_classes is not None:
-            counts = getattr(getattr(trainer, "datamodule", None), "class_counts", None)
+    @property
+    def class_ids(self) -> Optional[Tensor]:
+        """The classes NC1 is restricted to (``top_classes``), None for all."""
+        return self._class_ids
+
+    def configure(self, spec: LayerSpec, datamodule: Any) -> None:
+        self._active = not spec.token_level or self.top_classes is not None
+        self._class_ids = None
+        if self._active and self.top_classes is not None:
+            counts = getattr(datamodule, "class_counts", None)
             if counts is None:
                 raise ValueError(
                     "`top_classes` needs the class frequencies: the datamodule must provide `class_counts()` "
                     "(layerwise.datamodules.TextDataModule does)."
                 )
             frequencies = counts()
-            self.class_ids = frequencies.argsort(descending=True, stable=True)[: self.top_classes].sort().values
-            self._class_map = torch.full((self.spec.num_classes,), -1, dtype=torch.long)
-            self._class_map[self.class_ids] = torch.arange(self.class_ids.numel())
+            self._class_ids = frequencies.argsort(descending=True, stable=True)[: self.top_classes].sort().values
+            self._class_map = torch.full((spec.num_classes,), -1, dtype=torch.long)
+            self._class_map[self._class_ids] = torch.arange(self._class_ids.numel())
 
-    def build(self, spec: LayerSpec) -> Metrics:
-        if not self.active:
+    def statistics(self, spec: LayerSpec) -> dict[str, Statistic]:
+        if not self._active:
             return {}
         num_classes = spec.num_classes if self.class_ids is None else self.class_ids.numel()
-        return {"nc1": LayerNC1(spec.num_layers, spec.dim, num_classes, sync_on_compute=False)}
+        layers, dim = spec.num_layers, spec.dim
+        return {
+            "nc1": Statistic(
+                f"class_moments(top_classes={self.top_classes})",  # per-class sums and counts, within-class moments
+                lambda: LayerNC1(layers, dim, num_classes, sync_on_compute=False),
+                self.update,
+            )
+        }
 
-    def update(self, metrics: Metrics, batch: LayerOutputs) -> None:
-        if not self.active:
-            return
+    def update(self, metric: Any, batch: LayerOutputs) -> None:
+        """Feed the class moments with every row, or those of the ``top_classes`` (renumbered)."""
         if self.class_ids is None:
-            metrics["nc1"].update(batch.features, batch.targets)
+            metric.update(batch.features, batch.targets)
             return
         self._class_map = self._class_map.to(batch.targets.device)
         classes = self._class_map[batch.targets]
         keep = torch.nonzero(classes >= 0).flatten()
         if keep.numel():
-            metrics["nc1"].update(batch.features[:, keep], classes[keep])
+            metric.update(batch.features[:, keep], classes[keep])
 
-    def results(self, metrics: Metrics, earlier: dict[str, Any]) -> dict[str, Any]:
-        if not self.active:
+    def results(self, metrics: Metrics, earlier: Mapping[str, Any]) -> dict[str, Any]:
+        if not self._active:
             return {}
         results = {"nc1": shaped(metrics["nc1"].compute(), self.spec.num_layers)}
         if self.class_ids is not None:
             results["nc1_classes"] = self.class_ids.tolist()
         return results
 
-    def layer_scalars(self, results: dict[str, Any]) -> dict[str, float]:
+    def layer_scalars(self, results: Mapping[str, Any]) -> dict[str, float]:
         return per_layer(results["nc1"], self.spec, "nc1") if "nc1" in results else {}
 
     def layer_charts(self) -> dict[str, str]:
