@@ -90,7 +90,7 @@ class Analysis:
             cls.name = re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower()
 
     def configure(self, spec: LayerSpec, datamodule: Any) -> None:
-        """Read what the analysis needs of the run before :meth:`statistics` (``datamodule``: the trainer's, or None)."""
+        """Read what it needs of the run before :meth:`statistics` (``datamodule``: the trainer's, or None)."""
 
     def statistics(self, spec: LayerSpec) -> dict[str, Statistic]:
         """The statistics it reads, by its own names (the keys :meth:`results` gets them under)."""

@@ -69,7 +69,8 @@ class LogitLensMonitor(Analysis):
         refuse_runner_options(type(self).__name__, refused)
         if not isinstance(thresholds, Sequence) or isinstance(thresholds, str):
             raise ValueError(
-                f"LogitLensMonitor(thresholds={thresholds!r}): give a list of confidences in [0, 1], e.g. [{thresholds}]."
+                f"LogitLensMonitor(thresholds={thresholds!r}): give a list of confidences in [0, 1], "
+                f"e.g. [{thresholds}]."
             )
         thresholds = [float(value) for value in thresholds]
         if not thresholds or any(not 0.0 <= value <= 1.0 for value in thresholds):

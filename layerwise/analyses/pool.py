@@ -1,6 +1,6 @@
 """One pool of statistics per evaluation dataloader: each accumulated once however many analyses read it."""
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 
 from torchmetrics import Metric
 
@@ -45,7 +45,7 @@ class Pool:
         """The metrics whose states travel in the evaluation's one all-reduce (``sync_on_compute=False``)."""
         return [metric for metric in self.metrics.values() if not metric.sync_on_compute]
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Metric]:
         return iter(self.metrics.values())
 
     def __len__(self) -> int:

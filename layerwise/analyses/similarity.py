@@ -71,9 +71,7 @@ class LayerSimilarityMonitor(Analysis):
         statistics = {
             "cos": Statistic(
                 f"cos(center={center}, max_buffered_samples={buffered}, bins={bins})",
-                lambda: LayerCosineSimilarity(
-                    layers, center, buffered, dim=spec.dim, bins=bins, sync_on_compute=False
-                ),
+                lambda: LayerCosineSimilarity(layers, center, buffered, dim=spec.dim, bins=bins, sync_on_compute=False),
                 _feed_sampled,
             )
         }

@@ -43,6 +43,7 @@ def __getattr__(name: str) -> Any:
     if name == "LayerwiseMonitor":  # the per-layer base until 0.2.0: one line saying what took its place
         raise ImportError(
             "layerwise.callbacks.LayerwiseMonitor is gone: a per-layer analysis subclasses layerwise.analyses.Analysis "
-            "and runs in LayerwiseAnalysis(more=[...]); its options (layers, every_n_epochs, ...) go to LayerwiseAnalysis."
+            "and runs in LayerwiseAnalysis(more=[...]); its options (layers, every_n_epochs, ...) go to "
+            "LayerwiseAnalysis."
         )
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

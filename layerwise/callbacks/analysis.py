@@ -239,7 +239,7 @@ class LayerwiseAnalysis(AnalysisCallback):
         if self.save_features:
             state.saver.write(trainer, self.stage, run_log_dir(trainer))  # a gather: every rank
         header = {
-            "split": evaluated_split(trainer.datamodule, self.stage),
+            "split": evaluated_split(getattr(trainer, "datamodule", None), self.stage),
             "num_samples": num_samples,
             "depth": spec.depth,
             "layers": spec.layer_numbers,
@@ -282,7 +282,10 @@ class LayerwiseAnalysis(AnalysisCallback):
         if self.print_table and self._spec is not None:
             epoch, step = self._position
             lines.append(layer_table(self.stage, epoch, step, results, self._spec))
-        own = (analysis.line({key: results[key] for key in self._keys.get(analysis.name, ())}) for analysis in self._analyses)
+        own = (
+            analysis.line({key: results[key] for key in self._keys.get(analysis.name, ())})
+            for analysis in self._analyses
+        )
         lines += [text for text in own if text]
         return "\n".join(lines)
 

@@ -32,6 +32,8 @@ from tensorboard.plugins.custom_scalar import layout_pb2
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
+from layerwise.analyses.effective_depth import DEFAULT_EPSILONS
+from layerwise.analyses.logit_lens import DEFAULT_THRESHOLDS
 from layerwise.callbacks import (
     EffectiveDepthMonitor,
     LayerSimilarityMonitor,
@@ -40,8 +42,6 @@ from layerwise.callbacks import (
     NeuralCollapseMonitor,
     _loader,
 )
-from layerwise.analyses.effective_depth import DEFAULT_EPSILONS
-from layerwise.analyses.logit_lens import DEFAULT_THRESHOLDS
 from layerwise.cli import main
 from layerwise.features import TimmViT
 from layerwise.lightning_modules import Standard

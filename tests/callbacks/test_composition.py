@@ -21,8 +21,8 @@ from layerwise.callbacks import (
     LogitLensMonitor,
     NeuralCollapseMonitor,
     TrajectoryMonitor,
+    _loader,
 )
-from layerwise.callbacks import _loader
 from layerwise.cli import LayerwiseCLI
 from layerwise.errors import UsageError
 from layerwise.metrics import LayerAccuracy
@@ -77,9 +77,13 @@ def test_a_config_composes_the_analyses_with_their_own_options(tmp_path):
 
 
 def test_python_errors_are_one_line_naming_the_class_the_option_and_what_to_do():
-    with pytest.raises(UsageError, match=r"^LogitLensMonitor\(layers=2\): .* give LayerwiseAnalysis\(layers=2, \.\.\.\)"):
+    with pytest.raises(
+        UsageError, match=r"^LogitLensMonitor\(layers=2\): .* give LayerwiseAnalysis\(layers=2, \.\.\.\)"
+    ):
         LayerwiseAnalysis(logit_lens=LogitLensMonitor(layers=2))
-    with pytest.raises(UsageError, match=r"^LayerwiseAnalysis\(depth=.*\): give True, False or a EffectiveDepthMonitor"):
+    with pytest.raises(
+        UsageError, match=r"^LayerwiseAnalysis\(depth=.*\): give True, False or a EffectiveDepthMonitor"
+    ):
         LayerwiseAnalysis(depth=LogitLensMonitor())
     with pytest.raises(ValueError, match=r"^LogitLensMonitor\(thresholds=0.9\): give a list .* e.g. \[0.9\]"):
         LogitLensMonitor(thresholds=0.9)
@@ -100,7 +104,9 @@ def test_python_errors_are_one_line_naming_the_class_the_option_and_what_to_do()
 
 
 def test_an_analysis_given_to_the_trainer_as_a_callback_is_refused_in_one_line(tmp_path):
-    with pytest.raises(UsageError, match=r"^LogitLensMonitor is an analysis, not a callback: run it in LayerwiseAnalysis"):
+    with pytest.raises(
+        UsageError, match=r"^LogitLensMonitor is an analysis, not a callback: run it in LayerwiseAnalysis"
+    ):
         trainer(tmp_path, [LogitLensMonitor()]).validate(fitted_module(), val_loader(37), verbose=False)
 
 
@@ -164,7 +170,9 @@ class RootMeanSquare(Analysis):
 
 def test_a_users_analysis_reaches_what_a_package_analysis_reaches(tmp_path, capsys):
     module: LightningModule = fitted_module()
-    callback = LayerwiseAnalysis(similarity=False, more=[RootMeanSquare(), MeanSquaredNorm(scale=2.0)], log_figures=False)
+    callback = LayerwiseAnalysis(
+        similarity=False, more=[RootMeanSquare(), MeanSquaredNorm(scale=2.0)], log_figures=False
+    )
     trainer(tmp_path, [callback]).validate(module, val_loader(37), verbose=False)
     summary = read_summary(tmp_path)
     features = fitted_backbone().eval()
@@ -183,7 +191,14 @@ def test_a_users_analysis_reaches_what_a_package_analysis_reaches(tmp_path, caps
         "columns": {"mean_squared_norm": "mean squared norm"},
     }
     assert summary["analyses"]["logit_lens"]["options"]["thresholds"] == [0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99]
-    assert list(summary["analyses"]) == ["logit_lens", "neural_collapse", "depth", "trajectory", "root_mean_square", "mean_squared_norm"]
+    assert list(summary["analyses"]) == [
+        "logit_lens",
+        "neural_collapse",
+        "depth",
+        "trajectory",
+        "root_mean_square",
+        "mean_squared_norm",
+    ]
     assert "mean squared norm, last layer: " in capsys.readouterr().out
     assert set(callback.scalars({"mean_squared_norm": torch.ones(4), **_package_results(callback)})) >= {
         f"mean_squared_norm/layer_0{n}" for n in range(1, 5)
@@ -229,7 +244,9 @@ def test_a_statistic_two_analyses_read_is_accumulated_once(tmp_path, monkeypatch
     (state,) = callback._states.values()
     names = list(state.pool.statistics)
     assert names.count("accuracy") == 1 and names.count("squared_norm") == 1
-    lens, depth = (view for analysis, view in zip(state.analyses, state.views) if analysis.name in ("logit_lens", "depth"))
+    lens, depth = (
+        view for analysis, view in zip(state.analyses, state.views) if analysis.name in ("logit_lens", "depth")
+    )
     assert lens["accuracy"] is depth["accuracy"]
 
 

@@ -145,3 +145,30 @@ def test_a_block_output_of_another_shape_names_the_option():
 
     with pytest.raises(UsageError, match=r"shape \(2, 3, 4, 5\).*`blocks`"):
         pool_tokens(torch.zeros(2, 3, 4, 5), "cls")
+
+
+@pytest.mark.filterwarnings("ignore:.*nested tensors is in prototype stage")
+def test_a_nested_tensor_block_output_is_read_like_any_other():
+    """nn.TransformerEncoder's fast path (enable_nested_tensor=True, its default) hands its layers nested tensors."""
+    from layerwise.features.hooks import hooked_blocks
+    from layerwise.features.pooling import pool_tokens
+
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=True).eval()
+    tokens = torch.randn(3, 5, 8)
+    padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2, [False] * 4 + [True]])
+    outputs = []
+    with torch.no_grad(), hooked_blocks(encoder.layers, on_output=lambda index, out: outputs.append(out)):
+        encoder(tokens, src_key_padding_mask=padding)
+    assert outputs[0].is_nested  # the case: a block output of its own kind
+    for pooling in ("mean", "last", "cls"):
+        for mask in (None, (~padding).long()):  # the lengths of its parts, or the batch's mask
+            pooled = pool_tokens(outputs[-1], pooling, 0, mask)
+            parts = outputs[-1].unbind()
+            expected = {
+                "mean": [p.mean(0) for p in parts],
+                "last": [p[-1] for p in parts],
+                "cls": [p[0] for p in parts],
+            }
+            torch.testing.assert_close(pooled, torch.stack(expected[pooling]))
