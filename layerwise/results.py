@@ -25,6 +25,9 @@ from layerwise.errors import LayerwiseWarning, UsageError
 # A summary's record of the functions that draw it: {"module:qualname": the key each reads, or None for the whole
 # summary}, filled by every analysis callback that writes into it (layerwise.figures.registry).
 FIGURE_FUNCTIONS = "figure_functions"
+# A summary's record of the per-layer analyses that wrote it: {name: {"class", "options", "columns"}}, filled by
+# every LayerwiseAnalysis of the run (its analyses' class and options; their per-layer results the report shows).
+ANALYSES = "analyses"
 
 REQUIRED_KEYS = (
     "epoch",
@@ -252,7 +255,8 @@ def merge_summary(path: Path, updates: dict[str, Any], run_id: str) -> None:
     """Add ``updates`` to the summary at ``path`` (written atomically).
 
     Several callbacks of one run (same ``run_id``) each contribute their keys to the same epoch's summary, and their
-    figure functions to its :data:`FIGURE_FUNCTIONS` (``layerwise.figures.registry``: what draws it). A file left
+    figure functions to its :data:`FIGURE_FUNCTIONS` (``layerwise.figures.registry``: what draws it) and their
+    analyses to its :data:`ANALYSES`. A file left
     by another run (an earlier run into the same folder: no logger, or W&B/MLflow first, do not version the runs) is
     moved aside as ``<name>.earlier-<time>``, with a warning once per run, and a new summary is written: never merged
     (no stale key survives), never lost.
@@ -263,10 +267,11 @@ def merge_summary(path: Path, updates: dict[str, Any], run_id: str) -> None:
         _WARNED_EARLIER.add(run_id)
         summary = {}
     summary = {"run_id": run_id, "layerwise_version": __version__, **summary}  # which layerwise wrote it
-    functions = {**summary.get(FIGURE_FUNCTIONS, {}), **updates.get(FIGURE_FUNCTIONS, {})}
+    merged = {key: {**summary.get(key, {}), **updates.get(key, {})} for key in (FIGURE_FUNCTIONS, ANALYSES)}
     summary.update(to_json(updates))
-    if functions:  # every callback's figure functions, not the last one's
-        summary[FIGURE_FUNCTIONS] = functions
+    for key, records in merged.items():  # every callback's figure functions and analyses, not the last one's
+        if records:
+            summary[key] = records
     write_text_atomic(path, json.dumps(summary, indent=1, allow_nan=False))
 
 

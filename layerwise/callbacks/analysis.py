@@ -23,10 +23,9 @@ from layerwise.callbacks.lifecycle import AnalysisCallback, positive_int
 from layerwise.errors import UsageError
 from layerwise.features.layers import LayerSelection, select_layers
 from layerwise.figures.registry import FigureFunction
-from layerwise.results import evaluated_split
+from layerwise.results import ANALYSES, evaluated_split
 
 Source = Literal["auto", "outputs", "hooks"]
-ANALYSES_KEY = "analyses"  # the summary's record of every analysis: {name: {class, options, columns}}
 
 
 class LayerwiseAnalysis(AnalysisCallback):
@@ -263,7 +262,7 @@ class LayerwiseAnalysis(AnalysisCallback):
                 "options": analysis.options(),
                 "columns": analysis.columns(own),
             }
-        return {**results, ANALYSES_KEY: record}
+        return {**results, ANALYSES: record}
 
     def scalars(self, results: dict[str, Any]) -> dict[str, float]:
         return {key: value for analysis in self._analyses for key, value in analysis.layer_scalars(results).items()}

@@ -17,6 +17,20 @@ const COLUMNS = [
   ["saturation_counts", "saturating samples", (s) => s.saturation_counts, true],
   ["saturation_cos", "saturation COS", (s) => s.saturation_cos],
 ];
+// the per-layer results of a user's analysis (the summary's analyses: {name: {columns: {key: title}}}) after the
+// package's columns: read from the summary as data, a title as text
+const KNOWN = new Set(COLUMNS.map((c) => c[0]));
+function columnsOf(summaries) {
+  const extra = new Map();
+  for (const s of summaries) {
+    for (const record of Object.values((s && s.analyses) || {})) {
+      for (const [key, title] of Object.entries((record && record.columns) || {})) {
+        if (!KNOWN.has(key) && !extra.has(key)) extra.set(key, [key, String(title), (x) => x[key]]);
+      }
+    }
+  }
+  return [...COLUMNS, ...extra.values()];
+}
 const esc = (v) => String(v).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"})[c]);
 const missing = (v) => v === null || v === undefined || !isFinite(v);
 // decimals that give the largest magnitude of a column 4 significant digits: one count of decimals per column
@@ -138,7 +152,7 @@ function layerColors(stage) {
 }
 
 function table(stage, s) {
-  const cols = COLUMNS.filter((c) => Array.isArray(c[2](s)));
+  const cols = columnsOf([s]).filter((c) => Array.isArray(c[2](s)));
   if (!Array.isArray(s.layers) || !cols.length) return "";
   const digits = cols.map((c) => decimals(c[2](s)));
   let h = `<table><tr><th>layer</th>${cols.map((c) => `<th>${esc(c[1])}</th>`).join("")}</tr>`;
@@ -213,7 +227,8 @@ function drawCurves() {
   for (const stage of META.stages) {
     const names = layerNames(stage);
     let charts = "";
-    for (const [, title, get, , log] of COLUMNS) charts += curves(stage, title, get, names, log, layerColors(stage));
+    const columns = columnsOf((byStage[stage] || []).map((x) => x.s));
+    for (const [, title, get, , log] of columns) charts += curves(stage, title, get, names, log, layerColors(stage));
     if (charts) html += `<h3>${esc(stageName(stage))}</h3><div class="grid">${charts}</div>`;
   }
   document.getElementById("curvecharts").innerHTML = html;

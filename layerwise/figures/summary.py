@@ -73,7 +73,8 @@ def similarity_and_accuracy(summary: dict[str, Any]) -> Figure:
     for key, marker in (("cos", "o"), ("cka", "s")):
         if key in similarity:
             values = [np.nan if row[-1] is None else row[-1] for row in summary[key]]
-            ax.plot(layers, values, marker=marker, color=quantity_colour(key), label=f"{key.upper()} to the last layer")
+            name = cka_name(summary) if key == "cka" else "COS"
+            ax.plot(layers, values, marker=marker, color=quantity_colour(key), label=f"{name} to the last layer")
     if similarity:
         ax.set_ylabel("similarity to\nthe last layer")
     if accuracy is not None:
@@ -260,13 +261,21 @@ def effective_depth(summary: dict[str, Any]) -> Figure:
     return finish(fig)
 
 
+def cka_name(summary: dict[str, Any]) -> str:
+    """What the summary's ``cka`` is: "minibatch CKA" (the estimator the summary's ``analyses`` records), else CKA."""
+    options = ((summary.get("analyses") or {}).get("similarity") or {}).get("options") or {}
+    return "minibatch CKA" if options.get("cka") == "minibatch" else "CKA"
+
+
 def similarity_figures(summary: dict[str, Any]) -> dict[str, Figure]:
     """The figures of ``LayerSimilarityMonitor``: the COS and CKA heatmaps, the COS box plots, the per-layer profile."""
     layers = summary.get("layers")
     figures: dict[str, Figure] = {}
-    for key in ("cos", "cka"):
-        if summary.get(key) is not None:
-            figures[key] = heatmap(summary[key], layers, f"{key.upper()} between every pair of layers", key)
+    if summary.get("cos") is not None:
+        figures["cos"] = heatmap(summary["cos"], layers, "COS between every pair of layers", "cos")
+    if summary.get("cka") is not None:
+        name = cka_name(summary)
+        figures["cka"] = heatmap(summary["cka"], layers, f"{name} between every pair of layers", "cka", name)
     if summary.get("cos_quantiles") is not None:
         figures["cos_distribution"] = cos_box_plots(
             [row[-1] for row in summary["cos_quantiles"]],

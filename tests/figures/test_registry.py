@@ -62,7 +62,7 @@ def rgb(png: bytes) -> np.ndarray:
 
 def test_a_users_analysis_is_drawn_by_training_plot_and_report_alike(tmp_path, feature_norm, capsys):
     logger = TensorBoardLogger(str(tmp_path), name="tb")
-    callbacks = [LayerwiseAnalysis(print_table=False), feature_norm.FeatureNormMonitor()]
+    callbacks = [LayerwiseAnalysis(print_table=False, more=[feature_norm.FeatureNorm()])]
     in_thread = _drawing.drawn["thread"]
     trainer(tmp_path, callbacks, logger=logger, max_epochs=1, limit_train_batches=1).fit(
         fitted_module(), train_loader(), val_loader(40)
@@ -75,7 +75,7 @@ def test_a_users_analysis_is_drawn_by_training_plot_and_report_alike(tmp_path, f
         "layerwise.figures.summary:similarity_figures": None,
         "layerwise.figures.summary:logit_lens_figures": None,
         "layerwise.figures.summary:effective_depth_figures": None,
-        "feature_norm:feature_norm_figures": "feature_norm",
+        "feature_norm:feature_norm_figures": None,  # a per-layer analysis's figure reads the whole summary
     }
     # what plot and report draw from the file: the functions it names, imported by name
     drawn = summary_figures(summary)
@@ -138,3 +138,23 @@ def test_every_package_analysis_names_a_figure_function_of_the_package_table():
     assert named == set(PACKAGE_FIGURES)
     for function, _ in PACKAGE_FIGURES:  # each importable by its reference, as plot imports it
         assert registry.function_of(registry.reference(function)) is function
+
+
+def test_the_figures_say_which_cka_was_computed():
+    """A minibatch-CKA run (the summary's analyses record its estimator) is drawn as minibatch CKA, not linear CKA."""
+    summary = {
+        "layers": [1, 2],
+        "cos": [[1.0, 0.5], [0.5, 1.0]],
+        "cka": [[1.0, 0.4], [0.4, 1.0]],
+        "accuracy": [0.3, 0.9],
+    }
+    for estimator, name, colour_bar in (
+        ("minibatch", "minibatch CKA", "minibatch CKA"),
+        ("exact", "CKA", "linear CKA"),
+    ):
+        summary["analyses"] = {"similarity": {"class": "x", "options": {"cka": estimator}, "columns": {}}}
+        figures = summary_figures(summary)
+        assert figures["cka"].axes[0].get_title() == f"{name} between every pair of layers"
+        assert figures["cka"].axes[1].get_ylabel() == colour_bar
+        profile = [line.get_label() for axes in figures["similarity_accuracy"].axes for line in axes.get_lines()]
+        assert f"{name} to the last layer" in profile
