@@ -114,11 +114,8 @@ class LayerSimilarityMonitor(Analysis):
         return scalars
 
     def layer_charts(self) -> dict[str, str]:
-        return {
-            "COS to last layer": r"cos_to_last/layer_\d+",
-            "CKA to last layer": r"cka_to_last/layer_\d+",
-            "fraction of negative COS to last layer": r"cos_negative_to_last/layer_\d+",
-        }
+        quantities = {"COS": "cos", "CKA": "cka", "fraction of negative COS": "cos_negative"}
+        return {f"{title} to last layer": rf"{key}_to_last/layer_\d+" for title, key in quantities.items()}
 
 
 def _feed_sampled(metric: Any, batch: LayerOutputs) -> None:
