@@ -334,7 +334,7 @@ def test_a_users_per_layer_results_are_a_column_and_curves_of_the_report(run, tm
             column = header.index(title)
             shown = [float(rows.nth(i + 1).locator("td").nth(column).inner_text()) for i in range(3)]
             assert shown == pytest.approx(last["mean_squared_norm"])
-            titles = page.locator("#curvecharts svg text").all_inner_texts()
+            titles = page.locator("#curvecharts svg text").all_text_contents()
             assert any(title in text for text in titles)
         finally:
             context.close()
