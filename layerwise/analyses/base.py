@@ -131,11 +131,6 @@ class Analysis:
         """What it was asked for, recorded in the summary: its public attributes holding JSON values."""
         return {key: value for key, value in vars(self).items() if not key.startswith("_") and _plain(value)}
 
-    @property
-    def joins_batches(self) -> bool:
-        """Whether its statistics may be fed several batches joined into one (see :class:`Statistic`)."""
-        return all(statistic.joins_batches for statistic in self.statistics(self.spec).values())
-
     # Given to a Trainer as a callback, it is refused when the Trainer is built: Lightning's check of its callbacks
     # reads the `state_key` of every callback with its own `state_dict`.
     def state_dict(self) -> dict[str, Any]:

@@ -126,9 +126,10 @@ class AnalysisCallback(Callback):
 
     A subclass sets :attr:`key` and overrides what it needs of :meth:`start`, :meth:`before_batch`,
     :meth:`after_batch`, :meth:`stop`, :meth:`metrics`, :meth:`compute`, :meth:`scalars`, :meth:`charts`,
-    :meth:`line`, and sets :attr:`figures` to a module-level function of its JSON results; ``docs/callbacks.md``
-    ("Add your own analysis") shows one, ``examples/feature_norm.py``. The package's per-layer analyses are one
-    such subclass, :class:`~layerwise.callbacks.LayerwiseMonitor`, whose metric families share its features.
+    :meth:`line`, and sets :attr:`figures` to a module-level function of its JSON results. The package's callbacks
+    are its subclasses: what is not per layer (``compare``, ``coupling``, ``residual``, ``detection``) and
+    :class:`~layerwise.callbacks.LayerwiseAnalysis`, which runs the per-layer analyses (plain objects,
+    :mod:`layerwise.analyses`: the extension API, ``docs/callbacks.md``'s "Add your own analysis").
 
     Args:
         every_n_epochs: analyse every n-th validation epoch while fitting (``validate`` and ``test`` always do).

@@ -274,12 +274,39 @@ def composed_summary(root, weights, **options) -> dict:
     return read_summary(root)
 
 
-def test_a_users_composed_analysis_on_two_processes_equals_one(tmp_path, single_thread):
-    """Its plain torchmetrics metric syncs itself inside results(), beside the package's one all-reduce."""
+def test_a_users_composed_analysis_on_two_processes_equals_one(tmp_path, single_thread, monkeypatch):
+    """Its plain torchmetrics metric syncs itself inside results(), beside the package's one all-reduce.
+
+    Every rank reduces the pool once: one all_reduce_sum_states, in which one torch.distributed.all_reduce carries
+    every sum state (the others: the per-rank shift of the class moments, L x d, aligned before it).
+    """
     weights = tmp_path / "weights.pt"
     torch.save(fitted_module().state_dict(), weights)
     one = composed_summary(tmp_path / "one", weights)
+    reduce, calls = _loader.all_reduce_sum_states, tmp_path / "calls"
+    calls.mkdir()
+
+    def counted(metrics, *args):  # in each forked rank: the sizes of the all-reduces of this call, one line
+        sizes = []
+        original = torch.distributed.all_reduce
+
+        def all_reduce(tensor, *more, **options):
+            sizes.append(tensor.numel())
+            return original(tensor, *more, **options)
+
+        monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+        try:
+            reduce(metrics, *args)
+        finally:
+            monkeypatch.setattr(torch.distributed, "all_reduce", original)
+        summed = sum(getattr(metric, name).numel() for metric in metrics for name in metric.sum_state_names)
+        with open(calls / f"rank{torch.distributed.get_rank()}", "a") as file:
+            file.write(f"{sizes.count(summed)} {len(sizes)}\n")
+
+    monkeypatch.setattr(_loader, "all_reduce_sum_states", counted)
     two = composed_summary(tmp_path / "two", weights, devices=2, strategy="ddp_fork")
+    for rank in range(2):  # one reduction of the pool; one all-reduce of all its states, one shift alignment
+        assert (calls / f"rank{rank}").read_text() == "1 2\n"
     np.testing.assert_allclose(two["mean_squared_norm"], one["mean_squared_norm"], rtol=1e-12)
     np.testing.assert_allclose(two["accuracy"], one["accuracy"], rtol=1e-12)
     assert two["num_samples"] == one["num_samples"] == 37
