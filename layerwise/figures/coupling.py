@@ -86,7 +86,7 @@ def trajectory(coupling: dict[str, Any]) -> Figure:
     ax.set_xlabel("block")
     ax.set_ylabel(r"mean step norm $\|x^l - x^{l-1}\|$")
     ax.set_title(
-        f"LSS {coupling['trajectory_lss']:.3f} · ED {_number(coupling['trajectory_expodistance'])} · "
+        f"LSS {_number(coupling['trajectory_lss'])} · ED {_number(coupling['trajectory_expodistance'])} · "
         f"linearisation cos {_number(coupling['linearisation_cosine'])}"
     )
     return finish(fig)

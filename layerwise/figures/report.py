@@ -32,6 +32,7 @@ def report(
     label: Optional[list[str]] = None,
     epoch: str = "last",
     width: Literal["column", "page"] = "page",
+    figures: Optional[list[str]] = None,
 ) -> None:
     """Write one self-contained HTML report of a run (config, per-layer tables, figures, curves over training).
 
@@ -52,8 +53,15 @@ def report(
             mean of a summary key over the runs, at the last layer), or a number.
         width: print width the figures are drawn at (at 150 dpi), every text >= 7 pt: a journal's column (3.3 in)
             or page (6.9 in).
+        figures: figure functions of your own analyses, as module:function (e.g. feature_norm:feature_norm_figures),
+            that may draw the summaries that name them, besides the package's and those registered in the
+            entry-point group layerwise.figures; a summary naming any other function draws it not (docs/security.md).
     """
+    from layerwise.figures.plot import warnings_as_lines
+    from layerwise.figures.registry import typed_functions
     from layerwise.results import is_pattern
+
+    functions = typed_functions(figures or [])
 
     path = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]  # one path, from Python
     if len(path) > 1 or is_pattern(path[0]):
@@ -65,7 +73,8 @@ def report(
         return
     if label is not None or epoch != "last":
         raise ValueError("`--label` and `--epoch` compare several runs; for one run, --step picks the validation.")
-    written, run = write_report(path[0], out, step, width)
+    with warnings_as_lines("layerwise report"):
+        written, run = write_report(path[0], out, step, width, functions)
     print(f"layerwise report: run {run}")
     print(written)
 
@@ -147,7 +156,7 @@ def _markdown_tables(text: str) -> str:
 
 
 def write_report(
-    path: Path, out: Optional[Path] = None, step: Optional[int] = None, width: str = "page"
+    path: Path, out: Optional[Path] = None, step: Optional[int] = None, width: str = "page", functions: Any = ()
 ) -> tuple[Path, Path]:
     """Check the options, read every summary of the run, write the HTML atomically; ``(file written, run folder)``."""
     path = Path(path)
@@ -170,7 +179,7 @@ def write_report(
     from layerwise.figures.style import drawn_at
 
     with drawn_at(width):
-        page = build_html(run, files, summaries, chosen)
+        page = build_html(run, files, summaries, chosen, functions)
     return write_text_atomic(target, page), run
 
 
@@ -180,8 +189,13 @@ def _order(file: Path, summary: dict[str, Any]) -> tuple[int, int]:
     return int(summary.get("epoch", epoch)), int(summary.get("global_step", step))
 
 
-def build_html(run: Path, files: list[Path], summaries: list[dict[str, Any]], chosen: tuple[int, int]) -> str:
-    """The report's HTML: ``summaries`` (read from ``files``, in order) drawn around the validation ``chosen``."""
+def build_html(
+    run: Path, files: list[Path], summaries: list[dict[str, Any]], chosen: tuple[int, int], functions: Any = ()
+) -> str:
+    """The report's HTML: ``summaries`` (read from ``files``, in order) drawn around the validation ``chosen``.
+
+    ``functions``: figure functions besides the registered ones (:mod:`layerwise.figures.registry`).
+    """
     from layerwise.figures.style import QUANTITY_COLOURS, SERIES_PALETTE, stage_name
 
     stages = sorted({file.name.split("_epoch_")[0] for file in files}, key=lambda s: (s != "val", s))
@@ -203,7 +217,7 @@ def build_html(run: Path, files: list[Path], summaries: list[dict[str, Any]], ch
         "stage_names": {stage: stage_name(stage) for stage in stages},
         "probes": "LinearProbes" in config_text,
     }
-    figures = _figures(stages, records, summaries, tuple(chosen))
+    figures = _figures(stages, records, summaries, tuple(chosen), functions)
     sections = {name for summary in summaries for name in SECTION_FIGURES if summary.get(name)}
     validation_stages = [s for s in stages if s.startswith("val")]
     body = [
@@ -283,7 +297,11 @@ def _figure_section(anchor: str, title: str, figures: list[Figure], charts: str 
 
 
 def _figures(
-    stages: list[str], records: list[dict[str, Any]], summaries: list[dict[str, Any]], chosen: tuple[int, int]
+    stages: list[str],
+    records: list[dict[str, Any]],
+    summaries: list[dict[str, Any]],
+    chosen: tuple[int, int],
+    functions: Any = (),
 ) -> dict[str, list[Figure]]:
     """PNG figures per section: each stage's figures at ``chosen``; a section's latest at or before it."""
     from layerwise.figures.summary import caption
@@ -291,10 +309,12 @@ def _figures(
     out: dict[str, list[Figure]] = {}
     for stage in stages:
         of_stage = [(tuple(r["order"]), s) for r, s in zip(records, summaries) if r["stage"] == stage]
-        at = [s for order, s in of_stage if order == chosen]
+        at = [(r["file"], s) for r, s in zip(records, summaries) if r["stage"] == stage and tuple(r["order"]) == chosen]
         if at:
-            general = {key: value for key, value in at[-1].items() if key not in SECTION_FIGURES}
-            out.setdefault("general", []).extend((stage, name, caption(name), png) for name, png in _encoded(general))
+            file, summary = at[-1]
+            general = {key: value for key, value in summary.items() if key not in SECTION_FIGURES}
+            drawn = _encoded(general, functions, file)
+            out.setdefault("general", []).extend((stage, name, caption(name), png) for name, png in drawn)
         for section in SECTION_FIGURES:
             earlier = [(order, s) for order, s in of_stage if order <= chosen and s.get(section)]
             if earlier:
@@ -305,13 +325,13 @@ def _figures(
     return out
 
 
-def _encoded(summary: dict[str, Any]) -> list[tuple[str, str]]:
+def _encoded(summary: dict[str, Any], functions: Any = (), where: str = "the summary") -> list[tuple[str, str]]:
     """Every figure of ``summary`` as ``(name, PNG as base64)``; the figures closed, whatever happens."""
     import matplotlib.pyplot as plt
 
     from layerwise.figures.summary import summary_figures
 
-    figures = summary_figures(summary)
+    figures = summary_figures(summary, functions, where)
     try:
         return [(name, _png(figure)) for name, figure in figures.items()]
     finally:
