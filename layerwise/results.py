@@ -310,8 +310,8 @@ def load_summary(path: Union[str, Path]) -> dict[str, Any]:
     """Read one summary file through the one schema (:func:`check_summary`): what every reader of a summary calls.
 
     A file that is not a summary, or does not fit it, is a :class:`SummaryError` (a ``UsageError``): one line naming
-    the file, the key and what was expected. ``NaN``/``Infinity`` literals are read as ``null`` (not finite), as the
-    writer writes them.
+    the file, the key and what was expected. ``NaN``/``Infinity`` literals and numbers beyond a float's range are
+    read as ``null`` (not finite), as the writer writes them.
     """
     path = Path(path)
     size = path.stat().st_size
@@ -320,15 +320,33 @@ def load_summary(path: Union[str, Path]) -> dict[str, Any]:
             f"{path}: {size} bytes, more than a summary holds ({MAX_SUMMARY_BYTES >> 20} MiB); not read."
         )
     try:
-        summary = json.loads(path.read_bytes().decode("utf-8"), parse_constant=lambda _: None)
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise SummaryError(f"{path} is not a readable layerwise summary ({error}).") from None
+        summary = json.loads(
+            path.read_bytes().decode("utf-8"), parse_constant=_not_finite, parse_float=_finite_float, parse_int=_integer
+        )
+    except ValueError as error:  # not JSON, not UTF-8
+        raise SummaryError(f"{path} is not a readable layerwise summary ({str(error)[:200]}).") from None
     except RecursionError:
         raise SummaryError(f"{path} is not a layerwise summary: its JSON is nested too deeply to read.") from None
     return check_summary(summary, path)
 
 
 # ------------------------------------------------------------------------------- the one schema of a summary
+def _not_finite(_: str) -> None:
+    """``NaN``, ``Infinity``, ``-Infinity`` in a summary: undefined, as the writer writes them (``null``)."""
+    return None
+
+
+def _integer(text: str) -> Optional[Union[int, float]]:
+    """A JSON integer; one of 19 digits or more is a float (``null`` beyond a float's range), never a huge int."""
+    return int(text) if len(text) < 19 else _finite_float(text)
+
+
+def _finite_float(text: str) -> Optional[float]:
+    """A JSON number; one beyond a float's range (``1e999``) is not finite: ``null``."""
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
 MAX_SUMMARY_BYTES = 256 << 20  # a 4096-layer model's L x L matrices fit many times over
 MAX_LAYERS = 4096  # per-layer rows: more than any model's depth
 MAX_ROWS = 100_000  # any other list of a summary (thresholds, quantile levels, bins)
@@ -629,7 +647,7 @@ def check_summary(summary: Any, path: Union[str, Path] = "summary") -> dict[str,
     layerwise than this one is read, with a warning, as far as this version knows its keys; its errors say so.
     """
     if not isinstance(summary, dict):
-        raise SummaryError(f"{path} is not a layerwise summary (a JSON {_kind(summary)}, not an object).")
+        raise SummaryError(f"{path} is not a layerwise summary (its JSON is {_kind(summary)}, not an object).")
     written = summary.get("layerwise_version")
     newer = isinstance(written, str) and _version(written) > _version(__version__)
     note = f" (written by layerwise {written[:40]}, newer than this {__version__}: upgrade layerwise)" if newer else ""

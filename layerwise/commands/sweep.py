@@ -156,11 +156,14 @@ def sweep(
     files = [latest_summary(path, "RUN_OR_JSON") for path in runs]
     for path, summary_file in zip(runs, files):
         print(f"layerwise sweep: {path} -> {summary_file}")
-    curves = [
-        curve
-        for summary_file, label in zip(files, labels or [run_label(path) for path in runs])
-        for curve in load_curves(summary_file, label)
-    ]
+    from layerwise.figures.plot import warnings_as_lines
+
+    with warnings_as_lines("layerwise sweep"):  # a summary of a newer layerwise: one line
+        curves = [
+            curve
+            for summary_file, label in zip(files, labels or [run_label(path) for path in runs])
+            for curve in load_curves(summary_file, label)
+        ]
     print(sweep_markdown(curves), end="")
     for written in write_sweep(curves, out, format or ("png", "pdf")):
         print(written)

@@ -100,7 +100,8 @@ def plot(
     if len(path) > 1 or is_pattern(path[0]):
         if all_epochs:
             raise ValueError("`--all_epochs` draws one run; several runs are drawn at one epoch (--epoch).")
-        _plot_runs(path, out, formats, label, epoch, width)
+        with warnings_as_lines("layerwise plot"):
+            _plot_runs(path, out, formats, label, epoch, width)
         return
     if label is not None:
         raise ValueError("`--label` names several runs; give more than one run to draw them side by side.")
@@ -112,7 +113,8 @@ def plot(
         latest = f" (the latest fit run of the {len(runs)} runs under {path[0]})" if many else ""
         print(f"layerwise plot: drawing run {run}{latest}")
     if epoch != "last":
-        files = _at_epoch(files[0].parent.parent, epoch)
+        with warnings_as_lines("layerwise plot"):
+            files = _at_epoch(files[0].parent.parent, epoch)
     for summary_file in files:
         with warnings_as_lines("layerwise plot"):
             written_files = plot_summary(summary_file, out, formats, width, functions)

@@ -3,9 +3,14 @@
 The file needs no server and no network: the run's config, every summary (an inline JSON blob), the figures of one
 validation (PNG data URIs) and a small inline script that draws the per-layer table and the curves over training
 (inline SVG) for the validation the slider picks. It reads the results files only (see :mod:`layerwise.results`).
+
+A report is shared, and what it shows is data: every value of a summary or config reaches the page as text (escaped
+here, ``esc`` in ``report.js``), and the page's Content-Security-Policy (:func:`content_security_policy`) runs its one
+script, by hash, and nothing else: no inline handler, no remote load.
 """
 
 import base64
+import hashlib
 import html
 import io
 import json
@@ -67,7 +72,8 @@ def report(
     if len(path) > 1 or is_pattern(path[0]):
         if step is not None:
             raise ValueError("`--step` picks a validation of one run; several runs are drawn at one epoch (--epoch).")
-        written, runs = write_comparison_report(path, out, label, epoch, width)
+        with warnings_as_lines("layerwise report"):
+            written, runs = write_comparison_report(path, out, label, epoch, width)
         print(f"layerwise report: {runs} runs side by side")
         print(written)
         return
@@ -117,7 +123,9 @@ def write_comparison_report(
         f"<section id=figures><h2>Figures</h2><div class=figs>{items}</div></section>"
         f"<section id=table><h2>Table</h2>{_markdown_tables(texts['comparison.md'])}</section>"
     )
-    page = COMPARISON_TEMPLATE.format(title=_e("layerwise report: runs side by side"), style=STYLE, body=body)
+    page = COMPARISON_TEMPLATE.format(
+        csp=_e(content_security_policy()), title=_e("layerwise report: runs side by side"), style=STYLE, body=body
+    )
     return write_text_atomic(target, page), len(comparison.runs)
 
 
@@ -255,13 +263,15 @@ def build_html(
             body.append(
                 _figure_section(anchors[name], titles[name], figures.get(name, []), charts=f"{anchors[name]}charts")
             )
+    script = (Path(__file__).parent / "report.js").read_text(encoding="utf-8")
     return TEMPLATE.format(
+        csp=_e(content_security_policy(script)),
         title=_e(f"layerwise report: {run.parent.name}/{run.name}"),
         style=STYLE,
         body="\n".join(body),
         summaries=_script_json(summaries),
         meta=_script_json(meta),
-        script=(Path(__file__).parent / "report.js").read_text(encoding="utf-8"),
+        script=script,
     )
 
 
@@ -372,6 +382,22 @@ def _inches(data: str) -> float:
     return int.from_bytes(base64.b64decode(data[:32])[16:20], "big") / FIGURE_DPI
 
 
+def content_security_policy(script: Optional[str] = None) -> str:
+    """The page's Content-Security-Policy: its one inline ``script`` by hash (none: no script), nothing else runs.
+
+    No inline event handler (``onerror=...`` in a value that slipped through would not run), nothing remote: styles
+    inline (the page's own ``<style>`` and the figures' widths), images as data URIs, no form, no base URL.
+    """
+    scripts = "'none'"
+    if script is not None:
+        digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
+        scripts = f"'sha256-{digest}'"
+    return (
+        f"default-src 'none'; script-src {scripts}; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; "
+        "form-action 'none'"
+    )
+
+
 def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
@@ -382,7 +408,9 @@ def _script_json(value: Any) -> str:
 
 
 COMPARISON_TEMPLATE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{csp}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
 <link rel="icon" href="data:,"><title>{title}</title><style>{style}</style></head>
 <body>
 {body}
@@ -390,7 +418,9 @@ COMPARISON_TEMPLATE = """<!DOCTYPE html>
 """
 
 TEMPLATE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{csp}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
 <link rel="icon" href="data:,"><title>{title}</title><style>{style}</style></head>
 <body>
 {body}
