@@ -777,6 +777,12 @@ def run_config(run: Path) -> Optional[dict[str, Any]]:
     for name in ("config.yaml", "hparams.yaml"):
         path = Path(run) / name
         if path.is_file():
-            config = yaml.safe_load(path.read_text(encoding="utf-8"))
+            try:
+                config = yaml.safe_load(path.read_text(encoding="utf-8", errors="replace"))
+            except (yaml.YAMLError, RecursionError) as error:  # a config is read as data here, never built
+                where = getattr(error, "problem_mark", None)
+                at = f" (line {where.line + 1})" if where is not None else ""
+                cause = str(getattr(error, "problem", "") or type(error).__name__)[:120]
+                raise UsageError(f"{path} is not a readable YAML config{at}: {cause}.") from None
             return config if isinstance(config, dict) else None
     return None

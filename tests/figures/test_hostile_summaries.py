@@ -219,6 +219,9 @@ def corpus(canary: Path) -> dict[str, Union[dict, list, str, bytes]]:
         # versions
         "newer_version": changed(layerwise_version="99.0.0"),
         "newer_version_that_does_not_fit": changed(layerwise_version="99.0.0", accuracy="high"),
+        # configs beside the summary (written by the fixture)
+        "config_not_yaml": base(),
+        "config_with_a_python_tag": base(),
     }
     return files
 
@@ -245,6 +248,11 @@ def hostile(tmp_path_factory) -> dict[str, Any]:
     for name, content in corpus(canary).items():
         write(root / "runs" / name / "layerwise" / "val_epoch_000_step_0000001.json", content)
         runs[name] = root / "runs" / name
+    # a run whose config (read by the runs side by side and the report) is not YAML, or YAML that builds an object
+    (root / "runs" / "config_not_yaml" / "config.yaml").write_text("model: {class_path: [unclosed\n\t- '", "utf-8")
+    (root / "runs" / "config_with_a_python_tag" / "config.yaml").write_text(
+        f"model: !!python/object/apply:os.system ['touch {canary}']\n", "utf-8"
+    )
     good = root / "good"
     write(good / "layerwise" / "val_epoch_000_step_0000001.json", base())
     return {"root": root, "canary": canary, "runs": runs, "good": good}
