@@ -353,6 +353,9 @@ MAX_ROWS = 100_000  # any other list of a summary (thresholds, quantile levels, 
 MAX_NESTING = 32  # the package writes at most 5 levels (residual_norm_ratio.quantiles); a user's analysis, more
 
 
+Check = Callable[[str, Any, dict[str, Any]], Any]  # (where, value, the object holding it): raises _Mismatch
+
+
 class SummaryError(UsageError):
     """A summary file that does not fit the schema: one line naming the file, the key and what was expected."""
 
@@ -426,7 +429,7 @@ def _layers_of(summary: dict[str, Any]) -> int:
     return len(summary["layers"])
 
 
-def _per_layer(*dims: Optional[int], integer: bool = False) -> Callable[[str, Any, dict[str, Any]], None]:
+def _per_layer(*dims: Optional[int], integer: bool = False) -> Check:
     """A per-layer key: L rows (L = the length of ``layers``), each of ``dims`` (-1: L again)."""
 
     def check(where: str, value: Any, summary: dict[str, Any]) -> None:
@@ -437,15 +440,15 @@ def _per_layer(*dims: Optional[int], integer: bool = False) -> Callable[[str, An
     return check
 
 
-def _scalar(integer: bool = False, nullable: bool = True, minimum: Optional[float] = None) -> Callable[..., None]:
+def _scalar(integer: bool = False, nullable: bool = True, minimum: Optional[float] = None) -> Check:
     return lambda where, value, summary: _number(where, value, nullable, integer, minimum)
 
 
-def _text(nullable: bool = False) -> Callable[..., None]:
+def _text(nullable: bool = False) -> Check:
     return lambda where, value, summary: _string(where, value, nullable)
 
 
-def _numbers(integer: bool = False) -> Callable[..., None]:
+def _numbers(integer: bool = False) -> Check:
     return lambda where, value, summary: None if value is None else _grid(where, value, [None], integer=integer)
 
 
@@ -499,7 +502,7 @@ def _early_exit(where: str, value: Any, summary: dict[str, Any]) -> None:
         width = _grid(f"{at}.exit_counts", row.get("exit_counts"), [width])[0]
 
 
-def _object(fields: dict[str, Callable[[str, Any, dict[str, Any]], None]], sizes: Callable[..., None]) -> Callable:
+def _object(fields: dict[str, Check], sizes: Callable[[str, dict[str, Any]], None]) -> Check:
     """A results object (``coupling``, ``compare``, ...): each field's check, then how their sizes agree."""
 
     def check(where: str, value: Any, summary: dict[str, Any]) -> None:
@@ -516,7 +519,7 @@ def _object(fields: dict[str, Callable[[str, Any, dict[str, Any]], None]], sizes
     return check
 
 
-def _grid_check(*shape: Optional[int]) -> Callable[..., None]:
+def _grid_check(*shape: Optional[int]) -> Check:
     return lambda where, value, summary: _grid(where, value, list(shape))
 
 
@@ -557,7 +560,7 @@ def _levels(where: str, value: Any, summary: dict[str, Any]) -> None:
 
 
 # What each key of a summary holds (docs/json-format.md); a key not here (a user's analysis) may hold any JSON.
-SUMMARY_SCHEMA: dict[str, Callable[[str, Any, dict[str, Any]], None]] = {
+SUMMARY_SCHEMA: dict[str, Check] = {
     "run_id": _text(),
     "layerwise_version": _text(),
     FIGURE_FUNCTIONS: _figure_functions,
@@ -649,7 +652,8 @@ def check_summary(summary: Any, path: Union[str, Path] = "summary") -> dict[str,
     if not isinstance(summary, dict):
         raise SummaryError(f"{path} is not a layerwise summary (its JSON is {_kind(summary)}, not an object).")
     written = summary.get("layerwise_version")
-    newer = isinstance(written, str) and _version(written) > _version(__version__)
+    written = written if isinstance(written, str) else ""
+    newer = bool(written) and _version(written) > _version(__version__)
     note = f" (written by layerwise {written[:40]}, newer than this {__version__}: upgrade layerwise)" if newer else ""
     try:
         for key, check in SUMMARY_SCHEMA.items():
