@@ -141,8 +141,9 @@ class AnalysisCallback(Callback):
     key: ClassVar[str] = ""  # the JSON key of the results in the epoch's summary
     _resumed: dict[str, Any] = {}  # the run record's state from a checkpoint (load_state_dict)
     # A module-level function of the JSON results -> {name: matplotlib figure}, drawn in the drawing process (which
-    # imports its module by name, and no torch unless that module does) and named in the summary, from which
-    # `layerwise plot` and `report` draw it again (layerwise.figures.registry); None: no figure.
+    # imports its module by name, and no torch unless that module does) and named in the summary; `layerwise plot`
+    # and `report` draw it again from the file once it is registered (the entry-point group `layerwise.figures`, or
+    # `--figures module:function`: layerwise.figures.registry); None: no figure.
     # (set as `figures = staticmethod(function)`)
     figures: ClassVar[Any] = None
 
@@ -359,7 +360,8 @@ class AnalysisCallback(Callback):
         history = record.add_history(stage, step, scalars) if chart_loggers(trainer) else {}
         if not draws_figures(trainer, self.log_figures, self.figures_every_n_epochs):
             return
-        if functions:  # the function `plot` draws the summary with, given the functions it names
+        if functions:  # the function `plot` draws the summary with, given this process's own function objects: the
+            # drawing process draws what this code registered, never a name read from a file
             drawn = tuple(function for function, _ in functions)
             log_figures_later(trainer, FigureJob(evaluation_figures, (stage, summary, drawn)))
         if charts and history:
