@@ -147,8 +147,8 @@ def test_a_plugin_of_the_entry_point_group_draws_the_summaries_that_name_it(
 ):
     summary = {
         "layers": [1, 2],
-        "feature_norm": {"layers": [1, 2], "mean": [1.0, 2.0]},
-        FIGURE_FUNCTIONS: {"feature_norm:feature_norm_figures": "feature_norm"},
+        "feature_norm": [1.0, 2.0],
+        FIGURE_FUNCTIONS: {"feature_norm:feature_norm_figures": None},  # a per-layer analysis reads the summary
     }
     (tmp_path / "s.json").write_text(json.dumps(summary))
     monkeypatch.setattr(registry.metadata, "entry_points", entry_points_with("feature_norm:feature_norm_figures"))
