@@ -15,6 +15,7 @@ from layerwise.errors import LayerwiseWarning
 from layerwise.features.hooks import hook_paths
 from layerwise.features.paths import HeadSteps
 from layerwise.features.sharding import gathered_root
+from layerwise.figures.summary import neural_collapse_figures
 from layerwise.metrics import LayerNC1, LayerNeuralCollapse
 
 # The JSON keys (each L) beside ``nc1``, and their chart titles; NC3 with a head split at a linear layer of K rows,
@@ -37,14 +38,14 @@ class NeuralCollapseMonitor(LayerwiseMonitor):
     around their mean; classes absent from the evaluated set are left out of ``K``; the pseudo-inverse is taken on
     the range of ``Σ_B`` (rank <= K-1). State: ``L·d²`` float64 plus class sums, independent of N.
 
-    With ``complete=True`` (opt-in: the default summary keeps its keys), on the same features (:class:`~layerwise.metrics.LayerNeuralCollapse` has the
-    formulas): the CDNV; NC2's equinorm, spread of the class-mean cosines, mean ``|cos + 1/(K-1)|`` and simplex-ETF
-    error; NC3 between the centred class means of what the head's last linear layer reads at layer l (the head's
-    own steps before it: the final norm, a pooler) and that layer's rows, when the head ends in a linear layer with
-    one row per class. ``ncc=True`` adds NC4: the nearest-class-centre classifier with this evaluation's means,
-    its agreement with the shared head's prediction at layer l and its accuracy; exact, from the features kept on
-    each rank until the means are known (``L·N·d`` in the features' dtype per rank, at most ``ncc_max_samples``
-    samples: beyond, NC4 is left out with a warning).
+    With ``complete=True`` (opt-in: the default summary keeps its keys), on the same features
+    (:class:`~layerwise.metrics.LayerNeuralCollapse` has the formulas): the CDNV; NC2's equinorm, spread of the
+    class-mean cosines, mean ``|cos + 1/(K-1)|`` and simplex-ETF error; NC3 between the centred class means of what
+    the head's last linear layer reads at layer l (the head's own steps before it: the final norm, a pooler) and
+    that layer's rows, when the head ends in a linear layer with one row per class. ``ncc=True`` adds NC4: the
+    nearest-class-centre classifier with this evaluation's means, its agreement with the shared head's prediction
+    at layer l and its accuracy; exact, from the features kept on each rank until the means are known (``L·N·d``
+    in the features' dtype per rank, at most ``ncc_max_samples`` samples: beyond, NC4 is left out with a warning).
 
     For a language model the classes are the vocabulary; ``top_classes=k`` restricts NC1 to the samples whose
     target is one of the ``k`` most frequent tokens of the training split (from the datamodule's
@@ -63,6 +64,8 @@ class NeuralCollapseMonitor(LayerwiseMonitor):
         ncc_max_samples: the per-rank limit of that buffer.
         kwargs: see :class:`LayerwiseMonitor`.
     """
+
+    figures = staticmethod(neural_collapse_figures)  # draws nothing for NC1 alone
 
     def __init__(
         self,

@@ -27,6 +27,7 @@ from layerwise.callbacks import (
     LayerSimilarityMonitor,
     LayerwiseAnalysis,
     LogitLensMonitor,
+    NeuralCollapseMonitor,
     ResidualNormRatioMonitor,
     _drawing,
 )
@@ -75,6 +76,7 @@ def test_a_users_analysis_is_drawn_by_training_plot_and_report_alike(tmp_path, f
         "layerwise.figures.summary:similarity_figures": None,
         "layerwise.figures.summary:logit_lens_figures": None,
         "layerwise.figures.summary:effective_depth_figures": None,
+        "layerwise.figures.summary:neural_collapse_figures": None,  # draws nothing for NC1 alone
         "feature_norm:feature_norm_figures": "feature_norm",
     }
     # what plot and report draw from the file: the functions it names, imported by name
@@ -130,6 +132,7 @@ def test_every_package_analysis_names_a_figure_function_of_the_package_table():
         (LayerSimilarityMonitor.figures, None),
         (LogitLensMonitor.figures, None),
         (EffectiveDepthMonitor.figures, None),
+        (NeuralCollapseMonitor.figures, None),
         (DetectionLayerAP.figures, DetectionLayerAP.key),
         (ResidualNormRatioMonitor.figures, ResidualNormRatioMonitor.key),
         (CrossModelComparison.figures, CrossModelComparison.key),
