@@ -185,7 +185,7 @@ class NeuralCollapseMonitor(LayerwiseMonitor):
             metrics["nc1"].update(features, targets)
             return
         metric = metrics["nc"]
-        self._fresh_head(metric)  # type: ignore[arg-type]
+        self._fresh_head(metric)
         head_inputs = None if self._head is None else chunked_head_inputs(self._head, features)
         metric.update(features, targets, predictions if self.ncc else None, head_inputs)
 
@@ -197,7 +197,7 @@ class NeuralCollapseMonitor(LayerwiseMonitor):
             results = {"nc1": shaped(metrics["nc1"].compute(), layers)}
         else:
             metric = metrics["nc"]
-            self._fresh_head(metric)  # type: ignore[arg-type]
+            self._fresh_head(metric)
             metric.classifier = None if self._head is None else self._head.weight
             results = {key: shaped(value, layers) for key, value in metric.compute().items()}
             if self._head is None:

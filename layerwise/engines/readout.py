@@ -395,7 +395,7 @@ def split_head(head: nn.Module) -> Optional[HeadInput]:
     linear = [index for index, step in enumerate(steps) if isinstance(step, nn.Linear)]
     if not linear or any(not isinstance(step, (nn.Dropout, nn.Identity)) for step in steps[linear[-1] + 1 :]):
         return None
-    last = steps[linear[-1]]
+    last: nn.Linear = steps[linear[-1]]  # an nn.Linear, found above
     prefix = nn.Sequential(*steps[: linear[-1]]).to(torch.float64).eval()
     return HeadInput(prefix, last.weight.detach().to(torch.float64).clone())
 
