@@ -30,8 +30,9 @@ class LayerwiseAnalysis(LayerwiseMonitor):
             ``max_buffered_samples``, ``cos_bins``).
         logit_lens: the shared head at every layer: accuracy, loss, saturation, early exit (:class:`LogitLensMonitor`:
             ``thresholds``, ``center``, ``max_buffered_samples``, ``f1``).
-        neural_collapse: NC1 per layer (:class:`NeuralCollapseMonitor`: ``top_classes``). For a language model NC1
-            runs only when ``top_classes`` is set: over a whole vocabulary it is off by default.
+        neural_collapse: NC1 per layer (:class:`NeuralCollapseMonitor`: ``top_classes``; ``complete`` for CDNV, NC2
+            and NC3, ``ncc`` for NC4). For a language model NC1 runs only when ``top_classes`` is set: over a whole
+            vocabulary it is off by default.
         depth: the ε-effective depth (:class:`EffectiveDepthMonitor`: ``epsilons``); it reads the logit lens's
             accuracy when the lens runs.
         trajectory: the line-shape score and expodistance of the block outputs (:class:`TrajectoryMonitor`).

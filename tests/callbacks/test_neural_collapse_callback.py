@@ -114,3 +114,63 @@ def test_options_are_refused_in_one_line():
         NeuralCollapseMonitor(ncc=True)
     with pytest.raises(ValueError, match="`ncc_max_samples=0` must be a positive int"):
         NeuralCollapseMonitor(complete=True, ncc=True, ncc_max_samples=0)
+
+
+def test_a_hooked_model_gives_the_same_values(tmp_path, nc_run):
+    """The hook source (a user's own model) splits the head found by the path table, as the module's own head."""
+    root, _ = nc_run
+    expected = read_summary(root)
+    monitor = NeuralCollapseMonitor(complete=True, ncc=True, source="hooks", log_figures=False)
+    trainer(tmp_path, [monitor]).validate(fitted_module(), val_loader(N), verbose=False)
+    summary = read_summary(tmp_path)
+    for key in ("nc1", *STREAMED, *HEAD, *NCC):
+        assert_json_close(summary[key], expected[key], rtol=1e-6, atol=1e-9, where=key)
+
+
+def test_a_language_model_restricted_to_its_top_classes(tmp_path):
+    """GPT-2 (tiny), ``top_classes=6``: the rows of the frequent tokens only, NC3 against their rows of the LM head
+    after ln_f, NC4 against the head's predictions (a token outside the six never agrees) — equal to the functional
+    on the module's own layer outputs."""
+    from lightning.pytorch import LightningDataModule
+    from tiny_models import LM_VOCAB, decoder, lm_loader
+
+    from layerwise.lightning_modules import Standard
+    from layerwise.metrics import neural_collapse_measures
+
+    module = Standard(decoder("gpt2"), chunk_size=5).double()
+    parts = [module.layer_outputs(batch) for batch in lm_loader()]
+    targets = torch.cat([part.targets for part in parts])
+
+    class Text(LightningDataModule):
+        def val_dataloader(self):
+            return lm_loader()
+
+        def class_counts(self):  # the frequencies of the validation tokens themselves (the test's choice)
+            return torch.bincount(targets, minlength=LM_VOCAB)
+
+    monitor = NeuralCollapseMonitor(top_classes=6, complete=True, ncc=True, log_figures=False)
+    trainer(tmp_path, [monitor]).validate(module, datamodule=Text(), verbose=False)
+    summary = read_summary(tmp_path)
+    classes = torch.tensor(summary["nc1_classes"])
+    assert classes.numel() == 6
+    assert all(value is not None for key in ("nc3", "nc4_agreement") for value in summary[key])
+
+    features = torch.cat([part.features for part in parts], 1)
+    predictions = torch.cat([part.readout.predictions for part in parts], 1)
+    mapping = torch.full((LM_VOCAB,), -1, dtype=torch.long)
+    mapping[classes] = torch.arange(6)
+    keep = mapping[targets] >= 0
+    head = split_head(module.backbone.head_modules())
+    assert head is not None
+    with torch.no_grad():
+        head_inputs = head.steps(features[:, keep].double())
+    expected = neural_collapse_measures(
+        features[:, keep],
+        mapping[targets[keep]],
+        6,
+        mapping[predictions[:, keep]],
+        head_inputs,
+        head.weight[classes],
+    )
+    for key, value in expected.items():
+        assert_json_close(summary[key], value.tolist(), rtol=1e-9, atol=1e-12, where=key)
