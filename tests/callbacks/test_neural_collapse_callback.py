@@ -174,3 +174,20 @@ def test_a_language_model_restricted_to_its_top_classes(tmp_path):
     )
     for key, value in expected.items():
         assert_json_close(summary[key], value.tolist(), rtol=1e-9, atol=1e-12, where=key)
+
+
+def test_the_head_is_read_afresh_at_every_validation_of_a_fit(tmp_path):
+    """Two epochs of training: the second validation's NC3 is that of the trained head, not of the first one's."""
+    from helpers import train_loader
+
+    module = fitted_module()
+    fit = trainer(tmp_path / "fit", [NeuralCollapseMonitor(complete=True, log_figures=False)], max_epochs=2)
+    fit.fit(module, train_loader(), val_loader(N))
+    during = [read_summary(tmp_path / "fit", epoch=epoch) for epoch in (0, 1)]
+    trainer(tmp_path / "after", [NeuralCollapseMonitor(complete=True, log_figures=False)]).validate(
+        module, val_loader(N), verbose=False
+    )
+    after = read_summary(tmp_path / "after")
+    assert during[0]["nc3"] != during[1]["nc3"]  # the head trained between the two
+    for key in HEAD:
+        assert_json_close(during[1][key], after[key], rtol=1e-9, atol=1e-12, where=key)
