@@ -191,3 +191,14 @@ def test_the_head_is_read_afresh_at_every_validation_of_a_fit(tmp_path):
     assert during[0]["nc3"] != during[1]["nc3"]  # the head trained between the two
     for key in HEAD:
         assert_json_close(during[1][key], after[key], rtol=1e-9, atol=1e-12, where=key)
+
+
+def test_one_selected_layer_gives_one_element_lists(tmp_path, nc_run):
+    root, _ = nc_run
+    full = read_summary(root)
+    monitor = NeuralCollapseMonitor(complete=True, ncc=True, layers=[-1], log_figures=False)
+    trainer(tmp_path, [monitor]).validate(fitted_module(), val_loader(N), verbose=False)
+    summary = read_summary(tmp_path)
+    for key in ("nc1", *STREAMED, *HEAD, *NCC):
+        assert isinstance(summary[key], list) and len(summary[key]) == 1, key
+        assert_json_close(summary[key][0], full[key][-1], rtol=1e-9, atol=1e-12, where=key)
