@@ -291,7 +291,8 @@ def neural_collapse(summary: dict[str, Any]) -> Figure:
         for index, (key, name) in enumerate(series):
             values = [np.nan if value is None else value for value in summary.get(key) or []]
             if values and np.isfinite(values).any() and (not log or np.nanmax(values) > 0):
-                ax.plot(layers, values, marker="o", color=series_colour(key, index), label=name)
+                colour = series_colour(key, index if index < 3 else index + 1)  # never NC1's purple (the 4th)
+                ax.plot(layers, values, marker="o", color=colour, label=name)
                 drawn = True
         if not drawn:
             no_data_note(ax, label)
