@@ -7,14 +7,16 @@ Not a Lightning callback: :class:`~layerwise.callbacks.LayerwiseAnalysis` is the
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Optional
 
+from torch import nn
 from torchmetrics import Metric
 
 from layerwise.analyses.layer_spec import LayerSpec
 from layerwise.engines.readout import LayerOutputs
 from layerwise.errors import UsageError
 
+HeadReader = Callable[[], Optional[nn.Module]]  # a copy of the shared head (final norm + classifier) as it is now
 Metrics = dict[str, Metric]  # one analysis's statistics for one evaluation dataloader, by its own names
 
 # The options of the callback that runs the analyses: an analysis given one is refused in one line naming where it goes
@@ -91,6 +93,12 @@ class Analysis:
 
     def configure(self, spec: LayerSpec, datamodule: Any) -> None:
         """Read what it needs of the run before :meth:`statistics` (``datamodule``: the trainer's, or None)."""
+
+    def use_head(self, head: HeadReader) -> None:
+        """Take the runner's ``head()``: a copy of the shared head as it is then (None: not known); default unused.
+
+        Given before every evaluation, so a head trained meanwhile is read afresh (NC3 reads it).
+        """
 
     def statistics(self, spec: LayerSpec) -> dict[str, Statistic]:
         """The statistics it reads, by its own names (the keys :meth:`results` gets them under)."""

@@ -1,6 +1,7 @@
 """LayerwiseAnalysis: the one callback that runs the per-layer analyses over one pool of statistics."""
 
 from collections.abc import Mapping, Sequence
+from functools import partial
 from typing import Any, ClassVar, Literal, Optional, Union
 
 import torch
@@ -63,8 +64,9 @@ class LayerwiseAnalysis(AnalysisCallback):
             ``max_buffered_samples``, ``cos_bins``).
         logit_lens: the shared head at every layer: accuracy, loss, saturation, early exit (:class:`LogitLensMonitor`:
             ``thresholds``, ``center``, ``max_buffered_samples``, ``f1``).
-        neural_collapse: NC1 per layer (:class:`NeuralCollapseMonitor`: ``top_classes``). For a language model NC1
-            runs only when ``top_classes`` is set: over a whole vocabulary it is off by default.
+        neural_collapse: NC1 per layer (:class:`NeuralCollapseMonitor`: ``top_classes``; ``complete`` for CDNV, NC2
+            and NC3, ``ncc`` for NC4). For a language model NC1 runs only when ``top_classes`` is set: over a whole
+            vocabulary it is off by default.
         depth: the ε-effective depth (:class:`EffectiveDepthMonitor`: ``epsilons``).
         trajectory: the line-shape score and expodistance of the block outputs (:class:`TrajectoryMonitor`).
         more: further analyses of your own (:class:`~layerwise.analyses.Analysis` subclasses), one or a list, run on
@@ -194,6 +196,8 @@ class LayerwiseAnalysis(AnalysisCallback):
         depth, dim, num_classes, token_level = self._source.dims(pl_module)
         numbers = [index + 1 for index in select_layers(self.layers, depth)]
         spec = LayerSpec(numbers, depth, dim, num_classes, token_level)
+        for analysis in self._analyses:  # the head as it is at each evaluation (NC3 reads it)
+            analysis.use_head(partial(self._source.shared_head, pl_module))
         if spec != self._spec:
             self.configure_analyses(getattr(trainer, "datamodule", None), spec)
             self._spec, self._states = spec, {}

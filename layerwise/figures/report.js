@@ -17,6 +17,10 @@ const COLUMNS = [
   ["cos_to_last", "COS to last", (s) => (s.cos ? s.cos.map(last) : null)],
   ["cka_to_last", "CKA to last", (s) => (s.cka ? s.cka.map(last) : null)],
   ["nc1", "NC1", (s) => s.nc1, false, true],
+  ["cdnv", "CDNV", (s) => s.cdnv, false, true],
+  ["nc2_etf", "NC2 ETF error", (s) => s.nc2_etf],
+  ["nc3", "NC3", (s) => s.nc3],
+  ["nc4_agreement", "NC4 agreement", (s) => s.nc4_agreement],
   ["saturation_counts", "saturating samples", (s) => s.saturation_counts, true],
   ["saturation_cos", "saturation COS", (s) => s.saturation_cos],
 ];

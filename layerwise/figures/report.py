@@ -134,6 +134,12 @@ COMPARISON_CAPTIONS = {
     "cos": "COS to the last layer, per layer",
     "cka": "CKA to the last layer, per layer",
     "nc1": "NC1 per layer",
+    "cdnv": "CDNV per layer",
+    "nc2_equinorm": "NC2 equinorm (CV of the class-mean norms) per layer",
+    "nc2_equiangular": "NC2 equiangularity per layer",
+    "nc2_etf": "NC2 simplex-ETF error per layer",
+    "nc3": "NC3 class means against the shared head's rows per layer",
+    "nc4_agreement": "NC4 agreement of the nearest-class-centre classifier with the head per layer",
     "effective_depth": "ε-effective depth for each ε",
     "early_exit": "Early exit: accuracy against speedup over the thresholds τ",
 }

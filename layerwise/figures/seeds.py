@@ -29,13 +29,21 @@ QUANTITIES = {
     "cos": "COS to the last layer",
     "cka": "CKA to the last layer",
     "nc1": "NC1 (within- / between-class variability)",
+    # neural collapse complete (NeuralCollapseMonitor(complete=True); NC4 with ncc=True)
+    "cdnv": "CDNV (class-distance normalised variance)",
+    "nc2_equinorm": "NC2 equinorm (CV of the class-mean norms)",
+    "nc2_equiangular": "NC2 equiangularity (mean |cos + 1/(K-1)|)",
+    "nc2_etf": "NC2 simplex-ETF error",
+    "nc3": "NC3 distance of class means to the head's rows",
+    "nc4_agreement": "NC4 agreement of the NCC with the head",
     "effective_depth": "ε-effective depth",
     "early_exit_accuracy": "early-exit accuracy",
     "early_exit_speedup": "early-exit speedup",
 }
 # what each quantity's x is
 POSITIONS = {"effective_depth": "ε", "early_exit_accuracy": "τ", "early_exit_speedup": "τ"}
-LOWER_IS_BETTER = ("loss", "nc1")  # `--epoch best:<key>` minimises keys containing these
+LOWER_IS_BETTER = ("loss", "nc1", "cdnv", "nc2", "nc3")  # `--epoch best:<key>` minimises keys containing these
+PER_LAYER = ("accuracy", "nc1", "cdnv", "nc2_equinorm", "nc2_equiangular", "nc2_etf", "nc3", "nc4_agreement")
 # config options that say where a run writes, not what it computes: never a difference between runs
 WHERE_KEYS = ("trainer.logger", "trainer.default_root_dir", "trainer.enable_progress_bar", "ckpt_path", "threads")
 WHERE_PARTS = ("dirpath", "save_dir", "log_dir", "root_dir")
@@ -228,7 +236,7 @@ def series(summary: Mapping[str, Any], quantity: str) -> tuple[list[Any], list[f
     if quantity in ("cos", "cka"):
         matrix = summary.get(quantity)
         return (layers, [number(row[-1]) for row in matrix]) if matrix else ([], [])
-    if quantity in ("accuracy", "nc1"):
+    if quantity in PER_LAYER:
         values = summary.get(quantity)
         return (layers, [number(value) for value in values]) if values else ([], [])
     if quantity == "effective_depth":

@@ -5,7 +5,7 @@ from collections.abc import Sequence
 from typing import Any, Optional
 
 import numpy as np
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import MaxNLocator, NullFormatter
 
 from layerwise.errors import LayerwiseWarning
 from layerwise.figures.compare import cka_across_models
@@ -33,6 +33,7 @@ from layerwise.figures.style import (
     no_data_note,
     quantity_colour,
     run_line,
+    series_colour,
     set_margins,
     sizes,
     stamp,
@@ -50,6 +51,7 @@ CAPTIONS = {
     "detection_ap50": "Detection AP50 of every decoder layer",
     "residual_norm_ratio": "Residual norm ratio ‖x‖ / ‖F(x)‖ per block and branch",
     "compare_cka": "CKA between the layers of model A and model B",
+    "neural_collapse": "Neural collapse per layer: NC1 and CDNV, NC2, NC3 against the shared head, NC4",
     "coupling_depth": "Depth-wise mis-coupling of the block Jacobians",
     "coupling_spectra": "Singular spectra of the block Jacobians",
     "coupling_trajectory": "Trajectory of the prompts' tokens through the blocks (PCA)",
@@ -273,6 +275,57 @@ def cka_name(summary: dict[str, Any]) -> str:
     return "minibatch CKA" if options.get("cka") == "minibatch" else "CKA"
 
 
+# The panels of the neural-collapse figure: (y label, log scale, [(key, legend label)]), top to bottom
+_COLLAPSE_PANELS = (
+    ("variability", True, [("nc1", r"NC1 $\mathrm{tr}(\Sigma_W \Sigma_B^\dagger)/K$"), ("cdnv", "CDNV")]),
+    (
+        "NC2",
+        False,
+        [
+            ("nc2_equinorm", "equinorm (CV of norms)"),
+            ("nc2_cos_std", "std of cosines"),
+            ("nc2_equiangular", r"mean $|\cos + 1/(K-1)|$"),
+            ("nc2_etf", "simplex-ETF error"),
+        ],
+    ),
+    ("NC3", False, [("nc3", "class means to head rows"), ("nc3_duality", "self-duality error")]),
+    ("NC4", False, [("nc4_agreement", "NCC agrees with the head"), ("nc4_ncc_accuracy", "NCC accuracy")]),
+)
+
+
+def neural_collapse(summary: dict[str, Any]) -> Figure:
+    """NC1 and CDNV (log scale), NC2, NC3 and NC4 against the layer, one panel each (those the summary holds)."""
+    panels = [panel for panel in _COLLAPSE_PANELS if any(summary.get(key) is not None for key, _ in panel[2])]
+    fig, axes = new_figure(4.8, 1.9 * len(panels) + 0.6, height_ratios=[1.0] * len(panels))
+    axes = axes if isinstance(axes, list) else [axes]
+    layers = list(summary.get("layers") or range(1, len(summary["nc1"]) + 1))
+    for ax, (label, log, series) in zip(axes, panels):
+        drawn = False
+        for index, (key, name) in enumerate(series):
+            values = [np.nan if value is None else value for value in summary.get(key) or []]
+            if values and np.isfinite(values).any() and (not log or np.nanmax(values) > 0):
+                colour = series_colour(key, index if index < 3 else index + 1)  # never NC1's purple (the 4th)
+                ax.plot(layers, values, marker="o", color=colour, label=name)
+                drawn = True
+        if not drawn:
+            no_data_note(ax, label)
+        elif log:
+            ax.set_yscale("log")
+            ax.yaxis.set_minor_formatter(NullFormatter())  # decades only: minor labels crowd a narrow range
+        ax.set_ylabel(label)
+        if drawn:
+            legend_inside(ax)
+    layer_ticks(axes[-1], layers, axis="x", at_values=True)
+    axes[-1].set_xlabel("layer")
+    axes[0].set_title("neural collapse per layer")
+    return finish(fig)
+
+
+def neural_collapse_figures(summary: dict[str, Any]) -> dict[str, Figure]:
+    """The figure of ``NeuralCollapseMonitor(complete=True)`` (NC1 alone has its column in the report and ``plot``)."""
+    return {"neural_collapse": neural_collapse(summary)} if summary.get("cdnv") is not None else {}
+
+
 def similarity_figures(summary: dict[str, Any]) -> dict[str, Figure]:
     """The figures of ``LayerSimilarityMonitor``: the COS and CKA heatmaps, the COS box plots, the per-layer profile."""
     layers = summary.get("layers")
@@ -339,6 +392,7 @@ PACKAGE_FIGURES: tuple[tuple[FigureFunction, Optional[str]], ...] = (
     (similarity_figures, None),
     (logit_lens_figures, None),
     (effective_depth_figures, None),
+    (neural_collapse_figures, None),
     (detection_figures, "detection_ap50"),
     (residual_figures, "residual_norm_ratio"),
     (compare_figures, "compare"),

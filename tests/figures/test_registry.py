@@ -30,6 +30,7 @@ from layerwise.callbacks import (
     LayerSimilarityMonitor,
     LayerwiseAnalysis,
     LogitLensMonitor,
+    NeuralCollapseMonitor,
     ResidualNormRatioMonitor,
     _drawing,
 )
@@ -79,6 +80,7 @@ def test_a_users_analysis_is_drawn_by_training_plot_and_report_alike(tmp_path, f
         "layerwise.figures.summary:similarity_figures": None,
         "layerwise.figures.summary:logit_lens_figures": None,
         "layerwise.figures.summary:effective_depth_figures": None,
+        "layerwise.figures.summary:neural_collapse_figures": None,  # draws nothing for NC1 alone
         "feature_norm:feature_norm_figures": None,  # a per-layer analysis's figure reads the whole summary
     }
     # what plot and report draw from the file: the registered functions it names (the user's, given by the user)
@@ -193,6 +195,7 @@ def test_every_package_analysis_names_a_figure_function_of_the_package_table():
         (LayerSimilarityMonitor.figures, None),
         (LogitLensMonitor.figures, None),
         (EffectiveDepthMonitor.figures, None),
+        (NeuralCollapseMonitor.figures, None),
         (DetectionLayerAP.figures, DetectionLayerAP.key),
         (ResidualNormRatioMonitor.figures, ResidualNormRatioMonitor.key),
         (CrossModelComparison.figures, CrossModelComparison.key),
