@@ -11,6 +11,7 @@ from pathlib import Path
 from helpers import read_summary
 
 from layerwise.cli import LayerwiseCLI
+from layerwise.results import FIGURE_FUNCTIONS
 
 ROOT = Path(__file__).resolve().parents[2]
 BEFORE = Path(__file__).parent / "data" / "quickstart_epoch_000_bfdb46c.json"
@@ -31,8 +32,15 @@ def test_the_quickstart_summary_equals_the_one_before_the_pool_key_for_key(tmp_p
     before = json.loads(BEFORE.read_text())
     now = read_summary(tmp_path / "quickstart" / "version_0")
     assert set(now) - set(before) == {"run_id", "analyses"} and not set(before) - set(now)
-    changed = sorted(key for key in before if key != "layerwise_version" and now[key] != before[key])
+    changed = sorted(
+        key for key in before if key not in ("layerwise_version", FIGURE_FUNCTIONS) and now[key] != before[key]
+    )
     assert not changed, f"the quickstart's summary changed at {changed}"
+    # the one name more: neural collapse's figure (issue 49), which draws nothing for NC1 alone
+    assert now[FIGURE_FUNCTIONS] == {
+        **before[FIGURE_FUNCTIONS],
+        "layerwise.figures.summary:neural_collapse_figures": None,
+    }
     assert list(now["analyses"]) == ["similarity", "logit_lens", "neural_collapse", "depth", "trajectory"]
     assert now["analyses"]["similarity"]["options"] == {
         "center": True,
