@@ -1,14 +1,19 @@
 """COS and CKA between every pair of layers."""
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from layerwise.callbacks.layer_spec import LayerSpec, per_layer, shaped
 from layerwise.callbacks.monitor import LayerOutputs, LayerwiseMonitor, Metrics
+from layerwise.figures.style import SIMILARITY_LABELS
 from layerwise.figures.summary import similarity_figures
 from layerwise.metrics import LayerCKA, LayerCosineSimilarity, MinibatchCKA
 from layerwise.metrics.functional_distribution import histogram_quantiles
+from layerwise.metrics.functional_family import check_measures, check_options
 
 CKAEstimator = Literal["exact", "minibatch", "none"]
+Measure = Literal["debiased_cka", "cca", "svcca", "pwcca", "procrustes", "shape", "effective_rank"]
+RankSpectrum = Literal["singular", "covariance"]
 
 
 # The quantiles of the per-sample COS written to the summary (the box plots draw 0.01 ... 0.99 and the extremes).
@@ -35,11 +40,22 @@ class LayerSimilarityMonitor(LayerwiseMonitor):
     COS of every layer pair on [-1, 1] is summed like the other states; the quantiles read from it are within half a
     bin width (1 / cos_bins) of the exact ones, and the fraction of negative COS is exact.
 
-    Logged: ``val/cos_to_last/layer_XX``, ``val/cka_to_last/layer_XX``, ``val/cos_negative_to_last/layer_XX``; images
-    ``val/cos``, ``val/cka``, ``val/cos_distribution`` (box plots of COS(h_l, h_L) per layer).
+    More measures (``measures``, none by default; they read the exact CKA's sums, so need ``cka="exact"``), exact
+    on the whole set and identical on any number of processes (``docs/similarity-measures.md``: which published
+    variant each follows): ``debiased_cka`` (Song et al.'s unbiased HSIC; two more sums, 8·L²·(d+1) bytes), ``cca``
+    (mean canonical correlation), ``svcca`` (each layer on the principal directions keeping ``svcca_variance`` of
+    its variance), ``pwcca`` (Morcos et al.'s weights), ``procrustes`` (Ding et al.'s distance, in [0, √2]),
+    ``shape`` (netrep's angular shape distance with ``shape_alpha``: 0 = CCA, 1 = Procrustes), ``effective_rank``
+    (per layer; ``rank_spectrum`` ``"singular"``: Roy & Vetterli, RankMe; ``"covariance"``: the eigenvalues). Each
+    pair measure costs a few (d, d) decompositions per layer pair at the end of the validation.
+
+    Logged: ``val/cos_to_last/layer_XX``, ``val/cka_to_last/layer_XX``, ``val/cos_negative_to_last/layer_XX``, and
+    ``val/<measure>_to_last/layer_XX`` (``val/effective_rank/layer_XX``) for each of ``measures``; images
+    ``val/cos``, ``val/cka``, ``val/<measure>``, ``val/cos_distribution`` (box plots of COS(h_l, h_L) per layer).
     JSON keys: ``cos``, ``cka`` (L x L); with the distribution ``cos_quantile_levels`` (Q), ``cos_quantiles``
     (L x L x Q), ``cos_negative_fraction`` (L x L) and ``cos_histogram_to_last`` (L x cos_bins counts of
-    COS(h_l, h_L) on [-1, 1]). Other args: see :class:`LayerwiseMonitor`.
+    COS(h_l, h_L) on [-1, 1]); each of ``measures`` under its name (L x L; ``effective_rank`` L) with the options
+    under ``measure_options``. Other args: see :class:`LayerwiseMonitor`.
     """
 
     figures = staticmethod(similarity_figures)
@@ -50,11 +66,24 @@ class LayerSimilarityMonitor(LayerwiseMonitor):
         cka: CKAEstimator = "exact",
         max_buffered_samples: int = 65536,
         cos_bins: int = 400,
+        measures: Sequence[Measure] = (),
+        svcca_variance: float = 0.99,
+        shape_alpha: float = 0.5,
+        rank_spectrum: RankSpectrum = "singular",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         if cka not in ("exact", "minibatch", "none"):
             raise ValueError(f"`cka={cka!r}` must be 'exact', 'minibatch' or 'none'.")
+        self.measures = check_measures(measures)
+        check_options(svcca_variance, shape_alpha, rank_spectrum)
+        if self.measures and cka != "exact":
+            raise ValueError(f"`measures` read the exact CKA's sums: set `cka='exact'` (got {cka!r}) or no measures.")
+        self.measure_options = {
+            "svcca_variance": float(svcca_variance),
+            "shape_alpha": float(shape_alpha),
+            "rank_spectrum": rank_spectrum,
+        }
         if not isinstance(cos_bins, int) or isinstance(cos_bins, bool) or cos_bins < 0:
             raise ValueError(f"`cos_bins={cos_bins!r}` must be a non-negative int (0: no COS distribution).")
         self.center = center
@@ -74,7 +103,8 @@ class LayerSimilarityMonitor(LayerwiseMonitor):
             )
         }
         if self.cka_estimator == "exact":
-            metrics["cka"] = LayerCKA(spec.num_layers, spec.dim, sync_on_compute=False)
+            debiased = "debiased_cka" in self.measures
+            metrics["cka"] = LayerCKA(spec.num_layers, spec.dim, debiased=debiased, sync_on_compute=False)
         elif self.cka_estimator == "minibatch":
             metrics["cka"] = MinibatchCKA(spec.num_layers, sync_on_compute=False)
         return metrics
@@ -92,7 +122,7 @@ class LayerSimilarityMonitor(LayerwiseMonitor):
         cka = shaped(metrics["cka"].compute(), layers, layers) if "cka" in metrics else None
         cos: Any = metrics["cos"]
         if not self.cos_bins:
-            return {"cos": shaped(cos.compute(), layers, layers), "cka": cka}
+            return {"cos": shaped(cos.compute(), layers, layers), "cka": cka, **self._measures(metrics)}
         mean, histogram, negative = cos.compute_distribution()
         histogram = histogram.reshape(layers, layers, self.cos_bins)
         return {
@@ -102,20 +132,42 @@ class LayerSimilarityMonitor(LayerwiseMonitor):
             "cos_quantiles": histogram_quantiles(histogram, COS_QUANTILES, -1.0, 1.0),
             "cos_negative_fraction": shaped(negative, layers, layers),
             "cos_histogram_to_last": histogram[:, -1].round().long(),
+            **self._measures(metrics),
         }
+
+    def _measures(self, metrics: Metrics) -> dict[str, Any]:
+        """The ``measures`` from the exact CKA's (already reduced) sums, and their options; nothing when none."""
+        if not self.measures:
+            return {}
+        options = self.measure_options
+        values = metrics["cka"].compute_measures(
+            self.measures, options["svcca_variance"], options["shape_alpha"], options["rank_spectrum"]
+        )
+        return {**values, "measure_options": dict(options)}
 
     def layer_scalars(self, results: dict[str, Any]) -> dict[str, float]:
         spec = self.spec
         scalars = per_layer(results["cos"][:, -1], spec, "cos_to_last")
         if results["cka"] is not None:
             scalars.update(per_layer(results["cka"][:, -1], spec, "cka_to_last"))
+        for name in self.measures:
+            if name == "effective_rank":
+                scalars.update(per_layer(results[name], spec, name))
+            else:
+                scalars.update(per_layer(results[name][:, -1], spec, f"{name}_to_last"))
         if results.get("cos_negative_fraction") is not None:
             scalars.update(per_layer(results["cos_negative_fraction"][:, -1], spec, "cos_negative_to_last"))
         return scalars
 
     def layer_charts(self) -> dict[str, str]:
-        return {
+        charts = {
             "COS to last layer": r"cos_to_last/layer_\d+",
             "CKA to last layer": r"cka_to_last/layer_\d+",
             "fraction of negative COS to last layer": r"cos_negative_to_last/layer_\d+",
         }
+        for name in self.measures:
+            if name == "effective_rank":
+                charts["effective rank"] = r"effective_rank/layer_\d+"
+            else:
+                charts[f"{SIMILARITY_LABELS[name]} to last layer"] = rf"{name}_to_last/layer_\d+"
+        return charts
