@@ -59,6 +59,15 @@ def check_measures(measures: Iterable[str], option: str = "measures") -> tuple[s
     return tuple(name for name in MEASURES if name in given)
 
 
+def check_cross_measures(measures: Iterable[str], svcca_variance: float, alpha: float) -> tuple[str, ...]:
+    """The measures across two models (every one but ``debiased_cka``), checked with their options."""
+    names = check_measures(measures, "measure")
+    if "debiased_cka" in names:
+        raise ValueError("`measure` debiased_cka is not kept across models; choose from the other measures.")
+    check_options(svcca_variance, alpha, "singular")
+    return names
+
+
 def check_options(variance: float, alpha: float, spectrum: str) -> None:
     """A ValueError naming the option unless 0 < variance <= 1, 0 <= alpha <= 1 and ``spectrum`` is known."""
     if not 0.0 < float(variance) <= 1.0:
