@@ -91,6 +91,16 @@ def _load_for_comparison(spec: str, flag: str, dtype: Optional[str], device_map:
         ) from None
 
 
+def _check_sizes(block_size: int, batch_size: int, max_blocks: int, chunk: int) -> None:
+    """A one-line error naming the flag of a size below its least value."""
+    minimums = (("block_size", block_size, 2), ("batch_size", batch_size, 1), ("max_blocks", max_blocks, 1))
+    for flag, value, least in minimums:
+        if value < least:
+            raise ValueError(f"`--{flag}={value}` must be >= {least}.")
+    if chunk < 4:
+        raise ValueError(f"`--chunk={chunk}` must be >= 4 (the unbiased HSIC needs 4 tokens per chunk).")
+
+
 # ------------------------------------------------------------------------------- the `layerwise compare` command
 def compare(
     model_a: str,
@@ -160,12 +170,7 @@ def compare(
 
     from layerwise.results import check_outputs_free
 
-    minimums = (("block_size", block_size, 2), ("batch_size", batch_size, 1), ("max_blocks", max_blocks, 1))
-    for flag, value, least in minimums:
-        if value < least:
-            raise ValueError(f"`--{flag}={value}` must be >= {least}.")
-    if chunk < 4:
-        raise ValueError(f"`--chunk={chunk}` must be >= 4 (the unbiased HSIC needs 4 tokens per chunk).")
+    _check_sizes(block_size, batch_size, max_blocks, chunk)
     TextSource(text, dataset, dataset_config).check()
     check_outputs_free(out, COMPARE_FILES, overwrite)
     target = device or ("cuda" if torch.cuda.is_available() else "cpu")
