@@ -139,8 +139,9 @@ class LayerSimilarityMonitor(LayerwiseMonitor):
         """The ``measures`` from the exact CKA's (already reduced) sums, and their options; nothing when none."""
         if not self.measures:
             return {}
-        options = self.measure_options
-        values = metrics["cka"].compute_measures(
+        options, cka = self.measure_options, metrics["cka"]
+        assert isinstance(cka, LayerCKA)  # the measures need cka="exact", checked in __init__
+        values = cka.compute_measures(
             self.measures, options["svcca_variance"], options["shape_alpha"], options["rank_spectrum"]
         )
         return {**values, "measure_options": dict(options)}
