@@ -79,11 +79,11 @@ class LayerSimilarityMonitor(LayerwiseMonitor):
         check_options(svcca_variance, shape_alpha, rank_spectrum)
         if self.measures and cka != "exact":
             raise ValueError(f"`measures` read the exact CKA's sums: set `cka='exact'` (got {cka!r}) or no measures.")
-        self.measure_options = {
-            "svcca_variance": float(svcca_variance),
-            "shape_alpha": float(shape_alpha),
-            "rank_spectrum": rank_spectrum,
-        }
+        self.svcca_variance, self.shape_alpha, self.rank_spectrum = (
+            float(svcca_variance),
+            float(shape_alpha),
+            rank_spectrum,
+        )
         if not isinstance(cos_bins, int) or isinstance(cos_bins, bool) or cos_bins < 0:
             raise ValueError(f"`cos_bins={cos_bins!r}` must be a non-negative int (0: no COS distribution).")
         self.center = center
@@ -139,12 +139,15 @@ class LayerSimilarityMonitor(LayerwiseMonitor):
         """The ``measures`` from the exact CKA's (already reduced) sums, and their options; nothing when none."""
         if not self.measures:
             return {}
-        options, cka = self.measure_options, metrics["cka"]
+        cka = metrics["cka"]
         assert isinstance(cka, LayerCKA)  # the measures need cka="exact", checked in __init__
-        values = cka.compute_measures(
-            self.measures, options["svcca_variance"], options["shape_alpha"], options["rank_spectrum"]
-        )
-        return {**values, "measure_options": dict(options)}
+        values = cka.compute_measures(self.measures, self.svcca_variance, self.shape_alpha, self.rank_spectrum)
+        options = {
+            "svcca_variance": self.svcca_variance,
+            "shape_alpha": self.shape_alpha,
+            "rank_spectrum": self.rank_spectrum,
+        }
+        return {**values, "measure_options": options}
 
     def layer_scalars(self, results: dict[str, Any]) -> dict[str, float]:
         spec = self.spec
