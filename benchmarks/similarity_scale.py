@@ -9,7 +9,7 @@ Two parts, each case in its own forked process (peak memory = the process's VmHW
    HSIC, RankMe) on the whole (N, d) float64 matrices, as their users call them. The values are compared too.
 2. ``--part tokens``: memory against N = 4k, 16k, 64k tokens at 12 x 96 (a smaller width, stated, so that the
    sweep runs on two CPU cores): the streamed state does not grow; the anchors hold the (N, d) matrices, and the
-   debiased CKA's N x N Grams (64k: 34 GB) are not attempted past ``--gram-limit`` (reported as the bytes needed).
+   debiased CKA's three N x N Grams (64k: 96 GiB) are not attempted past ``--gram-limit`` (reported as needed).
 
 Features are drawn per batch from a seeded generator (correlated layers with decaying spectra), so the streamed
 case never holds them all. Run: ``PYTHONPATH=. python benchmarks/similarity_scale.py --part shapes``.

@@ -14,6 +14,7 @@ from layerwise.metrics.functional_family import check_measures, check_options
 CKAEstimator = Literal["exact", "minibatch", "none"]
 Measure = Literal["debiased_cka", "cca", "svcca", "pwcca", "procrustes", "shape", "effective_rank"]
 RankSpectrum = Literal["singular", "covariance"]
+MeasurePairs = Literal["all", "to_last", "adjacent"]
 
 
 # The quantiles of the per-sample COS written to the summary (the box plots draw 0.01 ... 0.99 and the extremes).
@@ -47,7 +48,9 @@ class LayerSimilarityMonitor(LayerwiseMonitor):
     its variance), ``pwcca`` (Morcos et al.'s weights), ``procrustes`` (Ding et al.'s distance, in [0, √2]),
     ``shape`` (netrep's angular shape distance with ``shape_alpha``: 0 = CCA, 1 = Procrustes), ``effective_rank``
     (per layer; ``rank_spectrum`` ``"singular"``: Roy & Vetterli, RankMe; ``"covariance"``: the eigenvalues). Each
-    pair measure costs a few (d, d) decompositions per layer pair at the end of the validation.
+    pair measure costs a few (d, d) decompositions per layer pair at the end of the validation; ``measure_pairs``
+    limits them to the ``to_last`` (l, L) or ``adjacent`` (l, l+1) pairs, NaN (null) elsewhere: L pairs instead of
+    L² (the sums kept are the same).
 
     Logged: ``val/cos_to_last/layer_XX``, ``val/cka_to_last/layer_XX``, ``val/cos_negative_to_last/layer_XX``, and
     ``val/<measure>_to_last/layer_XX`` (``val/effective_rank/layer_XX``) for each of ``measures``; images
@@ -70,6 +73,7 @@ class LayerSimilarityMonitor(LayerwiseMonitor):
         svcca_variance: float = 0.99,
         shape_alpha: float = 0.5,
         rank_spectrum: RankSpectrum = "singular",
+        measure_pairs: MeasurePairs = "all",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -79,6 +83,9 @@ class LayerSimilarityMonitor(LayerwiseMonitor):
         check_options(svcca_variance, shape_alpha, rank_spectrum)
         if self.measures and cka != "exact":
             raise ValueError(f"`measures` read the exact CKA's sums: set `cka='exact'` (got {cka!r}) or no measures.")
+        if measure_pairs not in ("all", "to_last", "adjacent"):
+            raise ValueError(f"`measure_pairs={measure_pairs!r}` must be 'all', 'to_last' or 'adjacent'.")
+        self.measure_pairs = measure_pairs
         self.svcca_variance, self.shape_alpha, self.rank_spectrum = (
             float(svcca_variance),
             float(shape_alpha),
@@ -141,11 +148,18 @@ class LayerSimilarityMonitor(LayerwiseMonitor):
             return {}
         cka = metrics["cka"]
         assert isinstance(cka, LayerCKA)  # the measures need cka="exact", checked in __init__
-        values = cka.compute_measures(self.measures, self.svcca_variance, self.shape_alpha, self.rank_spectrum)
+        layers = self.spec.num_layers
+        pairs = {
+            "all": None,
+            "to_last": [(layer, layers - 1) for layer in range(layers)],
+            "adjacent": [(layer, min(layer + 1, layers - 1)) for layer in range(layers)],
+        }[self.measure_pairs]
+        values = cka.compute_measures(self.measures, self.svcca_variance, self.shape_alpha, self.rank_spectrum, pairs)
         options = {
             "svcca_variance": self.svcca_variance,
             "shape_alpha": self.shape_alpha,
             "rank_spectrum": self.rank_spectrum,
+            "measure_pairs": self.measure_pairs,
         }
         return {**values, "measure_options": options}
 

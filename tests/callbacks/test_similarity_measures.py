@@ -23,7 +23,8 @@ def test_measures_in_the_summary_equal_numpy_on_the_saved_features(tmp_path):
     trainer(tmp_path, [monitor]).validate(fitted_module(), val_loader(N), verbose=False)
     summary, h = read_summary(tmp_path), read_features(tmp_path)["features"].double().numpy()
     assert h.shape[:2] == (DEPTH, N)
-    assert summary["measure_options"] == {"svcca_variance": 0.9, "shape_alpha": 0.25, "rank_spectrum": "singular"}
+    options = {"svcca_variance": 0.9, "shape_alpha": 0.25, "rank_spectrum": "singular", "measure_pairs": "all"}
+    assert summary["measure_options"] == options
     off = ~np.eye(DEPTH, dtype=bool)
     for name in [name for name in MEASURES if name != "effective_rank"]:
         if name == "shape":
@@ -55,3 +56,14 @@ def test_scalars_charts_and_figures_of_the_measures():
     matrix = [[0.0, 0.5], [0.5, 0.0]]
     figures = similarity_figures({"layers": [1, 2], "procrustes": matrix, "effective_rank": [3.0, 2.5]})
     assert {"procrustes", "effective_rank"} <= set(figures)
+
+
+def test_measure_pairs_to_last_computes_only_the_last_column(tmp_path):
+    monitor = LayerSimilarityMonitor(measures=["cca", "procrustes"], measure_pairs="to_last", log_figures=False)
+    trainer(tmp_path, [monitor]).validate(fitted_module(), val_loader(N), verbose=False)
+    summary = read_summary(tmp_path)
+    for name in ("cca", "procrustes"):
+        values = np.array(summary[name], dtype=float)
+        assert np.isnan(values[:, :-1]).all() and np.isfinite(values[:, -1]).all()
+    with pytest.raises(ValueError, match="measure_pairs='some'"):
+        LayerSimilarityMonitor(measures=["cca"], measure_pairs="some")
