@@ -1,7 +1,11 @@
 """``layerwise plot``: render the paper-style figures of analysis summaries to PNG and PDF."""
 
+import sys
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from layerwise.results import find_summaries, is_pattern, is_summary, load_summary, save_figures, summary_order
 
@@ -11,21 +15,43 @@ FigureFormat = Literal["png", "pdf", "svg"]
 PrintWidth = Literal["column", "page"]  # figures/style.py's PRINTS: 3.3 and 6.9 inches
 
 
+@contextmanager
+def warnings_as_lines(prog: str) -> Iterator[None]:
+    """The package's warnings while a command draws (a figure function skipped, a newer file), one line each."""
+    from layerwise.errors import LayerwiseWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", LayerwiseWarning)
+        try:
+            yield
+        finally:
+            for warning in caught:
+                if issubclass(warning.category, LayerwiseWarning):
+                    text = " ".join(str(warning.message).split()).removeprefix("layerwise: ")
+                    print(f"{prog}: {text}", file=sys.stderr)
+                else:
+                    warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+
+
 def plot_summary(
     summary_file: Path,
     out_dir: Optional[Path] = None,
     formats: tuple[str, ...] = ("png", "pdf"),
     width: PrintWidth = "page",
+    functions: Sequence[Any] = (),
 ) -> list[Path]:
-    """Write every figure of one summary, drawn at print ``width``; returns the written paths."""
+    """Write every figure of one summary, drawn at print ``width``; returns the written paths.
+
+    ``functions``: figure functions besides the registered ones (:mod:`layerwise.figures.registry`).
+    """
     from layerwise.figures.style import drawn_at  # here, not at the top: `plot --help` answers without matplotlib
     from layerwise.figures.summary import summary_figures
 
-    summary = load_summary(str(summary_file))
+    summary = load_summary(summary_file)
     target = out_dir or summary_file.parent / "figures"
     target.mkdir(parents=True, exist_ok=True)
     with drawn_at(width):
-        figures = summary_figures(summary)
+        figures = summary_figures(summary, functions, where=str(summary_file))
     return save_figures(figures, target, summary_file.stem, formats)
 
 
@@ -38,6 +64,7 @@ def plot(
     label: Optional[list[str]] = None,
     epoch: str = "last",
     width: PrintWidth = "page",
+    figures: Optional[list[str]] = None,
 ) -> None:
     """Render the paper-style figures of layerwise summaries to PNG/PDF/SVG.
 
@@ -61,13 +88,20 @@ def plot(
             summary key over the runs, at the last layer: best:accuracy; lowest for a loss), or a number.
         width: print width the figures are drawn at, natively, every text >= 7 pt: a journal's column (3.3 in) or
             page (6.9 in).
+        figures: figure functions of your own analyses, as module:function (e.g. feature_norm:feature_norm_figures),
+            that may draw the summaries that name them, besides the package's and those registered in the
+            entry-point group layerwise.figures; a summary naming any other function draws it not (docs/security.md).
     """
+    from layerwise.figures.registry import typed_functions
+
+    functions = typed_functions(figures or [])
     formats = tuple(format or ("png", "pdf"))
     path = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]  # one path, from Python
     if len(path) > 1 or is_pattern(path[0]):
         if all_epochs:
             raise ValueError("`--all_epochs` draws one run; several runs are drawn at one epoch (--epoch).")
-        _plot_runs(path, out, formats, label, epoch, width)
+        with warnings_as_lines("layerwise plot"):
+            _plot_runs(path, out, formats, label, epoch, width)
         return
     if label is not None:
         raise ValueError("`--label` names several runs; give more than one run to draw them side by side.")
@@ -79,9 +113,12 @@ def plot(
         latest = f" (the latest fit run of the {len(runs)} runs under {path[0]})" if many else ""
         print(f"layerwise plot: drawing run {run}{latest}")
     if epoch != "last":
-        files = _at_epoch(files[0].parent.parent, epoch)
+        with warnings_as_lines("layerwise plot"):
+            files = _at_epoch(files[0].parent.parent, epoch)
     for summary_file in files:
-        for written in plot_summary(summary_file, out, formats, width):
+        with warnings_as_lines("layerwise plot"):
+            written_files = plot_summary(summary_file, out, formats, width, functions)
+        for written in written_files:
             print(written)
 
 

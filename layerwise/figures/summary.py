@@ -11,7 +11,13 @@ from layerwise.errors import LayerwiseWarning
 from layerwise.figures.compare import cka_across_models
 from layerwise.figures.coupling import coupling_figures
 from layerwise.figures.heatmap import heatmap
-from layerwise.figures.registry import FIGURE_FUNCTIONS, FigureFunction, function_of, recorded, reference
+from layerwise.figures.registry import (
+    FIGURE_FUNCTIONS,
+    FigureFunction,
+    recorded,
+    registered,
+    unregistered_line,
+)
 from layerwise.figures.residual import norm_ratio_figure
 from layerwise.figures.style import (
     Figure,
@@ -80,7 +86,8 @@ def similarity_and_accuracy(summary: dict[str, Any]) -> Figure:
     for key, marker in (("cos", "o"), ("cka", "s")):
         if key in similarity:
             values = [np.nan if row[-1] is None else row[-1] for row in summary[key]]
-            ax.plot(layers, values, marker=marker, color=quantity_colour(key), label=f"{key.upper()} to the last layer")
+            name = cka_name(summary) if key == "cka" else "COS"
+            ax.plot(layers, values, marker=marker, color=quantity_colour(key), label=f"{name} to the last layer")
     if similarity:
         ax.set_ylabel("similarity to\nthe last layer")
     if accuracy is not None:
@@ -279,6 +286,12 @@ def effective_depth(summary: dict[str, Any]) -> Figure:
     return finish(fig)
 
 
+def cka_name(summary: dict[str, Any]) -> str:
+    """What the summary's ``cka`` is: "minibatch CKA" (the estimator the summary's ``analyses`` records), else CKA."""
+    options = ((summary.get("analyses") or {}).get("similarity") or {}).get("options") or {}
+    return "minibatch CKA" if options.get("cka") == "minibatch" else "CKA"
+
+
 # the titles of the further similarity measures' heatmaps (JSON key -> words)
 MEASURE_TITLES = {
     "debiased_cka": "Debiased CKA",
@@ -294,9 +307,11 @@ def similarity_figures(summary: dict[str, Any]) -> dict[str, Figure]:
     """The figures of ``LayerSimilarityMonitor``: the COS and CKA heatmaps, the COS box plots, the per-layer profile."""
     layers = summary.get("layers")
     figures: dict[str, Figure] = {}
-    for key in ("cos", "cka"):
-        if summary.get(key) is not None:
-            figures[key] = heatmap(summary[key], layers, f"{key.upper()} between every pair of layers", key)
+    if summary.get("cos") is not None:
+        figures["cos"] = heatmap(summary["cos"], layers, "COS between every pair of layers", "cos")
+    if summary.get("cka") is not None:
+        name = cka_name(summary)
+        figures["cka"] = heatmap(summary["cka"], layers, f"{name} between every pair of layers", "cka", name)
     for key in MEASURE_TITLES:  # the further measures a user asked for (LayerSimilarityMonitor's `measures`)
         if summary.get(key) is not None:
             figures[key] = heatmap(summary[key], layers, f"{MEASURE_TITLES[key]} between every pair of layers", key)
@@ -366,28 +381,44 @@ PACKAGE_FIGURES: tuple[tuple[FigureFunction, Optional[str]], ...] = (
 )
 
 
-def summary_figures(summary: dict[str, Any], functions: Optional[Sequence[FigureFunction]] = None) -> dict[str, Figure]:
-    """Every figure of a summary, keyed by a file-name stem: what the functions it names draw, stamped with the run.
+def summary_figures(
+    summary: dict[str, Any], functions: Optional[Sequence[FigureFunction]] = None, where: str = "the summary"
+) -> dict[str, Figure]:
+    """Every figure of a summary, keyed by a file-name stem: what the registered functions it names draw, stamped.
 
-    The functions are those the summary's :data:`~layerwise.figures.registry.FIGURE_FUNCTIONS` names (imported by
-    name; the package's own for a summary that names none), or ``functions`` themselves, the objects those names were
-    taken from (the training run, whose drawing process may not import a function of a script). A function whose key
-    the summary lacks draws nothing.
+    The summary's :data:`~layerwise.figures.registry.FIGURE_FUNCTIONS` *names* the functions (the package's own for
+    a summary that names none); a name is drawn only when it is registered (:mod:`layerwise.figures.registry`): the
+    package's functions, ``functions`` (the objects the running code passes: a live fit's callbacks, ``--figures``)
+    and the plug-ins of the entry-point group ``layerwise.figures``. Any other name is skipped with one warning line
+    saying how to register it, and nothing is imported for it. A package function reads the key the package gives
+    it, whatever the file says; a function whose key the summary lacks draws nothing; one that fails is skipped with
+    one line naming it and ``where`` (the file), the others still draw.
     """
     entries = summary.get(FIGURE_FUNCTIONS)
     if entries is None:
         entries = recorded(PACKAGE_FIGURES)
-    given = {reference(function): function for function in functions or ()}
+    package_keys = recorded(PACKAGE_FIGURES)
+    allowed, failures = registered((function for function, _ in PACKAGE_FIGURES), functions or (), entries)
+    for line in failures:
+        warnings.warn(f"layerwise: {line}.", LayerwiseWarning, stacklevel=2)
     figures: dict[str, Figure] = {}
     for name, key in entries.items():
+        if name not in allowed:
+            warnings.warn(unregistered_line(name, where), LayerwiseWarning, stacklevel=2)
+            continue
+        key = package_keys.get(name, key)
         if key is not None and not summary.get(key):
             continue
         try:
-            function = given.get(name) or function_of(name)
-        except ImportError as error:  # a user's analysis whose module is not on the path: the rest is still drawn
-            warnings.warn(f"layerwise: {error}.", LayerwiseWarning, stacklevel=2)
-            continue
-        figures.update(function(summary if key is None else summary[key]))
+            figures.update(allowed[name](summary if key is None else summary[key]))
+        except Exception as error:  # a user's function, or a value the schema lets through: the rest still draws
+            read = "the summary" if key is None else f"`{key}`"
+            warnings.warn(
+                f"layerwise: the figure function {name} could not draw {read} of {where} "
+                f"({type(error).__name__}: {str(error)[:200]}); skipped.",
+                LayerwiseWarning,
+                stacklevel=2,
+            )
     line = run_line(summary)
     return {name: stamp(figure, line) for name, figure in figures.items()}
 

@@ -1,7 +1,7 @@
 """Layer-wise metrics: pure functions in ``functional`` and torchmetrics ``Metric`` classes of sufficient statistics."""
 
 from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
-from layerwise.metrics.count import NonFiniteRows, RowMean, SampleCount
+from layerwise.metrics.count import LayerMean, NonFiniteRows, RowMean, SampleCount
 from layerwise.metrics.dynamics import DepthCoupling, JacobianSpectrum, LinearisationCosine, TrajectoryShape
 from layerwise.metrics.functional import Readout, layer_accuracy, readout_from_logits, saturation_layers
 from layerwise.metrics.functional_collapse import effective_depth, nc1
@@ -48,6 +48,7 @@ __all__ = [
     "LayerCKA",
     "LayerCosineSimilarity",
     "LayerF1",
+    "LayerMean",
     "LayerNC1",
     "MinibatchCKA",
     "Readout",

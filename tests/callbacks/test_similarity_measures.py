@@ -7,20 +7,28 @@ import numpy as np
 import pytest
 from helpers import DEPTH, assert_json_close, fitted_module, read_features, read_summary, trainer, val_loader
 
-from layerwise.callbacks import LayerSimilarityMonitor
+from layerwise.callbacks import LayerSimilarityMonitor, LayerwiseAnalysis
 from layerwise.metrics.functional_family import MEASURES
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "metrics"))
 import _family_reference as ref  # noqa: E402
 
 N = 101  # 6 batches of 16 and a ragged one of 5
+PACKAGE_ANALYSES = ("similarity", "logit_lens", "neural_collapse", "depth", "trajectory")  # as test_callbacks.py
+
+
+def alone(analysis, **options) -> LayerwiseAnalysis:
+    """LayerwiseAnalysis running only ``analysis`` (the package's other analyses off)."""
+    return LayerwiseAnalysis(
+        **{name: analysis if name == analysis.name else False for name in PACKAGE_ANALYSES}, **options
+    )
 
 
 def test_measures_in_the_summary_equal_numpy_on_the_saved_features(tmp_path):
-    monitor = LayerSimilarityMonitor(
-        measures=list(MEASURES), shape_alpha=0.25, svcca_variance=0.9, save_features=True, log_figures=False
+    monitor = LayerSimilarityMonitor(measures=list(MEASURES), shape_alpha=0.25, svcca_variance=0.9)
+    trainer(tmp_path, [alone(monitor, save_features=True, log_figures=False)]).validate(
+        fitted_module(), val_loader(N), verbose=False
     )
-    trainer(tmp_path, [monitor]).validate(fitted_module(), val_loader(N), verbose=False)
     summary, h = read_summary(tmp_path), read_features(tmp_path)["features"].double().numpy()
     assert h.shape[:2] == (DEPTH, N)
     options = {"svcca_variance": 0.9, "shape_alpha": 0.25, "rank_spectrum": "singular", "measure_pairs": "all"}
@@ -59,8 +67,8 @@ def test_scalars_charts_and_figures_of_the_measures():
 
 
 def test_measure_pairs_to_last_computes_only_the_last_column(tmp_path):
-    monitor = LayerSimilarityMonitor(measures=["cca", "procrustes"], measure_pairs="to_last", log_figures=False)
-    trainer(tmp_path, [monitor]).validate(fitted_module(), val_loader(N), verbose=False)
+    monitor = LayerSimilarityMonitor(measures=["cca", "procrustes"], measure_pairs="to_last")
+    trainer(tmp_path, [alone(monitor, log_figures=False)]).validate(fitted_module(), val_loader(N), verbose=False)
     summary = read_summary(tmp_path)
     for name in ("cca", "procrustes"):
         values = np.array(summary[name], dtype=float)

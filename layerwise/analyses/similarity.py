@@ -1,10 +1,11 @@
 """COS and CKA between every pair of layers."""
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Literal
 
-from layerwise.callbacks.layer_spec import LayerSpec, per_layer, shaped
-from layerwise.callbacks.monitor import LayerOutputs, LayerwiseMonitor, Metrics
+from layerwise.analyses.base import Analysis, Metrics, Statistic, refuse_runner_options
+from layerwise.analyses.layer_spec import LayerSpec, per_layer, shaped
+from layerwise.engines.readout import LayerOutputs
 from layerwise.figures.style import SIMILARITY_LABELS
 from layerwise.figures.summary import similarity_figures
 from layerwise.metrics import LayerCKA, LayerCosineSimilarity, MinibatchCKA
@@ -21,7 +22,7 @@ MeasurePairs = Literal["all", "to_last", "adjacent"]
 COS_QUANTILES = (0.0, 0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99, 1.0)
 
 
-class LayerSimilarityMonitor(LayerwiseMonitor):
+class LayerSimilarityMonitor(Analysis):
     """COS and linear CKA between every pair of layers, exact over the whole evaluated set.
 
     COS: ``C[a,b] = (1/N) Σ_i cos(h_i^a − μ^a, h_i^b − μ^b)`` with ``μ^l`` the mean of layer ``l`` over the N
@@ -58,9 +59,11 @@ class LayerSimilarityMonitor(LayerwiseMonitor):
     JSON keys: ``cos``, ``cka`` (L x L); with the distribution ``cos_quantile_levels`` (Q), ``cos_quantiles``
     (L x L x Q), ``cos_negative_fraction`` (L x L) and ``cos_histogram_to_last`` (L x cos_bins counts of
     COS(h_l, h_L) on [-1, 1]); each of ``measures`` under its name (L x L; ``effective_rank`` L) with the options
-    under ``measure_options``. Other args: see :class:`LayerwiseMonitor`.
+    under ``measure_options``.
     """
 
+    name = "similarity"
+    provides = ("cos", "cka")
     figures = staticmethod(similarity_figures)
 
     def __init__(
@@ -74,9 +77,9 @@ class LayerSimilarityMonitor(LayerwiseMonitor):
         shape_alpha: float = 0.5,
         rank_spectrum: RankSpectrum = "singular",
         measure_pairs: MeasurePairs = "all",
-        **kwargs: Any,
+        **refused: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        refuse_runner_options(type(self).__name__, refused)
         if cka not in ("exact", "minibatch", "none"):
             raise ValueError(f"`cka={cka!r}` must be 'exact', 'minibatch' or 'none'.")
         self.measures = check_measures(measures)
@@ -94,37 +97,35 @@ class LayerSimilarityMonitor(LayerwiseMonitor):
         if not isinstance(cos_bins, int) or isinstance(cos_bins, bool) or cos_bins < 0:
             raise ValueError(f"`cos_bins={cos_bins!r}` must be a non-negative int (0: no COS distribution).")
         self.center = center
-        self.cka_estimator = cka
+        self.cka = cka
         self.max_buffered_samples = max_buffered_samples
         self.cos_bins = cos_bins
 
-    def build(self, spec: LayerSpec) -> Metrics:
-        metrics: Metrics = {
-            "cos": LayerCosineSimilarity(
-                spec.num_layers,
-                self.center,
-                self.max_buffered_samples,
-                dim=spec.dim,
-                bins=self.cos_bins,
-                sync_on_compute=False,
+    def statistics(self, spec: LayerSpec) -> dict[str, Statistic]:
+        layers, center, buffered, bins = spec.num_layers, self.center, self.max_buffered_samples, self.cos_bins
+        statistics = {
+            "cos": Statistic(
+                f"cos(center={center}, max_buffered_samples={buffered}, bins={bins})",
+                lambda: LayerCosineSimilarity(layers, center, buffered, dim=spec.dim, bins=bins, sync_on_compute=False),
+                _feed_sampled,
             )
         }
-        if self.cka_estimator == "exact":
-            debiased = "debiased_cka" in self.measures
-            metrics["cka"] = LayerCKA(spec.num_layers, spec.dim, debiased=debiased, sync_on_compute=False)
-        elif self.cka_estimator == "minibatch":
-            metrics["cka"] = MinibatchCKA(spec.num_layers, sync_on_compute=False)
-        return metrics
+        if self.cka == "exact":
+            # the stacked cross-moments Z^T Z of every layer pair: any second-moment measure of layer pairs reads them
+            debiased = "debiased_cka" in self.measures  # two more sums beside the moments
+            statistics["cka"] = Statistic(
+                "stacked_moments(debiased=True)" if debiased else "stacked_moments",
+                lambda: LayerCKA(layers, spec.dim, debiased=debiased, sync_on_compute=False),
+                _feed_sampled,
+            )
+        elif self.cka == "minibatch":
+            # the minibatch HSIC is an estimator per dataloader batch
+            statistics["cka"] = Statistic(
+                "minibatch_hsic", lambda: MinibatchCKA(layers, sync_on_compute=False), _feed_sampled, False
+            )
+        return statistics
 
-    @property
-    def joins_batches(self) -> bool:
-        return self.cka_estimator != "minibatch"  # the minibatch HSIC is an estimator per dataloader batch
-
-    def update(self, metrics: Metrics, batch: LayerOutputs) -> None:
-        for metric in metrics.values():
-            metric.update(batch.sampled_features)
-
-    def results(self, metrics: Metrics, earlier: dict[str, Any]) -> dict[str, Any]:
+    def results(self, metrics: Metrics, earlier: Mapping[str, Any]) -> dict[str, Any]:
         layers = self.spec.num_layers
         cka = shaped(metrics["cka"].compute(), layers, layers) if "cka" in metrics else None
         cos: Any = metrics["cos"]
@@ -163,29 +164,29 @@ class LayerSimilarityMonitor(LayerwiseMonitor):
         }
         return {**values, "measure_options": options}
 
-    def layer_scalars(self, results: dict[str, Any]) -> dict[str, float]:
+    def layer_scalars(self, results: Mapping[str, Any]) -> dict[str, float]:
         spec = self.spec
         scalars = per_layer(results["cos"][:, -1], spec, "cos_to_last")
         if results["cka"] is not None:
             scalars.update(per_layer(results["cka"][:, -1], spec, "cka_to_last"))
+        if results.get("cos_negative_fraction") is not None:
+            scalars.update(per_layer(results["cos_negative_fraction"][:, -1], spec, "cos_negative_to_last"))
         for name in self.measures:
             if name == "effective_rank":
                 scalars.update(per_layer(results[name], spec, name))
             else:
                 scalars.update(per_layer(results[name][:, -1], spec, f"{name}_to_last"))
-        if results.get("cos_negative_fraction") is not None:
-            scalars.update(per_layer(results["cos_negative_fraction"][:, -1], spec, "cos_negative_to_last"))
         return scalars
 
     def layer_charts(self) -> dict[str, str]:
-        charts = {
-            "COS to last layer": r"cos_to_last/layer_\d+",
-            "CKA to last layer": r"cka_to_last/layer_\d+",
-            "fraction of negative COS to last layer": r"cos_negative_to_last/layer_\d+",
-        }
-        for name in self.measures:
-            if name == "effective_rank":
-                charts["effective rank"] = r"effective_rank/layer_\d+"
-            else:
-                charts[f"{SIMILARITY_LABELS[name]} to last layer"] = rf"{name}_to_last/layer_\d+"
+        quantities = {"COS": "cos", "CKA": "cka", "fraction of negative COS": "cos_negative"}
+        quantities.update({SIMILARITY_LABELS[name]: name for name in self.measures if name != "effective_rank"})
+        charts = {f"{title} to last layer": rf"{key}_to_last/layer_\d+" for title, key in quantities.items()}
+        if "effective_rank" in self.measures:
+            charts["effective rank"] = r"effective_rank/layer_\d+"
         return charts
+
+
+def _feed_sampled(metric: Any, batch: LayerOutputs) -> None:
+    """The rows the pairwise measures read: every ``token_stride``-th token of a language model."""
+    metric.update(batch.sampled_features)
