@@ -16,6 +16,7 @@ from layerwise.metrics.functional_dynamics import (
     pairwise_mis_coupling,
     top_singular,
 )
+from layerwise.metrics.functional_family import debiased_cka, similarity_measures
 from layerwise.metrics.functional_similarity import layer_cosine_similarity, linear_cka, saturation_cosine
 from layerwise.metrics.neural_collapse import LayerNC1, LayerNeuralCollapse
 from layerwise.metrics.prediction import EarlyExit, LayerAccuracy, LayerF1, SaturationHistogram
@@ -27,6 +28,8 @@ __all__ = [
     "MinibatchCrossCKA",
     "arccos_distance",
     "cross_cka",
+    "debiased_cka",
+    "similarity_measures",
     "minibatch_cross_cka",
     "DepthCoupling",
     "JacobianSpectrum",
