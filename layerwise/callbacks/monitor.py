@@ -125,6 +125,7 @@ class LayerwiseMonitor(AnalysisCallback):
         self._position = (0, 0)  # (epoch, step) of the last report, for the console table's title
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
         for other in trainer.callbacks:
             if isinstance(other, LayerwiseMonitor) and other is not self and other.layers != self.layers:
                 raise UsageError(
