@@ -36,7 +36,7 @@ SAMPLER_ADVICE = r"Using `DistributedSampler` with the dataloaders\. During `tra
 """The start of Lightning's advice that a multi-process validate/test "replicates some samples" (a regular expression
 for ``warnings.filterwarnings``; ``lightning.pytorch.trainer.connectors.data_connector``, ``_resolve_sampler``).
 Not a private API, but Lightning's own words, which layerwise withholds where its analysis is exact
-(``layerwise/cli/exactness.py``); ``tests/project/test_compat.py`` checks that Lightning still says them so."""
+(``layerwise/callbacks/_exactness.py``); ``tests/project/test_compat.py`` checks that Lightning still says them so."""
 
 
 def already_reduced(keys: Any) -> None:

@@ -167,8 +167,8 @@ class AnalysisCallback(Callback):
         self._stages: list[str] = []
         self._loaders: list[Any] = []
         self._record: Optional[RunRecord] = None
-        self._exact: Optional[str] = None  # the evaluation whose sampler advice this callback withheld
-        self._counters: Optional[dict[str, Any]] = None  # the Trainer's counters while it evaluates a checkpoint
+        self._advice_withheld: Optional[str] = None  # the evaluation whose sampler advice this callback withheld
+        self._evaluated_counters: Optional[dict[str, Any]] = None  # the Trainer's own, put back after a checkpoint
         self.stage = "val"  # the results' name: val, test, or val_<name> / test_<name> for a further dataloader
         self.loader: Any = None  # the evaluation dataloader being analysed
         self.dataloader_idx: Optional[int] = None  # its index (None between evaluations)
@@ -272,7 +272,7 @@ class AnalysisCallback(Callback):
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
         """Lightning's sampler advice withheld in a multi-process ``validate``/``test`` (the first callback only)."""
-        self._exact = stage if self._leads(trainer) and withhold_sampler_advice(trainer, stage) else None
+        self._advice_withheld = stage if self._leads(trainer) and withhold_sampler_advice(trainer, stage) else None
 
     def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._evaluation_start(trainer, "validate")
@@ -283,11 +283,11 @@ class AnalysisCallback(Callback):
     def _evaluation_start(self, trainer: Trainer, stage: str) -> None:
         if trainer.state.fn not in (TrainerFn.VALIDATING, TrainerFn.TESTING) or not self._leads(trainer):
             return  # a fit's validation, or another callback does it
-        if self._exact == stage:
+        if self._advice_withheld == stage:
             say_counted_once(trainer, stage)
         position = read_position(trainer.ckpt_path) if trainer.ckpt_path else None
-        if position is not None and self._counters is None:
-            self._counters = evaluate_at(trainer, position)
+        if position is not None and self._evaluated_counters is None:
+            self._evaluated_counters = evaluate_at(trainer, position)
 
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._begin(trainer, "val", trainer.val_dataloaders)
@@ -359,9 +359,9 @@ class AnalysisCallback(Callback):
         wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it
         self.stop()
         self._close_layer_runs()
-        if self._exact == stage:
+        if self._advice_withheld == stage:
             warn_repeated_own_logs(trainer, stage)
-        counters, self._exact, self._counters = self._counters, None, None
+        counters, self._advice_withheld, self._evaluated_counters = self._evaluated_counters, None, None
         if counters is not None:  # the Trainer's own counters again (a fit after this evaluation goes on from them)
             trainer.fit_loop.load_state_dict(counters)
 

@@ -12,6 +12,12 @@ that resumes the run. The last batch of an epoch is not a stopping point: the st
 its validation), and so does a batch after which a validation runs inside the epoch (``val_check_interval``): a
 resume never begins with a validation, which Lightning would take as done.
 
+Under ``torchrun`` the closing line's resume command is ``torchrun … -m layerwise fit … --ckpt_path last``: the same
+launch on every node, ``…`` standing for each node's own torchrun options, which a worker does not know; a node's
+torchrun passes a SIGTERM it receives on to its workers. Under FSDP2 (``ModelParallelStrategy``) ``last.ckpt`` is a
+sharded folder (every rank saves its shards, global rank zero ``meta.pt``), which ``--ckpt_path last`` finds as it
+finds a file.
+
 Under SLURM with Lightning's ``SLURMEnvironment(auto_requeue=True)`` (its default there), Lightning's SIGUSR1
 handler still runs first (its ``hpc_ckpt_N.ckpt`` and ``scontrol requeue``); the requeued job's ``--ckpt_path last``
 then resumes from the newer checkpoint saved here.

@@ -91,7 +91,8 @@ class KeptConfig(SaveConfigCallback):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._into_log_dir, self._log_dir = self.save_to_log_dir, None
+        self._into_log_dir = self.save_to_log_dir
+        self._log_dir: Optional[str] = None  # asked in setup, on every rank
         self.save_to_log_dir = False  # Lightning's writing in place: done by save_config instead
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
