@@ -7,9 +7,10 @@ The fit is a tiny quickstart (alternating aligned training of a 2-block ViT with
 shuffled digits, every epoch analysed): a resume that lost the random states, the data order or the position in the
 epoch changes the weights and the summaries. The signal is sent at a chosen step by the test-only callback
 ``signals.SignalAt`` (``tests/signals.py``). The stopped process exits 128 + the signal's number (each node's
-``torchrun`` exits 1, its failure report naming that code) and its last line names the stop and the resume command; the resumed run's final ``last.ckpt`` weights and every summary equal those of
-the uninterrupted run bit for bit (the issue asks 1e-12; the CPU kernels are deterministic). The two-process cases are
-``slow`` (``.ci/run`` runs them: ``pytest -m slow tests/runs/test_preemption.py``).
+``torchrun`` exits 1, its failure report naming that code) and its last line names the stop and the resume command;
+the resumed run's final ``last.ckpt`` weights and every summary equal those of the uninterrupted run bit for bit (the
+issue asks 1e-12; the CPU kernels are deterministic). The two-process cases are ``slow`` (``.ci/run`` runs them:
+``pytest -m slow tests/runs/test_preemption.py``).
 """
 
 import json
