@@ -247,7 +247,7 @@ def save_sharded(strategy: Any, checkpoint: dict[str, Any], filepath: Any, stora
     stop during that write leaves the earlier ``meta.pt`` whole (or none), never a truncated one. The shards are
     written in place by torch, as under Lightning.
     """
-    from torch.distributed.checkpoint import save
+    from torch.distributed.checkpoint import FileSystemWriter, save  # torch 2.2's signature too (no checkpoint_id)
 
     if storage_options is not None:
         raise TypeError(f"`{type(strategy).__name__}.save_checkpoint(..., storage_options=...)` is not supported.")
@@ -257,7 +257,7 @@ def save_sharded(strategy: Any, checkpoint: dict[str, Any], filepath: Any, stora
     path.mkdir(parents=True, exist_ok=True)
     shards = {"state_dict": checkpoint.pop("state_dict")}
     shards.update({f"optimizer_{index}": state for index, state in enumerate(checkpoint.pop("optimizer_states", []))})
-    save(shards, checkpoint_id=path)
+    save(shards, storage_writer=FileSystemWriter(path))
     if strategy.global_rank == 0:
         write_atomic(path / LIGHTNING_META, lambda file: torch.save(checkpoint, file))
 
