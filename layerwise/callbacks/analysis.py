@@ -177,6 +177,7 @@ class LayerwiseAnalysis(AnalysisCallback):
         return self._analyses
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
         for other in trainer.callbacks:  # type: ignore[attr-defined]
             if isinstance(other, LayerwiseAnalysis) and other is not self and other.layers != self.layers:
                 raise UsageError(

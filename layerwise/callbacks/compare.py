@@ -101,6 +101,7 @@ class CrossModelComparison(AnalysisCallback):
 
     # -- set-up --------------------------------------------------------------------------------------------------
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
         self._model_a = find_model(pl_module, "the LightningModule")
         self._blocks_a = get_blocks(self._model_a, layer_paths(self._model_a))
         self._model_b = load_model(self.model_b_name, _OPTION, dtype=self.dtype).eval().requires_grad_(False)
