@@ -579,6 +579,7 @@ SUMMARY_SCHEMA: dict[str, Check] = {
     "layers": _layers,
     **{key: _per_layer(-1) for key in ("cos", "cka", "cos_negative_fraction")},
     **{key: _per_layer(-1) for key in ("debiased_cka", "cca", "svcca", "pwcca", "procrustes", "shape")},
+    **{key: _per_layer(-1) for key in ("mutual_knn", "cknna")},
     "effective_rank": _per_layer(),
     "cos_quantile_levels": _levels,
     "cos_quantiles": _cos_quantiles,

@@ -52,12 +52,15 @@ class Statistic:
             (:class:`~layerwise.engines.readout.LayerOutputs`, the selected layers, real rows only).
         joins_batches: False for an estimator defined per dataloader batch (the minibatch CKA): then the pool is fed
             batch by batch.
+        needs_index: True when ``feed`` reads each row's global sample index (``LayerOutputs.index``, e.g. a sample
+            of rows chosen by index): the runner then works it out from the evaluation dataloader's sampler.
     """
 
     name: str
     build: Callable[[], Metric]
     feed: Callable[[Metric, LayerOutputs], None]
     joins_batches: bool = True
+    needs_index: bool = False
 
 
 class Analysis:

@@ -24,6 +24,7 @@ class Pool:
             self.statistics.setdefault(statistic.name, statistic)
         self.metrics: dict[str, Metric] = {name: statistic.build() for name, statistic in self.statistics.items()}
         self.joins_batches = all(statistic.joins_batches for statistic in self.statistics.values())
+        self.needs_index = any(statistic.needs_index for statistic in self.statistics.values())
 
     @classmethod
     def of(cls, analyses: Sequence[Analysis], spec: LayerSpec) -> tuple["Pool", list[Metrics]]:

@@ -8,12 +8,15 @@ from layerwise.analyses.layer_spec import LayerSpec, per_layer, shaped
 from layerwise.engines.readout import LayerOutputs
 from layerwise.figures.style import SIMILARITY_LABELS
 from layerwise.figures.summary import similarity_figures
-from layerwise.metrics import LayerCKA, LayerCosineSimilarity, MinibatchCKA
+from layerwise.metrics import LayerCKA, LayerCosineSimilarity, LayerRowSample, MinibatchCKA
 from layerwise.metrics.functional_distribution import histogram_quantiles
-from layerwise.metrics.functional_family import check_measures, check_options
+from layerwise.metrics.functional_family import MEASURES, check_options
+from layerwise.metrics.functional_neighbours import NEIGHBOUR_MEASURES, neighbour_measures
 
 CKAEstimator = Literal["exact", "minibatch", "none"]
-Measure = Literal["debiased_cka", "cca", "svcca", "pwcca", "procrustes", "shape", "effective_rank"]
+Measure = Literal[
+    "debiased_cka", "cca", "svcca", "pwcca", "procrustes", "shape", "effective_rank", "mutual_knn", "cknna"
+]
 RankSpectrum = Literal["singular", "covariance"]
 MeasurePairs = Literal["all", "to_last", "adjacent"]
 
@@ -53,6 +56,15 @@ class LayerSimilarityMonitor(Analysis):
     limits them to the ``to_last`` (l, L) or ``adjacent`` (l, l+1) pairs, NaN (null) elsewhere: L pairs instead of
     L² (the sums kept are the same).
 
+    Neighbourhood alignment (``measures`` ``mutual_knn``, ``cknna``; any ``cka``): platonic-rep's mutual k-NN and
+    CKNNA (Huh et al. 2024) with ``knn_k`` neighbours, cosine on L2-normalised features, between every pair of
+    layers (``measure_pairs`` as above). They read rows, not sums: on a seeded sample of at most ``knn_sample_size``
+    evaluated samples, chosen by a seeded hash of each sample's global (dataset) index (``knn_seed``), so the same
+    rows, and the same values, for any batch size and number of processes. Memory: ``8·L·knn_sample_size·d`` bytes
+    per rank (12 × 768 at 1024: 75 MB), at the end twice ``8·L·knn_sample_size²`` (the kernels and masks) and, under
+    DDP, the ranks' samples gathered once. One row per sample: a classifier's pooled features, not a language
+    model's tokens (refused in one line), with a sequential or ``DistributedSampler`` evaluation loader.
+
     Logged: ``val/cos_to_last/layer_XX``, ``val/cka_to_last/layer_XX``, ``val/cos_negative_to_last/layer_XX``, and
     ``val/<measure>_to_last/layer_XX`` (``val/effective_rank/layer_XX``) for each of ``measures``; images
     ``val/cos``, ``val/cka``, ``val/<measure>``, ``val/cos_distribution`` (box plots of COS(h_l, h_L) per layer).
@@ -77,14 +89,26 @@ class LayerSimilarityMonitor(Analysis):
         shape_alpha: float = 0.5,
         rank_spectrum: RankSpectrum = "singular",
         measure_pairs: MeasurePairs = "all",
+        knn_k: int = 10,
+        knn_sample_size: int = 1024,
+        knn_seed: int = 0,
         **refused: Any,
     ) -> None:
         refuse_runner_options(type(self).__name__, refused)
         if cka not in ("exact", "minibatch", "none"):
             raise ValueError(f"`cka={cka!r}` must be 'exact', 'minibatch' or 'none'.")
-        self.measures = check_measures(measures)
+        self.measures = _checked_measures(measures)
         check_options(svcca_variance, shape_alpha, rank_spectrum)
-        if self.measures and cka != "exact":
+        self._family = tuple(name for name in self.measures if name in MEASURES)
+        self._neighbours = tuple(name for name in self.measures if name in NEIGHBOUR_MEASURES)
+        least = 2 if "cknna" in self._neighbours else 1
+        for option, value, low in (("knn_k", knn_k, least), ("knn_sample_size", knn_sample_size, 1)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < low:
+                raise ValueError(f"`{option}={value!r}` must be an int >= {low}.")
+        if not isinstance(knn_seed, int) or isinstance(knn_seed, bool):
+            raise ValueError(f"`knn_seed={knn_seed!r}` must be an int.")
+        self.knn_k, self.knn_sample_size, self.knn_seed = knn_k, knn_sample_size, knn_seed
+        if self._family and cka != "exact":
             raise ValueError(f"`measures` read the exact CKA's sums: set `cka='exact'` (got {cka!r}) or no measures.")
         if measure_pairs not in ("all", "to_last", "adjacent"):
             raise ValueError(f"`measure_pairs={measure_pairs!r}` must be 'all', 'to_last' or 'adjacent'.")
@@ -118,7 +142,15 @@ class LayerSimilarityMonitor(Analysis):
                 lambda: LayerCKA(layers, spec.dim, debiased=debiased, sync_on_compute=False),
                 _feed_sampled,
             )
-        elif self.cka == "minibatch":
+        if self._neighbours:
+            size, seed = self.knn_sample_size, self.knn_seed
+            statistics["rows"] = Statistic(
+                f"row_sample(size={size}, seed={seed})",
+                lambda: LayerRowSample(layers, size, seed),
+                _feed_indexed,
+                needs_index=True,
+            )
+        if self.cka == "minibatch":
             # the minibatch HSIC is an estimator per dataloader batch
             statistics["cka"] = Statistic(
                 "minibatch_hsic", lambda: MinibatchCKA(layers, sync_on_compute=False), _feed_sampled, False
@@ -147,21 +179,29 @@ class LayerSimilarityMonitor(Analysis):
         """The ``measures`` from the exact CKA's (already reduced) sums, and their options; nothing when none."""
         if not self.measures:
             return {}
-        cka = metrics["cka"]
-        assert isinstance(cka, LayerCKA)  # the measures need cka="exact", checked in __init__
         layers = self.spec.num_layers
         pairs = {
             "all": None,
             "to_last": [(layer, layers - 1) for layer in range(layers)],
             "adjacent": [(layer, min(layer + 1, layers - 1)) for layer in range(layers)],
         }[self.measure_pairs]
-        values = cka.compute_measures(self.measures, self.svcca_variance, self.shape_alpha, self.rank_spectrum, pairs)
-        options = {
+        values: dict[str, Any] = {}
+        options: dict[str, Any] = {
             "svcca_variance": self.svcca_variance,
             "shape_alpha": self.shape_alpha,
             "rank_spectrum": self.rank_spectrum,
             "measure_pairs": self.measure_pairs,
         }
+        if self._family:
+            cka = metrics["cka"]
+            assert isinstance(cka, LayerCKA)  # the measures need cka="exact", checked in __init__
+            family = self._family
+            values.update(cka.compute_measures(family, self.svcca_variance, self.shape_alpha, self.rank_spectrum, pairs))
+        if self._neighbours:
+            rows = metrics["rows"].compute()  # a collective: every rank's sampled rows
+            values.update(neighbour_measures(rows, self._neighbours, self.knn_k, pairs))
+            options.update(knn_k=self.knn_k, knn_sample_size=self.knn_sample_size, knn_seed=self.knn_seed)
+            options["knn_rows"] = int(rows.shape[1])
         return {**values, "measure_options": options}
 
     def layer_scalars(self, results: Mapping[str, Any]) -> dict[str, float]:
@@ -185,6 +225,20 @@ class LayerSimilarityMonitor(Analysis):
         if "effective_rank" in self.measures:
             charts["effective rank"] = r"effective_rank/layer_\d+"
         return charts
+
+
+def _checked_measures(measures: Sequence[str]) -> tuple[str, ...]:
+    """The measures in the order of the second-moment ones then the neighbourhood ones; one line for an unknown."""
+    given, known = tuple(measures), (*MEASURES, *NEIGHBOUR_MEASURES)
+    unknown = [name for name in given if name not in known]
+    if unknown:
+        raise ValueError(f"Unknown `measures` {unknown[0]!r}: choose from {', '.join(known)}.")
+    return tuple(name for name in known if name in given)
+
+
+def _feed_indexed(metric: Any, batch: LayerOutputs) -> None:
+    """Every row with its global sample index (None where the evaluation does not know it: refused by the metric)."""
+    metric.update(batch.features, batch.index)
 
 
 def _feed_sampled(metric: Any, batch: LayerOutputs) -> None:

@@ -15,7 +15,7 @@ from layerwise.analyses.layer_spec import LayerSpec
 from layerwise.analyses.pool import Pool
 from layerwise.callbacks._output import FeatureSaver
 from layerwise.engines.readout import LayerOutputs
-from layerwise.engines.sampling import rank_indices, real_samples_on_rank
+from layerwise.engines.sampling import rank_indices, real_samples_on_rank, sample_indices
 from layerwise.errors import LayerwiseWarning
 from layerwise.metrics import NonFiniteRows, SampleCount, all_reduce_sum_states
 
@@ -50,6 +50,8 @@ class LoaderState:
     held_bytes: int = 0
     save_features: bool = False
     pending: Optional[_Pending] = None
+    indices: Optional[Sequence[int]] = None  # the dataset index of each of this rank's samples, where a statistic needs it
+    position: int = 0  # how many of this rank's samples were taken so far
 
     @classmethod
     def build(cls, analyses: Sequence[Analysis], spec: LayerSpec) -> "LoaderState":
@@ -69,6 +71,8 @@ class LoaderState:
         self.budget = real_samples_on_rank(loader)
         self.saver = FeatureSaver()
         self.saver.indices = rank_indices(loader) if keep_indices else None
+        self.indices = sample_indices(loader) if self.pool.needs_index else None
+        self.position = 0
 
     def collect(self, outputs: LayerOutputs, selection: Tensor, token_stride: int, save_features: bool) -> None:
         """Take one batch's real samples (the sampler's padding dropped); non-finite rows are counted and skipped.
@@ -84,6 +88,10 @@ class LoaderState:
         layer_batch, used = outputs.select(selection, self.budget, token_stride)
         if self.budget is not None:
             self.budget -= used
+        if self.indices is not None and outputs.sample_index is None:  # one row per sample: the next ones in order
+            rows = layer_batch.features.shape[1]
+            layer_batch.index = torch.as_tensor(self.indices[self.position : self.position + rows], dtype=torch.long)
+            self.position += rows
         if layer_batch.features.shape[1] == 0:
             return
         if layer_batch.targets is None or layer_batch.readout.nll is None:

@@ -205,6 +205,8 @@ class LayerOutputs:
             batch row i.
         positions: ``(N,)`` each sample's position in its sequence (to subsample tokens), or None.
         sampled: the rows kept for the feature-similarity statistics (:meth:`select` with a token stride); None: all.
+        index: ``(N,)`` int64 on the host: the global (dataset) index of each row's sample, where the evaluation
+            knows it (one row per sample, set after :meth:`select` by the callback); None: not known.
     """
 
     features: Tensor
@@ -214,6 +216,7 @@ class LayerOutputs:
     sample_index: Optional[Tensor] = None
     positions: Optional[Tensor] = None
     sampled: Optional[Tensor] = None
+    index: Optional[Tensor] = None
 
     def __post_init__(self) -> None:
         features, predictions = self.features, self.readout.predictions
@@ -290,20 +293,22 @@ class LayerOutputs:
             take_rows(self.sample_index),
             take_rows(self.positions),
             sampled,
+            None if self.index is None else self.index[rows.to(self.index.device)],
         )
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the tensors (features, readouts, targets, row indices)."""
         readouts = [value for readout in (self.readout, self.exit_readout) if readout is not None for value in readout]
-        tensors = [self.features, self.targets, self.sample_index, self.positions, self.sampled, *readouts]
+        tensors = [self.features, self.targets, self.sample_index, self.positions, self.sampled, self.index, *readouts]
         return sum(value.numel() * value.element_size() for value in tensors if value is not None)
 
     @classmethod
     def cat(cls, batches: Sequence["LayerOutputs"]) -> "LayerOutputs":
         """One value of ``batches``' rows in order; one batch is returned as is.
 
-        ``sampled`` is renumbered; ``sample_index`` and ``positions``, which restart at every batch, are dropped.
+        ``sampled`` is renumbered; ``sample_index`` and ``positions``, which restart at every batch, are dropped;
+        ``index`` is joined when every batch has one.
         """
         if len(batches) == 1:
             return batches[0]
@@ -333,6 +338,7 @@ class LayerOutputs:
             join([batch.targets for batch in batches], 0),
             readouts(lambda batch: batch.exit_readout),
             sampled=sampled,
+            index=None if any(b.index is None for b in batches) else torch.cat([b.index for b in batches]),  # type: ignore
         )
 
     @property

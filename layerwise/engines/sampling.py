@@ -1,10 +1,11 @@
 """How many of a rank's evaluation samples are real, not the distributed sampler's padding."""
 
-from collections.abc import Mapping, Sized
+from collections.abc import Mapping, Sequence, Sized
 from typing import Any, Optional, cast
 
+import torch.distributed as dist
 from lightning.fabric.utilities.distributed import DistributedSamplerWrapper
-from torch.utils.data import DistributedSampler
+from torch.utils.data import DistributedSampler, SequentialSampler
 
 
 def evaluation_loaders(loaders: Any) -> list[Any]:
@@ -49,6 +50,21 @@ def rank_indices(dataloader: Any) -> Optional[list[int]]:
     budget = real_samples_on_rank(dataloader)
     indices = list(iter(sampler))
     return indices if budget is None else indices[:budget]
+
+
+def sample_indices(dataloader: Any) -> Optional[Sequence[int]]:
+    """Dataset indices of this rank's real samples in loader order, where known, else ``None``.
+
+    ``DistributedSampler``: :func:`rank_indices`; a ``SequentialSampler`` on one process: ``0, 1, ..., N-1``; any
+    other sampler (shuffled, a user's, or a sequential one on each of several processes): ``None``.
+    """
+    sampler = _sampler(dataloader)
+    if isinstance(sampler, DistributedSampler):
+        return rank_indices(dataloader)
+    several = dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    if isinstance(sampler, SequentialSampler) and not several:
+        return range(len(sampler))
+    return None
 
 
 def take_real(budget: Optional[int], size: int) -> tuple[int, Optional[int]]:

@@ -200,6 +200,8 @@ SIMILARITY_LABELS = {
     "pwcca": "PWCCA (weighted canonical correlation)",
     "procrustes": "Procrustes distance",
     "shape": "angular shape distance (rad)",
+    "mutual_knn": "mutual k-NN alignment",
+    "cknna": "CKNNA (k-NN centred kernel alignment)",
 }
 # the range of a measure that is not a similarity in [0, 1]: the distances (0 = the same representation)
 SIMILARITY_RANGES = {"procrustes": (0.0, math.sqrt(2.0)), "shape": (0.0, math.pi / 2)}

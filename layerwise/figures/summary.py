@@ -59,6 +59,8 @@ CAPTIONS = {
     "procrustes": "Orthogonal Procrustes distance between every pair of layers",
     "shape": "Angular shape distance (netrep) between every pair of layers",
     "effective_rank": "Effective rank of every layer's features",
+    "mutual_knn": "Mutual k-NN alignment (platonic-rep) between every pair of layers, on a seeded sample of rows",
+    "cknna": "CKNNA (platonic-rep) between every pair of layers, on a seeded sample of rows",
     "coupling_depth": "Depth-wise mis-coupling of the block Jacobians",
     "coupling_spectra": "Singular spectra of the block Jacobians",
     "coupling_trajectory": "Trajectory of the prompts' tokens through the blocks (PCA)",
@@ -353,6 +355,8 @@ MEASURE_TITLES = {
     "pwcca": "PWCCA",
     "procrustes": "Procrustes distance",
     "shape": "Shape distance",
+    "mutual_knn": "Mutual k-NN",
+    "cknna": "CKNNA",
 }
 
 

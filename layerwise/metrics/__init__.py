@@ -18,6 +18,7 @@ from layerwise.metrics.functional_dynamics import (
 )
 from layerwise.metrics.functional_family import debiased_cka, similarity_measures
 from layerwise.metrics.functional_similarity import layer_cosine_similarity, linear_cka, saturation_cosine
+from layerwise.metrics.neighbours import LayerRowSample
 from layerwise.metrics.neural_collapse import LayerNC1, LayerNeuralCollapse
 from layerwise.metrics.prediction import EarlyExit, LayerAccuracy, LayerF1, SaturationHistogram
 from layerwise.metrics.similarity import LayerCKA, LayerCosineSimilarity, MinibatchCKA, SaturationCosine
@@ -50,6 +51,7 @@ __all__ = [
     "LayerF1",
     "LayerMean",
     "LayerNC1",
+    "LayerRowSample",
     "LayerNeuralCollapse",
     "MinibatchCKA",
     "Readout",
