@@ -73,3 +73,25 @@ def test_to_last_pairs_only(tmp_path):
     for name in ("mutual_knn", "cknna"):
         values = np.array(summary[name], dtype=float)
         assert np.isnan(values[:, :-1]).all() and np.isfinite(values[:, -1]).all()
+
+
+# 101 samples in batches of 16 on 2 (3) ranks: DistributedSampler interleaves the indices and pads the last rank(s);
+# every rank ends on a ragged batch. The sampled rows are chosen by dataset index, so the values match one process.
+@pytest.mark.parametrize("devices", [2, pytest.param(3, marks=pytest.mark.slow)])
+def test_processes_match_one_process(tmp_path, single_thread, devices):
+    import torch
+
+    weights = tmp_path / "weights.pt"
+    torch.save(fitted_module().state_dict(), weights)
+
+    def run(root, **options):
+        module = fitted_module()
+        module.load_state_dict(torch.load(weights))
+        trainer(root, [alone(monitor(), log_figures=False)], **options).validate(module, val_loader(N), verbose=False)
+        return read_summary(root)
+
+    one = run(tmp_path / "one")
+    many = run(tmp_path / "many", devices=devices, strategy="ddp_fork")
+    assert many["measure_options"] == one["measure_options"]
+    for name in ("mutual_knn", "cknna"):
+        np.testing.assert_allclose(np.array(many[name]), np.array(one[name]), rtol=0, atol=1e-6, err_msg=name)
