@@ -5,7 +5,9 @@ from ``LayerCKA``'s sums) and each anchor's, on the same float64 features, with 
 anchors installed from the registry (``repsim``, ``cca-zoo``, ``ckatorch``) are called as installed; anatome's,
 netrep's, platonic-rep's and Morcos et al.'s ``pwcca.py`` formulas are re-typed below from their source (anatome
 2212a8c ``anatome/distance.py``, netrep 0186b8a ``netrep/metrics/linear.py`` + ``utils.whiten``, platonic-rep dcd76ba
-``metrics.py``). An anchor that does not import is reported as such.
+``metrics.py``; its ``mutual_knn`` and ``cknna`` from 07ef02a ``metrics.py`` and ``measure_alignment.py``, in torch as
+there). The neighbourhood measures are compared on the rows layerwise sampled (``LayerRowSample``, streamed in
+batches). An anchor that does not import is reported as such.
 
 Run (the registry anchors live in their own environment; layerwise from the working tree)::
 
@@ -24,10 +26,12 @@ from typing import Any, Optional
 import numpy as np
 import torch
 
-from layerwise.metrics import LayerCKA
+from layerwise.metrics import LayerCKA, LayerRowSample
 from layerwise.metrics.functional_family import MEASURES
+from layerwise.metrics.functional_neighbours import NEIGHBOUR_MEASURES, neighbour_measures
 
 LAYERS, N, DIM, BATCH = 4, 600, 24, 64
+SAMPLE, TOPK = 256, 10  # the neighbourhood measures: rows sampled by global index, neighbours
 
 
 def features(seed: int = 0) -> np.ndarray:
@@ -49,7 +53,69 @@ def ours(h: np.ndarray, **options: Any) -> dict[str, np.ndarray]:
     return {name: value.numpy() for name, value in metric.compute_measures(MEASURES, **options).items()}
 
 
+def ours_neighbours(h: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """The rows LayerRowSample keeps (streamed in batches with their indices) and the measures on them."""
+    sample = LayerRowSample(LAYERS, SAMPLE, seed=0)
+    for start in range(0, N, BATCH):
+        stop = min(start + BATCH, N)
+        sample.update(torch.from_numpy(h[:, start:stop]), torch.arange(start, stop))
+    rows = sample.compute()
+    values = neighbour_measures(rows, NEIGHBOUR_MEASURES, TOPK)
+    return rows.numpy(), {name: value.numpy() for name, value in values.items()}
+
+
 # ------------------------------------------------------------------------------------------ re-typed anchors
+def _platonic_nearest(feats: torch.Tensor, topk: int) -> torch.Tensor:
+    """platonic-rep metrics.compute_nearest_neighbors."""
+    return (feats @ feats.T).fill_diagonal_(-1e8).argsort(dim=1, descending=True)[:, :topk]
+
+
+def _platonic_hsic_unbiased(k: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    n = k.shape[0]
+    kt, mt = k.clone().fill_diagonal_(0), m.clone().fill_diagonal_(0)
+    value = (kt * mt.T).sum() + kt.sum() * mt.sum() / ((n - 1) * (n - 2)) - 2 * torch.mm(kt, mt).sum() / (n - 2)
+    return value / (n * (n - 3))
+
+
+def _normalise(x: np.ndarray, clip: Optional[float] = None) -> torch.Tensor:
+    """measure_alignment.compute_score's F.normalize; with ``clip``, prepare_features' remove_outliers(q) first."""
+    feats = torch.from_numpy(x)
+    if clip is not None:  # metrics.remove_outliers(exact=False): the mean over rows of each row's |x| quantile
+        q_val = torch.quantile(feats.abs().flatten(start_dim=1), clip, dim=1).mean()
+        feats = feats.clamp(-q_val, q_val)
+    return torch.nn.functional.normalize(feats, p=2, dim=-1)
+
+
+def platonic_mutual_knn(x: np.ndarray, y: np.ndarray, topk: int = TOPK, clip: Optional[float] = None) -> float:
+    """platonic-rep AlignmentMetrics.mutual_knn on L2-normalised features."""
+    a, b = _normalise(x, clip), _normalise(y, clip)
+    knn_a, knn_b = _platonic_nearest(a, topk), _platonic_nearest(b, topk)
+    n = knn_a.shape[0]
+    rows = torch.arange(n).unsqueeze(1)
+    mask_a, mask_b = torch.zeros(n, n, dtype=torch.float64), torch.zeros(n, n, dtype=torch.float64)
+    mask_a[rows, knn_a] = 1.0
+    mask_b[rows, knn_b] = 1.0
+    return float(((mask_a * mask_b).sum(dim=1) / topk).mean())
+
+
+def platonic_cknna(x: np.ndarray, y: np.ndarray, topk: int = TOPK, clip: Optional[float] = None) -> float:
+    """platonic-rep AlignmentMetrics.cknna (unbiased, not distance-agnostic) on L2-normalised features."""
+    a, b = _normalise(x, clip), _normalise(y, clip)
+    n = a.shape[0]
+    k_a, k_b = a @ a.T, b @ b.T
+
+    def similarity(k: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        k_hat, m_hat = k.clone().fill_diagonal_(float("-inf")), m.clone().fill_diagonal_(float("-inf"))
+        mask_k = torch.zeros(n, n, dtype=torch.float64).scatter_(1, torch.topk(k_hat, topk, dim=1).indices, 1)
+        mask_m = torch.zeros(n, n, dtype=torch.float64).scatter_(1, torch.topk(m_hat, topk, dim=1).indices, 1)
+        mask = mask_k * mask_m
+        return _platonic_hsic_unbiased(mask * k, mask * m)
+
+    kl, kk, ll = similarity(k_a, k_b), similarity(k_a, k_a), similarity(k_b, k_b)
+    return kl.item() / (torch.sqrt(kk * ll) + 1e-6).item()
+
+
+
 def _centred(x: np.ndarray) -> np.ndarray:
     return x - x.mean(axis=0, keepdims=True)
 
@@ -308,6 +374,24 @@ def rows(h: np.ndarray) -> list[tuple[str, str, str, str]]:
             f"netrep LinearMetric(alpha={value}, angular)",
             _pairwise(lambda x, y, a=value: netrep_angular(x, y, a), h),
             computed,
+        )
+    sampled, neighbours = ours_neighbours(h)
+    for name, function in (("mutual_knn", platonic_mutual_knn), ("cknna", platonic_cknna)):
+        add(
+            name,
+            f"platonic-rep {name} (k = {TOPK}), re-typed",
+            _pairwise(function, sampled),
+            neighbours[name],
+            f"on the {sampled.shape[1]} rows of {N} layerwise sampled by global index",
+            diagonal=True,
+        )
+        add(
+            name,
+            f"platonic-rep measure_alignment pipeline (remove_outliers q = 0.95)",
+            _pairwise(lambda x, y, f=function: f(x, y, clip=0.95), sampled),
+            neighbours[name],
+            "its pipeline clips every value at the 0.95 quantile of |x| before normalising; ours does not",
+            diagonal=True,
         )
     rank = mine["effective_rank"]
     add(
