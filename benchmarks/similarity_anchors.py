@@ -115,7 +115,6 @@ def platonic_cknna(x: np.ndarray, y: np.ndarray, topk: int = TOPK, clip: Optiona
     return kl.item() / (torch.sqrt(kk * ll) + 1e-6).item()
 
 
-
 def _centred(x: np.ndarray) -> np.ndarray:
     return x - x.mean(axis=0, keepdims=True)
 
@@ -387,7 +386,7 @@ def rows(h: np.ndarray) -> list[tuple[str, str, str, str]]:
         )
         add(
             name,
-            f"platonic-rep measure_alignment pipeline (remove_outliers q = 0.95)",
+            "platonic-rep measure_alignment pipeline (remove_outliers q = 0.95)",
             _pairwise(lambda x, y, f=function: f(x, y, clip=0.95), sampled),
             neighbours[name],
             "its pipeline clips every value at the 0.95 quantile of |x| before normalising; ours does not",

@@ -196,7 +196,9 @@ class LayerSimilarityMonitor(Analysis):
             cka = metrics["cka"]
             assert isinstance(cka, LayerCKA)  # the measures need cka="exact", checked in __init__
             family = self._family
-            values.update(cka.compute_measures(family, self.svcca_variance, self.shape_alpha, self.rank_spectrum, pairs))
+            values.update(
+                cka.compute_measures(family, self.svcca_variance, self.shape_alpha, self.rank_spectrum, pairs)
+            )
         if self._neighbours:
             rows = metrics["rows"].compute()  # a collective: every rank's sampled rows
             values.update(neighbour_measures(rows, self._neighbours, self.knn_k, pairs))

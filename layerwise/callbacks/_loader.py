@@ -50,7 +50,9 @@ class LoaderState:
     held_bytes: int = 0
     save_features: bool = False
     pending: Optional[_Pending] = None
-    indices: Optional[Sequence[int]] = None  # the dataset index of each of this rank's samples, where a statistic needs it
+    indices: Optional[Sequence[int]] = (
+        None  # the dataset index of each of this rank's samples, where a statistic needs it
+    )
     position: int = 0  # how many of this rank's samples were taken so far
 
     @classmethod

@@ -51,7 +51,7 @@ sample_keys`, mergeable across batches and ranks, so the sample is the same for 
         super().reset()
         self._reset_rows()
 
-    def update(self, features: Tensor, index: Optional[Tensor]) -> None:  # type: ignore[override]
+    def update(self, features: Tensor, index: Optional[Tensor]) -> None:
         """Offer a batch's rows ``features`` (L, B, d) with their global sample indices ``index`` (B,)."""
         if index is None:
             raise ValueError(

@@ -42,7 +42,12 @@ def test_measures_equal_numpy_on_the_sampled_rows_for_any_batch_size(tmp_path):
     h = read_features(tmp_path / "16")["features"].double().numpy()[:, sampled_indices(N, SIZE, SEED)]
     assert h.shape[:2] == (DEPTH, SIZE)
     options = summary["measure_options"]
-    assert (options["knn_k"], options["knn_sample_size"], options["knn_seed"], options["knn_rows"]) == (K, SIZE, SEED, SIZE)
+    assert (options["knn_k"], options["knn_sample_size"], options["knn_seed"], options["knn_rows"]) == (
+        K,
+        SIZE,
+        SEED,
+        SIZE,
+    )
     for name, function in (("mutual_knn", mutual_knn), ("cknna", cknna)):
         expected = np.array([[function(x, y, K) for y in h] for x in h])
         np.testing.assert_allclose(np.array(summary[name], dtype=float), expected, rtol=0, atol=1e-10, err_msg=name)

@@ -50,7 +50,9 @@ def cknna(a, b, k):
         mask = masks[0] * masks[1]
         return hsic_unbiased(mask * first, mask * second)
 
-    return similarity(kernel_a, kernel_b) / (np.sqrt(similarity(kernel_a, kernel_a) * similarity(kernel_b, kernel_b)) + 1e-6)
+    return similarity(kernel_a, kernel_b) / (
+        np.sqrt(similarity(kernel_a, kernel_a) * similarity(kernel_b, kernel_b)) + 1e-6
+    )
 
 
 def splitmix64(index, seed):

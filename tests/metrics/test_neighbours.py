@@ -89,7 +89,9 @@ def worker(rank: int, world_size: int, port: int, out_dir: str) -> None:
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
     try:
         rows = rank_sample(rank, world_size).compute()
-        torch.save({"rows": rows, **neighbour_measures(rows, NEIGHBOUR_MEASURES, K)}, os.path.join(out_dir, f"{rank}.pt"))
+        torch.save(
+            {"rows": rows, **neighbour_measures(rows, NEIGHBOUR_MEASURES, K)}, os.path.join(out_dir, f"{rank}.pt")
+        )
     finally:
         dist.destroy_process_group()
 
