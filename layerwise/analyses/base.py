@@ -33,6 +33,7 @@ RUNNER_OPTIONS = (
     "classifier",
     "pooling",
     "token_stride",
+    "max_state_bytes",
 )
 
 

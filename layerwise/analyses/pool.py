@@ -1,7 +1,9 @@
 """One pool of statistics per evaluation dataloader: each accumulated once however many analyses read it."""
 
+import math
 from collections.abc import Iterable, Iterator, Sequence
 
+from torch import Tensor
 from torchmetrics import Metric
 
 from layerwise.analyses.base import Analysis, Metrics, Statistic
@@ -45,6 +47,23 @@ class Pool:
     def summed(self) -> list[Metric]:
         """The metrics whose states travel in the evaluation's one all-reduce (``sync_on_compute=False``)."""
         return [metric for metric in self.metrics.values() if not metric.sync_on_compute]
+
+    def state_bytes(self) -> dict[str, int]:
+        """The bytes each statistic holds on a process, by name, whatever the number of samples.
+
+        The sum states at their shapes (float64), a plain metric's tensor states as they are, plus what a metric
+        keeps besides its states and says in ``kept_bytes`` (a bounded sample of rows). Not counted: buffers that
+        grow with the samples up to a cap of their own (the centred COS's ``max_buffered_samples``).
+        """
+        sizes = {}
+        for name, metric in self.metrics.items():
+            shapes = getattr(metric, "_sum_state_shapes", {})
+            total = sum(8 * math.prod(shape) for shape in shapes.values())
+            for state, value in metric.metric_state.items():
+                if state not in shapes and isinstance(value, Tensor):
+                    total += value.numel() * value.element_size()
+            sizes[name] = total + int(getattr(metric, "kept_bytes", 0))
+        return sizes
 
     def __iter__(self) -> Iterator[Metric]:
         return iter(self.metrics.values())

@@ -146,7 +146,7 @@ class LayerSimilarityMonitor(Analysis):
             size, seed = self.knn_sample_size, self.knn_seed
             statistics["rows"] = Statistic(
                 f"row_sample(size={size}, seed={seed})",
-                lambda: LayerRowSample(layers, size, seed),
+                lambda: LayerRowSample(layers, size, seed, dim=spec.dim),
                 _feed_indexed,
                 needs_index=True,
             )

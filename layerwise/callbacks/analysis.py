@@ -6,6 +6,7 @@ from typing import Any, ClassVar, Literal, Optional, Union
 
 import torch
 from lightning.pytorch import LightningModule, Trainer
+from lightning.pytorch.utilities import rank_zero_info
 
 from layerwise.analyses import (
     Analysis,
@@ -125,6 +126,7 @@ class LayerwiseAnalysis(AnalysisCallback):
         classifier: Union[str, list[str], None] = None,
         pooling: Optional[Literal["cls", "mean", "last"]] = None,
         token_stride: int = 1,
+        max_state_bytes: Optional[int] = None,
         **moved: Any,
     ) -> None:
         for option, value in moved.items():
@@ -134,6 +136,9 @@ class LayerwiseAnalysis(AnalysisCallback):
             raise UsageError(f"LayerwiseAnalysis({option}={value!r}): the option moved to {where}.")
         super().__init__(every_n_epochs, log_figures, figures_every_n_epochs)
         positive_int("token_stride", token_stride)
+        if max_state_bytes is not None:
+            positive_int("max_state_bytes", max_state_bytes)
+        self.max_state_bytes = max_state_bytes
         _check_layers(layers)
         if source not in ("auto", "outputs", "hooks"):
             raise UsageError(f"LayerwiseAnalysis(source={source!r}): give 'auto', 'outputs' or 'hooks'.")
@@ -206,12 +211,37 @@ class LayerwiseAnalysis(AnalysisCallback):
         index = self.dataloader_idx or 0
         if index not in self._states:  # every dataloader its own pool
             self._states[index] = LoaderState.build(self._ordered, spec)
+            if not index:
+                self._check_state_bytes(self._states[index], pl_module.device)
         state = self._state = self._states[index]
         state.reset()
         for metric in state.metrics:
             metric.to(pl_module.device)
         self._selection = self._selection.to(pl_module.device)  # once, not a host-to-device copy at every batch
         state.start(self.loader, keep_indices=self.save_features and trainer.world_size > 1)
+
+    def _check_state_bytes(self, state: LoaderState, device: torch.device) -> None:
+        """Say in one line (rank zero) what the statistics hold; refuse when it exceeds the budget.
+
+        The budget: ``max_state_bytes``, else on a GPU its total memory (statistics larger than the device cannot be
+        held), else none.
+        """
+        sizes = state.pool.state_bytes()
+        total = sum(sizes.values())
+        budget = self.max_state_bytes
+        if budget is None and device.type == "cuda":
+            budget = torch.cuda.get_device_properties(device).total_memory
+        largest = ", ".join(f"{name} {_gb(size)}" for name, size in sorted(sizes.items(), key=lambda x: -x[1])[:3])
+        rank_zero_info(
+            f"LayerwiseAnalysis: the statistics hold {_gb(total)} per evaluation dataloader on each process "
+            f"(largest: {largest}); budget {'none' if budget is None else _gb(budget)} (`max_state_bytes`)."
+        )
+        if budget is not None and total > budget:
+            raise UsageError(
+                f"LayerwiseAnalysis: the statistics need {_gb(total)} per evaluation dataloader (largest: {largest}), "
+                f"more than {'max_state_bytes=' + str(budget) if self.max_state_bytes else 'the device'} "
+                f"({_gb(budget)}): select fewer `layers`, use similarity's cka='minibatch', or raise `max_state_bytes`."
+            )
 
     def configure_analyses(self, datamodule: Any, spec: LayerSpec) -> None:
         """Every analysis's statistics are for ``spec`` from now on: each reads what it needs of the run."""
@@ -334,3 +364,10 @@ def _more(more: Any) -> list[Analysis]:
                 "layerwise.analyses.Analysis), not callbacks or other objects."
             )
     return list(given)
+
+
+def _gb(size: int) -> str:
+    """Bytes in kB, MB or GB, as the line prints them."""
+    if size < 1e6:
+        return f"{size / 1e3:.1f} kB"
+    return f"{size / 1e6:.1f} MB" if size < 1e9 else f"{size / 1e9:.2f} GB"

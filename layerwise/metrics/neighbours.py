@@ -30,15 +30,18 @@ sample_keys`, mergeable across batches and ranks, so the sample is the same for 
         num_layers: L.
         size: the most rows kept (``> 0``).
         seed: the seed of the keys.
+        dim: d, where known: only for :attr:`kept_bytes`.
     """
 
     full_state_update = False
 
-    def __init__(self, num_layers: int, size: int, seed: int = 0, **kwargs: Any) -> None:
+    def __init__(self, num_layers: int, size: int, seed: int = 0, dim: Optional[int] = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         if not isinstance(size, int) or isinstance(size, bool) or size <= 0:
             raise ValueError(f"`knn_sample_size={size!r}` must be a positive int.")
         self.num_layers, self.size, self.seed = num_layers, size, int(seed)
+        self.kept_bytes = 8 * num_layers * size * (dim or 0)  # the rows at most, with their keys and indices
+        self.kept_bytes += 16 * size
         self._reset_rows()
 
     def _reset_rows(self) -> None:

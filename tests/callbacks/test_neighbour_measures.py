@@ -100,3 +100,28 @@ def test_processes_match_one_process(tmp_path, single_thread, devices):
     assert many["measure_options"] == one["measure_options"]
     for name in ("mutual_knn", "cknna"):
         np.testing.assert_allclose(np.array(many[name]), np.array(one[name]), rtol=0, atol=1e-6, err_msg=name)
+
+
+def test_the_statistics_memory_is_said_and_refused_beyond_max_state_bytes(tmp_path, capfd):
+    from layerwise.analyses.pool import Pool
+    from layerwise.callbacks.analysis import _gb
+    from layerwise.errors import UsageError
+
+    analysis = monitor()
+    trainer(tmp_path / "said", [alone(analysis, log_figures=False)]).validate(
+        fitted_module(), val_loader(N), verbose=False
+    )
+    said = capfd.readouterr()
+    lines = [line for line in (said.out + said.err).splitlines() if "the statistics hold" in line]
+    assert len(lines) == 1 and "budget none" in lines[0], lines
+    spec = analysis.spec
+    sizes = Pool.of([analysis], spec)[0].state_bytes()
+    layers, dim = spec.num_layers, spec.dim
+    expected = 8 * (2 * layers * dim + (layers * dim) ** 2 + 1)  # LayerCKA: feature_sum, shift, cross, count
+    assert sizes["stacked_moments"] == expected
+    assert sizes[f"row_sample(size={SIZE}, seed={SEED})"] == 8 * layers * SIZE * dim + 16 * SIZE
+    assert f"hold {_gb(sum(sizes.values()))} per" in lines[0]
+    with pytest.raises(UsageError, match="more than max_state_bytes=1000 .*`max_state_bytes`"):
+        trainer(tmp_path / "refused", [alone(monitor(), log_figures=False, max_state_bytes=1000)]).validate(
+            fitted_module(), val_loader(N), verbose=False
+        )
