@@ -115,7 +115,8 @@ class TunedLens(LayerwiseModule):
         """The tuned-lens objective: the layers' KL summed."""
         kl = self.layer_kl(outputs)
         width = max(2, len(str(self.num_layers)))
-        self.log_dict({f"train/kl/layer_{i:0{width}d}": value for i, value in enumerate(kl.detach(), 1)})
+        if self._trainer is not None:  # a loss computed by hand is not logged
+            self.log_dict({f"train/kl/layer_{i:0{width}d}": value for i, value in enumerate(kl.detach(), 1)})
         return kl.sum()
 
     def head_parameter_report(self) -> str:

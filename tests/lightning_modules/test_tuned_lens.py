@@ -1,0 +1,228 @@
+"""The tuned lens: its translators and loss against the paper's definition, against the tuned-lens package, trained on
+Tiny Shakespeare, and on 1 and 2 processes."""
+
+from pathlib import Path
+
+import lightning.pytorch as pl
+import numpy as np
+import pytest
+import torch
+from helpers import FROZEN_IN_EVAL, TRAINING_ONLY
+from tiny_models import LM_LAYERS, LM_WIDTH, decoder, encoder, lm_loader
+from torch.utils.data import DataLoader
+
+from layerwise.engines.lens import Translators, load_translators, save_translators
+from layerwise.engines.readout import chunked_readout
+from layerwise.errors import UsageError
+from layerwise.features import FEATURES, HFCausalLM
+from layerwise.lightning_modules import Standard, TunedLens
+
+SHARED = [Path(__file__).resolve().parents[2] / ".." / "shared", Path("/work/shared")]  # beside the checkout, or a worktree's
+SHAKESPEARE = next(
+    (path for path in (root / "data" / "tinyshakespeare" / "input.txt" for root in SHARED) if path.is_file()), SHARED[0]
+)
+
+
+def randomised(lens: TunedLens, seed: int = 0, scale: float = 0.3) -> TunedLens:
+    """Random translators (they start at zero, which would make every check below trivial)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in lens.translators.parameters():
+            parameter.copy_(scale * torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype))
+    return lens
+
+
+def reference_logits(backbone: HFCausalLM, h: torch.Tensor, weight=None, bias=None) -> torch.Tensor:
+    """The paper's lens in float64 from the model's own weights: LayerNorm(h + A h + b) @ W_U^T (GPT-2, tied)."""
+    h = h.double()
+    if weight is not None:
+        h = h + h @ weight.double().T + bias.double()
+    norm = backbone.model.transformer.ln_f
+    mean, var = h.mean(-1, keepdim=True), h.var(-1, unbiased=False, keepdim=True)
+    normed = (h - mean) / torch.sqrt(var + norm.eps) * norm.weight.double() + norm.bias.double()
+    return normed @ backbone.model.lm_head.weight.double().T
+
+
+def test_translators_start_at_the_identity_and_the_lens_is_then_the_logit_lens():
+    lens = TunedLens(backbone=decoder("gpt2"))
+    assert len(lens.translators.translators) == LM_LAYERS - 1  # the last layer has no translator
+    assert all(float(p.detach().abs().sum()) == 0.0 for p in lens.translators.parameters())
+    features = torch.randn(LM_LAYERS, 11, LM_WIDTH, dtype=torch.float64)
+    tuned = chunked_readout(lens.reading_heads(), features, reference=True)
+    logit = chunked_readout(lens.backbone.head, features, reference=True)
+    for field in ("predictions", "max_prob", "entropy", "kl_to_final", "final_rank"):
+        torch.testing.assert_close(getattr(tuned, field), getattr(logit, field), rtol=0, atol=0)
+
+
+def test_translator_forward_and_loss_equal_the_papers_definition_in_float64():
+    backbone = decoder("gpt2")
+    lens = randomised(TunedLens(backbone=backbone).double())
+    batch = next(iter(lm_loader()))
+    outputs = lens.samples(batch)
+    features = outputs[FEATURES]
+    final = torch.log_softmax(reference_logits(backbone, features[-1]), -1)
+    expected_kl = []
+    for layer, (translator, head) in enumerate(zip(lens.translators.translators, lens.reading_heads())):
+        expected = reference_logits(backbone, features[layer], translator.weight, translator.bias)
+        torch.testing.assert_close(head(features[layer]), expected, rtol=1e-10, atol=1e-10)
+        log_q = torch.log_softmax(expected, -1)
+        keep = outputs["targets"] != -100
+        expected_kl.append((final.exp() * (final - log_q)).sum(-1)[keep].mean())
+    kl = lens.layer_kl(outputs)
+    torch.testing.assert_close(kl, torch.stack(expected_kl), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(lens.compute_loss(outputs), torch.stack(expected_kl).sum(), rtol=1e-10, atol=1e-12)
+    # the readout's per-row statistics of the same lens, against the reference
+    readout = chunked_readout(lens.reading_heads(), features, None, chunk_size=5, reference=True)
+    for layer in range(LM_LAYERS):
+        weight = None if layer == LM_LAYERS - 1 else lens.translators.translators[layer].weight
+        bias = None if weight is None else lens.translators.translators[layer].bias
+        log_q = torch.log_softmax(reference_logits(backbone, features[layer], weight, bias), -1)
+        torch.testing.assert_close(readout.kl_to_final[layer], (final.exp() * (final - log_q)).sum(-1))
+        torch.testing.assert_close(readout.entropy[layer], -(log_q.exp() * log_q).sum(-1))
+        top = final.argmax(-1, keepdim=True)
+        rank = 1 + (log_q > log_q.gather(-1, top)).sum(-1)
+        torch.testing.assert_close(readout.final_rank[layer], rank.double())
+    assert float(readout.kl_to_final[-1].abs().max()) < 1e-12 and bool((readout.final_rank[-1] == 1).all())
+
+
+def test_per_layer_logits_equal_the_tuned_lens_package_with_the_same_translators():
+    """Only where the `tuned-lens` package installs beside our pins (its own venv: see the report)."""
+    lenses = pytest.importorskip("tuned_lens.nn.lenses")
+    backbone = decoder("gpt2")
+    ours = randomised(TunedLens(backbone=backbone).double())
+    theirs = lenses.TunedLens.from_model(backbone.model).double()
+    with torch.no_grad():  # their translator l reads hidden_states[l]; ours for layer l (1-based) is the same residual
+        for layer, translator in enumerate(ours.translators.translators, 1):
+            theirs.layer_translators[layer].weight.copy_(translator.weight)
+            theirs.layer_translators[layer].bias.copy_(translator.bias)
+    batch = next(iter(lm_loader()))
+    with torch.no_grad():
+        hidden = backbone.model(input_ids=batch["input_ids"], output_hidden_states=True).hidden_states
+        features = ours.samples(batch)[FEATURES]
+        for layer, head in enumerate(ours.reading_heads()[:-1], 1):
+            expected = theirs(hidden[layer], idx=layer).flatten(0, 1)
+            torch.testing.assert_close(head(features[layer - 1]), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_the_translators_file_loads_without_pickle_and_refuses_other_files(tmp_path):
+    translators = Translators(3, 8)
+    with torch.no_grad():
+        for parameter in translators.parameters():
+            parameter.normal_()
+    path = save_translators(tmp_path / "lens.safetensors", translators)
+    loaded = load_translators(path)
+    for (name, value), (_, again) in zip(translators.state_dict().items(), loaded.state_dict().items()):
+        torch.testing.assert_close(value, again, rtol=0, atol=0, msg=name)
+    torch.save({"a": 1}, tmp_path / "pickled.pt")
+    with pytest.raises(UsageError, match="not a safetensors file"):
+        load_translators(tmp_path / "pickled.pt")
+    with pytest.raises(UsageError, match="no such file"):
+        load_translators(tmp_path / "missing.safetensors")
+
+
+def test_tuned_lens_needs_exactly_one_backbone_source():
+    with pytest.raises(ValueError, match="exactly one"):
+        TunedLens()
+    with pytest.raises(ValueError, match="momentum"):
+        TunedLens(backbone=decoder("gpt2"), momentum=1.0)
+
+
+def quiet_trainer(steps: int, **kwargs) -> pl.Trainer:
+    options = dict(
+        accelerator="cpu",
+        max_steps=steps,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        num_sanity_val_steps=0,
+        limit_val_batches=0,
+        gradient_clip_val=1.0,
+    )
+    return pl.Trainer(**{**options, **kwargs})
+
+
+@FROZEN_IN_EVAL
+@TRAINING_ONLY
+@pytest.mark.filterwarnings("ignore:.*does not have many workers")
+def test_a_tuned_lens_on_a_trained_tiny_gpt2_lowers_the_kl_to_the_final_layer_below_the_logit_lens(tmp_path):
+    """Real training on Tiny Shakespeare: a 3-block GPT-2 (AdamW, 120 steps), then the default recipe (100 steps)."""
+    from layerwise.datamodules import TextDataModule
+
+    if not SHAKESPEARE.is_file():
+        pytest.skip("Tiny Shakespeare is not in /work/shared/data")
+    torch.manual_seed(0)
+    data = TextDataModule(
+        train_files=[str(SHAKESPEARE)],
+        tokenizer="byte",
+        block_size=32,
+        batch_size=16,
+        max_train_blocks=2000,
+        max_val_blocks=32,
+        val_fraction=0.1,
+    )
+    overrides = dict(n_layer=3, n_embd=32, n_head=2, n_positions=64, vocab_size=257, bos_token_id=256)
+    overrides.update(eos_token_id=256, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = Standard(HFCausalLM(model_type="gpt2", config_overrides=overrides), optimizer=_adamw)
+    quiet_trainer(120, gradient_clip_val=None).fit(model, data)
+    lens = TunedLens(backbone=model.backbone)
+    data.setup("validate")
+    batch = next(iter(data.val_dataloader()))
+
+    def kl_to_final() -> np.ndarray:
+        features = lens.samples(batch)[FEATURES]
+        return chunked_readout(lens.reading_heads(), features, reference=True).kl_to_final.mean(1).numpy()
+
+    logit = kl_to_final()
+    quiet_trainer(100, default_root_dir=tmp_path).fit(lens, data)
+    tuned = kl_to_final()
+    assert (tuned[:-1] < logit[:-1]).all(), (tuned, logit)
+    assert tuned[-1] == logit[-1] == 0.0
+    np.testing.assert_allclose(  # the fit wrote the translators it ended with
+        load_translators(tmp_path / "tuned_lens.safetensors").translators[0].weight.detach().numpy(),
+        lens.translators.translators[0].weight.detach().numpy(),
+    )
+
+
+def _adamw(parameters):
+    return torch.optim.AdamW(parameters, lr=3e-3)
+
+
+class InOrder(pl.LightningDataModule):
+    """``lm_loader``'s sequences, each rank taking every ``world_size``-th in order (no shuffling): the global batch of
+    step k is the same set of sequences on 1 and 2 processes."""
+
+    def __init__(self, batch_size: int) -> None:
+        super().__init__()
+        self.rows, self.batch_size = list(lm_loader(num_sequences=24, length=9).dataset), batch_size
+
+    def train_dataloader(self) -> DataLoader:
+        rank, world = self.trainer.global_rank, self.trainer.world_size
+        return DataLoader(self.rows[rank::world], batch_size=self.batch_size)
+
+
+@FROZEN_IN_EVAL
+@TRAINING_ONLY
+@pytest.mark.filterwarnings("ignore:.*does not have many workers")
+def test_two_processes_train_the_same_translators_as_one_for_the_same_global_batch(tmp_path):
+    """DDP (gloo, 2 processes, 3 sequences each) against 1 process (6): the same global batches in the same order,
+    every sequence as long, so the same mean loss and the same steps (momentum, weight decay, clipping, schedule)."""
+    translators = {}
+    for devices in (1, 2):
+        lens = TunedLens(backbone=decoder("gpt2"), lr=0.5).double()
+        options = dict(devices=2, strategy="ddp_fork") if devices == 2 else {}
+        trainer = quiet_trainer(4, default_root_dir=tmp_path / str(devices), use_distributed_sampler=False, **options)
+        trainer.fit(lens, datamodule=InOrder(batch_size=6 // devices))
+        translators[devices] = load_translators(tmp_path / str(devices) / "tuned_lens.safetensors")
+    moved = [float(p.detach().abs().max()) for p in translators[1].parameters()]
+    assert min(moved) > 1e-5  # the translators left their start
+    for (name, one), (_, two) in zip(translators[1].state_dict().items(), translators[2].state_dict().items()):
+        torch.testing.assert_close(two, one, rtol=1e-9, atol=1e-12, msg=lambda m, name=name: f"{name}: {m}")
+
+
+@FROZEN_IN_EVAL
+def test_a_classifier_backbone_gets_translators_on_its_pooled_features():
+    lens = TunedLens(backbone=encoder("bert", num_classes=3))
+    assert len(lens.translators.translators) == LM_LAYERS - 1
+    assert not any(p.requires_grad for p in lens.backbone.parameters())
+    assert all(p.requires_grad for p in lens.translators.parameters())
