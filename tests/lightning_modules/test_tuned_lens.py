@@ -226,3 +226,33 @@ def test_a_classifier_backbone_gets_translators_on_its_pooled_features():
     assert len(lens.translators.translators) == LM_LAYERS - 1
     assert not any(p.requires_grad for p in lens.backbone.parameters())
     assert all(p.requires_grad for p in lens.translators.parameters())
+
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+QUIET = ["--trainer.enable_progress_bar=false", "--trainer.enable_model_summary=false"]
+
+
+@FROZEN_IN_EVAL
+@pytest.mark.filterwarnings("ignore:.*does not have many workers")
+def test_the_shipped_digits_config_fits_writes_the_lens_and_resumes(tmp_path):
+    """configs/tuned_lens/digits_vit.yaml on a quickstart checkpoint (both cut short): the fit writes the translators,
+    the evaluation reads every layer through them, and `--ckpt_path last` continues the same run."""
+    from layerwise.cli import LayerwiseCLI
+
+    save = f"--trainer.logger.init_args.save_dir={tmp_path}"
+    short = ["--trainer.limit_train_batches=3", "--trainer.limit_val_batches=2", *QUIET, save]
+    tiny = ["--model.init_args.backbone.init_args.embed_dim=16", "--model.init_args.backbone.init_args.depth=3"]
+    LayerwiseCLI(args=["fit", f"--config={CONFIGS / 'quickstart.yaml'}", "--trainer.max_epochs=1", *tiny, *short])
+    checkpoint = tmp_path / "quickstart" / "version_0" / "checkpoints" / "last.ckpt"
+    lens_config = [f"--config={CONFIGS / 'tuned_lens' / 'digits_vit.yaml'}", f"--model.init_args.checkpoint={checkpoint}", *short]
+    cli = LayerwiseCLI(args=["fit", *lens_config, "--trainer.max_epochs=1"])
+    run = tmp_path / "tuned_lens_digits" / "version_0"
+    first = load_translators(run / "tuned_lens.safetensors")
+    assert len(first.translators) == 2 and float(first.translators[0].weight.abs().max()) > 0
+    assert cli.trainer.global_step == 3
+    resumed = LayerwiseCLI(args=["fit", *lens_config, "--trainer.max_epochs=2", "--ckpt_path=last"])
+    assert resumed.trainer.global_step == 6
+    again = load_translators(run / "tuned_lens.safetensors")
+    assert not torch.equal(again.translators[0].weight, first.translators[0].weight)
+    with pytest.raises(SystemExit):  # no checkpoint given: one line naming the option
+        LayerwiseCLI(args=["fit", f"--config={CONFIGS / 'tuned_lens' / 'digits_vit.yaml'}", *short])
