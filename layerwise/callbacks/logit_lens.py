@@ -8,11 +8,13 @@ from torchmetrics import Metric
 
 from layerwise.callbacks.layer_spec import LayerSpec, per_layer, shaped
 from layerwise.callbacks.monitor import LayerOutputs, LayerwiseMonitor, Metrics
+from layerwise.engines.lens import LensReader
 from layerwise.figures.summary import logit_lens_figures
 from layerwise.metrics import (
     EarlyExit,
     LayerAccuracy,
     LayerF1,
+    LensStatistics,
     SaturationCosine,
     SaturationHistogram,
     saturation_layers,
@@ -38,6 +40,14 @@ class LogitLensMonitor(LayerwiseMonitor):
     - Language models (every predicted token a sample) also get ``perplexity`` = exp(loss) per layer.
     - ``f1``: the F1 of class 1 per layer, as GLUE reports for MRPC and QQP. ``None`` (default) reports it when the
       datamodule lists ``"f1"`` in its ``metrics`` (``GLUEDataModule`` does for those tasks).
+    - ``kl_to_final``, ``entropy``, ``final_rank`` per layer (``divergence``, default on): the mean ``KL(p_L || p_l)``
+      from the final layer's distribution (the deepest selected layer's), the entropy of ``p_l`` (nats), and the
+      1-based rank of the final layer's top-1 class in ``p_l`` (of the final prediction, not of the target), from
+      float64 sums (:class:`~layerwise.metrics.LensStatistics`). They need every layer's logits beside the final
+      layer's: the head reads the selected layers once more (``(L + 1) / L`` of the evaluation's head cost).
+    - ``lens``: ``"logit"`` (default) reads every layer as the module does (the shared head; a ``TunedLens`` fit
+      through its own translators); a tuned lens file (``tuned_lens.safetensors`` of a ``TunedLens`` fit) reads every
+      layer through its translators and the model's head instead, for every quantity above.
 
     ``thresholds`` default to ``DEFAULT_THRESHOLDS``: 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99.
 
@@ -61,9 +71,13 @@ class LogitLensMonitor(LayerwiseMonitor):
         center: bool = True,
         max_buffered_samples: int = 65536,
         f1: Optional[bool] = None,
+        lens: str = "logit",
+        divergence: bool = True,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        self.lens, self.divergence = str(lens), bool(divergence)
+        self._reader = LensReader(self.lens)  # a tuned lens file is read (and checked) here, before any work
         thresholds = [float(value) for value in thresholds]
         if not thresholds or any(not 0.0 <= value <= 1.0 for value in thresholds):
             raise ValueError(f"`thresholds={thresholds}` must be a non-empty list of confidences in [0, 1].")
@@ -74,6 +88,9 @@ class LogitLensMonitor(LayerwiseMonitor):
         self._report_f1 = bool(f1)
 
     def configure(self, trainer: Trainer, monitor: LayerwiseMonitor) -> None:
+        spec = self.spec
+        tap = monitor._source.tap  # hooks on a user's own model: its head
+        self._reader.attach(trainer.lightning_module, tap, spec.layer_numbers, spec.depth, spec.dim)
         data_metrics = getattr(getattr(trainer, "datamodule", None), "metrics", ())
         self._report_f1 = "f1" in data_metrics if self.f1 is None else self.f1
         if self._report_f1 and self.spec.num_classes != 2:
@@ -97,18 +114,24 @@ class LogitLensMonitor(LayerwiseMonitor):
         }
         if self._report_f1:
             metrics["f1"] = LayerF1(layers, sync_on_compute=False)
+        if self.divergence or self.lens != "logit":
+            metrics["lens"] = LensStatistics(layers, sync_on_compute=False)
         return metrics
 
     def update(self, metrics: Metrics, batch: LayerOutputs) -> None:
-        metrics["accuracy"].update(batch.readout, batch.targets)
-        saturation = saturation_layers(batch.readout.predictions)
+        readout = batch.readout
+        if "lens" in metrics:  # every layer read again, beside the final one: the lens's own readout
+            readout = self._reader.read(batch.features, batch.targets)
+            metrics["lens"].update(readout)
+        metrics["accuracy"].update(readout, batch.targets)
+        saturation = saturation_layers(readout.predictions)
         if batch.sampled is not None:
             saturation = saturation[batch.sampled]
         metrics["saturation_cos"].update(batch.sampled_features, saturation)
-        metrics["histogram"].update(batch.readout)
-        metrics["early_exit"].update(batch.readout, batch.targets)
+        metrics["histogram"].update(readout)
+        metrics["early_exit"].update(readout, batch.targets)
         if "f1" in metrics:
-            metrics["f1"].update(batch.readout, batch.targets)
+            metrics["f1"].update(readout, batch.targets)
         if batch.exit_readout is not None:
             metrics["exit_accuracy"].update(batch.exit_readout, batch.targets)
             metrics["exit_early_exit"].update(batch.exit_readout, batch.targets)
@@ -127,6 +150,8 @@ class LogitLensMonitor(LayerwiseMonitor):
             "saturation_cos": shaped(metrics["saturation_cos"].compute(), layers),
             "early_exit": self._early_exit_rows(metrics["early_exit"]),
         }
+        if "lens" in metrics:
+            results.update({name: shaped(value, layers) for name, value in metrics["lens"].compute().items()})
         # Whether any rank saw separate exit heads is itself global: the reduced count is non-zero.
         exit_heads: Any = metrics["exit_accuracy"]
         if float(exit_heads.count) > 0:
@@ -160,6 +185,9 @@ class LogitLensMonitor(LayerwiseMonitor):
             scalars.update(per_layer(results["f1"], spec, "f1"))
         if "perplexity" in results:
             scalars.update(per_layer(results["perplexity"], spec, "perplexity"))
+        for key, name in (("kl_to_final", "kl_to_final"), ("entropy", "entropy"), ("final_rank", "final_rank")):
+            if key in results:
+                scalars.update(per_layer(results[key], spec, name))
         total = max(1, int(results["saturation_counts"].sum()))
         scalars.update(per_layer(results["saturation_counts"].double() / total, spec, "saturation"))
         if "exit_accuracy" in results:
@@ -177,6 +205,9 @@ class LogitLensMonitor(LayerwiseMonitor):
             "loss per layer": r"loss/layer_\d+",
             "perplexity per layer": r"perplexity/layer_\d+",
             "F1 per layer": r"f1/layer_\d+",
+            "KL to the final layer per layer": r"kl_to_final/layer_\d+",
+            "entropy per layer": r"entropy/layer_\d+",
+            "rank of the final prediction per layer": r"final_rank/layer_\d+",
             "saturation per layer": r"saturation/layer_\d+",
             "exit-head accuracy per layer": r"exit_acc/layer_\d+",
             "early-exit accuracy": r"early_exit/accuracy/.*",

@@ -12,13 +12,14 @@ and ``translators.{i}.bias`` ``(d,)`` for layer ``i + 1``, and the metadata ``fo
 ``num_layers`` (L), ``d_model``.
 """
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Union
+from typing import Any, Optional, Union
 
-import torch
 from torch import Tensor, nn
 
-from layerwise.engines.readout import Head, TranslatedHead
+from layerwise.engines.readout import DEFAULT_CHUNK_SIZE, Head, TranslatedHead, chunked_readout
+from layerwise.metrics.functional import Readout
 from layerwise.errors import UsageError
 from layerwise.results import write_atomic
 
@@ -109,8 +110,53 @@ def lens_heads(head: Head, lens: Union[str, Path, Translators], num_layers: int,
     return translators.heads(head)
 
 
+class LensReader:
+    """Every selected layer of a module read through a lens, beside the final layer (the logit-lens analysis's reader).
+
+    Args:
+        lens: ``"logit"`` (the module's own reading: its ``reading_heads()``, else the shared head) or a tuned lens
+            file, read here (a bad file is one ``UsageError`` naming ``option``).
+        option: the option's name in errors.
+    """
+
+    def __init__(self, lens: str = "logit", option: str = "lens") -> None:
+        self.lens, self.option = lens, option
+        self.translators = None if lens == "logit" else load_translators(lens, option)
+        self.heads: Union[Head, list[Head], None] = None
+        self.regroup: Optional[Head] = None
+        self.chunk_size = DEFAULT_CHUNK_SIZE
+
+    def attach(self, module: Any, tap: Any, layer_numbers: Sequence[int], depth: int, width: int) -> None:
+        """Take the heads of ``module`` (or of the hooks' ``tap`` on a user's model) for the 1-based ``layer_numbers``
+        of a model of ``depth`` blocks of ``width``."""
+        if tap is not None:
+            head, own = tap.head, None
+        else:
+            backbone = module.backbone
+            head = backbone.head
+            own = module.reading_heads() if hasattr(module, "reading_heads") else None
+            self.regroup = None if backbone.token_level else getattr(module, "data_logits", None)
+            self.chunk_size = int(getattr(module, "chunk_size", DEFAULT_CHUNK_SIZE))
+        heads: Union[Head, list[Head]] = head if own is None else own
+        if self.translators is not None:
+            device = next(iter(module.parameters())).device
+            self.translators.to(device)
+            check_lens_fits(self.translators, depth, width, self.option)
+            heads = self.translators.heads(head)
+        self.heads = [heads[number - 1] for number in layer_numbers] if isinstance(heads, list) else heads
+
+    def read(self, features: Tensor, targets: Optional[Tensor]) -> Readout:
+        """The :class:`Readout` of ``features`` ``(L, N, d)`` of the selected layers, with the lens statistics against
+        the deepest selected layer."""
+        assert self.heads is not None, "LensReader.attach first"
+        if self.translators is not None:
+            self.translators.to(features.device)
+        return chunked_readout(self.heads, features, targets, self.chunk_size, self.regroup, reference=True)
+
+
 __all__ = [
     "LENS_FORMAT",
+    "LensReader",
     "TUNED_LENS_FILE",
     "Translators",
     "check_lens_fits",

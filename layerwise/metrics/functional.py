@@ -180,6 +180,28 @@ def layer_accuracy(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     return _layer_accuracy_compute(*_layer_accuracy_update(logits, targets, logits.shape[0]))
 
 
+LENS_FIELDS = ("kl_to_final", "entropy", "final_rank")  # the lens statistics of a Readout read with ``reference``
+
+
+def _lens_statistics_update(readout: Readout, num_layers: int) -> tuple[Tensor, int]:
+    """Per-layer sums (3, L) float64 of ``kl_to_final``, ``entropy`` and ``final_rank`` of a batch, and its size."""
+    values = [getattr(readout, field) for field in LENS_FIELDS]
+    if any(value is None for value in values):
+        raise ValueError(
+            "Expected a Readout with kl_to_final, entropy and final_rank (chunked_readout(..., reference=True)), got "
+            f"{[field for field, value in zip(LENS_FIELDS, values) if value is None]} as None."
+        )
+    stacked = torch.stack([value.to(_F64) for value in values])  # type: ignore[union-attr]
+    if stacked.ndim != 3 or stacked.shape[1] != num_layers:
+        raise ValueError(f"Expected lens statistics of shape ({num_layers}, B), got {tuple(stacked.shape[1:])}.")
+    return stacked.sum(dim=2), stacked.shape[2]
+
+
+def _lens_statistics_compute(sums: Tensor, count: Union[Tensor, int]) -> dict[str, Tensor]:
+    """Per-layer means (L,) of the lens statistics, by name."""
+    return {field: row / count for field, row in zip(LENS_FIELDS, sums)}
+
+
 def _binary_f1_update(
     scores: Union[Tensor, Readout], targets: Tensor, num_layers: int, positive: int = 1
 ) -> tuple[Tensor, Tensor, Tensor]:
