@@ -256,3 +256,38 @@ def test_the_shipped_digits_config_fits_writes_the_lens_and_resumes(tmp_path):
     assert not torch.equal(again.translators[0].weight, first.translators[0].weight)
     with pytest.raises(SystemExit):  # no checkpoint given: one line naming the option
         LayerwiseCLI(args=["fit", f"--config={CONFIGS / 'tuned_lens' / 'digits_vit.yaml'}", *short])
+
+
+@pytest.mark.filterwarnings("ignore:.*does not have many workers")
+def test_the_logit_lens_analysis_reads_through_a_tuned_lens_file(tmp_path):
+    """`LogitLensMonitor(lens=<file>)` on a plain model: every per-layer quantity is the tuned lens's, and the lens
+    statistics equal the readout of the translated heads read directly."""
+    from helpers import read_summary
+
+    from layerwise.callbacks import LayerwiseAnalysis, LogitLensMonitor
+
+    backbone = decoder("gpt2")
+    lens = randomised(TunedLens(backbone=backbone).double(), scale=0.05)
+    path = save_translators(tmp_path / "lens.safetensors", lens.translators)
+    loader = lm_loader()
+    results = {}
+    for name, choice in (("logit", "logit"), ("tuned", str(path))):
+        analysis = LayerwiseAnalysis(logit_lens=LogitLensMonitor(lens=choice), log_figures=False, print_table=False)
+        trainer = quiet_trainer(1, default_root_dir=tmp_path / name, callbacks=[analysis], limit_val_batches=None)
+        trainer.validate(Standard(backbone), loader, verbose=False)
+        results[name] = read_summary(tmp_path / name)
+    batches = [lens.samples(batch) for batch in loader]
+    keep = torch.cat([b["targets"] for b in batches]) != -100
+    features = torch.cat([b[FEATURES] for b in batches], dim=1)[:, keep]
+    targets = torch.cat([b["targets"] for b in batches])[keep]
+    for name, heads in (("logit", backbone.head), ("tuned", lens.reading_heads())):
+        readout = chunked_readout(heads, features, targets, reference=True)
+        for key, value in (("kl_to_final", readout.kl_to_final), ("entropy", readout.entropy)):
+            # the analysis holds the features in float32 (callbacks/_loader.py): equal to float32 rounding
+            np.testing.assert_allclose(results[name][key], value.mean(1).numpy(), rtol=1e-6, atol=1e-9)
+        np.testing.assert_allclose(results[name]["final_rank"], readout.final_rank.mean(1).numpy(), rtol=0)
+        expected_accuracy = (readout.predictions == targets).double().mean(1).numpy()
+        np.testing.assert_allclose(results[name]["accuracy"], expected_accuracy, rtol=0, atol=1e-12)
+    assert results["tuned"]["kl_to_final"][:-1] != results["logit"]["kl_to_final"][:-1]
+    with pytest.raises(UsageError, match="no such file"):
+        LogitLensMonitor(lens=str(tmp_path / "missing.safetensors"))
