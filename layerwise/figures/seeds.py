@@ -29,13 +29,14 @@ QUANTITIES = {
     "cos": "COS to the last layer",
     "cka": "CKA to the last layer",
     "nc1": "NC1 (within- / between-class variability)",
+    "kl_to_final": "KL to the final layer's distribution (nats)",
     "effective_depth": "ε-effective depth",
     "early_exit_accuracy": "early-exit accuracy",
     "early_exit_speedup": "early-exit speedup",
 }
 # what each quantity's x is
 POSITIONS = {"effective_depth": "ε", "early_exit_accuracy": "τ", "early_exit_speedup": "τ"}
-LOWER_IS_BETTER = ("loss", "nc1")  # `--epoch best:<key>` minimises keys containing these
+LOWER_IS_BETTER = ("loss", "nc1", "kl_to_final")  # `--epoch best:<key>` minimises keys containing these
 # config options that say where a run writes, not what it computes: never a difference between runs
 WHERE_KEYS = ("trainer.logger", "trainer.default_root_dir", "trainer.enable_progress_bar", "ckpt_path", "threads")
 WHERE_PARTS = ("dirpath", "save_dir", "log_dir", "root_dir")
@@ -228,7 +229,7 @@ def series(summary: Mapping[str, Any], quantity: str) -> tuple[list[Any], list[f
     if quantity in ("cos", "cka"):
         matrix = summary.get(quantity)
         return (layers, [number(row[-1]) for row in matrix]) if matrix else ([], [])
-    if quantity in ("accuracy", "nc1"):
+    if quantity in ("accuracy", "nc1", "kl_to_final"):
         values = summary.get(quantity)
         return (layers, [number(value) for value in values]) if values else ([], [])
     if quantity == "effective_depth":
