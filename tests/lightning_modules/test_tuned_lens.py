@@ -291,3 +291,52 @@ def test_the_logit_lens_analysis_reads_through_a_tuned_lens_file(tmp_path):
     assert results["tuned"]["kl_to_final"][:-1] != results["logit"]["kl_to_final"][:-1]
     with pytest.raises(UsageError, match="no such file"):
         LogitLensMonitor(lens=str(tmp_path / "missing.safetensors"))
+
+
+def test_the_lens_command_reads_every_layer_through_a_tuned_lens_file(tmp_path, capsys):
+    """`layerwise lens --lens <file>`: each row is the tuned lens's top token and probability at the generated
+    positions, computed here from the paper's definition on the same hidden states."""
+    from transformers import AutoModelForCausalLM
+
+    from layerwise.cli import main as cli_main
+    from layerwise.commands.lens import lens_table
+    from layerwise.datamodules.tokenizers import byte_tokenizer
+    from tiny_models import tiny_config
+
+    torch.manual_seed(0)
+    config = tiny_config("gpt2", n_layer=3, n_embd=16, n_head=2, vocab_size=257, n_positions=64)
+    config.update(dict(initializer_range=0.5, bos_token_id=256, eos_token_id=256))
+    model = AutoModelForCausalLM.from_config(config).eval()
+    translators = Translators(3, 16)
+    with torch.no_grad():
+        for parameter in translators.parameters():
+            parameter.normal_(0, 0.3)
+    tokenizer = byte_tokenizer()
+    table = lens_table(model, tokenizer, "Hello", 4, translators=translators)
+    plain = lens_table(model, tokenizer, "Hello", 4)
+    ids = tokenizer("Hello", return_tensors="pt")["input_ids"]
+    sequence = torch.cat([ids[0], torch.tensor(table.generated_ids[:-1])])[None]
+    with torch.no_grad():
+        hidden = model(input_ids=sequence, output_hidden_states=True).hidden_states
+    start = ids.size(1) - 1
+    for layer in range(1, 3):
+        h = hidden[layer][0, start:].double()
+        t = translators.translators[layer - 1]
+        h = h + h @ t.weight.double().T + t.bias.double()
+        norm = model.transformer.ln_f
+        h = torch.nn.functional.layer_norm(h, (16,), norm.weight.double(), norm.bias.double(), norm.eps)
+        probs = (h @ model.lm_head.weight.double().T).softmax(-1)
+        assert table.token_ids[layer - 1].tolist() == probs.argmax(-1).tolist()
+        torch.testing.assert_close(table.probs[layer - 1].double(), probs.max(-1).values, atol=1e-5, rtol=0)
+    torch.testing.assert_close(table.probs[-1], plain.probs[-1])  # the last layer: the model's own head
+    assert not torch.allclose(table.probs[0], plain.probs[0])
+    folder = tmp_path / "model"
+    model.save_pretrained(folder)
+    path = save_translators(tmp_path / "lens.safetensors", translators)
+    out = tmp_path / "out"
+    common = ["lens", "--model", str(folder), "--tokenizer", "byte", "--prompt", "Hello", "--max_new_tokens", "4"]
+    cli_main([*common, "--lens", str(path), "--out", str(out)])
+    assert (out / "lens.md").is_file() and (out / "lens.png").stat().st_size > 1000
+    with pytest.raises(SystemExit):
+        cli_main([*common, "--lens", str(tmp_path / "missing.safetensors"), "--out", str(tmp_path / "x")])
+    assert "--lens" in capsys.readouterr().err
