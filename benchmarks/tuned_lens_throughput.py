@@ -5,7 +5,7 @@ throughput does not depend on them), the same data (Tiny Shakespeare in 64-token
 per optimizer step), the same objective (KL to the final layer summed over the layers) and optimizer (SGD, Nesterov),
 one process on the CPU, in one run:
 
-- layerwise: ``TunedLens`` under a Lightning ``Trainer`` (float32), as ``layerwise fit --config tuned_lens/...`` runs it;
+- layerwise: ``TunedLens`` under a Lightning ``Trainer`` (float32), as ``layerwise fit --config tuned_lens/...`` does;
 - tuned-lens: ``tuned_lens.scripts.train_loop.Train(...).execute()`` (its per-layer backward under bf16 autocast,
   its ``DataLoader2``), run by ``--tuned-lens-python`` (an interpreter where the package imports: it pins
   ``torchdata``'s ``DataLoader2`` and ``simple_parsing``, which the project does not install). Only its model
@@ -35,8 +35,11 @@ from _record import load_now, record  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 TEXT = next(  # beside the checkout (../shared/data), or the VM's /work/shared for a worktree
-    (root / "tinyshakespeare" / "input.txt" for root in (REPO.parent / "shared" / "data", Path("/work/shared/data"))
-     if (root / "tinyshakespeare" / "input.txt").is_file()),
+    (
+        root / "tinyshakespeare" / "input.txt"
+        for root in (REPO.parent / "shared" / "data", Path("/work/shared/data"))
+        if (root / "tinyshakespeare" / "input.txt").is_file()
+    ),
     REPO.parent / "shared" / "data" / "tinyshakespeare" / "input.txt",
 )
 BLOCK, BATCH = 64, 32
@@ -70,7 +73,7 @@ train = Train(
 start = time.perf_counter()
 train.execute()
 print("SECONDS", time.perf_counter() - start)
-""" % dict(block=BLOCK, batch=BATCH)
+""".replace("%(block)d", str(BLOCK)).replace("%(batch)d", str(BATCH))
 
 
 def prepare(folder: Path) -> tuple[Path, Path]:
@@ -152,7 +155,9 @@ def main() -> int:
             long = theirs(python, model, data, 2 * args.steps, Path(folder) / "b")
             values["tuned_lens_tokens_per_s"] = round(tokens / (long - short), 1)
     if values["tuned_lens_tokens_per_s"]:
-        values["layerwise_over_tuned_lens"] = round(values["layerwise_tokens_per_s"] / values["tuned_lens_tokens_per_s"], 2)
+        values["layerwise_over_tuned_lens"] = round(
+            values["layerwise_tokens_per_s"] / values["tuned_lens_tokens_per_s"], 2
+        )
     print(json.dumps(values, indent=1))
     if not args.no_record:
         record("tuned_lens_throughput", values, load_before)

@@ -19,8 +19,8 @@ from typing import Any, Optional, Union
 from torch import Tensor, nn
 
 from layerwise.engines.readout import DEFAULT_CHUNK_SIZE, Head, TranslatedHead, chunked_readout
-from layerwise.metrics.functional import Readout
 from layerwise.errors import UsageError
+from layerwise.metrics.functional import Readout
 from layerwise.results import write_atomic
 
 LENS_FORMAT = "layerwise.tuned_lens"
@@ -40,14 +40,19 @@ class Translators(nn.Module):
         if num_layers < 1 or d_model < 1:
             raise ValueError(f"Translators need num_layers >= 1 and d_model >= 1, got {num_layers} and {d_model}.")
         self.num_layers, self.d_model = int(num_layers), int(d_model)
-        self.translators = nn.ModuleList(nn.Linear(d_model, d_model) for _ in range(num_layers - 1))
-        for translator in self.translators:
+        linears = [nn.Linear(d_model, d_model) for _ in range(num_layers - 1)]
+        for translator in linears:
             nn.init.zeros_(translator.weight)
             nn.init.zeros_(translator.bias)
+        self.translators = nn.ModuleList(linears)
 
     def heads(self, head: Head) -> list[Head]:
         """One head per layer: ``head`` through each layer's translator, the plain ``head`` at the last layer."""
-        return [*(TranslatedHead(head, translator) for translator in self.translators), head]
+        return [*(TranslatedHead(head, translator) for translator in self.linears()), head]
+
+    def linears(self) -> list[nn.Linear]:
+        """The translators of layers 1..L-1, in order."""
+        return [translator for translator in self.translators if isinstance(translator, nn.Linear)]
 
 
 def save_translators(path: Union[str, Path], translators: Translators) -> Path:
@@ -96,8 +101,8 @@ def check_lens_fits(translators: Translators, num_layers: int, d_model: int, opt
     """One ``UsageError`` naming ``option`` when a tuned lens was trained for another depth or width."""
     if (translators.num_layers, translators.d_model) != (num_layers, d_model):
         raise UsageError(
-            f"`{option}`: the tuned lens was trained for {translators.num_layers} layers of width {translators.d_model}, "
-            f"but this model has {num_layers} of width {d_model}."
+            f"`{option}`: the tuned lens was trained for {translators.num_layers} layers of width "
+            f"{translators.d_model}, but this model has {num_layers} of width {d_model}."
         )
 
 
@@ -127,8 +132,10 @@ class LensReader:
         self.chunk_size = DEFAULT_CHUNK_SIZE
 
     def attach(self, module: Any, tap: Any, layer_numbers: Sequence[int], depth: int, width: int) -> None:
-        """Take the heads of ``module`` (or of the hooks' ``tap`` on a user's model) for the 1-based ``layer_numbers``
-        of a model of ``depth`` blocks of ``width``."""
+        """Take the lens's heads for the 1-based ``layer_numbers`` of a model of ``depth`` blocks of ``width``.
+
+        From ``module`` (a layerwise module), or from the hooks' ``tap`` on a user's own model when it is not None.
+        """
         if tap is not None:
             head, own = tap.head, None
         else:
@@ -146,8 +153,10 @@ class LensReader:
         self.heads = [heads[number - 1] for number in layer_numbers] if isinstance(heads, list) else heads
 
     def read(self, features: Tensor, targets: Optional[Tensor]) -> Readout:
-        """The :class:`Readout` of ``features`` ``(L, N, d)`` of the selected layers, with the lens statistics against
-        the deepest selected layer."""
+        """The :class:`Readout` of the selected layers' ``features`` ``(L, N, d)``, lens statistics included.
+
+        The reference of ``kl_to_final`` and ``final_rank`` is the deepest selected layer.
+        """
         assert self.heads is not None, "LensReader.attach first"
         if self.translators is not None:
             self.translators.to(features.device)
@@ -163,5 +172,4 @@ __all__ = [
     "lens_heads",
     "load_translators",
     "save_translators",
-
 ]

@@ -195,7 +195,7 @@ def _referenced_readout(
 ) -> Readout:
     """Every field of :class:`Readout`, row chunk by row chunk: the last layer's logits once per chunk."""
     layers, rows = features.shape[:2]
-    heads = list(head) if isinstance(head, (list, tuple)) else [head] * layers
+    heads: list[Head] = list(head) if isinstance(head, (list, tuple)) else [head] * layers  # type: ignore[list-item]
     if rows == 0:
         empty = _empty(features, targets, True)
         return empty._replace(kl_to_final=empty.max_prob, final_rank=empty.max_prob)
@@ -209,7 +209,7 @@ def _referenced_readout(
             part_targets = None if targets is None else targets[part]
             fields.append([*readout_rows(logits, part_targets), _entropy(logits), *reference_rows(logits, final)])
         chunks.append([None if field[0] is None else torch.stack(field) for field in zip(*fields)])
-    return Readout(*(None if field[0] is None else torch.cat(field, dim=1) for field in zip(*chunks)))
+    return Readout(*(None if field[0] is None else torch.cat(field, dim=1) for field in zip(*chunks)))  # type: ignore
 
 
 def _empty(features: Tensor, targets: Optional[Tensor], entropy: bool) -> Readout:
@@ -228,7 +228,7 @@ class TranslatedHead:
     A head like any other: :func:`chunked_readout` reads a layer through it, the tuned lens trains through it.
     """
 
-    def __init__(self, head: Head, translator: torch.nn.Module) -> None:
+    def __init__(self, head: Head, translator: torch.nn.Linear) -> None:
         self.head, self.translator = head, translator
 
     def translate(self, h: Tensor) -> Tensor:

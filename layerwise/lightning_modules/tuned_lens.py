@@ -1,10 +1,9 @@
 """The tuned lens (Belrose et al. 2023): a frozen model, one affine translator per layer, trained as a Lightning fit."""
 
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Optional, Union, cast
 
 import torch
-from lightning.pytorch.utilities import rank_zero_only
 from torch import Tensor
 
 from layerwise.engines.checkpoint import load_module
@@ -15,7 +14,7 @@ from layerwise.lightning_modules.base import LayerwiseModule
 
 
 class TunedLens(LayerwiseModule):
-    """A frozen backbone and the tuned lens of every layer: ``head(h_l + A_l h_l + b_l)``, ``A_l = 0, b_l = 0`` at start.
+    """A frozen backbone and a tuned lens at every layer: ``head(h_l + A_l h_l + b_l)``, ``A_l = b_l = 0`` at start.
 
     The model's own head (final norm + classifier) reads layer ``l`` after an affine translator; the translators are
     trained so that the lens's distribution at every layer matches the model's final one. The objective is
@@ -26,8 +25,8 @@ class TunedLens(LayerwiseModule):
     over every sample (classifiers: one pooled feature per image) or every token (language models: the positions
     with a next token, so padding is left out; tuned-lens's KL matches each position's own final distribution,
     ``token_shift=0``, as here). The last layer has no translator (tuned-lens: "the final layer ... does not need a
-    translator"). Each layer's loss is read through the one readout's :func:`~layerwise.engines.readout.chunked_kl_divergence`,
-    in checkpointed token chunks for language models.
+    translator"). Each layer's loss is read through the one readout's
+    :func:`~layerwise.engines.readout.chunked_kl_divergence`, in checkpointed token chunks for language models.
 
     Defaults (tuned-lens's ``ingredients.Optimizer`` with ``optimizer=sgd``): SGD, Nesterov momentum 0.9,
     ``lr = lr_scale * (1 - momentum) = 0.1`` (tuned-lens undoes PyTorch's ``1 / (1 - β)`` scaling of momentum SGD),
@@ -41,9 +40,9 @@ class TunedLens(LayerwiseModule):
     timm ViT, Hugging Face encoder or causal LM, a user's model through its layer paths); it is frozen and stays in
     evaluation mode. Evaluation reads every layer through the tuned lens (``layer_outputs``), so a
     :class:`~layerwise.callbacks.LayerwiseAnalysis` of the fit reports the tuned lens's per-layer accuracy and loss.
-    At the end of the fit (and with every checkpoint) the translators are written to ``<log_dir>/tuned_lens.safetensors``
-    (:func:`~layerwise.engines.lens.save_translators`), which ``lens=`` of the logit-lens analysis and ``layerwise
-    lens --lens`` read.
+    At the end of the fit (and with every checkpoint) the translators are written to
+    ``<log_dir>/tuned_lens.safetensors`` (:func:`~layerwise.engines.lens.save_translators`), which ``lens=`` of the
+    logit-lens analysis and ``layerwise lens --lens`` read.
 
     Args:
         checkpoint: a ``layerwise fit`` checkpoint (``.ckpt``) whose backbone gets the lens.
@@ -73,11 +72,13 @@ class TunedLens(LayerwiseModule):
             raise ValueError(f"TunedLens: give exactly one of `{option}.checkpoint` and `{option}.backbone`.")
         for name, value, low in (("lr", lr, 0.0), ("momentum", momentum, 0.0), ("weight_decay", weight_decay, 0.0)):
             if not isinstance(value, (int, float)) or not value >= low or (name == "momentum" and value >= 1):
-                raise ValueError(f"`{option}.{name}={value!r}` must be a number >= 0{' and < 1' * (name == 'momentum')}.")
+                raise ValueError(
+                    f"`{option}.{name}={value!r}` must be a number >= 0{' and < 1' * (name == 'momentum')}."
+                )
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"`{option}.warmup_steps={warmup_steps!r}` must be an integer >= 0.")
         if checkpoint is not None:
-            backbone = load_module(checkpoint, option=f"{option}.checkpoint").backbone
+            backbone = cast(Backbone, load_module(checkpoint, option=f"{option}.checkpoint").backbone)
         assert backbone is not None
         super().__init__(backbone, chunk_size=chunk_size)  # its hyper-parameters: these arguments too
         self.backbone.requires_grad_(False).eval()
@@ -174,7 +175,7 @@ class TunedLens(LayerwiseModule):
         if path is None:
             return None
         translators = self._full_translators()
-        if rank_zero_only.rank == 0:
+        if self.trainer.is_global_zero:
             save_translators(path, translators)
         return path
 
@@ -187,4 +188,3 @@ class TunedLens(LayerwiseModule):
         full = Translators(self.translators.num_layers, self.translators.d_model)
         full.load_state_dict({name: value.detach().cpu() for name, value in state.items()})
         return full
-

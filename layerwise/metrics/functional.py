@@ -191,7 +191,7 @@ def _lens_statistics_update(readout: Readout, num_layers: int) -> tuple[Tensor, 
             "Expected a Readout with kl_to_final, entropy and final_rank (chunked_readout(..., reference=True)), got "
             f"{[field for field, value in zip(LENS_FIELDS, values) if value is None]} as None."
         )
-    stacked = torch.stack([value.to(_F64) for value in values])  # type: ignore[union-attr]
+    stacked = torch.stack([value.to(_F64) for value in values if value is not None])
     if stacked.ndim != 3 or stacked.shape[1] != num_layers:
         raise ValueError(f"Expected lens statistics of shape ({num_layers}, B), got {tuple(stacked.shape[1:])}.")
     return stacked.sum(dim=2), stacked.shape[2]

@@ -191,7 +191,9 @@ def ref_lens_statistics(logits: np.ndarray) -> dict:
     kl = (prob[-1] * (log_prob[-1] - log_prob)).sum(axis=-1)
     entropy = -(prob * log_prob).sum(axis=-1)
     top = prob[-1].argmax(axis=-1)
-    ranks = np.array([[1 + sum(p[c] > p[top[i]] for c in range(len(p))) for i, p in enumerate(layer)] for layer in prob])
+    ranks = np.array(
+        [[1 + sum(p[c] > p[top[i]] for c in range(len(p))) for i, p in enumerate(layer)] for layer in prob]
+    )
     return {
         "kl_to_final": kl.mean(axis=1).tolist(),
         "entropy": entropy.mean(axis=1).tolist(),
@@ -658,7 +660,16 @@ MONITORS = [
     (
         LogitLensMonitor,
         {"thresholds": THRESHOLDS},
-        {"accuracy", "loss", "saturation_counts", "saturation_cos", "early_exit", "kl_to_final", "entropy", "final_rank"},
+        {
+            "accuracy",
+            "loss",
+            "saturation_counts",
+            "saturation_cos",
+            "early_exit",
+            "kl_to_final",
+            "entropy",
+            "final_rank",
+        },
     ),
     (NeuralCollapseMonitor, {}, {"nc1"}),
     (EffectiveDepthMonitor, {"epsilons": EPSILONS}, {"effective_depth", "effective_depth_relative"}),

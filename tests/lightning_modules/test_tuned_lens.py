@@ -17,7 +17,10 @@ from layerwise.errors import UsageError
 from layerwise.features import FEATURES, HFCausalLM
 from layerwise.lightning_modules import Standard, TunedLens
 
-SHARED = [Path(__file__).resolve().parents[2] / ".." / "shared", Path("/work/shared")]  # beside the checkout, or a worktree's
+SHARED = [
+    Path(__file__).resolve().parents[2] / ".." / "shared",
+    Path("/work/shared"),
+]  # beside the checkout, or a worktree's
 SHAKESPEARE = next(
     (path for path in (root / "data" / "tinyshakespeare" / "input.txt" for root in SHARED) if path.is_file()), SHARED[0]
 )
@@ -244,7 +247,11 @@ def test_the_shipped_digits_config_fits_writes_the_lens_and_resumes(tmp_path):
     tiny = ["--model.init_args.backbone.init_args.embed_dim=16", "--model.init_args.backbone.init_args.depth=3"]
     LayerwiseCLI(args=["fit", f"--config={CONFIGS / 'quickstart.yaml'}", "--trainer.max_epochs=1", *tiny, *short])
     checkpoint = tmp_path / "quickstart" / "version_0" / "checkpoints" / "last.ckpt"
-    lens_config = [f"--config={CONFIGS / 'tuned_lens' / 'digits_vit.yaml'}", f"--model.init_args.checkpoint={checkpoint}", *short]
+    lens_config = [
+        f"--config={CONFIGS / 'tuned_lens' / 'digits_vit.yaml'}",
+        f"--model.init_args.checkpoint={checkpoint}",
+        *short,
+    ]
     cli = LayerwiseCLI(args=["fit", *lens_config, "--trainer.max_epochs=1"])
     run = tmp_path / "tuned_lens_digits" / "version_0"
     first = load_translators(run / "tuned_lens.safetensors")
@@ -296,12 +303,12 @@ def test_the_logit_lens_analysis_reads_through_a_tuned_lens_file(tmp_path):
 def test_the_lens_command_reads_every_layer_through_a_tuned_lens_file(tmp_path, capsys):
     """`layerwise lens --lens <file>`: each row is the tuned lens's top token and probability at the generated
     positions, computed here from the paper's definition on the same hidden states."""
+    from tiny_models import tiny_config
     from transformers import AutoModelForCausalLM
 
     from layerwise.cli import main as cli_main
     from layerwise.commands.lens import lens_table
     from layerwise.datamodules.tokenizers import byte_tokenizer
-    from tiny_models import tiny_config
 
     torch.manual_seed(0)
     config = tiny_config("gpt2", n_layer=3, n_embd=16, n_head=2, vocab_size=257, n_positions=64)

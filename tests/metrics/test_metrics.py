@@ -386,9 +386,14 @@ def test_lens_statistics_match_reference_through_the_chunked_readout():
         metric.update(chunked_readout(heads, features[:, start : start + 7], chunk_size=3, reference=True))
     out = metric.compute()
     logits = [np64(features[j]) @ np64(weights[j]).T for j in range(L)]
-    probs = [np.exp(z - z.max(-1, keepdims=True)) / np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True) for z in logits]
+    probs = [
+        np.exp(z - z.max(-1, keepdims=True)) / np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True)
+        for z in logits
+    ]
     final = probs[-1]
-    kl = [np.mean([sum(final[i, c] * np.log(final[i, c] / p[i, c]) for c in range(9)) for i in range(N)]) for p in probs]
+    kl = [
+        np.mean([sum(final[i, c] * np.log(final[i, c] / p[i, c]) for c in range(9)) for i in range(N)]) for p in probs
+    ]
     entropy = [np.mean([-sum(p[i, c] * np.log(p[i, c]) for c in range(9)) for i in range(N)]) for p in probs]
     rank = [np.mean([1 + sum(p[i, c] > p[i, final[i].argmax()] for c in range(9)) for i in range(N)]) for p in probs]
     np.testing.assert_allclose(out["kl_to_final"].numpy(), kl, rtol=1e-10, atol=1e-12)
