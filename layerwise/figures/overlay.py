@@ -47,6 +47,7 @@ FIGURES = {
     "cos": ("cos", "COS to the last layer", "COS of each layer to the last layer"),
     "cka": ("cka", "CKA to the last layer", "CKA of each layer to the last layer"),
     "nc1": ("nc1", "NC1", "NC1 (within- / between-class variability) per layer"),
+    "kl_to_final": ("kl_to_final", "KL to the final layer (nats)", "KL from the final layer's distribution per layer"),
     "effective_depth": ("effective_depth", "effective depth (layer)", r"$\varepsilon$-effective depth"),
     "early_exit": ("early_exit_accuracy", "accuracy", "early exit: accuracy against speedup over τ"),
 }
