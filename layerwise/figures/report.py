@@ -117,6 +117,7 @@ COMPARISON_CAPTIONS = {
     "cos": "COS to the last layer, per layer",
     "cka": "CKA to the last layer, per layer",
     "nc1": "NC1 per layer",
+    "kl_to_final": "KL from the final layer's distribution per layer",
     "effective_depth": "ε-effective depth for each ε",
     "early_exit": "Early exit: accuracy against speedup over the thresholds τ",
 }
