@@ -17,7 +17,7 @@ from layerwise.analyses import (
     NeuralCollapseMonitor,
     TrajectoryMonitor,
 )
-from layerwise.analyses.base import resolve_order
+from layerwise.analyses.base import RunModel, resolve_order
 from layerwise.callbacks._loader import LoaderState
 from layerwise.callbacks._output import layer_table, run_log_dir
 from layerwise.callbacks._source import FeatureSource
@@ -203,7 +203,7 @@ class LayerwiseAnalysis(AnalysisCallback):
         numbers = [index + 1 for index in select_layers(self.layers, depth)]
         spec = LayerSpec(numbers, depth, dim, num_classes, token_level)
         for analysis in self._analyses:  # the head as it is at each evaluation (NC3 reads it)
-            analysis.use_head(partial(self._source.shared_head, pl_module))
+            analysis.use_model(RunModel(pl_module, self._source.tap, partial(self._source.shared_head, pl_module)))
         if spec != self._spec:
             self.configure_analyses(getattr(trainer, "datamodule", None), spec)
             self._spec, self._states = spec, {}

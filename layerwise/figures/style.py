@@ -171,6 +171,7 @@ QUANTITY_COLOURS = {
     "cos": "#0072B2",  # blue (Okabe-Ito)
     "cka": "#E69F00",  # orange (Okabe-Ito)
     "nc1": "#CC79A7",  # reddish purple (Okabe-Ito)
+    "kl_to_final": "#117733",  # green (Tol muted): the lens's distance from the final distribution
     "loss": "#332288",  # indigo (Tol muted)
     "perplexity": "#44AA99",  # teal (Tol muted)
     "f1": "#999933",  # olive (Tol muted)

@@ -20,7 +20,7 @@ from layerwise.metrics.functional_family import debiased_cka, similarity_measure
 from layerwise.metrics.functional_similarity import layer_cosine_similarity, linear_cka, saturation_cosine
 from layerwise.metrics.neighbours import LayerRowSample
 from layerwise.metrics.neural_collapse import LayerNC1, LayerNeuralCollapse
-from layerwise.metrics.prediction import EarlyExit, LayerAccuracy, LayerF1, SaturationHistogram
+from layerwise.metrics.prediction import EarlyExit, LayerAccuracy, LayerF1, LensStatistics, SaturationHistogram
 from layerwise.metrics.similarity import LayerCKA, LayerCosineSimilarity, MinibatchCKA, SaturationCosine
 from layerwise.metrics.sync import all_reduce_sum_states
 
@@ -46,6 +46,7 @@ __all__ = [
     "top_singular",
     "EarlyExit",
     "LayerAccuracy",
+    "LensStatistics",
     "LayerCKA",
     "LayerCosineSimilarity",
     "LayerF1",
