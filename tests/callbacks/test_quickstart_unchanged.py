@@ -31,7 +31,9 @@ def test_the_quickstart_summary_equals_the_one_before_the_pool_key_for_key(tmp_p
     )
     before = json.loads(BEFORE.read_text())
     now = read_summary(tmp_path / "quickstart" / "version_0")
-    assert set(now) - set(before) == {"run_id", "analyses"} and not set(before) - set(now)
+    # more keys: the run id, what ran (issue 49) and the logit lens's KL to the last layer, entropy and rank (issue 51)
+    assert set(now) - set(before) == {"run_id", "analyses", "kl_to_final", "entropy", "final_rank"}
+    assert not set(before) - set(now)
     changed = sorted(
         key for key in before if key not in ("layerwise_version", FIGURE_FUNCTIONS) and now[key] != before[key]
     )
@@ -47,4 +49,10 @@ def test_the_quickstart_summary_equals_the_one_before_the_pool_key_for_key(tmp_p
         "cka": "exact",
         "max_buffered_samples": 65536,
         "cos_bins": 400,
+        # the further measures, off (issue 50), with their options' defaults
+        "measures": [],
+        "measure_pairs": "all",
+        "svcca_variance": 0.99,
+        "shape_alpha": 0.5,
+        "rank_spectrum": "singular",
     }
