@@ -55,4 +55,8 @@ def test_the_quickstart_summary_equals_the_one_before_the_pool_key_for_key(tmp_p
         "svcca_variance": 0.99,
         "shape_alpha": 0.5,
         "rank_spectrum": "singular",
+        # the neighbourhood measures' options (issue 50, point 5), unused while they are off
+        "knn_k": 10,
+        "knn_sample_size": 1024,
+        "knn_seed": 0,
     }
