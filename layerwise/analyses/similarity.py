@@ -6,6 +6,7 @@ from typing import Any, Literal
 from layerwise.analyses.base import Analysis, Metrics, Statistic, refuse_runner_options
 from layerwise.analyses.layer_spec import LayerSpec, per_layer, shaped
 from layerwise.engines.readout import LayerOutputs
+from layerwise.errors import UsageError
 from layerwise.figures.style import SIMILARITY_LABELS
 from layerwise.figures.summary import similarity_figures
 from layerwise.metrics import LayerCKA, LayerCosineSimilarity, LayerRowSample, MinibatchCKA
@@ -143,6 +144,11 @@ class LayerSimilarityMonitor(Analysis):
                 _feed_sampled,
             )
         if self._neighbours:
+            if spec.token_level:
+                raise UsageError(
+                    f"LayerSimilarityMonitor(measures={list(self._neighbours)}): the neighbourhood measures need one "
+                    "row per sample, and a language model's rows are tokens: drop them from `measures`."
+                )
             size, seed = self.knn_sample_size, self.knn_seed
             statistics["rows"] = Statistic(
                 f"row_sample(size={size}, seed={seed})",

@@ -71,6 +71,11 @@ def test_neighbour_measures_are_off_by_default_scalars_figures_and_options(tmp_p
         LayerSimilarityMonitor(measures=["mutual_knn"], knn_sample_size=0)
     with pytest.raises(ValueError, match="`measures` 'knn'"):
         LayerSimilarityMonitor(measures=["knn"])
+    from layerwise.analyses.layer_spec import LayerSpec
+    from layerwise.errors import UsageError
+
+    with pytest.raises(UsageError, match="one row per sample.*`measures`"):  # a language model's token rows
+        analysis.statistics(LayerSpec([1, 2], 2, 8, 50, token_level=True))
 
 
 def test_to_last_pairs_only(tmp_path):
