@@ -235,7 +235,7 @@ class AnalysisCallback(Callback):
 
     def run_record(self, trainer: Trainer) -> RunRecord:
         """The :class:`RunRecord` of ``trainer``'s run, held by its first analysis callback (made on first use)."""
-        callbacks = trainer.callbacks  # type: ignore[attr-defined]  # an attribute Lightning's connector sets
+        callbacks = getattr(trainer, "callbacks", ())  # Lightning's connector sets it (none on a trainer not built)
         first = next((other for other in callbacks if isinstance(other, AnalysisCallback)), self)
         if first._record is None or first._record.trainer() is not trainer:
             resumed = {key: first._resumed[key] for key in ("run_id", "history") if key in first._resumed}
@@ -269,7 +269,7 @@ class AnalysisCallback(Callback):
 
     def _leads(self, trainer: Trainer) -> bool:
         """Whether this is the first analysis callback of ``trainer``: what the run does once, it does."""
-        callbacks = trainer.callbacks  # type: ignore[attr-defined]  # an attribute Lightning's connector sets
+        callbacks = getattr(trainer, "callbacks", ())  # Lightning's connector sets it (none on a trainer not built)
         return next((other for other in callbacks if isinstance(other, AnalysisCallback)), None) is self
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:

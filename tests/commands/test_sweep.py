@@ -186,7 +186,7 @@ def test_sweep_bad_input_names_the_argument(tmp_path, capsys) -> None:
     empty = tmp_path / "empty"
     empty.mkdir()
     no_early_exit = tmp_path / "plain.json"
-    no_early_exit.write_text(json.dumps({"accuracy": [0.5]}))
+    no_early_exit.write_text(json.dumps({"layers": [1], "accuracy": [0.5]}))
     good = tmp_path / "run" / "layerwise" / "val_epoch_000.json"
     aligned_summary(good)
     for argv, needle in [

@@ -17,8 +17,13 @@ from matplotlib.collections import PolyCollection
 from scipy import stats
 
 from layerwise.cli import main
-from layerwise.figures.overlay import FIGURES, comparison_figures, load_comparison
+from layerwise.figures.overlay import FIGURES as EVERY_FIGURE
+from layerwise.figures.overlay import comparison_figures, load_comparison
 from layerwise.figures.seeds import differences, group_runs, t_interval
+
+# what these runs hold: neural collapse beyond NC1 is opt-in (NeuralCollapseMonitor(complete=True)), so not drawn
+NC_COMPLETE = ("cdnv", "nc2_equinorm", "nc2_equiangular", "nc2_etf", "nc3", "nc4_agreement")
+FIGURES = {name: row for name, row in EVERY_FIGURE.items() if name not in NC_COMPLETE}
 
 ROOT = Path(__file__).resolve().parents[2]
 MODES = {"standard": "digits_vit_standard.yaml", "aligned": "digits_vit_aligned.yaml"}

@@ -109,7 +109,7 @@ def a_figure():
 
 # Each writer: (what it writes, how it is called with the final path).
 WRITERS = {
-    "summary": lambda path: merge_summary(path, {"epoch": 0, "accuracy": [0.5, 0.75]}, run_id="run"),
+    "summary": lambda path: merge_summary(path, {"epoch": 0, "layers": [1, 2], "accuracy": [0.5, 0.75]}, run_id="run"),
     "figure": lambda path: save_figure_atomic(path, a_figure()),
     "text (report, tables)": lambda path: write_text_atomic(path, "<html>" + "x" * 10_000 + "</html>"),
     "model (export, features)": lambda path: write_atomic(path, lambda file: torch.save(torch.nn.Linear(8, 8), file)),

@@ -183,7 +183,7 @@ def write_run(folder: Path, epochs: int, step_per_epoch: int = 10) -> None:
 def test_plot_draws_the_latest_fit_run_and_says_which(tmp_path, capsys, monkeypatch):
     drawn = []
     monkeypatch.setattr(
-        "layerwise.figures.plot.plot_summary", lambda file, out, formats, width: drawn.append(file) or []
+        "layerwise.figures.plot.plot_summary", lambda file, out, formats, width, *registered: drawn.append(file) or []
     )
     older, newer = tmp_path / "exp" / "version_0", tmp_path / "exp" / "version_1"
     write_run(older, epochs=5)
