@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from layerwise.analyses.layer_spec import LayerSpec
-from layerwise.callbacks import LayerwiseAnalysis, _loader
+from layerwise.callbacks import LayerwiseAnalysis, LogitLensMonitor, _loader
 from layerwise.callbacks._loader import LoaderState
 from layerwise.engines.readout import LayerOutputs
 from layerwise.metrics import Readout, readout_from_logits
@@ -89,8 +89,9 @@ def test_cat_joins_the_rows_in_order_and_renumbers_the_sampled_rows():
 
 def test_the_held_batches_stay_bounded_and_are_fed_in_groups(monkeypatch):
     spec = LayerSpec([1, 2], 2, 4, 5)
-    analysis = LayerwiseAnalysis()
-    analysis.configure_analyses(None, spec)  # no trainer: no datamodule to read
+    # no trainer: no datamodule to read, no model to read the lens's divergence with
+    analysis = LayerwiseAnalysis(logit_lens=LogitLensMonitor(divergence=False))
+    analysis.configure_analyses(None, spec)
     state = LoaderState.build(analysis.analyses, spec)
     targets = torch.randint(0, 5, (6,))
     outputs = LayerOutputs(torch.randn(2, 6, 4), readout_from_logits(torch.randn(2, 6, 5), targets), targets)
