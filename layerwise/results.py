@@ -156,14 +156,26 @@ def check_output_free(path: Union[str, Path], overwrite: bool, flag: str = "--ou
         )
 
 
-def save_figure_atomic(path: Union[str, Path], figure: Any, dpi: int = 150) -> Path:
-    """:func:`write_atomic` for a matplotlib figure, in the format of the path's suffix."""
-    return write_atomic(path, lambda file: figure.savefig(file, format=Path(path).suffix[1:], dpi=dpi))
+def save_figure_atomic(
+    path: Union[str, Path], figure: Any, dpi: int = 150, metadata: Optional[Mapping[str, str]] = None
+) -> Path:
+    """:func:`write_atomic` for a matplotlib figure, in the format of the path's suffix (``metadata``: savefig's)."""
+    fmt = Path(path).suffix[1:]
+    extra = {"metadata": dict(metadata)} if metadata else {}
+    return write_atomic(path, lambda file: figure.savefig(file, format=fmt, dpi=dpi, **extra))
 
 
-def save_figures(figures: Mapping[str, Any], out: Path, stem: str, formats: Sequence[str]) -> list[Path]:
+def save_figures(
+    figures: Mapping[str, Any],
+    out: Path,
+    stem: str,
+    formats: Sequence[str],
+    dpi: int = 150,
+    metadata: Optional[Callable[[Any, str], Mapping[str, str]]] = None,
+) -> list[Path]:
     """Every figure as ``out/<stem>_<name>.<format>`` in each of ``formats``, each closed once written (or failed).
 
+    ``dpi``: the raster formats' resolution; ``metadata(figure, format)``: what each file records of itself.
     Returns the written paths, figure by figure.
     """
     import matplotlib.pyplot as plt  # here: reading results needs no matplotlib
@@ -172,7 +184,8 @@ def save_figures(figures: Mapping[str, Any], out: Path, stem: str, formats: Sequ
     for name, figure in figures.items():
         try:
             for fmt in formats:
-                written.append(save_figure_atomic(out / f"{stem}_{name}.{fmt}", figure))
+                meta = metadata(figure, fmt) if metadata is not None else None
+                written.append(save_figure_atomic(out / f"{stem}_{name}.{fmt}", figure, dpi, meta))
         finally:
             plt.close(figure)
     return written

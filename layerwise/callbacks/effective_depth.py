@@ -9,7 +9,7 @@ from layerwise.callbacks.layer_spec import LayerSpec, shaped
 from layerwise.callbacks.logit_lens import LogitLensMonitor
 from layerwise.callbacks.monitor import LayerOutputs, LayerwiseMonitor, Metrics
 from layerwise.figures.summary import effective_depth_figures
-from layerwise.metrics import LayerAccuracy, effective_depth
+from layerwise.metrics import LayerAccuracy, effective_depth, effective_depth_reached
 
 DEFAULT_EPSILONS = (0.01, 0.05, 0.1)
 
@@ -21,8 +21,11 @@ class EffectiveDepthMonitor(LayerwiseMonitor):
     last layer (``>= Acc^L − ε``), for every ε in ``epsilons`` (default ``DEFAULT_EPSILONS``: 0.01, 0.05, 0.1).
     Within ``LayerwiseAnalysis`` beside the logit lens it reads the lens's accuracy instead of accumulating it again.
 
-    Logged: ``val/effective_depth/eps_E`` and ``val/effective_depth_relative/eps_E``. JSON keys:
-    ``effective_depth`` and ``effective_depth_relative`` (objects keyed by ε as a string, e.g. ``"0.05"``).
+    Logged: ``val/effective_depth/eps_E`` (NaN, no point, where no layer reaches ``1 − ε``: never the last layer as
+    if it did), ``val/effective_depth_reached/eps_E`` (1 or 0) and ``val/effective_depth_relative/eps_E``. JSON keys:
+    ``effective_depth`` (the paper's convention: the last layer where none reaches it) with
+    ``effective_depth_reached`` (false there) and ``effective_depth_relative`` (objects keyed by ε as a string, e.g.
+    ``"0.05"``).
     """
 
     figures = staticmethod(effective_depth_figures)
@@ -56,11 +59,17 @@ class EffectiveDepthMonitor(LayerwiseMonitor):
         numbers = self.spec.layer_numbers
         return {
             "effective_depth": effective_depth(accuracy, self.epsilons, numbers),
+            "effective_depth_reached": effective_depth_reached(accuracy, self.epsilons),
             "effective_depth_relative": effective_depth(accuracy, self.epsilons, numbers, relative=True),
         }
 
     def layer_scalars(self, results: dict[str, Any]) -> dict[str, float]:
-        scalars = {f"effective_depth/eps_{eps}": float(v) for eps, v in results["effective_depth"].items()}
+        reached = results.get("effective_depth_reached", {})
+        scalars = {
+            f"effective_depth/eps_{eps}": float(v) if reached.get(eps, True) else float("nan")
+            for eps, v in results["effective_depth"].items()
+        }
+        scalars.update({f"effective_depth_reached/eps_{eps}": float(flag) for eps, flag in reached.items()})
         relative = results["effective_depth_relative"].items()
         scalars.update({f"effective_depth_relative/eps_{eps}": float(v) for eps, v in relative})
         return scalars

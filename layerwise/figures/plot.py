@@ -1,9 +1,20 @@
 """``layerwise plot``: render the paper-style figures of analysis summaries to PNG and PDF."""
 
+import json
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
-from layerwise.results import find_summaries, is_pattern, is_summary, load_summary, save_figures, summary_order
+from layerwise import __version__
+from layerwise.results import (
+    find_summaries,
+    is_pattern,
+    is_summary,
+    load_summary,
+    save_figures,
+    summary_order,
+    write_text_atomic,
+)
 
 FigureFormat = Literal["png", "pdf", "svg"]
 
@@ -11,11 +22,49 @@ FigureFormat = Literal["png", "pdf", "svg"]
 PrintWidth = Literal["column", "page"]  # figures/style.py's PRINTS: 3.3 and 6.9 inches
 
 
+DEFAULT_DPI = 300  # what journals ask of a raster figure (300-600 dpi)
+
+
+def write_figures(
+    figures: Mapping[str, Any],
+    out: Path,
+    stem: str,
+    formats: Sequence[str],
+    dpi: int = DEFAULT_DPI,
+    titles: bool = True,
+) -> list[Path]:
+    """Save ``figures`` as ``out/<stem>_<name>.<format>``, each file recording its title and the style's version.
+
+    ``titles=False`` (``plot --no-title``): the titles come off the canvas (a paper's caption says what a figure
+    shows) and go, with the run, stage and epoch they named, into each file's metadata (PDF ``Title``/``Subject``,
+    PNG text) and a sidecar ``<stem>_<name>.json``. Every file records :data:`~layerwise.figures.style.STYLE_VERSION`.
+    """
+    from layerwise.figures.style import STYLE_VERSION, provenance_metadata, untitled
+
+    written: list[Path] = []
+    if not titles:
+        for name, figure in figures.items():
+            lines = untitled(figure) if getattr(figure, "_layerwise_provenance", None) is None else []
+            lines = figure._layerwise_provenance or lines
+            sidecar = {
+                "figure": name,
+                "title": lines[0] if lines else "",
+                "provenance": lines[1:],
+                "files": [f"{stem}_{name}.{fmt}" for fmt in formats],
+                "style_version": STYLE_VERSION,
+                "layerwise": __version__,
+            }
+            written.append(write_text_atomic(out / f"{stem}_{name}.json", json.dumps(sidecar, indent=1) + "\n"))
+    return save_figures(figures, out, stem, formats, dpi=dpi, metadata=provenance_metadata) + written
+
+
 def plot_summary(
     summary_file: Path,
     out_dir: Optional[Path] = None,
     formats: tuple[str, ...] = ("png", "pdf"),
     width: PrintWidth = "page",
+    dpi: int = DEFAULT_DPI,
+    titles: bool = True,
 ) -> list[Path]:
     """Write every figure of one summary, drawn at print ``width``; returns the written paths."""
     from layerwise.figures.style import drawn_at  # here, not at the top: `plot --help` answers without matplotlib
@@ -26,7 +75,7 @@ def plot_summary(
     target.mkdir(parents=True, exist_ok=True)
     with drawn_at(width):
         figures = summary_figures(summary)
-    return save_figures(figures, target, summary_file.stem, formats)
+    return write_figures(figures, target, summary_file.stem, formats, dpi, titles)
 
 
 # ------------------------------------------------------------------------------- the `layerwise plot` command
@@ -38,6 +87,9 @@ def plot(
     label: Optional[list[str]] = None,
     epoch: str = "last",
     width: PrintWidth = "page",
+    no_title: bool = False,
+    dpi: int = DEFAULT_DPI,
+    panels: Optional[str] = None,
 ) -> None:
     """Render the paper-style figures of layerwise summaries to PNG/PDF/SVG.
 
@@ -61,13 +113,24 @@ def plot(
             summary key over the runs, at the last layer: best:accuracy; lowest for a loss), or a number.
         width: print width the figures are drawn at, natively, every text >= 7 pt: a journal's column (3.3 in) or
             page (6.9 in).
+        no_title: leave the titles off the figures (the caption says it): what they named (run, stage, epoch) goes
+            into each file's metadata and a sidecar <figure>.json.
+        dpi: resolution of the PNG files (journals ask 300-600).
+        panels: several quantities in one figure, panels (a), (b), ... at the print width, e.g.
+            accuracy,cos,cka,nc1 (also effective_depth): comparison_panels.<format> beside the other figures (one or
+            several runs).
     """
     formats = tuple(format or ("png", "pdf"))
+    if dpi < 50 or dpi > 2400:
+        raise ValueError(f"`--dpi={dpi}`: give a resolution between 50 and 2400 dots per inch (journals ask 300-600).")
     path = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]  # one path, from Python
-    if len(path) > 1 or is_pattern(path[0]):
+    chosen = [name.strip() for name in panels.split(",") if name.strip()] if panels else None
+    if panels is not None and not chosen:
+        raise ValueError("`--panels=`: name the quantities, e.g. --panels accuracy,cos,cka,nc1.")
+    if len(path) > 1 or is_pattern(path[0]) or chosen:
         if all_epochs:
             raise ValueError("`--all_epochs` draws one run; several runs are drawn at one epoch (--epoch).")
-        _plot_runs(path, out, formats, label, epoch, width)
+        _plot_runs(path, out, formats, label, epoch, width, not no_title, dpi, chosen)
         return
     if label is not None:
         raise ValueError("`--label` names several runs; give more than one run to draw them side by side.")
@@ -81,7 +144,7 @@ def plot(
     if epoch != "last":
         files = _at_epoch(files[0].parent.parent, epoch)
     for summary_file in files:
-        for written in plot_summary(summary_file, out, formats, width):
+        for written in plot_summary(summary_file, out, formats, width, dpi, not no_title):
             print(written)
 
 
@@ -104,6 +167,9 @@ def _plot_runs(
     labels: Optional[list[str]],
     epoch: str,
     width: PrintWidth,
+    titles: bool = True,
+    dpi: int = DEFAULT_DPI,
+    panels: Optional[list[str]] = None,
 ) -> None:
     """Several runs side by side (:mod:`layerwise.figures.overlay`), drawn at print ``width``."""
     from layerwise.figures.overlay import load_comparison, write_comparison
@@ -111,5 +177,5 @@ def _plot_runs(
     comparison = load_comparison(paths, labels, epoch)
     groups = "; ".join(comparison.legend(group.label) for group in comparison.groups)
     print(f"layerwise plot: {len(comparison.runs)} runs at epoch {comparison.epoch} ({comparison.how}): {groups}")
-    for written in write_comparison(comparison, out or Path("comparison"), formats, width):
+    for written in write_comparison(comparison, out or Path("comparison"), formats, width, dpi, titles, panels):
         print(written)

@@ -17,6 +17,7 @@ from layerwise.figures.style import (
     Figure,
     cell_values,
     colorbar,
+    dodge,
     finish,
     finite_values,
     layer_colour,
@@ -27,6 +28,7 @@ from layerwise.figures.style import (
     no_data_note,
     quantity_colour,
     run_line,
+    series_colour,
     set_margins,
     sizes,
     stamp,
@@ -229,33 +231,60 @@ def exits_per_layer(early_exit: Sequence[dict[str, Any]], layers: Sequence[int])
 def effective_depth(summary: dict[str, Any]) -> Figure:
     """ε-effective depth (absolute and relative to the last layer) against ε: a step per ε, whole layers.
 
-    The depth is a whole layer that changes only at the ε values measured, so it is drawn as steps, not as sloped
-    lines between them; the ε values are the x ticks.
+    The depth is a whole layer that changes only at the ε values measured, so it is drawn as steps over the ε (equally
+    spaced, as categories), not as sloped lines between them, with whole-layer ticks over every layer. Where no layer
+    reaches ``1 − ε`` (``effective_depth_reached`` false) the paper sets the depth to the last layer: drawn there as
+    an open marker, and the legend says "not reached", never as a depth reached. The two variants differ in marker and
+    dash and sit a little apart, so that one never hides the other.
     """
     fig, ax = new_figure(4.8, 3.8)
-    measured: set[float] = set()
-    for key, label, marker in (
-        ("effective_depth", r"accuracy $\geq 1 - \varepsilon$", "o"),
-        ("effective_depth_relative", r"accuracy $\geq$ last layer's $- \varepsilon$", "s"),
-    ):
-        depths = summary.get(key)
-        if depths:
-            epsilons = sorted(depths, key=float)
-            measured |= {float(e) for e in epsilons}
+    measured: list[str] = []
+    missed = {eps for eps, flag in (summary.get("effective_depth_reached") or {}).items() if flag is False}
+    variants = [
+        ("effective_depth", r"accuracy $\geq 1 - \varepsilon$", {"marker": "o", "linestyle": "-"}),
+        (
+            "effective_depth_relative",
+            r"accuracy $\geq$ last layer's $- \varepsilon$",
+            {"marker": "s", "linestyle": "--"},
+        ),
+    ]
+    drawn = [(key, label, style) for key, label, style in variants if summary.get(key)]
+    for key, _, _ in drawn:
+        measured = sorted(set(measured) | set(summary[key]), key=float)
+    position = {eps: index for index, eps in enumerate(measured)}
+    open_points = False
+    for index, (key, label, style) in enumerate(drawn):
+        depths, colour = summary[key], series_colour("", index)
+        shift = dodge(index, len(drawn), 0.12)
+        epsilons = sorted(depths, key=float)
+        unreached = {eps for eps in epsilons if key == "effective_depth" and eps in missed}
+        x = [position[eps] + shift for eps in epsilons]
+        y = [np.nan if depths[eps] is None or eps in unreached else depths[eps] for eps in epsilons]
+        ax.plot(x, y, drawstyle="steps-post", color=colour, label=label, **style)
+        if unreached:
+            open_points = True
             ax.plot(
-                [float(e) for e in epsilons],
-                [np.nan if depths[e] is None else depths[e] for e in epsilons],
-                marker=marker,
-                drawstyle="steps-post",
-                label=label,
+                [position[eps] + shift for eps in epsilons if eps in unreached],
+                [depths[eps] for eps in epsilons if eps in unreached],
+                linestyle="none",
+                marker=style["marker"],
+                markerfacecolor="white",
+                markeredgecolor=colour,
+                markersize=7,
+                label=r"not reached (no layer $\geq 1 - \varepsilon$; the last layer by convention)",
             )
     ax.set_xlabel(r"tolerance $\varepsilon$")
     ax.set_ylabel("effective depth (layer)")
     if measured:
-        ax.set_xticks(sorted(measured), [f"{e:g}" for e in sorted(measured)])
+        ax.set_xticks(range(len(measured)), [f"{float(e):g}" for e in measured])
+        ax.set_xlim(-0.5, len(measured) - 0.5)
+    layers = summary.get("layers") or []
+    if layers:
+        ax.set_ylim(min(layers) - 0.5, max(layers) + 0.5)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    if ax.get_legend_handles_labels()[0]:
-        legend_inside(ax)
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        (legend_below if open_points else legend_inside)(*((fig, handles, labels) if open_points else (ax,)))
     ax.set_title(r"$\varepsilon$-effective depth")
     return finish(fig)
 
