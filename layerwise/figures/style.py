@@ -441,15 +441,29 @@ def stamp(fig: Figure, line: str) -> Figure:
 
 
 def fit_to_cells(fig: Figure, ax: Any, rows: int, columns: int) -> None:
-    """Make the canvas as high as square cells of a ``rows`` x ``columns`` image in ``ax`` need (within 1.5x, <= 4 in).
+    """Make the cells of a ``rows`` x ``columns`` image in ``ax`` square: the canvas as high as they need (<= 4 in).
 
-    The margins are kept in inches; draw the image with ``aspect="auto"``, so that its colorbar is as high as it is.
+    Where 4 in of height cannot give the axes' width square cells (a page-wide heatmap), the axes (and the colorbar
+    of :func:`new_figure`'s ``colorbar=True``) are narrowed and centred instead of stretching the cells. The margins
+    are kept in inches; draw the image with ``aspect="auto"``, so that its colorbar is as high as it is.
     """
     width, height = fig.get_size_inches()
     box = ax.get_position()
     axes_width, axes_height = box.width * width, box.height * height
-    wanted = min(max(axes_width * rows / max(1, columns), axes_width / 1.5), axes_width * 1.5, 4.0)  # <= 4 in
+    wanted = min(axes_width * rows / max(1, columns), 4.0)  # inches of height
+    narrower = axes_width - wanted * columns / max(1, rows)
     fig.set_size_inches(width, height + wanted - axes_height)
+    if narrower > 0.01:
+        margins = getattr(fig, "_layerwise_margins", {})
+        left, right = margins.get("left", sizes().left), margins.get("right", sizes().right)
+        bar = getattr(fig, "_layerwise_colorbar", None)
+        if bar is not None:  # new_figure's columns: the image, then a 0.1-in bar 0.08 in from it
+            region, bar_width, gap = width - left - right - narrower, 0.1, 0.08
+            grid = ax.get_subplotspec().get_gridspec()
+            grid.set_width_ratios([region - bar_width - gap, bar_width])
+            fig.subplots_adjust(wspace=2 * gap / (region - gap))
+        set_margins(fig, left=left + narrower / 2, right=right + narrower / 2)
+        return
     set_margins(fig)
 
 

@@ -100,9 +100,10 @@ def cos_box_plots(
     """Box plots of the per-sample COS(h_l, h_L) per layer (App. B.1, Fig. 10), from quantiles of the histogram.
 
     Box (in the layer's colour): quartiles and median; whiskers: the 1st and 99th percentiles; dots: the smallest
-    and largest value (each within half a histogram bin). The percentage of samples with a negative COS is drawn on
-    a twin axis (from 0 %, at least up to 1 %) when any layer has one; else the title says that none has. The COS
-    axis starts at 0 when no quantile is negative, so that no half of the canvas is left empty.
+    and largest value (each within half a histogram bin), a legend below says so. The percentage of samples with a
+    negative COS has axes of its own under the boxes, sharing the layer axis (from 0 %, at least up to 1 %), when any
+    layer has one (never a twin axis over the boxes); else the title says that none has. The COS axis starts at 0
+    when no quantile is negative, so that no half of the canvas is left empty.
     """
     where = {round(float(level), 6): index for index, level in enumerate(levels)}
 
@@ -123,7 +124,11 @@ def cos_box_plots(
     ]
     percent = np.asarray([np.nan if value is None else 100.0 * float(value) for value in negative], dtype=float)
     any_negative = bool(np.nan_to_num(percent).max(initial=0.0) > 0)
-    fig, ax = new_figure(5.4, 4.0, right_axis=any_negative)
+    if any_negative:
+        fig, (ax, below) = new_figure(5.4, 4.8, height_ratios=(3, 1.3))
+    else:
+        fig, ax = new_figure(5.4, 4.0)
+        below = ax
     ax.set_xlim(-0.5, len(layers) - 0.5)
     if stats:
         medians = {"color": "0.1", "linewidth": 1.5}
@@ -140,19 +145,28 @@ def cos_box_plots(
         no_data_note(ax, "per-sample COS")
         ax.set_ylim(-1.05, 1.05)
     ax.axhline(0.0, color="grey", linewidth=0.8, linestyle=":")
-    layer_ticks(ax, layers, axis="x")
-    ax.set_xlabel("layer $l$")
     ax.set_ylabel("per-sample COS$(h_l, h_L)$")
     title = "COS to the last layer, per sample"
     if any_negative:
-        twin = ax.twinx()
         colour = quantity_colour("negative")
-        twin.plot(range(len(layers)), percent, color=colour, marker="x", linestyle="--", linewidth=1)
-        twin.set_ylabel("samples with COS < 0 (%)", color=colour)
-        twin.tick_params(axis="y", colors=colour)
-        twin.set_ylim(0.0, max(1.0, 1.15 * float(np.nanmax(percent))))
+        below.bar(range(len(layers)), np.nan_to_num(percent), color=colour, width=0.6)
+        below.set_ylabel("COS < 0 (%)")
+        below.set_ylim(0.0, max(1.0, 1.15 * float(np.nanmax(percent))))
     elif np.isfinite(percent).any():
         title += " (none negative)"
+    layer_ticks(below, layers, axis="x")
+    below.set_xlabel("layer $l$")
+    if stats:
+        from matplotlib.lines import Line2D
+        from matplotlib.patches import Patch
+
+        handles = [
+            Patch(facecolor="white", edgecolor="0.2", linewidth=1.2),
+            Line2D([], [], color="0.2", linewidth=1.0),
+            Line2D([], [], color="0.2", marker=".", linestyle="none"),
+        ]
+        labels = ["box: quartiles, median", "whiskers: 1st–99th percentiles", "dots: min, max"]
+        legend_below(fig, handles, labels, max_columns=3)
     ax.set_title(title)
     return finish(fig)
 
