@@ -19,6 +19,7 @@ from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+from layerwise.figures.files import write_figures
 from layerwise.figures.seeds import (
     CSV_FIELDS,
     Group,
@@ -404,8 +405,6 @@ def write_comparison(
     ``panels``: also ``comparison_panels.<format>``, those quantities as panels (a), (b), ... of one figure.
     ``titles=False``: titles into the files' metadata and sidecars (:func:`~layerwise.figures.plot.write_figures`).
     """
-    from layerwise.figures.plot import write_figures
-
     out.mkdir(parents=True, exist_ok=True)
     with drawn_at(width):
         figures = comparison_figures(comparison)

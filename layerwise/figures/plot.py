@@ -1,61 +1,15 @@
 """``layerwise plot``: render the paper-style figures of analysis summaries to PNG and PDF."""
 
-import json
-from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Literal, Optional
 
-from layerwise import __version__
-from layerwise.results import (
-    find_summaries,
-    is_pattern,
-    is_summary,
-    load_summary,
-    save_figures,
-    summary_order,
-    write_text_atomic,
-)
+from layerwise.figures.files import DEFAULT_DPI, write_figures
+from layerwise.results import find_summaries, is_pattern, is_summary, load_summary, summary_order
 
 FigureFormat = Literal["png", "pdf", "svg"]
 
 
 PrintWidth = Literal["column", "page"]  # figures/style.py's PRINTS: 3.3 and 6.9 inches
-
-
-DEFAULT_DPI = 300  # what journals ask of a raster figure (300-600 dpi)
-
-
-def write_figures(
-    figures: Mapping[str, Any],
-    out: Path,
-    stem: str,
-    formats: Sequence[str],
-    dpi: int = DEFAULT_DPI,
-    titles: bool = True,
-) -> list[Path]:
-    """Save ``figures`` as ``out/<stem>_<name>.<format>``, each file recording its title and the style's version.
-
-    ``titles=False`` (``plot --no-title``): the titles come off the canvas (a paper's caption says what a figure
-    shows) and go, with the run, stage and epoch they named, into each file's metadata (PDF ``Title``/``Subject``,
-    PNG text) and a sidecar ``<stem>_<name>.json``. Every file records :data:`~layerwise.figures.style.STYLE_VERSION`.
-    """
-    from layerwise.figures.style import STYLE_VERSION, provenance_metadata, untitled
-
-    written: list[Path] = []
-    if not titles:
-        for name, figure in figures.items():
-            lines = untitled(figure) if getattr(figure, "_layerwise_provenance", None) is None else []
-            lines = figure._layerwise_provenance or lines
-            sidecar = {
-                "figure": name,
-                "title": lines[0] if lines else "",
-                "provenance": lines[1:],
-                "files": [f"{stem}_{name}.{fmt}" for fmt in formats],
-                "style_version": STYLE_VERSION,
-                "layerwise": __version__,
-            }
-            written.append(write_text_atomic(out / f"{stem}_{name}.json", json.dumps(sidecar, indent=1) + "\n"))
-    return save_figures(figures, out, stem, formats, dpi=dpi, metadata=provenance_metadata) + written
 
 
 def plot_summary(
