@@ -120,7 +120,9 @@ def tensorboard() -> None:
     target = DOCS / "tensorboard_val_acc.png"
     env = {**os.environ, "LAYERWISE_TENSORBOARD_SCREENSHOT": str(target)}
     test = ROOT / "tests" / "callbacks" / "test_tensorboard_chromium.py"
-    subprocess.run([sys.executable, "-m", "pytest", str(test), "-q", "-m", "slow", "-p", "no:cacheprovider"], check=True, env=env)
+    subprocess.run(
+        [sys.executable, "-m", "pytest", str(test), "-q", "-m", "slow", "-p", "no:cacheprovider"], check=True, env=env
+    )
     stamp_png(target, "TensorBoard: val/acc/layers of the quickstart, a line per layer")
     print("-> docs/figures/tensorboard_val_acc.png")
 
