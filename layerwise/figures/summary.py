@@ -4,6 +4,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, Optional
 
+import matplotlib
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
@@ -199,6 +200,7 @@ def saturation_histogram(counts: Sequence[float], layers: Sequence[int], cos: Op
     if len(layers):
         ax.set_xlim(min(layers) - 0.7, max(layers) + 0.7)  # one layer: a bar, not a filled canvas
     ax.set_ylabel("samples")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # a count of samples: whole numbers
     if cos is not None:
         values = [np.nan if value is None else value for value in cos]
         below.plot(layers, values, color=quantity_colour("cos"), marker="o")
@@ -212,8 +214,9 @@ def saturation_histogram(counts: Sequence[float], layers: Sequence[int], cos: Op
 def exits_per_layer(early_exit: Sequence[dict[str, Any]], layers: Sequence[int]) -> Figure:
     """Early exit as a τ × exit-layer heatmap: the share of each threshold's samples that exit at each layer.
 
-    One row per confidence threshold τ (lowest at the top), its accuracy and speedup beside it; up to 12 layers each
-    cell holds its share. Seven τ lines tangled near zero, two of them in nearly one colour, read worse.
+    One row per confidence threshold τ (lowest at the top), labelled by τ alone; its accuracy (%) and speedup sit in
+    two uncoloured columns before the layers (as long tick labels they took 40 % of a column's width); up to 12
+    layers each cell holds its share. Seven τ lines tangled near zero, two of them in nearly one colour, read worse.
     """
     fig, ax = new_figure(5.4, 3.2, colorbar=True)
     counts = np.asarray(
@@ -221,16 +224,17 @@ def exits_per_layer(early_exit: Sequence[dict[str, Any]], layers: Sequence[int])
     ).reshape(len(early_exit), -1)
     totals = np.nansum(counts, axis=1, keepdims=True)
     shares = np.divide(counts, totals, out=np.full_like(counts, np.nan), where=totals > 0)
-    image = ax.imshow(shares, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
-    row_labels = []
-    for row in early_exit:
-        accuracy = f"{row['accuracy']:.3f}" if row["accuracy"] is not None else "–"
-        speedup = f"×{row['speedup']:.2f}" if row["speedup"] is not None else "×–"
-        row_labels.append(f"{row['threshold']:g} ({accuracy}, {speedup})")
-    ax.set_yticks(range(len(early_exit)), row_labels)
+    shown = np.hstack([np.full((len(early_exit), 2), np.nan), shares])  # accuracy and speedup: no colour
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")
+    image = ax.imshow(shown, cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
+    ax.set_yticks(range(len(early_exit)), [f"{row['threshold']:g}" for row in early_exit])
     layer_ticks(ax, layers, axis="x")
-    ax.set_xlabel("exit layer")
-    ax.set_ylabel("τ (accuracy, speedup)")
+    positions = [2 + tick for tick in ax.get_xticks()]
+    labels = [label.get_text() for label in ax.get_xticklabels()]
+    ax.set_xticks([0, 1, *positions], ["%", "×", *labels])
+    ax.axvline(1.5, color="0.3", linewidth=0.8)
+    ax.set_xlabel("accuracy %, speedup ×, exit layer")
+    ax.set_ylabel("threshold τ")
     ax.set_title("early exit with the shared head")
     colorbar(fig, image, ax, "share of samples exiting")
     finish(fig)
@@ -238,7 +242,12 @@ def exits_per_layer(early_exit: Sequence[dict[str, Any]], layers: Sequence[int])
     widest = max((label.get_window_extent(renderer).width for label in ax.get_yticklabels()), default=0.0) / fig.dpi
     # the labels, the tick marks, the axis label, and room for the wider hinting of a 150 dpi PNG (0.06 in at 3.3 in)
     set_margins(fig, left=widest + 0.2 + 2 * sizes().label / 72)
-    cell_values(fig, ax, image, shares)
+    cell_values(fig, ax, image, shown)
+    for index, row in enumerate(early_exit):
+        accuracy = "–" if row["accuracy"] is None else f"{100 * row['accuracy']:.0f}"
+        speedup = "–" if row["speedup"] is None else f"{row['speedup']:.1f}"
+        for column, text in ((0, accuracy), (1, speedup)):
+            ax.text(column, index, text, ha="center", va="center", fontsize=sizes().note, color="black")
     return fig
 
 

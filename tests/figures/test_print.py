@@ -139,11 +139,16 @@ def test_early_exit_is_a_threshold_by_layer_heatmap_of_shares():
     ax = figure.axes[0]
     (image,) = ax.images
     counts = np.array([row["exit_counts"] for row in summary["early_exit"]], dtype=float)
-    np.testing.assert_allclose(image.get_array(), counts / counts.sum(axis=1, keepdims=True))
+    np.testing.assert_allclose(image.get_array()[:, 2:], counts / counts.sum(axis=1, keepdims=True))
     labels = [label.get_text() for label in ax.get_yticklabels()]
-    for label, row in zip(labels, summary["early_exit"]):
-        assert label.startswith(f"{row['threshold']:g} (") and f"×{row['speedup']:.2f}" in label
-    assert len(ax.texts) == counts.size
+    assert labels == [f"{row['threshold']:g}" for row in summary["early_exit"]], "compact: τ alone"
+    written = {(text.get_position(), text.get_text()) for text in ax.texts}
+    for index, row in enumerate(summary["early_exit"]):  # accuracy (%) and speedup in the two columns before
+        assert ((0, index), f"{100 * row['accuracy']:.0f}") in written and (
+            (1, index),
+            f"{row['speedup']:.1f}",
+        ) in written
+    assert len(ax.texts) == counts.size + 2 * len(counts)
     plt.close("all")
 
 
