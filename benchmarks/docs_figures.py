@@ -96,7 +96,7 @@ def quickstart(run_dir: Path, epochs: int) -> None:
 
 
 def screenshot_report(report: Path, target: Path) -> None:
-    """The top of the report (title, per-layer table, early exit, the COS and CKA heatmaps) in headless Chromium."""
+    """The top of the report (title, per-layer table, early exit, the heatmaps), the config folded, in Chromium."""
     from playwright.sync_api import sync_playwright
 
     sys.path.insert(0, str(ROOT / "tests"))
@@ -108,8 +108,9 @@ def screenshot_report(report: Path, target: Path) -> None:
             page = browser.new_page(viewport={"width": 1300, "height": 900}, device_scale_factor=1)
             page.goto(report.as_uri())
             page.wait_for_timeout(500)
+            page.evaluate("document.querySelectorAll('details').forEach((d) => { d.open = false; })")  # the config
             height = min(1800, page.evaluate("document.body.scrollHeight"))
-            page.screenshot(path=str(target), clip={"x": 0, "y": 0, "width": 1300, "height": height})
+            page.screenshot(path=str(target), full_page=True, clip={"x": 0, "y": 0, "width": 1300, "height": height})
         finally:
             browser.close()
     stamp_png(target, "layerwise report of the quickstart run")

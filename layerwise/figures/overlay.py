@@ -182,7 +182,7 @@ def _legend_entries(ax: Any, comparison: Comparison, unreached: bool = False) ->
         labels.append(comparison.interval_words)
     if unreached:
         handles.append(Line2D([], [], color="0.3", marker="o", markerfacecolor="white", linestyle="none"))
-        labels.append("open: no layer reaches 1 − ε (not reached)")
+        labels.append("open: not reached (no layer ≥ 1 − ε) in a run or more")
     return handles, labels
 
 
