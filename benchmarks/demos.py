@@ -267,7 +267,7 @@ def sst2_comparison(runs: dict[str, Path], out: Path) -> None:
 
 def ablation(summaries: dict[str, dict], out: Path) -> None:
     """Accuracy, COS and CKA to the last layer with and without residual connections, and their figures."""
-    from layerwise.figures.style import drawn_at, provenance_metadata
+    from layerwise.figures.style import drawn_at, provenance_metadata, untitled
     from layerwise.figures.summary import similarity_and_accuracy
     from layerwise.results import save_figure_atomic
 
@@ -279,6 +279,7 @@ def ablation(summaries: dict[str, dict], out: Path) -> None:
         path = out / f"ablation_{name}.png"
         with drawn_at("column"):  # the docs show the two side by side
             figure = similarity_and_accuracy(summary)
+            untitled(figure)  # the docs' table says which is which; the title stays in the file's metadata
         save_figure_atomic(path, figure, dpi=200, metadata=provenance_metadata(figure, "png"))
         print(f"-> {path}")
 

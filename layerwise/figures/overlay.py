@@ -214,9 +214,18 @@ def draw_quantity(ax: Any, comparison: Comparison, name: str) -> bool:
         shift = dodge(index, len(lines), 0.16 if not depth else 0.2)
         x = [(k if depth else row.x) + shift for k, row in enumerate(rows)]
         _seeds(ax, x, rows, style)
-        ax.plot(x, [row.mean for row in rows], markersize=4, label=comparison.legend(group), zorder=3, **style)
-        if len(lines[group]) and rows[0].seeds > 1:
-            _band(ax, x, rows, style["color"])
+        steps = "steps-post" if depth else "default"  # a whole layer that changes only at the ε measured
+        ax.plot(
+            x,
+            [row.mean for row in rows],
+            markersize=4,
+            label=comparison.legend(group),
+            zorder=3,
+            drawstyle=steps,
+            **style,
+        )
+        if rows and rows[0].seeds > 1:
+            _band(ax, x, rows, style["color"], step="post" if depth else None)
         open_at = [position for position, row in zip(x, rows) if row.unreached]
         if open_at:
             unreached = True
