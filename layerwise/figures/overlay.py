@@ -370,11 +370,9 @@ def panels_figure(comparison: Comparison, names: Sequence[str]) -> Figure:
     handles, labels = _legend_entries(axes[0], comparison, unreached)
     legend_below(fig, handles, labels, max_columns=2)
     fig.suptitle(", ".join(FIGURES[name][2] for name in names), fontsize=p.title)
-    finish(fig)
-    for ax in fig.axes:
-        ax._left_title.set_fontweight("bold")
+    finish(fig)  # sizes only: the letters stay bold
     untitled(fig)  # a multi-panel figure's title is its caption
-    fig._layerwise_provenance = [", ".join(FIGURES[name][2] for name in names), comparison.line]
+    setattr(fig, "_layerwise_provenance", [", ".join(FIGURES[name][2] for name in names), comparison.line])  # noqa: B010
     return fig
 
 
