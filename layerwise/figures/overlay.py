@@ -56,7 +56,7 @@ FIGURES = {
     "accuracy": ("accuracy", "accuracy (shared head)", "accuracy of the shared head at each layer"),
     "cos": ("cos", "COS to the last layer", "COS of each layer to the last layer"),
     "cka": ("cka", "CKA to the last layer", "CKA of each layer to the last layer"),
-    "nc1": ("nc1", "NC1", "NC1 (within- / between-class variability) per layer"),
+    "nc1": ("nc1", "NC1 (within / between class)", "NC1 of each layer"),  # short: a column-wide title fits
     "effective_depth": ("effective_depth", "effective depth (layer)", r"$\varepsilon$-effective depth"),
     "early_exit": ("early_exit_accuracy", "accuracy", "early exit: accuracy against speedup over τ"),
 }
