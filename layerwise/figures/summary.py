@@ -215,8 +215,9 @@ def exits_per_layer(early_exit: Sequence[dict[str, Any]], layers: Sequence[int])
     """Early exit as a τ × exit-layer heatmap: the share of each threshold's samples that exit at each layer.
 
     One row per confidence threshold τ (lowest at the top), labelled by τ alone; its accuracy (%) and speedup sit in
-    two uncoloured columns before the layers (as long tick labels they took 40 % of a column's width); up to 12
-    layers each cell holds its share. Seven τ lines tangled near zero, two of them in nearly one colour, read worse.
+    two uncoloured columns before the layers (as long tick labels they took 40 % of a column's width; with too many
+    layers for such columns, in the row labels); up to 12 layers each cell holds its share. Seven τ lines tangled
+    near zero, two of them in nearly one colour, read worse.
     """
     fig, ax = new_figure(5.4, 3.2, colorbar=True)
     counts = np.asarray(
@@ -224,17 +225,27 @@ def exits_per_layer(early_exit: Sequence[dict[str, Any]], layers: Sequence[int])
     ).reshape(len(early_exit), -1)
     totals = np.nansum(counts, axis=1, keepdims=True)
     shares = np.divide(counts, totals, out=np.full_like(counts, np.nan), where=totals > 0)
-    shown = np.hstack([np.full((len(early_exit), 2), np.nan), shares])  # accuracy and speedup: no colour
+    # accuracy and speedup in two uncoloured columns where a cell holds "100" (else, many layers: in the row labels)
+    cell = ax.get_position().width * fig.get_size_inches()[0] / (shares.shape[1] + 2)
+    columns = cell >= 0.2  # inches: "100" at 7 pt is 0.15 in wide
+    accuracy = ["–" if row["accuracy"] is None else f"{100 * row['accuracy']:.0f}" for row in early_exit]
+    speedup = ["–" if row["speedup"] is None else f"{row['speedup']:.1f}" for row in early_exit]
+    shown = np.hstack([np.full((len(early_exit), 2), np.nan), shares]) if columns else shares
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")
     image = ax.imshow(shown, cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
-    ax.set_yticks(range(len(early_exit)), [f"{row['threshold']:g}" for row in early_exit])
+    taus = [f"{row['threshold']:g}" for row in early_exit]
+    if columns:
+        ax.set_yticks(range(len(early_exit)), taus)
+    else:
+        ax.set_yticks(range(len(early_exit)), [f"{t}: {a} %, ×{s}" for t, a, s in zip(taus, accuracy, speedup)])
     layer_ticks(ax, layers, axis="x")
-    positions = [2 + tick for tick in ax.get_xticks()]
-    labels = [label.get_text() for label in ax.get_xticklabels()]
-    ax.set_xticks([0, 1, *positions], ["%", "×", *labels])
-    ax.axvline(1.5, color="0.3", linewidth=0.8)
-    ax.set_xlabel("accuracy %, speedup ×, exit layer")
-    ax.set_ylabel("threshold τ")
+    if columns:
+        positions = [2 + tick for tick in ax.get_xticks()]
+        labels = [label.get_text() for label in ax.get_xticklabels()]
+        ax.set_xticks([0, 1, *positions], ["%", "×", *labels])
+        ax.axvline(1.5, color="0.3", linewidth=0.8)
+    ax.set_xlabel("accuracy %, speedup ×, exit layer" if columns else "exit layer")
+    ax.set_ylabel("threshold τ" if columns else "τ: accuracy, speedup")
     ax.set_title("early exit with the shared head")
     colorbar(fig, image, ax, "share of samples exiting")
     finish(fig)
@@ -242,11 +253,9 @@ def exits_per_layer(early_exit: Sequence[dict[str, Any]], layers: Sequence[int])
     widest = max((label.get_window_extent(renderer).width for label in ax.get_yticklabels()), default=0.0) / fig.dpi
     # the labels, the tick marks, the axis label, and room for the wider hinting of a 150 dpi PNG (0.06 in at 3.3 in)
     set_margins(fig, left=widest + 0.2 + 2 * sizes().label / 72)
-    cell_values(fig, ax, image, shown)
-    for index, row in enumerate(early_exit):
-        accuracy = "–" if row["accuracy"] is None else f"{100 * row['accuracy']:.0f}"
-        speedup = "–" if row["speedup"] is None else f"{row['speedup']:.1f}"
-        for column, text in ((0, accuracy), (1, speedup)):
+    cell_values(fig, ax, image, shown, most=14 if columns else 12)  # up to 12 layers, and the two columns
+    for index in range(len(early_exit) if columns else 0):
+        for column, text in ((0, accuracy[index]), (1, speedup[index])):
             ax.text(column, index, text, ha="center", va="center", fontsize=sizes().note, color="black")
     return fig
 

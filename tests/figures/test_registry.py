@@ -91,9 +91,9 @@ def test_a_users_analysis_is_drawn_by_training_plot_and_report_alike(tmp_path, f
         (event,) = events.Images(tag)
         assert np.array_equal(rgb(event.encoded_image_string), worker.rendered(drawn[tag[4:]])), tag
     printed = io.BytesIO()
-    drawn["feature_norm"].savefig(printed, format="png", dpi=150)  # plot's and report's resolution
+    drawn["feature_norm"].savefig(printed, format="png", dpi=150)  # the report's resolution, plot's with --dpi 150
 
-    main(["plot", str(summary_path), "--out", str(tmp_path / "plot"), "--format", "png"])
+    main(["plot", str(summary_path), "--out", str(tmp_path / "plot"), "--format", "png", "--dpi", "150"])
     plotted = tmp_path / "plot" / f"{summary_path.stem}_feature_norm.png"
     assert np.array_equal(rgb(plotted.read_bytes()), rgb(printed.getvalue()))
 
