@@ -17,8 +17,9 @@ in turn, so background load hits all of them alike. Reported per configuration, 
   reset), ``batches`` (metric updates) and ``finish`` (compute, JSON). This is the callback's cost measured directly,
   so it stays meaningful when other processes make the epoch times noisy.
 
-For DeiT-S, the four standalone monitors (LayerSimilarityMonitor, LogitLensMonitor, NeuralCollapseMonitor,
-EffectiveDepthMonitor) run together in one more Trainer and each is timed on its own, and a last table times every
+For DeiT-S, the four analyses (LayerSimilarityMonitor, LogitLensMonitor, NeuralCollapseMonitor,
+EffectiveDepthMonitor), each in a LayerwiseAnalysis of its own, run together in one more Trainer and each is timed on
+its own, and a last table times every
 metric's ``update``/``compute``/``reset`` on random features of the DeiT-S shapes, without the model.
 
     .venv/bin/python benchmarks/callback_overhead.py                    # both cases, a few minutes on 2 CPU cores
@@ -53,7 +54,6 @@ from layerwise.callbacks import (
     EffectiveDepthMonitor,
     LayerSimilarityMonitor,
     LayerwiseAnalysis,
-    LayerwiseMonitor,
     LogitLensMonitor,
     NeuralCollapseMonitor,
     _loader,
@@ -118,7 +118,7 @@ class _Clock(Callback):
         return f"_Clock[{self.at}]"
 
 
-def _time_hooks(callback: LayerwiseMonitor, seconds: dict[str, float], synchronize: Callable[[], None]) -> None:
+def _time_hooks(callback: LayerwiseAnalysis, seconds: dict[str, float], synchronize: Callable[[], None]) -> None:
     """Wrap the callback's validation hooks (on the instance) so that they add their duration to ``seconds``."""
     for hook, part in HOOK_PARTS.items():
         original = getattr(callback, hook)
@@ -157,20 +157,21 @@ def _timed(owner: Any, name: str, label: str, synchronize: Callable[[], None]) -
 _PATCHED_MODULE_PARTS = False
 
 
-def _time_finish_parts(monitor: LayerwiseMonitor, synchronize: Callable[[], None]) -> None:
+def _time_finish_parts(monitor: LayerwiseAnalysis, synchronize: Callable[[], None]) -> None:
     """Time the parts of the epoch end: the reduction, each analysis's results, logging, the JSON, the figure queue."""
     global _PATCHED_MODULE_PARTS
     for analysis in monitor.analyses:
         _timed(analysis, "results", f"results of {type(analysis).__name__}", synchronize)
     if not _PATCHED_MODULE_PARTS:  # module-level: once, whichever configuration runs adds to its own _FINISH
         _PATCHED_MODULE_PARTS = True
-        from layerwise.callbacks import _loader, lifecycle, monitor
+        from layerwise.callbacks import _loader, lifecycle
+        from layerwise.callbacks import analysis as runner
 
         _timed(_loader, "all_reduce_sum_states", "all-reduce", synchronize)
         _timed(_loader.LoaderState, "reduce", "reduce (all-reduce and every compute)", synchronize)
         _timed(lifecycle, "log_scalars", "log scalars (Lightning)", synchronize)
         _timed(lifecycle, "merge_summary", "write the JSON", synchronize)
-        _timed(monitor, "layer_table", "layer table", synchronize)
+        _timed(runner, "layer_table", "layer table", synchronize)
         _timed(lifecycle, "log_figures_later", "enqueue figures", synchronize)
 
 
@@ -179,7 +180,7 @@ class Config:
     """One side of the comparison: a Trainer with these analysis callbacks (none = the baseline)."""
 
     name: str
-    monitors: dict[str, LayerwiseMonitor]
+    monitors: dict[str, LayerwiseAnalysis]
     tensorboard: bool = False
     timed: bool = True  # time the monitors' hooks (on a GPU: a synchronisation around every hook, see _time_hooks)
     group_batches: Optional[int] = None  # batches fed to the metrics together (None: the default, GROUP_BATCHES)
@@ -584,18 +585,17 @@ def deit_s_case(args: argparse.Namespace) -> None:
         timed = {"LayerwiseAnalysis": LayerwiseAnalysis(log_figures=False)}
         configs.append(Config("LayerwiseAnalysis(), hooks timed", timed))
     if not args.lean:
-        standalone = {
-            "LayerSimilarityMonitor": LayerSimilarityMonitor(),
-            "LogitLensMonitor": LogitLensMonitor(),
-            "NeuralCollapseMonitor": NeuralCollapseMonitor(),
-            "EffectiveDepthMonitor": EffectiveDepthMonitor(),
+        off = dict(similarity=False, logit_lens=False, neural_collapse=False, depth=False, trajectory=False)
+        standalone = {  # each analysis alone in a LayerwiseAnalysis of its own (the analyses are not callbacks)
+            kind.__name__: LayerwiseAnalysis(**{**off, kind().name: kind()})
+            for kind in (LayerSimilarityMonitor, LogitLensMonitor, NeuralCollapseMonitor, EffectiveDepthMonitor)
         }
         configs += [
             Config(
                 "LayerwiseAnalysis(cka='minibatch')",
                 {"LayerwiseAnalysis": LayerwiseAnalysis(similarity=LayerSimilarityMonitor(cka="minibatch"))},
             ),
-            Config("4 standalone monitors together", standalone),
+            Config("4 analyses, each in its own LayerwiseAnalysis", standalone),
         ]
     measure(model, loader, configs, args.repeats, args.device)
     title = (
@@ -644,8 +644,8 @@ def host_case(args: argparse.Namespace) -> None:
     (the default) and one at a time (groups of one, as before), alternated; on ``--device``."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    from layerwise.analyses.layer_spec import LayerSpec
     from layerwise.callbacks._loader import LoaderState
-    from layerwise.callbacks.layer_spec import LayerSpec
 
     class _Count(TorchDispatchMode):
         def __init__(self) -> None:

@@ -44,12 +44,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
+import layerwise.callbacks.monitor as callback_base
 import torch
 import torch.distributed as dist
 from lightning.pytorch import Callback, LightningModule, Trainer, seed_everything
 from torch.utils.data import DataLoader, TensorDataset
 
-import layerwise.callbacks.monitor as callback_base
 from layerwise.callbacks import LayerSimilarityMonitor, LayerwiseAnalysis
 from layerwise.features import TimmViT
 from layerwise.lightning_modules import Standard

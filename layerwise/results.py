@@ -25,6 +25,9 @@ from layerwise.errors import LayerwiseWarning, UsageError
 # A summary's record of the functions that draw it: {"module:qualname": the key each reads, or None for the whole
 # summary}, filled by every analysis callback that writes into it (layerwise.figures.registry).
 FIGURE_FUNCTIONS = "figure_functions"
+# A summary's record of the per-layer analyses that wrote it: {name: {"class", "options", "columns"}}, filled by
+# every LayerwiseAnalysis of the run (its analyses' class and options; their per-layer results the report shows).
+ANALYSES = "analyses"
 
 REQUIRED_KEYS = (
     "epoch",
@@ -265,7 +268,8 @@ def merge_summary(path: Path, updates: dict[str, Any], run_id: str) -> None:
     """Add ``updates`` to the summary at ``path`` (written atomically).
 
     Several callbacks of one run (same ``run_id``) each contribute their keys to the same epoch's summary, and their
-    figure functions to its :data:`FIGURE_FUNCTIONS` (``layerwise.figures.registry``: what draws it). A file left
+    figure functions to its :data:`FIGURE_FUNCTIONS` (``layerwise.figures.registry``: what draws it) and their
+    analyses to its :data:`ANALYSES`. A file left
     by another run (an earlier run into the same folder: no logger, or W&B/MLflow first, do not version the runs) is
     moved aside as ``<name>.earlier-<time>``, with a warning once per run, and a new summary is written: never merged
     (no stale key survives), never lost.
@@ -276,10 +280,11 @@ def merge_summary(path: Path, updates: dict[str, Any], run_id: str) -> None:
         _WARNED_EARLIER.add(run_id)
         summary = {}
     summary = {"run_id": run_id, "layerwise_version": __version__, **summary}  # which layerwise wrote it
-    functions = {**summary.get(FIGURE_FUNCTIONS, {}), **updates.get(FIGURE_FUNCTIONS, {})}
+    merged = {key: {**summary.get(key, {}), **updates.get(key, {})} for key in (FIGURE_FUNCTIONS, ANALYSES)}
     summary.update(to_json(updates))
-    if functions:  # every callback's figure functions, not the last one's
-        summary[FIGURE_FUNCTIONS] = functions
+    for key, records in merged.items():  # every callback's figure functions and analyses, not the last one's
+        if records:
+            summary[key] = records
     write_text_atomic(path, json.dumps(summary, indent=1, allow_nan=False))
 
 
@@ -320,14 +325,386 @@ def _readable_summary(path: Path) -> dict[str, Any]:
 
 
 def load_summary(path: Union[str, Path]) -> dict[str, Any]:
-    """Read one summary file; a ValueError naming the file when it is not a summary JSON object."""
+    """Read one summary file through the one schema (:func:`check_summary`): what every reader of a summary calls.
+
+    A file that is not a summary, or does not fit it, is a :class:`SummaryError` (a ``UsageError``): one line naming
+    the file, the key and what was expected. ``NaN``/``Infinity`` literals and numbers beyond a float's range are
+    read as ``null`` (not finite), as the writer writes them.
+    """
     path = Path(path)
+    size = path.stat().st_size
+    if size > MAX_SUMMARY_BYTES:
+        raise SummaryError(
+            f"{path}: {size} bytes, more than a summary holds ({MAX_SUMMARY_BYTES >> 20} MiB); not read."
+        )
     try:
-        summary = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{path} is not a readable layerwise summary ({error}).") from None
+        summary = json.loads(
+            path.read_bytes().decode("utf-8"), parse_constant=_not_finite, parse_float=_finite_float, parse_int=_integer
+        )
+    except ValueError as error:  # not JSON, not UTF-8
+        raise SummaryError(f"{path} is not a readable layerwise summary ({str(error)[:200]}).") from None
+    except RecursionError:
+        raise SummaryError(f"{path} is not a layerwise summary: its JSON is nested too deeply to read.") from None
+    return check_summary(summary, path)
+
+
+# ------------------------------------------------------------------------------- the one schema of a summary
+def _not_finite(_: str) -> None:
+    """``NaN``, ``Infinity``, ``-Infinity`` in a summary: undefined, as the writer writes them (``null``)."""
+    return None
+
+
+def _integer(text: str) -> Optional[Union[int, float]]:
+    """A JSON integer; one of 19 digits or more is a float (``null`` beyond a float's range), never a huge int."""
+    return int(text) if len(text) < 19 else _finite_float(text)
+
+
+def _finite_float(text: str) -> Optional[float]:
+    """A JSON number; one beyond a float's range (``1e999``) is not finite: ``null``."""
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+MAX_SUMMARY_BYTES = 256 << 20  # a 4096-layer model's L x L matrices fit many times over
+MAX_LAYERS = 4096  # per-layer rows: more than any model's depth
+MAX_ROWS = 100_000  # any other list of a summary (thresholds, quantile levels, bins)
+MAX_NESTING = 32  # the package writes at most 5 levels (residual_norm_ratio.quantiles); a user's analysis, more
+
+
+Check = Callable[[str, Any, dict[str, Any]], Any]  # (where, value, the object holding it): raises _Mismatch
+
+
+class SummaryError(UsageError):
+    """A summary file that does not fit the schema: one line naming the file, the key and what was expected."""
+
+
+class _Mismatch(Exception):
+    def __init__(self, where: str, expected: str, value: Any = None, shown: bool = True) -> None:
+        super().__init__(where)
+        self.where, self.expected, self.value, self.shown = where, expected, value, shown
+
+
+def _kind(value: Any) -> str:
+    """A JSON value in words, never the value itself (a file's text may be anything)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    if isinstance(value, (int, float)):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return f"a list of {len(value)}"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _number(where: str, value: Any, nullable: bool = True, integer: bool = False, minimum: Optional[float] = None):
+    if value is None and nullable:
+        return
+    if integer and (isinstance(value, float) and value.is_integer()):
+        value = int(value)
+    ok = isinstance(value, int) and not isinstance(value, bool) if integer else _is_number(value)
+    if not ok or (minimum is not None and value < minimum):
+        what = "an integer" if integer else "a number"
+        what += f" >= {minimum:g}" if minimum is not None else ""
+        raise _Mismatch(where, what + (" or null" if nullable else ""), value)
+
+
+def _string(where: str, value: Any, nullable: bool = False) -> None:
+    if not (isinstance(value, str) or (nullable and value is None)):
+        raise _Mismatch(where, "a string" + (" or null" if nullable else ""), value)
+
+
+def _grid(
+    where: str, value: Any, shape: Sequence[Optional[int]], integer: bool = False, nullable: bool = True
+) -> tuple[int, ...]:
+    """Nested lists of numbers (or null) of ``shape`` (None: any length, the same in every row); the shape found."""
+    if not shape:
+        _number(where, value, nullable=nullable, integer=integer)
+        return ()
+    length, limit = shape[0], MAX_LAYERS if len(shape) > 1 else MAX_ROWS
+    if not isinstance(value, list) or (length is not None and len(value) != length) or len(value) > limit:
+        size = f"{length}" if length is not None else f"at most {limit}"
+        dims = " x ".join("n" if n is None else str(n) for n in shape)
+        raise _Mismatch(where, f"a list of {size} ({dims} {'integers' if integer else 'numbers'})", value)
+    inner: Optional[tuple[int, ...]] = None
+    for index, item in enumerate(value):
+        found = _grid(f"{where}[{index}]", item, inner or shape[1:], integer, nullable)
+        inner = inner or found
+    return (len(value), *(inner or tuple(n or 0 for n in shape[1:])))
+
+
+def _layers_of(summary: dict[str, Any]) -> int:
+    if "layers" not in summary or summary["layers"] is None:
+        raise _Mismatch("layers", "the layer numbers (a list of integers) beside the per-layer keys", shown=False)
+    return len(summary["layers"])
+
+
+def _per_layer(*dims: Optional[int], integer: bool = False) -> Check:
+    """A per-layer key: L rows (L = the length of ``layers``), each of ``dims`` (-1: L again)."""
+
+    def check(where: str, value: Any, summary: dict[str, Any]) -> None:
+        if value is not None:
+            size = _layers_of(summary)
+            _grid(where, value, [size, *(size if dim == -1 else dim for dim in dims)], integer=integer)
+
+    return check
+
+
+def _scalar(integer: bool = False, nullable: bool = True, minimum: Optional[float] = None) -> Check:
+    return lambda where, value, summary: _number(where, value, nullable, integer, minimum)
+
+
+def _text(nullable: bool = False) -> Check:
+    return lambda where, value, summary: _string(where, value, nullable)
+
+
+def _numbers(integer: bool = False) -> Check:
+    return lambda where, value, summary: None if value is None else _grid(where, value, [None], integer=integer)
+
+
+def _strings(where: str, value: Any, summary: dict[str, Any]) -> None:
+    if not isinstance(value, list) or len(value) > MAX_ROWS:
+        raise _Mismatch(where, "a list of names", value)
+    for index, item in enumerate(value):
+        _string(f"{where}[{index}]", item)
+
+
+def _layers(where: str, value: Any, summary: dict[str, Any]) -> None:
+    if not isinstance(value, list) or len(value) > MAX_LAYERS:
+        raise _Mismatch(where, f"a list of at most {MAX_LAYERS} layer numbers", value)
+    for index, item in enumerate(value):
+        _number(f"{where}[{index}]", item, nullable=False, integer=True, minimum=0)
+
+
+def _figure_functions(where: str, value: Any, summary: dict[str, Any]) -> None:
+    if not isinstance(value, dict):
+        raise _Mismatch(where, 'an object {"module:function": the key it reads, or null}', value)
+    for name, key in value.items():
+        _string(f"{where}[{name[:40]!r}]", key, nullable=True)
+
+
+def _effective_depth(where: str, value: Any, summary: dict[str, Any]) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict) or len(value) > MAX_ROWS:
+        raise _Mismatch(where, 'an object {"ε": layer number or null}', value)
+    for epsilon, depth in value.items():
+        try:
+            float(epsilon)
+        except ValueError:
+            raise _Mismatch(where, 'ε keys that are numbers ("0.05")', shown=False) from None
+        _number(f"{where}[{epsilon!r}]", depth, integer=True)
+
+
+def _effective_depth_reached(where: str, value: Any, summary: dict[str, Any]) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict) or len(value) > MAX_ROWS:
+        raise _Mismatch(where, 'an object {"ε": true/false}', value)
+    for epsilon, reached in value.items():
+        try:
+            float(epsilon)
+        except ValueError:
+            raise _Mismatch(where, 'ε keys that are numbers ("0.05")', shown=False) from None
+        if not isinstance(reached, bool):
+            raise _Mismatch(f"{where}[{epsilon[:40]!r}]", "true or false", reached)
+
+
+def _early_exit(where: str, value: Any, summary: dict[str, Any]) -> None:
+    if value is None:
+        return
+    if not isinstance(value, list) or len(value) > MAX_ROWS:
+        raise _Mismatch(where, "a list of thresholds' rows", value)
+    width: Optional[int] = None
+    for index, row in enumerate(value):
+        at = f"{where}[{index}]"
+        if not isinstance(row, dict):
+            raise _Mismatch(at, "an object with threshold, accuracy, speedup and exit_counts", row)
+        _number(f"{at}.threshold", row.get("threshold"), nullable=False)
+        for field in ("accuracy", "speedup"):
+            _number(f"{at}.{field}", row.get(field))
+        width = _grid(f"{at}.exit_counts", row.get("exit_counts"), [width])[0]
+
+
+def _object(fields: dict[str, Check], sizes: Callable[[str, dict[str, Any]], None]) -> Check:
+    """A results object (``coupling``, ``compare``, ...): each field's check, then how their sizes agree."""
+
+    def check(where: str, value: Any, summary: dict[str, Any]) -> None:
+        if value is None:
+            return
+        if not isinstance(value, dict):
+            raise _Mismatch(where, f"an object with {', '.join(fields)}", value)
+        for field, field_check in fields.items():
+            if field not in value:
+                raise _Mismatch(f"{where}.{field}", "present", shown=False)
+            field_check(f"{where}.{field}", value[field], value)
+        sizes(where, value)
+
+    return check
+
+
+def _grid_check(*shape: Optional[int]) -> Check:
+    return lambda where, value, summary: _grid(where, value, list(shape))
+
+
+def _coupling_sizes(where: str, value: dict[str, Any]) -> None:
+    ks = len(value["ks"])
+    _grid(f"{where}.depth_coupling", value["depth_coupling"], [ks, None, None])
+    _grid(f"{where}.coupling_score", value["coupling_score"], [ks])
+    _grid(f"{where}.inverse_sigma_1", value["inverse_sigma_1"], [len(value["sigma"])])
+
+
+def _compare_sizes(where: str, value: dict[str, Any]) -> None:
+    _grid(f"{where}.cka", value["cka"], [len(value["layers_a"]), len(value["layers_b"])])
+
+
+def _residual_sizes(where: str, value: dict[str, Any]) -> None:
+    branches, layers, levels = (len(value[key]) for key in ("branches", "layers", "quantile_levels"))
+    _grid(f"{where}.mean", value["mean"], [branches, layers])
+    _grid(f"{where}.quantiles", value["quantiles"], [branches, layers, levels])
+    if not {0.25, 0.5, 0.75} <= {round(float(level), 6) for level in value["quantile_levels"]}:
+        raise _Mismatch(f"{where}.quantile_levels", "the levels 0.25, 0.5 and 0.75 among them", shown=False)
+
+
+def _cos_quantiles(where: str, value: Any, summary: dict[str, Any]) -> None:
+    if value is None:
+        return
+    for needed in ("cos_quantile_levels", "cos_negative_fraction"):
+        if summary.get(needed) is None:
+            raise _Mismatch(needed, f"present beside {where}", shown=False)
+    _per_layer(-1, len(summary["cos_quantile_levels"]))(where, value, summary)
+
+
+def _levels(where: str, value: Any, summary: dict[str, Any]) -> None:
+    if value is not None:
+        _grid(where, value, [None], nullable=False)
+        for index, level in enumerate(value):
+            if not 0.0 <= level <= 1.0:
+                raise _Mismatch(f"{where}[{index}]", "a level in [0, 1]", level)
+
+
+# What each key of a summary holds (docs/json-format.md); a key not here (a user's analysis) may hold any JSON.
+SUMMARY_SCHEMA: dict[str, Check] = {
+    "run_id": _text(),
+    "layerwise_version": _text(),
+    FIGURE_FUNCTIONS: _figure_functions,
+    "stage": _text(),
+    "split": _text(),
+    "epoch": _scalar(integer=True, nullable=False, minimum=0),
+    "global_step": _scalar(integer=True, nullable=False, minimum=0),
+    "num_samples": _scalar(integer=True, minimum=0),
+    "depth": _scalar(integer=True, minimum=0),
+    "n_nonfinite": _scalar(integer=True, minimum=0),
+    "layers": _layers,
+    **{key: _per_layer(-1) for key in ("cos", "cka", "cos_negative_fraction")},
+    "cos_quantile_levels": _levels,
+    "cos_quantiles": _cos_quantiles,
+    "cos_histogram_to_last": _per_layer(None),
+    **{
+        key: _per_layer()
+        for key in ("accuracy", "loss", "saturation_counts", "saturation_cos", "nc1", "perplexity", "f1")
+        + ("exit_accuracy", "exit_loss")
+    },
+    "nc1_classes": _numbers(integer=True),
+    "effective_depth": _effective_depth,
+    "effective_depth_reached": _effective_depth_reached,
+    "effective_depth_relative": _effective_depth,
+    "early_exit": _early_exit,
+    "exit_early_exit": _early_exit,
+    **{key: _scalar() for key in ("trajectory_lss", "trajectory_expodistance", "trajectory_step_variation")},
+    "trajectory_step_norm": _numbers(),
+    "trajectory_step_ratio": _numbers(),
+    "detection_ap50": _numbers(),
+    "coupling": _object(
+        {
+            "num_prompts": _scalar(integer=True),
+            "ks": _numbers(integer=True),
+            "depth_coupling": _grid_check(None, None, None),
+            "coupling_score": _numbers(),
+            "sigma": _grid_check(None, None),
+            "inverse_sigma_1": _numbers(),
+            "trajectory_step_norm": _numbers(),
+            "trajectory_lss": _scalar(),
+            "trajectory_expodistance": _scalar(),
+            "linearisation_cosine": _scalar(),
+        },
+        _coupling_sizes,
+    ),
+    "compare": _object(
+        {"layers_a": _layers, "layers_b": _layers, "cka": _grid_check(None, None)},
+        _compare_sizes,
+    ),
+    "residual_norm_ratio": _object(
+        {
+            "branches": _strings,
+            "layers": _layers,
+            "quantile_levels": _levels,
+            "quantiles": _grid_check(None, None, None),
+            "mean": _grid_check(None, None),
+        },
+        _residual_sizes,
+    ),
+}
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """The release numbers of a version string (``"0.2.0.dev1"`` -> ``(0, 2, 0)``); ``()`` when it has none."""
+    match = re.match(r"\s*v?(\d+(?:\.\d+)*)", text)
+    return tuple(int(part) for part in match.group(1).split(".")) if match else ()
+
+
+def _nesting(value: Any) -> int:
+    """How deeply ``value``'s lists and objects nest (iteratively: a hostile file cannot exhaust the stack)."""
+    deepest, stack = 0, [(value, 0)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (list, dict)):
+            deepest = max(deepest, level + 1)
+            if deepest > MAX_NESTING:
+                return deepest
+            stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def check_summary(summary: Any, path: Union[str, Path] = "summary") -> dict[str, Any]:
+    """``summary`` (a JSON value read from ``path``) when it fits the results format, else a :class:`SummaryError`.
+
+    Every key the package writes is checked for its type and its shape (the per-layer rows against ``layers``, the
+    objects' fields against each other; docs/json-format.md), so that no figure meets a value it cannot draw; a key
+    of a user's analysis may hold any JSON, nested at most :data:`MAX_NESTING` deep. A summary written by a newer
+    layerwise than this one is read, with a warning, as far as this version knows its keys; its errors say so.
+    """
     if not isinstance(summary, dict):
-        raise ValueError(f"{path} is not a layerwise summary (a JSON {type(summary).__name__}, not an object).")
+        raise SummaryError(f"{path} is not a layerwise summary (its JSON is {_kind(summary)}, not an object).")
+    written = summary.get("layerwise_version")
+    written = written if isinstance(written, str) else ""
+    newer = bool(written) and _version(written) > _version(__version__)
+    note = f" (written by layerwise {written[:40]}, newer than this {__version__}: upgrade layerwise)" if newer else ""
+    try:
+        for key, check in SUMMARY_SCHEMA.items():
+            if key in summary:
+                check(key, summary[key], summary)
+    except _Mismatch as mismatch:
+        got = f", not {_kind(mismatch.value)}" if mismatch.shown else ""
+        raise SummaryError(f"{path}: `{mismatch.where}` must be {mismatch.expected}{got}{note}.") from None
+    if _nesting(summary) > MAX_NESTING:
+        deep = next(key for key, value in summary.items() if _nesting(value) >= MAX_NESTING)
+        raise SummaryError(f"{path}: `{deep}` nests lists or objects more than {MAX_NESTING} deep{note}.")
+    if newer:
+        warnings.warn(
+            f"layerwise: {path} was written by layerwise {written[:40]}, newer than this {__version__}: "
+            "drawn with the keys this version knows (upgrade layerwise for the rest).",
+            LayerwiseWarning,
+            stacklevel=3,
+        )
     return summary
 
 
@@ -437,6 +814,12 @@ def run_config(run: Path) -> Optional[dict[str, Any]]:
     for name in ("config.yaml", "hparams.yaml"):
         path = Path(run) / name
         if path.is_file():
-            config = yaml.safe_load(path.read_text(encoding="utf-8"))
+            try:
+                config = yaml.safe_load(path.read_text(encoding="utf-8", errors="replace"))
+            except (yaml.YAMLError, RecursionError) as error:  # a config is read as data here, never built
+                where = getattr(error, "problem_mark", None)
+                at = f" (line {where.line + 1})" if where is not None else ""
+                cause = str(getattr(error, "problem", "") or type(error).__name__)[:120]
+                raise UsageError(f"{path} is not a readable YAML config{at}: {cause}.") from None
             return config if isinstance(config, dict) else None
     return None

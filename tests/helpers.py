@@ -10,7 +10,6 @@ training loop (which costs tens of seconds on a loaded 2-core box).
 import copy
 import functools
 import importlib.util
-import json
 import math
 import shutil
 import socket
@@ -147,8 +146,10 @@ def summary_file(log_dir: Path, stage: str = "val", epoch: int = 0) -> Path:
 
 
 def read_summary(log_dir: Path, stage: str = "val", epoch: int = 0) -> dict[str, Any]:
-    """The JSON summary the callbacks wrote for ``stage``/``epoch``."""
-    return json.loads(summary_file(log_dir, stage, epoch).read_text())
+    """The JSON summary the callbacks wrote for ``stage``/``epoch``, read through the one schema every reader uses."""
+    from layerwise.results import load_summary
+
+    return load_summary(summary_file(log_dir, stage, epoch))
 
 
 def read_features(log_dir: Path, stage: str = "val", epoch: int = 0) -> dict[str, torch.Tensor]:

@@ -1,24 +1,23 @@
-"""What one evaluation dataloader accumulates for a LayerwiseMonitor, and its reduction to global results."""
+"""What one evaluation dataloader accumulates for LayerwiseAnalysis (its pool of statistics), and its one reduction."""
 
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, Optional
+from typing import Any, NamedTuple, Optional
 
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import Tensor
 from torchmetrics import Metric
 
+from layerwise.analyses.base import Analysis, Metrics
+from layerwise.analyses.layer_spec import LayerSpec
+from layerwise.analyses.pool import Pool
 from layerwise.callbacks._output import FeatureSaver
-from layerwise.callbacks.layer_spec import LayerSpec
 from layerwise.engines.readout import LayerOutputs
 from layerwise.engines.sampling import rank_indices, real_samples_on_rank
 from layerwise.errors import LayerwiseWarning
 from layerwise.metrics import NonFiniteRows, SampleCount, all_reduce_sum_states
-
-if TYPE_CHECKING:
-    from layerwise.callbacks.monitor import LayerwiseMonitor
 
 # Held batches are joined and fed together once they hold this many bytes or batches: the metrics' updates then cost
 # the host (Python, dispatch, kernel launches) once per group instead of once per batch, and a GPU's kernels run on
@@ -38,11 +37,11 @@ class _Pending(NamedTuple):
 
 @dataclass
 class LoaderState:
-    """One evaluation dataloader's metrics of each analysis, padding budget and saved features."""
+    """One evaluation dataloader's pool of statistics, sample count, non-finite rows, padding budget, saved features."""
 
-    analyses: Sequence["LayerwiseMonitor"]
-    metrics_of: list[dict[str, Metric]]  # each analysis's metrics, in the order of ``analyses``
-    metrics: list[Metric]  # all of them, with the count and the non-finite rows: one all-reduce
+    analyses: Sequence[Analysis]  # in the order their results are computed (those read by others first)
+    pool: Pool  # every analysis's statistics, each once
+    views: list[Metrics]  # each analysis's statistics under its own names, in the order of ``analyses``
     count: SampleCount
     nonfinite: NonFiniteRows
     budget: Optional[int] = None
@@ -53,13 +52,17 @@ class LoaderState:
     pending: Optional[_Pending] = None
 
     @classmethod
-    def build(cls, analyses: Sequence["LayerwiseMonitor"], spec: LayerSpec) -> "LoaderState":
-        """Fresh metrics of ``analyses`` for ``spec``, with the sample count and the non-finite rows."""
+    def build(cls, analyses: Sequence[Analysis], spec: LayerSpec) -> "LoaderState":
+        """The pool of ``analyses``' statistics for ``spec``, with the sample count and the non-finite rows."""
         count = SampleCount(sync_on_compute=False)
         nonfinite = NonFiniteRows(len(spec.layer_numbers), sync_on_compute=False)
-        metrics_of = [analysis.build(spec) for analysis in analyses]
-        metrics = [count, nonfinite, *(metric for built in metrics_of for metric in built.values())]
-        return cls(analyses, metrics_of, metrics, count, nonfinite)
+        pool, views = Pool.of(analyses, spec)
+        return cls(analyses, pool, views, count, nonfinite)
+
+    @property
+    def metrics(self) -> list[Metric]:
+        """Every metric of the dataloader: the count, the non-finite rows and the pool's statistics."""
+        return [self.count, self.nonfinite, *self.pool]
 
     def start(self, loader: Any, keep_indices: bool) -> None:
         """A new epoch over ``loader``: this rank's padding budget and a fresh feature saver (with sample indices)."""
@@ -88,7 +91,7 @@ class LoaderState:
         self.save_features = save_features
         self.held.append(layer_batch)
         self.held_bytes += layer_batch.nbytes
-        most = GROUP_BATCHES if all(analysis.joins_batches for analysis in self.analyses) else 1
+        most = GROUP_BATCHES if self.pool.joins_batches else 1
         if self.held_bytes >= GROUP_BYTES or len(self.held) >= most:
             self._check_held()
 
@@ -127,13 +130,12 @@ class LoaderState:
             if layer_batch.features.shape[1] == 0:
                 return
         self.count.update(layer_batch.features.shape[1])
-        for analysis, metrics in zip(self.analyses, self.metrics_of):
-            analysis.update(metrics, layer_batch)
+        self.pool.update(layer_batch)  # every statistic once, however many analyses read it
         if self.save_features:
             self.saver.keep(layer_batch)
 
-    def reduce(self, spec: LayerSpec, stage: str, owner: str) -> tuple[int, dict[str, Any]]:
-        """One all-reduce, then the number of samples and every analysis's results (a collective: every rank)."""
+    def reduce(self, spec: LayerSpec, stage: str, owner: str) -> tuple[int, list[dict[str, Any]]]:
+        """One all-reduce, then the number of samples and each analysis's results (a collective: every rank)."""
         self.feed_pending()
         # the package's sum-state metrics (sync_on_compute=False) in one all-reduce; a plain torchmetrics Metric of a
         # user's analysis syncs its own states in its compute, as AnalysisCallback.metrics says
@@ -144,9 +146,11 @@ class LoaderState:
             # skipped (said below, in one line).
             warnings.filterwarnings("ignore", message=r"The ``compute`` method of metric .* before the ``update``")
             num_samples = int(self.count.compute().item())
-            results: dict[str, Any] = {}
-            for analysis, metrics in zip(self.analyses, self.metrics_of):
-                results.update(analysis.results(metrics, results))
+            results: dict[str, Any] = {}  # what the analyses computed so far: what a later one reads
+            each = []
+            for analysis, metrics in zip(self.analyses, self.views):
+                each.append(analysis.results(metrics, results))
+                results.update(each[-1])
         nonfinite = self.nonfinite.per_layer  # the reduced state
         if bool(nonfinite.any()):
             layers = {number: int(count) for number, count in zip(spec.layer_numbers, nonfinite.tolist()) if count}
@@ -155,7 +159,7 @@ class LoaderState:
                 f"(NaN/inf rows per layer: {layers}); `n_nonfinite` in the summary counts them.",
                 category=LayerwiseWarning,
             )
-        return num_samples, results
+        return num_samples, each
 
     def reset(self) -> None:
         """Zero every metric for the next epoch (also after a failed one)."""

@@ -10,9 +10,9 @@ from lightning.pytorch.utilities.rank_zero import WarningCache
 from torch import Tensor
 
 from layerwise._compat import already_reduced
+from layerwise.analyses.layer_spec import LayerSpec
 from layerwise.callbacks._drawing import draw_later, figures_in_process
 from layerwise.callbacks._loggers import image_sinks, tensorboards
-from layerwise.callbacks.layer_spec import LayerSpec
 from layerwise.engines.readout import LayerOutputs
 from layerwise.errors import LayerwiseWarning
 from layerwise.figures.style import stage_name

@@ -9,7 +9,8 @@ from torch import Tensor, nn
 
 from layerwise.engines.readout import LayerOutputs, read_layers
 from layerwise.features.hooks import HookTap, hook_paths
-from layerwise.features.paths import get_blocks
+from layerwise.features.paths import HeadSteps, get_blocks
+from layerwise.features.sharding import gathered_root
 
 
 class FeatureSource:
@@ -45,6 +46,16 @@ class FeatureSource:
         """Remove the hooks (idempotent)."""
         self._hooks.close()
         self.tap = None
+
+    def shared_head(self, pl_module: LightningModule) -> Optional[nn.Module]:
+        """A copy of the shared head (final norm + classifier) as it is now; None where it is not known here."""
+        backbone = getattr(pl_module, "backbone", None)
+        if self.uses_hooks(pl_module):
+            return HeadSteps(pl_module, hook_paths(pl_module, **self.paths).shared_head).copy()
+        if hasattr(backbone, "head_modules"):
+            with gathered_root(backbone):  # FSDP2: the root unit's head gathered while it is copied
+                return backbone.head_modules()
+        return None  # a module of the user's own returning LayerOutputs: its head is not known here
 
     def before_batch(self, batch: Any) -> None:
         """Give the hooks the batch's attention mask (for pooling over real tokens)."""

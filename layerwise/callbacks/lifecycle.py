@@ -126,9 +126,10 @@ class AnalysisCallback(Callback):
 
     A subclass sets :attr:`key` and overrides what it needs of :meth:`start`, :meth:`before_batch`,
     :meth:`after_batch`, :meth:`stop`, :meth:`metrics`, :meth:`compute`, :meth:`scalars`, :meth:`charts`,
-    :meth:`line`, and sets :attr:`figures` to a module-level function of its JSON results; ``docs/callbacks.md``
-    ("Add your own analysis") shows one, ``examples/feature_norm.py``. The package's per-layer analyses are one
-    such subclass, :class:`~layerwise.callbacks.LayerwiseMonitor`, whose metric families share its features.
+    :meth:`line`, and sets :attr:`figures` to a module-level function of its JSON results. The package's callbacks
+    are its subclasses: what is not per layer (``compare``, ``coupling``, ``residual``, ``detection``) and
+    :class:`~layerwise.callbacks.LayerwiseAnalysis`, which runs the per-layer analyses (plain objects,
+    :mod:`layerwise.analyses`: the extension API, ``docs/callbacks.md``'s "Add your own analysis").
 
     Args:
         every_n_epochs: analyse every n-th validation epoch while fitting (``validate`` and ``test`` always do).
@@ -140,8 +141,9 @@ class AnalysisCallback(Callback):
     key: ClassVar[str] = ""  # the JSON key of the results in the epoch's summary
     _resumed: dict[str, Any] = {}  # the run record's state from a checkpoint (load_state_dict)
     # A module-level function of the JSON results -> {name: matplotlib figure}, drawn in the drawing process (which
-    # imports its module by name, and no torch unless that module does) and named in the summary, from which
-    # `layerwise plot` and `report` draw it again (layerwise.figures.registry); None: no figure.
+    # imports its module by name, and no torch unless that module does) and named in the summary; `layerwise plot`
+    # and `report` draw it again from the file once it is registered (the entry-point group `layerwise.figures`, or
+    # `--figures module:function`: layerwise.figures.registry); None: no figure.
     # (set as `figures = staticmethod(function)`)
     figures: ClassVar[Any] = None
 
@@ -361,7 +363,8 @@ class AnalysisCallback(Callback):
         history = record.add_history(stage, step, scalars) if chart_loggers(trainer) else {}
         if not draws_figures(trainer, self.log_figures, self.figures_every_n_epochs):
             return
-        if functions:  # the function `plot` draws the summary with, given the functions it names
+        if functions:  # the function `plot` draws the summary with, given this process's own function objects: the
+            # drawing process draws what this code registered, never a name read from a file
             drawn = tuple(function for function, _ in functions)
             log_figures_later(trainer, FigureJob(evaluation_figures, (stage, summary, drawn)))
         if charts and history:

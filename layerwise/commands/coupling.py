@@ -147,7 +147,6 @@ def correlate_scores(table: Any, score_column: Optional[str], k: Optional[int]) 
     Returns ``slope``, ``intercept``, ``r2``, ``p_value`` (two-sided, of the slope), ``n`` and the points.
     """
     import csv
-    import json
     from pathlib import Path
 
     from scipy.stats import linregress
@@ -169,11 +168,7 @@ def correlate_scores(table: Any, score_column: Optional[str], k: Optional[int]) 
     names, x, y = [], [], []
     for row in rows:
         path = (table.parent / row["coupling_json"]).resolve()
-        coupling = json.loads(path.read_text(encoding="utf-8"))
-        ks = coupling["ks"]
-        if k is not None and k not in ks:
-            raise ValueError(f"`--k={k}`: {path} has coupling scores for K in {ks}.")
-        x.append(float(coupling["coupling_score"][ks.index(k) if k is not None else 0]))
+        x.append(_coupling_score(path, k))
         y.append(float(row[column]))
         names.append(row.get("name") or Path(row["coupling_json"]).parent.name)
     fit = linregress(x, y)
@@ -187,6 +182,23 @@ def correlate_scores(table: Any, score_column: Optional[str], k: Optional[int]) 
         "p_value": float(fit.pvalue),
         "points": [{"name": n, "coupling": xi, "score": yi} for n, xi, yi in zip(names, x, y)],
     }
+
+
+def _coupling_score(path: Path, k: Optional[int]) -> float:
+    """The coupling score at ``k`` (the first K without one) of a coupling JSON, read as data: one line if not."""
+    try:
+        coupling = json.loads(path.read_text(encoding="utf-8"))
+        ks = list(coupling["ks"])
+    except (OSError, ValueError, KeyError, TypeError, RecursionError) as error:
+        raise ValueError(
+            f"{path} is not a readable coupling JSON ({type(error).__name__}: {str(error)[:120]})."
+        ) from None
+    if k is not None and k not in ks:
+        raise ValueError(f"`--k={k}`: {path} has coupling scores for K in {ks[:20]}.")
+    try:
+        return float(coupling["coupling_score"][ks.index(k) if k is not None else 0])
+    except (KeyError, IndexError, TypeError, ValueError):
+        raise ValueError(f"{path}: `coupling_score` must be a list of numbers, one per K in `ks`.") from None
 
 
 # ------------------------------------------------------------------------------- the `layerwise coupling` command

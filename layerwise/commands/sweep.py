@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,11 +61,13 @@ def run_label(path: Path) -> str:
 
 def load_curves(summary_file: Path, label: str, option: str = _ARGUMENT) -> list[Curve]:
     """The shared-head curve of one summary, plus its separate-heads curve when it has one."""
+    from layerwise.results import load_summary
+
     try:
-        summary = json.loads(summary_file.read_text())
-    except (OSError, json.JSONDecodeError) as error:
+        summary = load_summary(summary_file)  # the one schema: a file that does not fit is one line naming its key
+    except OSError as error:
         raise ValueError(f"{option} {summary_file}: not a readable summary JSON ({error}).") from None
-    if not isinstance(summary, dict) or not summary.get("early_exit"):
+    if not summary.get("early_exit"):
         raise ValueError(
             f"{option} {summary_file}: the summary has no `early_exit`; validate with LogitLensMonitor or "
             "LayerwiseAnalysis (option `thresholds`)."
@@ -87,7 +88,8 @@ def sweep_markdown(curves: Sequence[Curve]) -> str:
     """The rows of :func:`sweep_rows` as a markdown table (4 decimals)."""
     lines = ["| curve | threshold | accuracy | speedup |", "|---|---|---|---|"]
     for row in sweep_rows(curves):
-        lines.append(f"| {row['curve']} | {row['threshold']:g} | {row['accuracy']:.4f} | {row['speedup']:.4f} |")
+        accuracy, speedup = (_cell(row[key], ".4f") for key in ("accuracy", "speedup"))
+        lines.append(f"| {row['curve']} | {row['threshold']:g} | {accuracy} | {speedup} |")
     return "\n".join(lines) + "\n"
 
 
@@ -97,8 +99,14 @@ def sweep_csv(curves: Sequence[Curve]) -> str:
     writer = csv.writer(buffer, lineterminator="\n")
     writer.writerow(["curve", "threshold", "accuracy", "speedup"])
     for row in sweep_rows(curves):
-        writer.writerow([row["curve"], *(repr(float(row[key])) for key in ("threshold", "accuracy", "speedup"))])
+        writer.writerow([row["curve"], *(_cell(row[key], "r") for key in ("threshold", "accuracy", "speedup"))])
     return buffer.getvalue()
+
+
+def _cell(value: Any, spec: str) -> str:
+    """A number of a row as text (``r``: ``repr`` at full precision); an undefined one (null) as ``nan``."""
+    number = float("nan") if value is None else float(value)
+    return repr(number) if spec == "r" else format(number, spec)
 
 
 def write_sweep(curves: Sequence[Curve], out_dir: Path, formats: Sequence[str] = ("png", "pdf")) -> list[Path]:
@@ -148,11 +156,14 @@ def sweep(
     files = [latest_summary(path, "RUN_OR_JSON") for path in runs]
     for path, summary_file in zip(runs, files):
         print(f"layerwise sweep: {path} -> {summary_file}")
-    curves = [
-        curve
-        for summary_file, label in zip(files, labels or [run_label(path) for path in runs])
-        for curve in load_curves(summary_file, label)
-    ]
+    from layerwise.figures.plot import warnings_as_lines
+
+    with warnings_as_lines("layerwise sweep"):  # a summary of a newer layerwise: one line
+        curves = [
+            curve
+            for summary_file, label in zip(files, labels or [run_label(path) for path in runs])
+            for curve in load_curves(summary_file, label)
+        ]
     print(sweep_markdown(curves), end="")
     for written in write_sweep(curves, out, format or ("png", "pdf")):
         print(written)

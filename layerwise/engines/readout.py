@@ -15,7 +15,7 @@ from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from layerwise.features.backbone import IGNORE_INDEX
@@ -366,3 +366,49 @@ def read_layers(
     readout = chunked_readout(head, features, targets, chunk_size, regroup)
     exits = None if exit_heads is None else chunked_readout(list(exit_heads), features, targets, chunk_size, regroup)
     return LayerOutputs(features, readout, targets, exits, sample_index, positions)
+
+
+@dataclass(frozen=True)
+class HeadInput:
+    """The shared head split at its last linear layer: the steps that feed it (float64) and its weight.
+
+    Neural collapse's NC3 compares the class means of the features that layer reads with its rows; at layer l those
+    are ``steps(h_l)`` (the final norm, a pooler, ...), the head's own path to its last linear layer.
+
+    Attributes:
+        steps: the head's steps before its last ``nn.Linear``, a float64 copy in evaluation mode.
+        weight: ``(C, d')`` float64 copy of that layer's weight (its bias, a shift of every logit, plays no part).
+    """
+
+    steps: nn.Module
+    weight: Tensor
+
+
+def split_head(head: nn.Module) -> Optional[HeadInput]:
+    """The head (a copy it may change, e.g. ``Backbone.head_modules()``) split at its last linear layer.
+
+    The head is read as a sequence of steps (an ``nn.Sequential``'s children, else the one module); None when no step
+    is an ``nn.Linear`` or a step other than dropout or identity follows the last one (then no layer is "the one the
+    logits come from").
+    """
+    steps = list(head) if isinstance(head, nn.Sequential) else [head]
+    linear = [index for index, step in enumerate(steps) if isinstance(step, nn.Linear)]
+    if not linear or any(not isinstance(step, (nn.Dropout, nn.Identity)) for step in steps[linear[-1] + 1 :]):
+        return None
+    last: nn.Linear = steps[linear[-1]]  # an nn.Linear, found above
+    prefix = nn.Sequential(*steps[: linear[-1]]).to(torch.float64).eval()
+    return HeadInput(prefix, last.weight.detach().to(torch.float64).clone())
+
+
+@torch.no_grad()
+def chunked_head_inputs(head: HeadInput, features: Tensor, chunk_size: int = DEFAULT_CHUNK_SIZE) -> Tensor:
+    """What the head's last linear layer reads at every layer: ``head.steps`` of ``features`` ``(L, N, d)``, float64.
+
+    Returns ``(L, N, d')``; rows in chunks of ``chunk_size``, as :func:`chunked_readout`.
+    """
+    layers, rows = features.shape[:2]
+    stream = features.flatten(0, 1).to(torch.float64)
+    if stream.shape[0] == 0:
+        return stream.new_zeros(layers, rows, head.weight.shape[1])
+    parts = [head.steps(part) for part in stream.split(chunk_size)]
+    return torch.cat(parts).view(layers, rows, -1)

@@ -28,7 +28,12 @@ def pool_tokens(
             mask is given); ``"last"`` takes the last token (the last one the mask keeps, for causal language models).
         num_prefix_tokens: leading class/register tokens that ``"mean"`` skips (timm's convention).
         attention_mask: optional ``(B, T)`` mask of real (1) versus padding (0) tokens.
+
+    A nested tensor (``nn.TransformerEncoder``'s fast path with ``enable_nested_tensor=True`` hands its layers each
+    sequence at its own length) is read as the padded sequences with the mask of each one's real tokens.
     """
+    if tokens.is_nested:
+        tokens, attention_mask = _padded(tokens, attention_mask)
     if tokens.ndim == 2:  # one token per sample (an MLP's block): it is the sample's feature, whatever the rule
         return tokens
     if tokens.ndim != 3:
@@ -50,3 +55,14 @@ def pool_tokens(
         return tokens[torch.arange(tokens.shape[0], device=tokens.device), last]
     check_pooling(pooling)
     raise AssertionError("unreachable")
+
+
+def _padded(tokens: Tensor, attention_mask: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    """A nested ``(B, T_b, d)`` as a zero-padded ``(B, T, d)`` and its real tokens' mask (the batch's, if given)."""
+    parts = tokens.unbind()
+    lengths = torch.tensor([part.shape[0] for part in parts], device=parts[0].device)
+    width = attention_mask.shape[1] if attention_mask is not None else int(lengths.max())
+    padded = tokens.to_padded_tensor(0.0, (len(parts), width, parts[0].shape[-1]))
+    if attention_mask is None:
+        attention_mask = torch.arange(width, device=lengths.device) < lengths[:, None]
+    return padded, attention_mask

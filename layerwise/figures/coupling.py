@@ -16,6 +16,7 @@ from layerwise.figures.style import (
     legend_inside,
     new_figure,
     place_labels,
+    plain,
     plt,
     set_margins,
     sizes,
@@ -48,7 +49,7 @@ def depth_coupling(coupling: dict[str, Any]) -> Figure:
         ax.set_xlabel("block j (basis)")
         ax.set_title(f"K = {k}\ncoupling {score:.3f}" if score is not None else f"K = {k}")
     colorbar(fig, image, bar_axes, "mis-coupling", own_axes=True)
-    fig.suptitle(f"depth-wise mis-coupling ({coupling['num_prompts']} prompts, token {coupling['token']})")
+    fig.suptitle(plain(f"depth-wise mis-coupling ({coupling['num_prompts']} prompts, token {coupling['token']})"))
     return finish(fig)
 
 
@@ -86,7 +87,7 @@ def trajectory(coupling: dict[str, Any]) -> Figure:
     ax.set_xlabel("block")
     ax.set_ylabel(r"mean step norm $\|x^l - x^{l-1}\|$")
     ax.set_title(
-        f"LSS {coupling['trajectory_lss']:.3f} · ED {_number(coupling['trajectory_expodistance'])} · "
+        f"LSS {_number(coupling['trajectory_lss'])} · ED {_number(coupling['trajectory_expodistance'])} · "
         f"linearisation cos {_number(coupling['linearisation_cosine'])}"
     )
     return finish(fig)

@@ -1,7 +1,7 @@
 """The layer-by-layer similarity heatmap (COS, CKA), shared by the summary and CLIP figures."""
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Optional
 
 import numpy as np
 
@@ -19,8 +19,12 @@ from layerwise.figures.style import (
 )
 
 
-def heatmap(matrix: Any, layers: Sequence[int], title: str, quantity: str = "cos") -> Figure:
+def heatmap(
+    matrix: Any, layers: Sequence[int], title: str, quantity: str = "cos", name: Optional[str] = None
+) -> Figure:
     """Layer-by-layer similarity matrix (``quantity`` ``cos`` or ``cka``) with layer 1 at the top left.
+
+    ``name``: what was computed, in the colour bar (e.g. "minibatch CKA"; default the quantity's linear measure).
 
     COS with a negative value on a diverging map centred at 0 over [-1, 1], else (and CKA) a sequential map over
     [0, 1] (:func:`~layerwise.figures.style.similarity_map`); the colour bar says what it shows in words; up to 12
@@ -39,7 +43,7 @@ def heatmap(matrix: Any, layers: Sequence[int], title: str, quantity: str = "cos
     fit_to_cells(fig, ax, *values.shape)
     image = ax.imshow(values, aspect="auto", **similarity_map(values, quantity))
     layer_ticks(ax, layers)
-    colorbar(fig, image, ax, SIMILARITY_LABELS[quantity])
+    colorbar(fig, image, ax, SIMILARITY_LABELS[quantity] if name in (None, "CKA") else name)
     finish(fig)
     cell_values(fig, ax, image, values)
     return fig

@@ -57,6 +57,12 @@ FIGURES = {
     "cos": ("cos", "COS to the last layer", "COS of each layer to the last layer"),
     "cka": ("cka", "CKA to the last layer", "CKA of each layer to the last layer"),
     "nc1": ("nc1", "NC1 (within / between class)", "NC1 of each layer"),  # short: a column-wide title fits
+    "cdnv": ("cdnv", "CDNV", "CDNV (class-distance normalised variance) per layer"),
+    "nc2_equinorm": ("nc2_equinorm", "CV of class-mean norms", "NC2 equinorm per layer"),
+    "nc2_equiangular": ("nc2_equiangular", r"mean $|\cos + 1/(K-1)|$", "NC2 equiangularity per layer"),
+    "nc2_etf": ("nc2_etf", "simplex-ETF error", "NC2 distance to a simplex ETF per layer"),
+    "nc3": ("nc3", "distance to the head's rows", "NC3 class means against the shared head per layer"),
+    "nc4_agreement": ("nc4_agreement", "NCC agreement with the head", "NC4 nearest-class-centre agreement per layer"),
     "effective_depth": ("effective_depth", "effective depth (layer)", r"$\varepsilon$-effective depth"),
     "early_exit": ("early_exit_accuracy", "accuracy", "early exit: accuracy against speedup over τ"),
 }

@@ -1,7 +1,11 @@
 """``layerwise plot``: render the paper-style figures of analysis summaries to PNG and PDF."""
 
+import sys
+import warnings
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 from layerwise.figures.files import DEFAULT_DPI, write_figures
 from layerwise.results import find_summaries, is_pattern, is_summary, load_summary, summary_order
@@ -12,6 +16,24 @@ FigureFormat = Literal["png", "pdf", "svg"]
 PrintWidth = Literal["column", "page"]  # figures/style.py's PRINTS: 3.3 and 6.9 inches
 
 
+@contextmanager
+def warnings_as_lines(prog: str) -> Iterator[None]:
+    """The package's warnings while a command draws (a figure function skipped, a newer file), one line each."""
+    from layerwise.errors import LayerwiseWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", LayerwiseWarning)
+        try:
+            yield
+        finally:
+            for warning in caught:
+                if issubclass(warning.category, LayerwiseWarning):
+                    text = " ".join(str(warning.message).split()).removeprefix("layerwise: ")
+                    print(f"{prog}: {text}", file=sys.stderr)
+                else:
+                    warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno)
+
+
 def plot_summary(
     summary_file: Path,
     out_dir: Optional[Path] = None,
@@ -19,16 +41,20 @@ def plot_summary(
     width: PrintWidth = "page",
     dpi: int = DEFAULT_DPI,
     titles: bool = True,
+    functions: Sequence[Any] = (),
 ) -> list[Path]:
-    """Write every figure of one summary, drawn at print ``width``; returns the written paths."""
+    """Write every figure of one summary, drawn at print ``width``; returns the written paths.
+
+    ``functions``: figure functions besides the registered ones (:mod:`layerwise.figures.registry`).
+    """
     from layerwise.figures.style import drawn_at  # here, not at the top: `plot --help` answers without matplotlib
     from layerwise.figures.summary import summary_figures
 
-    summary = load_summary(str(summary_file))
+    summary = load_summary(summary_file)
     target = out_dir or summary_file.parent / "figures"
     target.mkdir(parents=True, exist_ok=True)
     with drawn_at(width):
-        figures = summary_figures(summary)
+        figures = summary_figures(summary, functions, where=str(summary_file))
     return write_figures(figures, target, summary_file.stem, formats, dpi, titles)
 
 
@@ -44,6 +70,7 @@ def plot(
     no_title: bool = False,
     dpi: int = DEFAULT_DPI,
     panels: Optional[str] = None,
+    figures: Optional[list[str]] = None,
 ) -> None:
     """Render the paper-style figures of layerwise summaries to PNG/PDF/SVG.
 
@@ -73,7 +100,13 @@ def plot(
         panels: several quantities in one figure, panels (a), (b), ... at the print width, e.g.
             accuracy,cos,cka,nc1 (also effective_depth): comparison_panels.<format> beside the other figures (one or
             several runs).
+        figures: figure functions of your own analyses, as module:function (e.g. feature_norm:feature_norm_figures),
+            that may draw the summaries that name them, besides the package's and those registered in the
+            entry-point group layerwise.figures; a summary naming any other function draws it not (docs/security.md).
     """
+    from layerwise.figures.registry import typed_functions
+
+    functions = typed_functions(figures or [])
     formats = tuple(format or ("png", "pdf"))
     if dpi < 50 or dpi > 2400:
         raise ValueError(f"`--dpi={dpi}`: give a resolution between 50 and 2400 dots per inch (journals ask 300-600).")
@@ -84,7 +117,8 @@ def plot(
     if len(path) > 1 or is_pattern(path[0]) or chosen:
         if all_epochs:
             raise ValueError("`--all_epochs` draws one run; several runs are drawn at one epoch (--epoch).")
-        _plot_runs(path, out, formats, label, epoch, width, not no_title, dpi, chosen)
+        with warnings_as_lines("layerwise plot"):
+            _plot_runs(path, out, formats, label, epoch, width, not no_title, dpi, chosen)
         return
     if label is not None:
         raise ValueError("`--label` names several runs; give more than one run to draw them side by side.")
@@ -96,9 +130,12 @@ def plot(
         latest = f" (the latest fit run of the {len(runs)} runs under {path[0]})" if many else ""
         print(f"layerwise plot: drawing run {run}{latest}")
     if epoch != "last":
-        files = _at_epoch(files[0].parent.parent, epoch)
+        with warnings_as_lines("layerwise plot"):
+            files = _at_epoch(files[0].parent.parent, epoch)
     for summary_file in files:
-        for written in plot_summary(summary_file, out, formats, width, dpi, not no_title):
+        with warnings_as_lines("layerwise plot"):
+            written_files = plot_summary(summary_file, out, formats, width, dpi, not no_title, functions)
+        for written in written_files:
             print(written)
 
 

@@ -1,5 +1,8 @@
 // The script of `layerwise report` (layerwise/figures/report.py inlines it): the per-layer table, the per-layer
 // charts and the curves over training (inline SVG) of the validation the slider picks. Plain JS, no library.
+// A summary is data anyone can edit: every value of it reaches the page as text. Markup is built here from constants,
+// numbers (Number(), toFixed) and esc(value) only; the page's Content-Security-Policy runs this script alone (by its
+// hash), no inline handler and nothing remote, should a value ever slip through.
 "use strict";
 const SUMMARIES = JSON.parse(document.getElementById("summaries").textContent);
 const META = JSON.parse(document.getElementById("meta").textContent);
@@ -14,9 +17,27 @@ const COLUMNS = [
   ["cos_to_last", "COS to last", (s) => (s.cos ? s.cos.map(last) : null)],
   ["cka_to_last", "CKA to last", (s) => (s.cka ? s.cka.map(last) : null)],
   ["nc1", "NC1", (s) => s.nc1, false, true],
+  ["cdnv", "CDNV", (s) => s.cdnv, false, true],
+  ["nc2_etf", "NC2 ETF error", (s) => s.nc2_etf],
+  ["nc3", "NC3", (s) => s.nc3],
+  ["nc4_agreement", "NC4 agreement", (s) => s.nc4_agreement],
   ["saturation_counts", "saturating samples", (s) => s.saturation_counts, true],
   ["saturation_cos", "saturation COS", (s) => s.saturation_cos],
 ];
+// the per-layer results of a user's analysis (the summary's analyses: {name: {columns: {key: title}}}) after the
+// package's columns: read from the summary as data, a title as text
+const KNOWN = new Set(COLUMNS.map((c) => c[0]));
+function columnsOf(summaries) {
+  const extra = new Map();
+  for (const s of summaries) {
+    for (const record of Object.values((s && s.analyses) || {})) {
+      for (const [key, title] of Object.entries((record && record.columns) || {})) {
+        if (!KNOWN.has(key) && !extra.has(key)) extra.set(key, [key, String(title), (x) => x[key]]);
+      }
+    }
+  }
+  return [...COLUMNS, ...extra.values()];
+}
 const esc = (v) => String(v).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"})[c]);
 const missing = (v) => v === null || v === undefined || !isFinite(v);
 // decimals that give the largest magnitude of a column 4 significant digits: one count of decimals per column
@@ -30,7 +51,7 @@ function exactDecimals(values) {
   for (const v of values.filter((v) => !missing(v))) while (d < 6 && Math.abs(Math.round(v * 10 ** d) - v * 10 ** d) > 1e-6) d++;
   return d;
 }
-const fmt = (v, integer, digits) => (missing(v) ? "–" : integer ? String(v) : digits === undefined ? Number(v).toPrecision(4) : Number(v).toFixed(digits));
+const fmt = (v, integer, digits) => (missing(v) ? "–" : integer ? String(Number(v)) : digits === undefined ? Number(v).toPrecision(4) : Number(v).toFixed(digits));
 const sameOrder = (a, b) => a[0] === b[0] && a[1] === b[1];
 const byStage = {};
 META.records.forEach((r, i) => (byStage[r.stage] = byStage[r.stage] || []).push({order: r.order, s: SUMMARIES[i]}));
@@ -102,12 +123,12 @@ function chart(title, xlabel, series, timeline, log) {
       const y = s.ys[i];
       if (y === null || y === undefined || !isFinite(y)) { pen = false; return; }
       d += `${pen ? "L" : "M"}${X(x).toFixed(1)} ${Y(y).toFixed(1)}`; pen = true;
-      if (dots) svg += `<circle cx="${X(x).toFixed(1)}" cy="${Y(y).toFixed(1)}" r="2" fill="${s.color}"/>`;
+      if (dots) svg += `<circle cx="${X(x).toFixed(1)}" cy="${Y(y).toFixed(1)}" r="2" fill="${esc(s.color)}"/>`;
     });
-    if (d) svg += `<path d="${d}" fill="none" stroke="${s.color}" stroke-width="1.6"/>`;
+    if (d) svg += `<path d="${d}" fill="none" stroke="${esc(s.color)}" stroke-width="1.6"/>`;
   }
   svg += "</svg>";
-  const legend = series.map((s) => `<span><i class="sw" style="background:${s.color}"></i>${esc(s.name)}</span>`).join("");
+  const legend = series.map((s) => `<span><i class="sw" style="background:${esc(s.color)}"></i>${esc(s.name)}</span>`).join("");
   return `<div>${svg}<div class="legend">${legend}</div></div>`;
 }
 
@@ -138,11 +159,11 @@ function layerColors(stage) {
 }
 
 function table(stage, s) {
-  const cols = COLUMNS.filter((c) => Array.isArray(c[2](s)));
+  const cols = columnsOf([s]).filter((c) => Array.isArray(c[2](s)));
   if (!Array.isArray(s.layers) || !cols.length) return "";
   const digits = cols.map((c) => decimals(c[2](s)));
   let h = `<table><tr><th>layer</th>${cols.map((c) => `<th>${esc(c[1])}</th>`).join("")}</tr>`;
-  s.layers.forEach((layer, i) => (h += `<tr><td>${layer}</td>${cols.map((c, k) => `<td>${fmt(c[2](s)[i], c[3], digits[k])}</td>`).join("")}</tr>`));
+  s.layers.forEach((layer, i) => (h += `<tr><td>${esc(layer)}</td>${cols.map((c, k) => `<td>${fmt(c[2](s)[i], c[3], digits[k])}</td>`).join("")}</tr>`));
   return h + "</table>";
 }
 
@@ -156,14 +177,14 @@ function scalars(s) {
   for (const [k, words] of numbers) if (typeof s[k] === "number") parts.push(`${words} ${fmt(s[k])}`);
   // where no layer reaches 1 − ε the summary's depth is the last layer by convention: written as not reached
   const reached = (k, e) => !(k === "effective_depth" && s.effective_depth_reached && s.effective_depth_reached[e] === false);
-  for (const [k, words] of depths) if (s[k]) parts.push(`${words}: ` + Object.entries(s[k]).map(([e, d]) => (reached(k, e) ? `ε ${esc(e)} → layer ${esc(d)}` : `ε ${esc(e)} → not reached`)).join(", "));
+  for (const [k, words] of depths) if (s[k]) parts.push(`${words}: ` + Object.entries(s[k]).map(([e, d]) => (reached(k, e) ? `ε ${esc(e)} → layer ${fmt(d, true)}` : `ε ${esc(e)} → not reached`)).join(", "));
   let exits = "";
   if (Array.isArray(s.early_exit) && s.early_exit.length) {
     // one column per exit layer, a number per cell; each column of decimals written to the same number of places
     const rows = s.early_exit, width = Math.max(...rows.map((r) => (r.exit_counts || []).length));
     const layers = Array.from({length: width}, (_, l) => (Array.isArray(s.layers) && s.layers[l] !== undefined ? s.layers[l] : l + 1));
     const places = {threshold: exactDecimals(rows.map((r) => r.threshold)), accuracy: decimals(rows.map((r) => r.accuracy)), speedup: decimals(rows.map((r) => r.speedup))};
-    exits = `<table class="exits"><tr><th rowspan="2">early exit τ</th><th rowspan="2">accuracy</th><th rowspan="2">speedup</th><th colspan="${width}">samples exiting at layer</th></tr>`;
+    exits = `<table class="exits"><tr><th rowspan="2">early exit τ</th><th rowspan="2">accuracy</th><th rowspan="2">speedup</th><th colspan="${Number(width)}">samples exiting at layer</th></tr>`;
     exits += `<tr>${layers.map((l) => `<th>${esc(l)}</th>`).join("")}</tr>`;
     for (const r of rows) {
       const counts = layers.map((_, l) => `<td>${fmt((r.exit_counts || [])[l], true)}</td>`).join("");
@@ -202,7 +223,7 @@ function render(index) {
     if (series.length) {
       rows = `<table><tr><th>layer</th>${stages.map((s) => `<th>${esc(s)}</th>`).join("")}</tr>`;
       const digits = series.map((s) => decimals(s.ys));
-      series[0].xs.forEach((layer, i) => (rows += `<tr><td>${layer}</td>${series.map((s, k) => `<td>${fmt(s.ys[i], false, digits[k])}</td>`).join("")}</tr>`));
+      series[0].xs.forEach((layer, i) => (rows += `<tr><td>${esc(layer)}</td>${series.map((s, k) => `<td>${fmt(s.ys[i], false, digits[k])}</td>`).join("")}</tr>`));
       rows += "</table>";
     }
     transfer.innerHTML = `<div>${rows}</div>` + chart("accuracy per layer", "layer", series, false);
@@ -215,7 +236,8 @@ function drawCurves() {
   for (const stage of META.stages) {
     const names = layerNames(stage);
     let charts = "";
-    for (const [, title, get, , log] of COLUMNS) charts += curves(stage, title, get, names, log, layerColors(stage));
+    const columns = columnsOf((byStage[stage] || []).map((x) => x.s));
+    for (const [, title, get, , log] of columns) charts += curves(stage, title, get, names, log, layerColors(stage));
     if (charts) html += `<h3>${esc(stageName(stage))}</h3><div class="grid">${charts}</div>`;
   }
   document.getElementById("curvecharts").innerHTML = html;

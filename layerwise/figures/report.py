@@ -3,9 +3,14 @@
 The file needs no server and no network: the run's config, every summary (an inline JSON blob), the figures of one
 validation (PNG data URIs) and a small inline script that draws the per-layer table and the curves over training
 (inline SVG) for the validation the slider picks. It reads the results files only (see :mod:`layerwise.results`).
+
+A report is shared, and what it shows is data: every value of a summary or config reaches the page as text (escaped
+here, ``esc`` in ``report.js``), and the page's Content-Security-Policy (:func:`content_security_policy`) runs its one
+script, by hash, and nothing else: no inline handler, no remote load.
 """
 
 import base64
+import hashlib
 import html
 import io
 import json
@@ -32,6 +37,7 @@ def report(
     label: Optional[list[str]] = None,
     epoch: str = "last",
     width: Literal["column", "page"] = "page",
+    figures: Optional[list[str]] = None,
 ) -> None:
     """Write one self-contained HTML report of a run (config, per-layer tables, figures, curves over training).
 
@@ -52,20 +58,29 @@ def report(
             mean of a summary key over the runs, at the last layer), or a number.
         width: print width the figures are drawn at (at 150 dpi), every text >= 7 pt: a journal's column (3.3 in)
             or page (6.9 in).
+        figures: figure functions of your own analyses, as module:function (e.g. feature_norm:feature_norm_figures),
+            that may draw the summaries that name them, besides the package's and those registered in the
+            entry-point group layerwise.figures; a summary naming any other function draws it not (docs/security.md).
     """
+    from layerwise.figures.plot import warnings_as_lines
+    from layerwise.figures.registry import typed_functions
     from layerwise.results import is_pattern
+
+    functions = typed_functions(figures or [])
 
     path = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]  # one path, from Python
     if len(path) > 1 or is_pattern(path[0]):
         if step is not None:
             raise ValueError("`--step` picks a validation of one run; several runs are drawn at one epoch (--epoch).")
-        written, runs = write_comparison_report(path, out, label, epoch, width)
+        with warnings_as_lines("layerwise report"):
+            written, runs = write_comparison_report(path, out, label, epoch, width)
         print(f"layerwise report: {runs} runs side by side")
         print(written)
         return
     if label is not None or epoch != "last":
         raise ValueError("`--label` and `--epoch` compare several runs; for one run, --step picks the validation.")
-    written, run = write_report(path[0], out, step, width)
+    with warnings_as_lines("layerwise report"):
+        written, run = write_report(path[0], out, step, width, functions)
     print(f"layerwise report: run {run}")
     print(written)
 
@@ -108,7 +123,9 @@ def write_comparison_report(
         f"<section id=figures><h2>Figures</h2><div class=figs>{items}</div></section>"
         f"<section id=table><h2>Table</h2>{_markdown_tables(texts['comparison.md'])}</section>"
     )
-    page = COMPARISON_TEMPLATE.format(title=_e("layerwise report: runs side by side"), style=STYLE, body=body)
+    page = COMPARISON_TEMPLATE.format(
+        csp=_e(content_security_policy()), title=_e("layerwise report: runs side by side"), style=STYLE, body=body
+    )
     return write_text_atomic(target, page), len(comparison.runs)
 
 
@@ -117,6 +134,12 @@ COMPARISON_CAPTIONS = {
     "cos": "COS to the last layer, per layer",
     "cka": "CKA to the last layer, per layer",
     "nc1": "NC1 per layer",
+    "cdnv": "CDNV per layer",
+    "nc2_equinorm": "NC2 equinorm (CV of the class-mean norms) per layer",
+    "nc2_equiangular": "NC2 equiangularity per layer",
+    "nc2_etf": "NC2 simplex-ETF error per layer",
+    "nc3": "NC3 class means against the shared head's rows per layer",
+    "nc4_agreement": "NC4 agreement of the nearest-class-centre classifier with the head per layer",
     "effective_depth": "ε-effective depth for each ε",
     "early_exit": "Early exit: accuracy against speedup over the thresholds τ",
 }
@@ -147,7 +170,7 @@ def _markdown_tables(text: str) -> str:
 
 
 def write_report(
-    path: Path, out: Optional[Path] = None, step: Optional[int] = None, width: str = "page"
+    path: Path, out: Optional[Path] = None, step: Optional[int] = None, width: str = "page", functions: Any = ()
 ) -> tuple[Path, Path]:
     """Check the options, read every summary of the run, write the HTML atomically; ``(file written, run folder)``."""
     path = Path(path)
@@ -170,7 +193,7 @@ def write_report(
     from layerwise.figures.style import drawn_at
 
     with drawn_at(width):
-        page = build_html(run, files, summaries, chosen)
+        page = build_html(run, files, summaries, chosen, functions)
     return write_text_atomic(target, page), run
 
 
@@ -180,8 +203,13 @@ def _order(file: Path, summary: dict[str, Any]) -> tuple[int, int]:
     return int(summary.get("epoch", epoch)), int(summary.get("global_step", step))
 
 
-def build_html(run: Path, files: list[Path], summaries: list[dict[str, Any]], chosen: tuple[int, int]) -> str:
-    """The report's HTML: ``summaries`` (read from ``files``, in order) drawn around the validation ``chosen``."""
+def build_html(
+    run: Path, files: list[Path], summaries: list[dict[str, Any]], chosen: tuple[int, int], functions: Any = ()
+) -> str:
+    """The report's HTML: ``summaries`` (read from ``files``, in order) drawn around the validation ``chosen``.
+
+    ``functions``: figure functions besides the registered ones (:mod:`layerwise.figures.registry`).
+    """
     from layerwise.figures.style import QUANTITY_COLOURS, SERIES_PALETTE, stage_name
 
     stages = sorted({file.name.split("_epoch_")[0] for file in files}, key=lambda s: (s != "val", s))
@@ -203,7 +231,7 @@ def build_html(run: Path, files: list[Path], summaries: list[dict[str, Any]], ch
         "stage_names": {stage: stage_name(stage) for stage in stages},
         "probes": "LinearProbes" in config_text,
     }
-    figures = _figures(stages, records, summaries, tuple(chosen))
+    figures = _figures(stages, records, summaries, tuple(chosen), functions)
     sections = {name for summary in summaries for name in SECTION_FIGURES if summary.get(name)}
     validation_stages = [s for s in stages if s.startswith("val")]
     body = [
@@ -241,13 +269,15 @@ def build_html(run: Path, files: list[Path], summaries: list[dict[str, Any]], ch
             body.append(
                 _figure_section(anchors[name], titles[name], figures.get(name, []), charts=f"{anchors[name]}charts")
             )
+    script = (Path(__file__).parent / "report.js").read_text(encoding="utf-8")
     return TEMPLATE.format(
+        csp=_e(content_security_policy(script)),
         title=_e(f"layerwise report: {run.parent.name}/{run.name}"),
         style=STYLE,
         body="\n".join(body),
         summaries=_script_json(summaries),
         meta=_script_json(meta),
-        script=(Path(__file__).parent / "report.js").read_text(encoding="utf-8"),
+        script=script,
     )
 
 
@@ -283,7 +313,11 @@ def _figure_section(anchor: str, title: str, figures: list[Figure], charts: str 
 
 
 def _figures(
-    stages: list[str], records: list[dict[str, Any]], summaries: list[dict[str, Any]], chosen: tuple[int, int]
+    stages: list[str],
+    records: list[dict[str, Any]],
+    summaries: list[dict[str, Any]],
+    chosen: tuple[int, int],
+    functions: Any = (),
 ) -> dict[str, list[Figure]]:
     """PNG figures per section: each stage's figures at ``chosen``; a section's latest at or before it."""
     from layerwise.figures.summary import caption
@@ -291,10 +325,12 @@ def _figures(
     out: dict[str, list[Figure]] = {}
     for stage in stages:
         of_stage = [(tuple(r["order"]), s) for r, s in zip(records, summaries) if r["stage"] == stage]
-        at = [s for order, s in of_stage if order == chosen]
+        at = [(r["file"], s) for r, s in zip(records, summaries) if r["stage"] == stage and tuple(r["order"]) == chosen]
         if at:
-            general = {key: value for key, value in at[-1].items() if key not in SECTION_FIGURES}
-            out.setdefault("general", []).extend((stage, name, caption(name), png) for name, png in _encoded(general))
+            file, summary = at[-1]
+            general = {key: value for key, value in summary.items() if key not in SECTION_FIGURES}
+            drawn = _encoded(general, functions, file)
+            out.setdefault("general", []).extend((stage, name, caption(name), png) for name, png in drawn)
         for section in SECTION_FIGURES:
             earlier = [(order, s) for order, s in of_stage if order <= chosen and s.get(section)]
             if earlier:
@@ -305,13 +341,13 @@ def _figures(
     return out
 
 
-def _encoded(summary: dict[str, Any]) -> list[tuple[str, str]]:
+def _encoded(summary: dict[str, Any], functions: Any = (), where: str = "the summary") -> list[tuple[str, str]]:
     """Every figure of ``summary`` as ``(name, PNG as base64)``; the figures closed, whatever happens."""
     import matplotlib.pyplot as plt
 
     from layerwise.figures.summary import summary_figures
 
-    figures = summary_figures(summary)
+    figures = summary_figures(summary, functions, where)
     try:
         return [(name, _png(figure)) for name, figure in figures.items()]
     finally:
@@ -352,6 +388,22 @@ def _inches(data: str) -> float:
     return int.from_bytes(base64.b64decode(data[:32])[16:20], "big") / FIGURE_DPI
 
 
+def content_security_policy(script: Optional[str] = None) -> str:
+    """The page's Content-Security-Policy: its one inline ``script`` by hash (none: no script), nothing else runs.
+
+    No inline event handler (``onerror=...`` in a value that slipped through would not run), nothing remote: styles
+    inline (the page's own ``<style>`` and the figures' widths), images as data URIs, no form, no base URL.
+    """
+    scripts = "'none'"
+    if script is not None:
+        digest = base64.b64encode(hashlib.sha256(script.encode("utf-8")).digest()).decode("ascii")
+        scripts = f"'sha256-{digest}'"
+    return (
+        f"default-src 'none'; script-src {scripts}; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; "
+        "form-action 'none'"
+    )
+
+
 def _e(value: Any) -> str:
     return html.escape(str(value), quote=True)
 
@@ -362,7 +414,9 @@ def _script_json(value: Any) -> str:
 
 
 COMPARISON_TEMPLATE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{csp}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
 <link rel="icon" href="data:,"><title>{title}</title><style>{style}</style></head>
 <body>
 {body}
@@ -370,7 +424,9 @@ COMPARISON_TEMPLATE = """<!DOCTYPE html>
 """
 
 TEMPLATE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width, initial-scale=1">
+<html lang="en"><head><meta charset="utf-8">
+<meta http-equiv="Content-Security-Policy" content="{csp}">
+<meta name="viewport" content="width=device-width, initial-scale=1">
 <link rel="icon" href="data:,"><title>{title}</title><style>{style}</style></head>
 <body>
 {body}

@@ -13,6 +13,7 @@ from layerwise.figures.style import (
     legend_below,
     new_figure,
     no_data_note,
+    plain,
     series_colour,
 )
 
@@ -33,7 +34,9 @@ def norm_ratio_figure(results: dict[str, Any]) -> Figure:
         def level(q: float, rows: Any = rows) -> list[float]:
             return [float("nan") if row[levels.index(q)] is None else row[levels.index(q)] for row in rows]
 
-        ax.plot(layers, level(0.5), marker=("o", "s", "^", "D")[index % 4], markersize=4, color=color, label=name)
+        ax.plot(
+            layers, level(0.5), marker=("o", "s", "^", "D")[index % 4], markersize=4, color=color, label=plain(name)
+        )
         ax.fill_between(layers, level(0.25), level(0.75), color=color, alpha=0.2, linewidth=0)
         mean = [float("nan") if value is None else value for value in results["mean"][index]]
         ax.plot(layers, mean, linestyle="--", color=color, linewidth=1)
@@ -70,4 +73,4 @@ def where_read(results: dict[str, Any]) -> str:
     pooling = results.get("pooling")
     if pooling and pooling != token:
         where += f"\n(the head reads the {'mean of the tokens' if pooling == 'mean' else pooling + ' token'})"
-    return where
+    return plain(where)

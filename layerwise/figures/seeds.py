@@ -16,8 +16,9 @@ draw their figures and write their table from :func:`comparison_rows`.
   deviation (:func:`t_interval`; no interval for ``n = 1``), ``t`` from ``scipy.stats.t.ppf``.
 - **Range.** The interval is a statement about a mean the quantity can take: its ends (:attr:`Row.low`,
   :attr:`Row.high`, the band drawn, the table's ``low``/``high``) are clipped to the quantity's range
-  (:data:`RANGES`: accuracy and CKA in [0, 1], COS in [-1, 1], NC1 >= 0, speedup >= 1, ε-effective depth between
-  the first and the last layer); ``half_width`` stays the unclipped t-interval's.
+  (:data:`RANGES`: accuracy and CKA in [0, 1], COS in [-1, 1], NC1, CDNV, NC2 and NC3 >= 0, NC4's agreement and
+  accuracy in [0, 1], speedup >= 1, ε-effective depth between the first and the last layer); ``half_width`` stays
+  the unclipped t-interval's.
 - **Not reached.** ε-effective depth where no layer reaches ``1 − ε`` is the last layer by the paper's convention;
   a summary that says so (``effective_depth_reached``: false) gives no value there (NaN), and the row counts the
   runs that did not reach it (:attr:`Row.unreached`): the table writes "not reached", never the last layer.
@@ -39,6 +40,13 @@ QUANTITIES = {
     "cos": "COS to the last layer",
     "cka": "CKA to the last layer",
     "nc1": "NC1 (within- / between-class variability)",
+    # neural collapse complete (NeuralCollapseMonitor(complete=True); NC4 with ncc=True)
+    "cdnv": "CDNV (class-distance normalised variance)",
+    "nc2_equinorm": "NC2 equinorm (CV of the class-mean norms)",
+    "nc2_equiangular": "NC2 equiangularity (mean |cos + 1/(K-1)|)",
+    "nc2_etf": "NC2 simplex-ETF error",
+    "nc3": "NC3 distance of class means to the head's rows",
+    "nc4_agreement": "NC4 agreement of the NCC with the head",
     "effective_depth": "ε-effective depth",
     "early_exit_accuracy": "early-exit accuracy",
     "early_exit_speedup": "early-exit speedup",
@@ -49,6 +57,12 @@ RANGES = {
     "cos": (-1.0, 1.0),
     "cka": (0.0, 1.0),
     "nc1": (0.0, math.inf),
+    # neural collapse: variabilities, norms' CV and distances are >= 0; NC4's shares of samples in [0, 1]
+    **dict.fromkeys(
+        ("cdnv", "nc2_equinorm", "nc2_cos_std", "nc2_equiangular", "nc2_etf", "nc3", "nc3_duality"), (0.0, math.inf)
+    ),
+    "nc4_agreement": (0.0, 1.0),
+    "nc4_ncc_accuracy": (0.0, 1.0),
     "early_exit_accuracy": (0.0, 1.0),
     "early_exit_speedup": (1.0, math.inf),
 }
@@ -56,7 +70,8 @@ PERCENT = ("accuracy", "early_exit_accuracy")  # written in % in the table
 WHOLE = ("effective_depth",)  # whole numbers: integer ticks
 # what each quantity's x is
 POSITIONS = {"effective_depth": "ε", "early_exit_accuracy": "τ", "early_exit_speedup": "τ"}
-LOWER_IS_BETTER = ("loss", "nc1")  # `--epoch best:<key>` minimises keys containing these
+LOWER_IS_BETTER = ("loss", "nc1", "cdnv", "nc2", "nc3")  # `--epoch best:<key>` minimises keys containing these
+PER_LAYER = ("accuracy", "nc1", "cdnv", "nc2_equinorm", "nc2_equiangular", "nc2_etf", "nc3", "nc4_agreement")
 # config options that say where a run writes, not what it computes: never a difference between runs
 WHERE_KEYS = ("trainer.logger", "trainer.default_root_dir", "trainer.enable_progress_bar", "ckpt_path", "threads")
 WHERE_PARTS = ("dirpath", "save_dir", "log_dir", "root_dir")
@@ -260,7 +275,7 @@ def series(summary: Mapping[str, Any], quantity: str) -> tuple[list[Any], list[f
     if quantity in ("cos", "cka"):
         matrix = summary.get(quantity)
         return (layers, [number(row[-1]) for row in matrix]) if matrix else ([], [])
-    if quantity in ("accuracy", "nc1"):
+    if quantity in PER_LAYER:
         values = summary.get(quantity)
         return (layers, [number(value) for value in values]) if values else ([], [])
     if quantity == "effective_depth":

@@ -356,10 +356,15 @@ def stage_name(stage: str) -> str:
     return stage.replace("_", " ")
 
 
+def plain(text: Any) -> str:
+    """A value of a results file as text on a figure: its ``$`` kept as a dollar sign, never read as mathtext."""
+    return str(text).replace("$", r"\$")
+
+
 def run_line(summary: dict[str, Any], run: Optional[str] = None) -> str:
     """Which validation a figure shows, e.g. ``validation, epoch 31, step 736`` (``run · validation, ...``)."""
     stage, epoch, step = summary.get("stage", "val"), summary.get("epoch", "?"), summary.get("global_step", "?")
-    where = f"{stage_name(stage)}, epoch {epoch}, step {step}"
+    where = plain(f"{stage_name(stage)}, epoch {epoch}, step {step}")
     return f"{run} · {where}" if run else where
 
 

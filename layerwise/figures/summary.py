@@ -6,13 +6,19 @@ from typing import Any, Optional
 
 import matplotlib
 import numpy as np
-from matplotlib.ticker import MaxNLocator
+from matplotlib.ticker import MaxNLocator, NullFormatter
 
 from layerwise.errors import LayerwiseWarning
 from layerwise.figures.compare import cka_across_models
 from layerwise.figures.coupling import coupling_figures
 from layerwise.figures.heatmap import heatmap
-from layerwise.figures.registry import FIGURE_FUNCTIONS, FigureFunction, function_of, recorded, reference
+from layerwise.figures.registry import (
+    FIGURE_FUNCTIONS,
+    FigureFunction,
+    recorded,
+    registered,
+    unregistered_line,
+)
 from layerwise.figures.residual import norm_ratio_figure
 from layerwise.figures.style import (
     Figure,
@@ -47,6 +53,7 @@ CAPTIONS = {
     "detection_ap50": "Detection AP50 of every decoder layer",
     "residual_norm_ratio": "Residual norm ratio ‖x‖ / ‖F(x)‖ per block and branch",
     "compare_cka": "CKA between the layers of model A and model B",
+    "neural_collapse": "Neural collapse per layer: NC1 and CDNV, NC2, NC3 against the shared head, NC4",
     "coupling_depth": "Depth-wise mis-coupling of the block Jacobians",
     "coupling_spectra": "Singular spectra of the block Jacobians",
     "coupling_trajectory": "Trajectory of the prompts' tokens through the blocks (PCA)",
@@ -76,7 +83,8 @@ def similarity_and_accuracy(summary: dict[str, Any]) -> Figure:
     for key, marker in (("cos", "o"), ("cka", "s")):
         if key in similarity:
             values = [np.nan if row[-1] is None else row[-1] for row in summary[key]]
-            ax.plot(layers, values, marker=marker, color=quantity_colour(key), label=f"{key.upper()} to the last layer")
+            name = cka_name(summary) if key == "cka" else "COS"
+            ax.plot(layers, values, marker=marker, color=quantity_colour(key), label=f"{name} to the last layer")
     if similarity:
         ax.set_ylabel("similarity to\nthe last layer")
     if accuracy is not None:
@@ -321,13 +329,72 @@ def effective_depth(summary: dict[str, Any]) -> Figure:
     return finish(fig)
 
 
+def cka_name(summary: dict[str, Any]) -> str:
+    """What the summary's ``cka`` is: "minibatch CKA" (the estimator the summary's ``analyses`` records), else CKA."""
+    options = ((summary.get("analyses") or {}).get("similarity") or {}).get("options") or {}
+    return "minibatch CKA" if options.get("cka") == "minibatch" else "CKA"
+
+
+# The panels of the neural-collapse figure: (y label, log scale, [(key, legend label)]), top to bottom
+_COLLAPSE_PANELS = (
+    ("variability", True, [("nc1", r"NC1 $\mathrm{tr}(\Sigma_W \Sigma_B^\dagger)/K$"), ("cdnv", "CDNV")]),
+    (
+        "NC2",
+        False,
+        [
+            ("nc2_equinorm", "equinorm (CV of norms)"),
+            ("nc2_cos_std", "std of cosines"),
+            ("nc2_equiangular", r"mean $|\cos + 1/(K-1)|$"),
+            ("nc2_etf", "simplex-ETF error"),
+        ],
+    ),
+    ("NC3", False, [("nc3", "class means to head rows"), ("nc3_duality", "self-duality error")]),
+    ("NC4", False, [("nc4_agreement", "NCC agrees with the head"), ("nc4_ncc_accuracy", "NCC accuracy")]),
+)
+
+
+def neural_collapse(summary: dict[str, Any]) -> Figure:
+    """NC1 and CDNV (log scale), NC2, NC3 and NC4 against the layer, one panel each (those the summary holds)."""
+    panels = [panel for panel in _COLLAPSE_PANELS if any(summary.get(key) is not None for key, _ in panel[2])]
+    fig, axes = new_figure(4.8, 1.9 * len(panels) + 0.6, height_ratios=[1.0] * len(panels))
+    axes = axes if isinstance(axes, list) else [axes]
+    layers = list(summary.get("layers") or range(1, len(summary["nc1"]) + 1))
+    for ax, (label, log, series) in zip(axes, panels):
+        drawn = False
+        for index, (key, name) in enumerate(series):
+            values = [np.nan if value is None else value for value in summary.get(key) or []]
+            if values and np.isfinite(values).any() and (not log or np.nanmax(values) > 0):
+                colour = series_colour(key, index if index < 3 else index + 1)  # never NC1's purple (the 4th)
+                ax.plot(layers, values, marker="o", color=colour, label=name)
+                drawn = True
+        if not drawn:
+            no_data_note(ax, label)
+        elif log:
+            ax.set_yscale("log")
+            ax.yaxis.set_minor_formatter(NullFormatter())  # decades only: minor labels crowd a narrow range
+        ax.set_ylabel(label)
+        if drawn:
+            legend_inside(ax)
+    layer_ticks(axes[-1], layers, axis="x", at_values=True)
+    axes[-1].set_xlabel("layer")
+    axes[0].set_title("neural collapse per layer")
+    return finish(fig)
+
+
+def neural_collapse_figures(summary: dict[str, Any]) -> dict[str, Figure]:
+    """The figure of ``NeuralCollapseMonitor(complete=True)`` (NC1 alone has its column in the report and ``plot``)."""
+    return {"neural_collapse": neural_collapse(summary)} if summary.get("cdnv") is not None else {}
+
+
 def similarity_figures(summary: dict[str, Any]) -> dict[str, Figure]:
     """The figures of ``LayerSimilarityMonitor``: the COS and CKA heatmaps, the COS box plots, the per-layer profile."""
     layers = summary.get("layers")
     figures: dict[str, Figure] = {}
-    for key in ("cos", "cka"):
-        if summary.get(key) is not None:
-            figures[key] = heatmap(summary[key], layers, f"{key.upper()} between every pair of layers", key)
+    if summary.get("cos") is not None:
+        figures["cos"] = heatmap(summary["cos"], layers, "COS between every pair of layers", "cos")
+    if summary.get("cka") is not None:
+        name = cka_name(summary)
+        figures["cka"] = heatmap(summary["cka"], layers, f"{name} between every pair of layers", "cka", name)
     if summary.get("cos_quantiles") is not None:
         figures["cos_distribution"] = cos_box_plots(
             [row[-1] for row in summary["cos_quantiles"]],
@@ -385,6 +452,7 @@ PACKAGE_FIGURES: tuple[tuple[FigureFunction, Optional[str]], ...] = (
     (similarity_figures, None),
     (logit_lens_figures, None),
     (effective_depth_figures, None),
+    (neural_collapse_figures, None),
     (detection_figures, "detection_ap50"),
     (residual_figures, "residual_norm_ratio"),
     (compare_figures, "compare"),
@@ -392,28 +460,44 @@ PACKAGE_FIGURES: tuple[tuple[FigureFunction, Optional[str]], ...] = (
 )
 
 
-def summary_figures(summary: dict[str, Any], functions: Optional[Sequence[FigureFunction]] = None) -> dict[str, Figure]:
-    """Every figure of a summary, keyed by a file-name stem: what the functions it names draw, stamped with the run.
+def summary_figures(
+    summary: dict[str, Any], functions: Optional[Sequence[FigureFunction]] = None, where: str = "the summary"
+) -> dict[str, Figure]:
+    """Every figure of a summary, keyed by a file-name stem: what the registered functions it names draw, stamped.
 
-    The functions are those the summary's :data:`~layerwise.figures.registry.FIGURE_FUNCTIONS` names (imported by
-    name; the package's own for a summary that names none), or ``functions`` themselves, the objects those names were
-    taken from (the training run, whose drawing process may not import a function of a script). A function whose key
-    the summary lacks draws nothing.
+    The summary's :data:`~layerwise.figures.registry.FIGURE_FUNCTIONS` *names* the functions (the package's own for
+    a summary that names none); a name is drawn only when it is registered (:mod:`layerwise.figures.registry`): the
+    package's functions, ``functions`` (the objects the running code passes: a live fit's callbacks, ``--figures``)
+    and the plug-ins of the entry-point group ``layerwise.figures``. Any other name is skipped with one warning line
+    saying how to register it, and nothing is imported for it. A package function reads the key the package gives
+    it, whatever the file says; a function whose key the summary lacks draws nothing; one that fails is skipped with
+    one line naming it and ``where`` (the file), the others still draw.
     """
     entries = summary.get(FIGURE_FUNCTIONS)
     if entries is None:
         entries = recorded(PACKAGE_FIGURES)
-    given = {reference(function): function for function in functions or ()}
+    package_keys = recorded(PACKAGE_FIGURES)
+    allowed, failures = registered((function for function, _ in PACKAGE_FIGURES), functions or (), entries)
+    for line in failures:
+        warnings.warn(f"layerwise: {line}.", LayerwiseWarning, stacklevel=2)
     figures: dict[str, Figure] = {}
     for name, key in entries.items():
+        if name not in allowed:
+            warnings.warn(unregistered_line(name, where), LayerwiseWarning, stacklevel=2)
+            continue
+        key = package_keys.get(name, key)
         if key is not None and not summary.get(key):
             continue
         try:
-            function = given.get(name) or function_of(name)
-        except ImportError as error:  # a user's analysis whose module is not on the path: the rest is still drawn
-            warnings.warn(f"layerwise: {error}.", LayerwiseWarning, stacklevel=2)
-            continue
-        figures.update(function(summary if key is None else summary[key]))
+            figures.update(allowed[name](summary if key is None else summary[key]))
+        except Exception as error:  # a user's function, or a value the schema lets through: the rest still draws
+            read = "the summary" if key is None else f"`{key}`"
+            warnings.warn(
+                f"layerwise: the figure function {name} could not draw {read} of {where} "
+                f"({type(error).__name__}: {str(error)[:200]}); skipped.",
+                LayerwiseWarning,
+                stacklevel=2,
+            )
     line = run_line(summary)
     return {name: stamp(figure, line) for name, figure in figures.items()}
 

@@ -1,5 +1,6 @@
 """The early-exit sweep figure: accuracy against speedup for every run and head kind (``layerwise sweep``)."""
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,12 +16,16 @@ def sweep_figure(curves: Sequence[Any]) -> Figure:
     text (close thresholds get their labels on different sides; the table has every one).
     """
     fig, ax = new_figure(5.6, 4.2)
+    drawn = {
+        id(curve): [row for row in curve.rows if _finite(row["speedup"]) and _finite(row["accuracy"])]
+        for curve in curves
+    }
     colours: dict[str, Any] = {}
     for curve in curves:
         colour = colours.setdefault(curve.label, series_colour("", len(colours)))
         shared = curve.key == "early_exit"
-        speedup = [row["speedup"] for row in curve.rows]
-        accuracy = [row["accuracy"] for row in curve.rows]
+        speedup = [row["speedup"] for row in drawn[id(curve)]]
+        accuracy = [row["accuracy"] for row in drawn[id(curve)]]
         ax.plot(
             speedup,
             accuracy,
@@ -36,7 +41,12 @@ def sweep_figure(curves: Sequence[Any]) -> Figure:
     ax.grid(alpha=0.3)
     legend_inside(ax)
     finish(fig)
-    points = [(row["speedup"], row["accuracy"]) for curve in curves for row in curve.rows]
-    labels = [f"{row['threshold']:g}" for curve in curves for row in curve.rows]
-    place_labels(fig, ax, points, labels, [colours[curve.label] for curve in curves for _ in curve.rows])
+    points = [(row["speedup"], row["accuracy"]) for curve in curves for row in drawn[id(curve)]]
+    labels = [f"{row['threshold']:g}" for curve in curves for row in drawn[id(curve)]]
+    place_labels(fig, ax, points, labels, [colours[curve.label] for curve in curves for _ in drawn[id(curve)]])
     return fig
+
+
+def _finite(value: Any) -> bool:
+    """Whether a value of a row can be drawn (a summary writes an undefined value as null)."""
+    return isinstance(value, (int, float)) and math.isfinite(value)

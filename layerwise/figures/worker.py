@@ -7,6 +7,10 @@ the arrays back on its stdout, one frame per job, until its stdin closes. It nee
 jobs hold no tensor, no callback and no metric, so unpickling them imports the figure functions' modules and
 nothing of the training process (``tests/callbacks/test_drawing.py`` checks that torch, Lightning and torchmetrics
 stay out).
+
+What it may call is decided by the training process, which is code: the jobs come only from its pipe, and a job's
+figure functions are the function objects the callbacks of that process hold (pickled by reference), never names
+read from a summary file; a summary's other names are skipped (:mod:`layerwise.figures.registry`).
 """
 
 import os

@@ -1,10 +1,15 @@
 """Layer-wise metrics: pure functions in ``functional`` and torchmetrics ``Metric`` classes of sufficient statistics."""
 
 from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
-from layerwise.metrics.count import NonFiniteRows, RowMean, SampleCount
+from layerwise.metrics.count import LayerMean, NonFiniteRows, RowMean, SampleCount
 from layerwise.metrics.dynamics import DepthCoupling, JacobianSpectrum, LinearisationCosine, TrajectoryShape
 from layerwise.metrics.functional import Readout, layer_accuracy, readout_from_logits, saturation_layers
-from layerwise.metrics.functional_collapse import effective_depth, effective_depth_reached, nc1
+from layerwise.metrics.functional_collapse import (
+    effective_depth,
+    effective_depth_reached,
+    nc1,
+    neural_collapse_measures,
+)
 from layerwise.metrics.functional_compare import arccos_distance, cross_cka, minibatch_cross_cka
 from layerwise.metrics.functional_dynamics import (
     coupling_score,
@@ -17,7 +22,7 @@ from layerwise.metrics.functional_dynamics import (
     top_singular,
 )
 from layerwise.metrics.functional_similarity import layer_cosine_similarity, linear_cka, saturation_cosine
-from layerwise.metrics.neural_collapse import LayerNC1
+from layerwise.metrics.neural_collapse import LayerNC1, LayerNeuralCollapse
 from layerwise.metrics.prediction import EarlyExit, LayerAccuracy, LayerF1, SaturationHistogram
 from layerwise.metrics.similarity import LayerCKA, LayerCosineSimilarity, MinibatchCKA, SaturationCosine
 from layerwise.metrics.sync import all_reduce_sum_states
@@ -45,7 +50,9 @@ __all__ = [
     "LayerCKA",
     "LayerCosineSimilarity",
     "LayerF1",
+    "LayerMean",
     "LayerNC1",
+    "LayerNeuralCollapse",
     "MinibatchCKA",
     "Readout",
     "SaturationCosine",
@@ -60,6 +67,7 @@ __all__ = [
     "layer_cosine_similarity",
     "linear_cka",
     "nc1",
+    "neural_collapse_measures",
     "readout_from_logits",
     "saturation_cosine",
     "saturation_layers",

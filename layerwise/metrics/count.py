@@ -82,3 +82,32 @@ class RowMean(_SumStateMetric):
     def compute(self) -> Tensor:
         """The float64 mean over every row fed, NaN when none was."""
         return self.total / self.count
+
+
+class LayerMean(_SumStateMetric):
+    """The exact mean over rows of one value per layer and row: ``(L, N)`` -> ``(L,)``, float64 sums.
+
+    A per-layer analysis's simplest statistic (``examples/feature_norm.py``: the mean feature norm of every layer):
+    the sum per layer and the row count, summed across processes (with ``sync_on_compute=False``, in the
+    analyses' one all-reduce).
+
+    Shapes:
+        ``update(values)``: ``(L, N)``, one value per layer and row.
+    """
+
+    def __init__(self, num_layers: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.num_layers = num_layers
+        self._add_sum_state("total", (num_layers,))
+        self._add_sum_state("count", ())
+
+    def update(self, values: Tensor) -> None:
+        """Add the rows of ``values`` (L, N) (summed in float64)."""
+        if values.ndim != 2 or values.shape[0] != self.num_layers:
+            raise ValueError(f"LayerMean expects (L={self.num_layers}, N) values, got {tuple(values.shape)}.")
+        self.total += values.detach().to(torch.float64).sum(dim=1).to(self.total.device)
+        self.count += values.shape[1]
+
+    def compute(self) -> Tensor:
+        """The float64 mean of every layer over every row fed, (L,); NaN when none was."""
+        return self.total / self.count

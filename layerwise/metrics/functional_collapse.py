@@ -1,4 +1,4 @@
-"""Pure tensor functions of class structure and depth: within-class variability collapse (NC1) and effective depth.
+"""Pure tensor functions of class structure and depth: neural collapse (NC1, CDNV, NC2-NC4) and effective depth.
 
 Shapes and conventions as in :mod:`layerwise.metrics.functional`: ``features`` (L, B, d), ``targets`` (B,); every
 ``_xxx_update`` returns additive float64 sufficient statistics of one batch, every ``_xxx_compute`` the metric.
@@ -125,6 +125,181 @@ def nc1(features: Tensor, targets: Tensor, num_classes: int) -> Tensor:
     num_layers, _, dim = features.shape
     x = features.to(_F64)
     return _nc1_compute(*_nc1_update(x - x.mean(dim=1, keepdim=True), targets, num_layers, dim, num_classes))
+
+
+# ------------------------------------------------------------------------------------ neural collapse NC1-NC4
+def _class_square_update(features: Tensor, targets: Tensor, num_classes: int) -> Tensor:
+    """Per-class sum of squared norms (L, K) of one batch (features (L, B, d), any shift already taken off)."""
+    x = features.to(_F64)
+    targets = targets.to(device=x.device, dtype=torch.long)
+    return x.new_zeros(x.shape[0], num_classes).index_add_(1, targets, x.square().sum(dim=-1))
+
+
+def _class_sum_update(features: Tensor, targets: Tensor, num_classes: int) -> Tensor:
+    """Per-class sums (L, K, d') of one batch of features (L, B, d'), float64."""
+    x = features.to(_F64)
+    targets = targets.to(device=x.device, dtype=torch.long)
+    return x.new_zeros(x.shape[0], num_classes, x.shape[2]).index_add_(1, targets, x)
+
+
+def _present_means(class_counts: Tensor, class_sums: Tensor) -> tuple[Tensor, Tensor]:
+    """Class means (L, K', d) of the K' classes present, and the boolean (K,) mask of those classes."""
+    present = class_counts > 0
+    return class_sums[:, present] / class_counts[present].view(1, -1, 1), present
+
+
+def _centred(means: Tensor) -> Tensor:
+    """Class means minus their mean (mu_G, the mean of the class means, as NC1's Sigma_B), centred twice."""
+    centred = means - means.mean(dim=1, keepdim=True)
+    return centred - centred.mean(dim=1, keepdim=True)
+
+
+def _unit_rows(rows: Tensor) -> Tensor:
+    """Rows divided by their norms (a zero row stays zero)."""
+    return rows / rows.norm(dim=-1, keepdim=True).clamp_min(torch.finfo(rows.dtype).tiny)
+
+
+def _off_diagonal(square: Tensor) -> Tensor:
+    """The off-diagonal entries (L, K(K-1)) of square matrices (L, K, K), row by row."""
+    k = square.shape[-1]
+    mask = ~torch.eye(k, dtype=torch.bool, device=square.device)
+    return square[:, mask]
+
+
+def _etf_distance(gram: Tensor) -> Tensor:
+    """||G/||G||_F - (I - 11^T/K)/||I - 11^T/K||_F||_F per layer for Gram matrices G (L, K, K) (K >= 2)."""
+    k = gram.shape[-1]
+    etf = torch.eye(k, dtype=_F64, device=gram.device) - 1.0 / k
+    etf = etf / etf.norm()
+    scaled = gram / torch.linalg.matrix_norm(gram).clamp_min(torch.finfo(_F64).tiny).view(-1, 1, 1)
+    return torch.linalg.matrix_norm(scaled - etf)
+
+
+def _cdnv_compute(class_counts: Tensor, class_sums: Tensor, class_squares: Tensor) -> Tensor:
+    """CDNV (L,): mean over ordered pairs c != c' of (s_c^2 + s_c'^2) / (2 ||mu_c - mu_c'||^2), classes present.
+
+    s_c^2 = sum_{i in c} ||x_i||^2 / n_c - ||mu_c||^2, the mean squared distance of class c's features to its mean
+    (clamped at 0 against rounding; the sums are of shifted features, which changes neither s_c nor the distances).
+    NaN with fewer than two classes.
+    """
+    means, present = _present_means(class_counts, class_sums)
+    num_layers, k = means.shape[:2]
+    if k < 2:
+        return torch.full((num_layers,), float("nan"), dtype=_F64, device=class_sums.device)
+    variances = (class_squares[:, present] / class_counts[present] - means.square().sum(dim=-1)).clamp_min(0.0)
+    gram = means @ means.transpose(1, 2)  # the exact form: ||a||^2 + ||b||^2 - 2 a.b on float64 means
+    squares = gram.diagonal(dim1=1, dim2=2)
+    distances = (squares.unsqueeze(2) + squares.unsqueeze(1) - 2 * gram).clamp_min(0.0)
+    pairs = (variances.unsqueeze(2) + variances.unsqueeze(1)) / (2 * distances)
+    return _off_diagonal(pairs).mean(dim=1)
+
+
+def _nc2_compute(class_counts: Tensor, class_sums: Tensor) -> dict[str, Tensor]:
+    """NC2 (each (L,)) of the centred class means M_c = mu_c - mu_G over the K classes present.
+
+    ``equinorm``: std/mean of ||M_c|| (sample std, K - 1, as Papyan et al.'s ``torch.std``); ``cos_std``: the
+    (population) std of the K(K-1)/2 pairwise cosines of the M_c; ``equiangular``: mean over pairs of
+    |cos + 1/(K-1)|; ``etf``: ||M M^T/||M M^T||_F - (I - 11^T/K)/||I - 11^T/K||_F||_F (the simplex-ETF error,
+    Kothapalli 2023). NaN with fewer than two classes.
+    """
+    means, _ = _present_means(class_counts, class_sums)
+    num_layers, k = means.shape[:2]
+    nan = torch.full((num_layers,), float("nan"), dtype=_F64, device=class_sums.device)
+    if k < 2:
+        return {"equinorm": nan, "cos_std": nan, "equiangular": nan, "etf": nan}
+    centred = _centred(means)
+    norms = centred.norm(dim=-1)  # (L, K)
+    unit = _unit_rows(centred)
+    cosines = _off_diagonal(unit @ unit.transpose(1, 2))  # (L, K(K-1)): each pair twice, the same moments
+    return {
+        "equinorm": norms.std(dim=1, correction=1) / norms.mean(dim=1),
+        "cos_std": cosines.std(dim=1, correction=0),
+        "equiangular": (cosines + 1.0 / (k - 1)).abs().mean(dim=1),
+        "etf": _etf_distance(centred @ centred.transpose(1, 2)),
+    }
+
+
+def _nc3_compute(class_counts: Tensor, class_sums: Tensor, weight: Tensor) -> dict[str, Tensor]:
+    """NC3 (each (L,)) between the centred class means of the head's input and the rows W_c of its last linear layer.
+
+    ``distance``: mean over the classes present of ||W_c/||W_c|| - M_c/||M_c|||| (the neural-collapse package's
+    ``distance_norms``); ``duality``: ||W M^T/||W M^T||_F - (I - 11^T/K)/||I - 11^T/K||_F||_F (its
+    ``self_duality_error``, Kothapalli 2023). ``weight`` (K, d'), its rows in the order of the classes.
+    """
+    means, present = _present_means(class_counts, class_sums)
+    num_layers, k = means.shape[:2]
+    if k < 2:
+        nan = torch.full((num_layers,), float("nan"), dtype=_F64, device=class_sums.device)
+        return {"distance": nan, "duality": nan}
+    centred = _centred(means)
+    rows = weight.to(device=centred.device, dtype=_F64)[present]  # (K', d')
+    distance = (_unit_rows(rows).unsqueeze(0) - _unit_rows(centred)).norm(dim=-1).mean(dim=1)
+    return {"distance": distance, "duality": _etf_distance(rows @ centred.transpose(1, 2))}
+
+
+def _ncc_update(
+    features: Tensor, targets: Tensor, predictions: Tensor, class_counts: Tensor, class_sums: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Nearest-class-centre counts (L,) of one batch: agreements with ``predictions`` (L, B) and correct ones.
+
+    The NCC picks argmin_c ||x - mu_c||^2 = argmax_c (mu_c . x - ||mu_c||^2 / 2) over the classes present (ties to
+    the lowest class), in float64; ``features`` and ``class_sums`` around the same shift (it cancels).
+    """
+    means, present = _present_means(class_counts, class_sums)
+    classes = torch.nonzero(present).flatten()
+    x = features.to(_F64)
+    scores = x @ means.transpose(1, 2) - 0.5 * means.square().sum(dim=-1).unsqueeze(1)  # (L, B, K')
+    nearest = classes[scores.argmax(dim=-1)]  # (L, B)
+    agree = (nearest == predictions.to(nearest.device)).sum(dim=1).to(_F64)
+    correct = (nearest == targets.to(nearest.device).view(1, -1)).sum(dim=1).to(_F64)
+    return agree, correct
+
+
+def neural_collapse_measures(
+    features: Tensor,
+    targets: Tensor,
+    num_classes: int,
+    predictions: Optional[Tensor] = None,
+    head_inputs: Optional[Tensor] = None,
+    weight: Optional[Tensor] = None,
+) -> dict[str, Tensor]:
+    """Every neural-collapse measure of every layer of one set of features (Papyan, Han & Donoho, 2020).
+
+    Args:
+        features: (L, N, d) features (NC1, CDNV, NC2, NC4).
+        targets: (N,) class indices in [0, num_classes); absent classes are left out of K.
+        num_classes: number of classes.
+        predictions: (L, N) the head's prediction at every layer, for NC4 (agreement with the NCC).
+        head_inputs: (L, N, d') the features the head's last linear layer reads, for NC3.
+        weight: (num_classes, d') the weight of that layer, for NC3.
+
+    Returns:
+        ``nc1``, ``cdnv``, ``nc2_equinorm``, ``nc2_cos_std``, ``nc2_equiangular``, ``nc2_etf``; ``nc3``,
+        ``nc3_duality`` with ``head_inputs``; ``nc4_agreement`` and ``nc4_ncc_accuracy`` (fractions of N) with
+        ``predictions``; each (L,) float64.
+    """
+    _check_features(features, None)
+    num_layers, rows, dim = features.shape
+    x = features.to(_F64)
+    x = x - x.mean(dim=1, keepdim=True)
+    counts, class_sums, second_moment = _nc1_update(x, targets, num_layers, dim, num_classes)
+    squares = _class_square_update(x, targets, num_classes)
+    nc2 = _nc2_compute(counts, class_sums)
+    result = {
+        "nc1": _nc1_compute(counts, class_sums, second_moment),
+        "cdnv": _cdnv_compute(counts, class_sums, squares),
+        **{f"nc2_{name}": value for name, value in nc2.items()},
+    }
+    if head_inputs is not None:
+        if weight is None:
+            raise ValueError("`head_inputs` needs `weight`, the head's last linear layer (num_classes, d').")
+        _check_features(head_inputs, num_layers, name="head_inputs")
+        nc3 = _nc3_compute(counts, _class_sum_update(head_inputs, targets, num_classes), weight)
+        result.update(nc3=nc3["distance"], nc3_duality=nc3["duality"])
+    if predictions is not None:
+        agree, correct = _ncc_update(x, targets, predictions, counts, class_sums)
+        result.update(nc4_agreement=agree / rows, nc4_ncc_accuracy=correct / rows)
+    return result
 
 
 # ------------------------------------------------------------------------------------------------ effective depth

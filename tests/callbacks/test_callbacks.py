@@ -32,6 +32,8 @@ from tensorboard.plugins.custom_scalar import layout_pb2
 from torch import Tensor
 from torch.utils.data import DataLoader, TensorDataset
 
+from layerwise.analyses.effective_depth import DEFAULT_EPSILONS
+from layerwise.analyses.logit_lens import DEFAULT_THRESHOLDS
 from layerwise.callbacks import (
     EffectiveDepthMonitor,
     LayerSimilarityMonitor,
@@ -40,8 +42,6 @@ from layerwise.callbacks import (
     NeuralCollapseMonitor,
     _loader,
 )
-from layerwise.callbacks.effective_depth import DEFAULT_EPSILONS
-from layerwise.callbacks.logit_lens import DEFAULT_THRESHOLDS
 from layerwise.cli import main
 from layerwise.features import TimmViT
 from layerwise.lightning_modules import Standard
@@ -55,6 +55,7 @@ HEADER = {
     *("stage", "split", "epoch", "global_step", "num_samples", "depth", "layers", "run_id", "n_nonfinite"),
     "layerwise_version",
     "figure_functions",
+    "analyses",
 }
 
 
@@ -245,7 +246,7 @@ def test_analysis_json_equals_float64_reference(analysis_run):
     expected = reference(h, labels, logits, list(range(1, DEPTH + 1)))
     assert sum(count > 0 for count in expected["saturation_counts"]) >= 3
 
-    assert {key: summary[key] for key in HEADER - {"run_id", "layerwise_version", "figure_functions"}} == {
+    assert {key: summary[key] for key in HEADER - {"run_id", "layerwise_version", "figure_functions", "analyses"}} == {
         "stage": "val",
         "split": "validation",
         "epoch": 0,
@@ -636,7 +637,7 @@ def test_metric_states_do_not_grow_with_samples(tmp_path):
     assert probes[3].buffered == {"LayerCosineSimilarity": 48, "SaturationCosine": 48}
 
 
-# ------------------------------------------------------------------------------------------ standalone monitors
+# ------------------------------------------------------------------------------------------ each analysis alone
 COS_DISTRIBUTION = {"cos_quantile_levels", "cos_quantiles", "cos_negative_fraction", "cos_histogram_to_last"}
 MONITORS = [
     (LayerSimilarityMonitor, {}, {"cos", "cka", *COS_DISTRIBUTION}),
@@ -654,32 +655,49 @@ MONITORS = [
 ]
 
 
+PACKAGE_ANALYSES = ("similarity", "logit_lens", "neural_collapse", "depth", "trajectory")
+
+
+def alone(*analyses, **options) -> LayerwiseAnalysis:
+    """LayerwiseAnalysis running only ``analyses`` (the package's other analyses off)."""
+    chosen = {analysis.name: analysis for analysis in analyses}
+    return LayerwiseAnalysis(**{name: chosen.get(name, False) for name in PACKAGE_ANALYSES}, **options)
+
+
+OWN = ("figure_functions", "analyses")  # each run names its own figure functions and analyses
+
+
 @pytest.mark.parametrize("monitor, kwargs, keys", MONITORS, ids=[m[0].__name__ for m in MONITORS])
-def test_standalone_monitor_matches_analysis(tmp_path, analysis_run, monitor, kwargs, keys):
+def test_each_analysis_alone_matches_the_full_analysis(tmp_path, analysis_run, monitor, kwargs, keys):
     full = analysis_run[0]
-    trainer(tmp_path, [monitor(log_figures=False, **kwargs)]).validate(fitted_module(), val_loader(N), verbose=False)
+    callback = alone(monitor(**kwargs), log_figures=False)
+    trainer(tmp_path, [callback]).validate(fitted_module(), val_loader(N), verbose=False)
     summary = read_summary(tmp_path)
     assert set(summary) == HEADER | keys
-    results = {key: value for key, value in summary.items() if key != "figure_functions"}  # each names its own
+    assert list(summary["analyses"]) == [monitor.name]
+    results = {key: value for key, value in summary.items() if key not in OWN}
     assert_json_close(results, {key: full[key] for key in results}, atol=1e-12)
 
 
-def test_two_monitors_merge_into_one_json(tmp_path, analysis_run):
+def test_two_analysis_callbacks_merge_into_one_json(tmp_path, analysis_run):
     full = analysis_run[0]
-    callbacks = [LayerSimilarityMonitor(log_figures=False), NeuralCollapseMonitor(log_figures=False)]
+    callbacks = [alone(LayerSimilarityMonitor(), log_figures=False), alone(NeuralCollapseMonitor(), log_figures=False)]
     trainer(tmp_path, callbacks).validate(fitted_module(), val_loader(N), verbose=False)
     summary = read_summary(tmp_path)
     assert set(summary) == HEADER | {"cos", "cka", "nc1", *COS_DISTRIBUTION}
-    results = {key: value for key, value in summary.items() if key != "figure_functions"}  # each names its own
+    assert list(summary["analyses"]) == ["similarity", "neural_collapse"]  # each callback's record kept
+    results = {key: value for key, value in summary.items() if key not in OWN}
     assert_json_close(results, {key: full[key] for key in results}, atol=1e-12)
 
 
 def test_a_new_run_replaces_an_old_summary_instead_of_merging_and_keeps_it_aside(tmp_path):
-    trainer(tmp_path, [LogitLensMonitor(log_figures=False)]).validate(fitted_module(), val_loader(N), verbose=False)
+    trainer(tmp_path, [alone(LogitLensMonitor(), log_figures=False)]).validate(
+        fitted_module(), val_loader(N), verbose=False
+    )
     earlier = read_summary(tmp_path)
     assert "accuracy" in earlier
     with pytest.warns(UserWarning, match=r"held the summary of an earlier run; moved it to val_epoch_000.*\.earlier-"):
-        trainer(tmp_path, [NeuralCollapseMonitor(log_figures=False)]).validate(
+        trainer(tmp_path, [alone(NeuralCollapseMonitor(), log_figures=False)]).validate(
             fitted_module(), val_loader(N), verbose=False
         )
     summary = read_summary(tmp_path)
@@ -689,7 +707,7 @@ def test_a_new_run_replaces_an_old_summary_instead_of_merging_and_keeps_it_aside
 
 
 def test_callbacks_with_different_layers_fail_before_any_work(tmp_path):
-    callbacks = [LayerSimilarityMonitor(layers=[0, -1]), NeuralCollapseMonitor()]
+    callbacks = [alone(LayerSimilarityMonitor(), layers=[0, -1]), alone(NeuralCollapseMonitor())]
     with pytest.raises(ValueError, match="the same `layers`"):
         trainer(tmp_path, callbacks).validate(fitted_module(), val_loader(N), verbose=False)
     assert not list(tmp_path.rglob("*.json"))

@@ -26,7 +26,7 @@ from helpers import (
 )
 from tiny_models import tiny_overrides
 
-from layerwise.callbacks import LayerwiseAnalysis, ResidualNormRatioMonitor
+from layerwise.callbacks import LayerwiseAnalysis, NeuralCollapseMonitor, ResidualNormRatioMonitor
 from layerwise.lightning_modules import Aligned
 
 N = 101
@@ -48,8 +48,14 @@ def run(root: str, strategy: str, weights, fit: bool, num_nodes: int = 1, device
     from lightning.pytorch.strategies import ModelParallelStrategy
 
     fsdp = strategy.startswith("fsdp")
+    complete_nc = strategy.endswith("-nc")  # neural collapse complete, NC4 included (the head read under FSDP2)
+    strategy = strategy.removesuffix("-nc")
     chosen = ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=1) if fsdp else strategy
-    callbacks = [LayerwiseAnalysis(log_figures=False), ResidualNormRatioMonitor(log_figures=False)]
+    collapse = NeuralCollapseMonitor(complete=True, ncc=True) if complete_nc else True
+    callbacks = [
+        LayerwiseAnalysis(log_figures=False, neural_collapse=collapse),
+        ResidualNormRatioMonitor(log_figures=False),
+    ]
     options = dict(devices=devices, num_nodes=num_nodes, strategy=chosen)
     if strategy.endswith("bf16"):
         options["precision"] = "bf16-mixed"
@@ -105,11 +111,12 @@ def weights(tmp_path):
 
 
 def test_fsdp2_analysis_equals_one_process(tmp_path, weights, single_thread):
-    ranks = launch(tmp_path / "fsdp", "fsdp", weights)
+    ranks = launch(tmp_path / "fsdp", "fsdp-nc", weights)
     assert all(rank["sharded"] and rank["world_size"] == 2 for rank in ranks)  # really sharded, really 2 ranks
-    run(str(tmp_path / "one"), "auto", torch.load(weights), fit=False)
+    run(str(tmp_path / "one"), "auto-nc", torch.load(weights), fit=False)
     fsdp, one = summary(tmp_path / "fsdp"), summary(tmp_path / "one")
     assert fsdp["num_samples"] == one["num_samples"] == N and fsdp["residual_norm_ratio"]["num_samples"] == N
+    assert all(value is not None for key in ("nc3", "nc4_agreement") for value in one[key])  # NC3, NC4 computed
     assert_json_close(fsdp, one, atol=1e-6, rtol=1e-6)
 
 

@@ -1,5 +1,6 @@
 """The same summary key has the same JSON shape whatever the model's depth (no size-1 result turned into a number)."""
 
+import json
 from typing import Any
 
 import pytest
@@ -53,3 +54,15 @@ def test_every_key_keeps_its_shape_from_a_shallow_to_a_deep_model(tmp_path, shal
     assert {"accuracy", "cos", "coupling"} <= set(shared) and any("residual" in key for key in shared)
     for key in shared:
         assert signature(short[key]) == signature(deep[key]), f"{key}: {short[key]!r} vs {deep[key]!r}"
+
+
+@pytest.mark.parametrize("depth", [2, 4])
+def test_what_the_callbacks_write_fits_the_schema_every_reader_reads(tmp_path, depth):
+    """A summary of every kind of analysis, of a shallow and a deeper model, passes the readers' schema as it is."""
+    from layerwise.results import check_summary, summary_order
+
+    summary_at_depth(tmp_path, depth)  # read through load_summary: the schema
+    files = sorted((tmp_path / f"depth_{depth}" / "layerwise").glob("val_epoch_*.json"), key=summary_order)
+    written = json.loads(files[-1].read_text())
+    assert {"coupling", "residual_norm_ratio", "cos_quantiles", "early_exit"} <= set(written)
+    assert check_summary(written) == written

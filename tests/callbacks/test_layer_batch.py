@@ -6,9 +6,9 @@ from typing import Optional
 import pytest
 import torch
 
+from layerwise.analyses.layer_spec import LayerSpec
 from layerwise.callbacks import LayerwiseAnalysis, _loader
 from layerwise.callbacks._loader import LoaderState
-from layerwise.callbacks.layer_spec import LayerSpec
 from layerwise.engines.readout import LayerOutputs
 from layerwise.metrics import Readout, readout_from_logits
 

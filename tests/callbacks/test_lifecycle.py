@@ -1,9 +1,10 @@
-"""The one lifecycle of the analysis callbacks (callbacks/lifecycle.py), and the docs' example written on it.
+"""The one lifecycle of the analysis callbacks (callbacks/lifecycle.py), and the docs' example of a per-layer analysis.
 
-docs/callbacks.md's "Add your own analysis" quotes ``examples/feature_norm.py`` verbatim; the example runs on 1 and on 2
-gloo processes (``ddp_fork``, 101 samples: one padded) and gives the same JSON, equal to a float64 reference taken
-from the backbone directly. The residual norm ratio, ported onto the lifecycle, gets its Custom Scalars charts in
-the run's one layout (next to LayerwiseAnalysis's) and draws on the figure schedule of the other callbacks.
+docs/callbacks.md's "Add your own analysis" quotes ``examples/feature_norm.py`` verbatim (an ``Analysis`` over the pool
+of statistics, run by ``LayerwiseAnalysis``); the example runs on 1 and on 2 gloo processes (``ddp_fork``, 101
+samples: one padded) and gives the same JSON, equal to a float64 reference taken from the backbone directly. The
+residual norm ratio, ported onto the lifecycle, gets its Custom Scalars charts in the run's one layout (next to
+LayerwiseAnalysis's) and draws on the figure schedule of the other callbacks.
 """
 
 import importlib.util
@@ -28,16 +29,8 @@ from lightning.pytorch.loggers import TensorBoardLogger
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.plugins.custom_scalar import layout_pb2
 
-from layerwise.callbacks import (
-    AnalysisCallback,
-    BlockCoupling,
-    EffectiveDepthMonitor,
-    LayerSimilarityMonitor,
-    LayerwiseAnalysis,
-    LogitLensMonitor,
-    NeuralCollapseMonitor,
-    ResidualNormRatioMonitor,
-)
+from layerwise.analyses import Analysis
+from layerwise.callbacks import AnalysisCallback, BlockCoupling, LayerwiseAnalysis, ResidualNormRatioMonitor
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "feature_norm.py"
@@ -76,15 +69,25 @@ def test_the_docs_quote_the_example_verbatim():
     assert EXAMPLE.read_text() in blocks, (
         "docs/callbacks.md's 'Add your own analysis' block differs from examples/feature_norm.py"
     )
-    assert issubclass(example_module().FeatureNormMonitor, AnalysisCallback)
+    assert issubclass(example_module().FeatureNorm, Analysis)
+    assert not issubclass(example_module().FeatureNorm, Callback)
+    code = [line for line in EXAMPLE.read_text().splitlines() if line.strip()]
+    assert len(code) <= 30, f"the user's per-layer analysis takes {len(code)} lines"
+
+
+def only_feature_norm(**options) -> LayerwiseAnalysis:
+    """The example alone in LayerwiseAnalysis: every package analysis off."""
+    off = dict(similarity=False, logit_lens=False, neural_collapse=False, depth=False, trajectory=False)
+    return LayerwiseAnalysis(**off, more=example_module().FeatureNorm(), **options)
 
 
 def feature_norms(root: Path, weights: Path, **options) -> dict:
     module = fitted_module()
     module.load_state_dict(torch.load(weights))
-    callback = example_module().FeatureNormMonitor()
+    callback = only_feature_norm()
     trainer(root, [callback], **options).validate(module, val_loader(N, batch_size=16), verbose=False)
-    return read_summary(root)["feature_norm"]
+    summary = read_summary(root)
+    return {"layers": summary["layers"], "mean": summary["feature_norm"]}
 
 
 def test_the_example_on_two_processes_equals_one_and_a_float64_reference(tmp_path, single_thread):
@@ -104,11 +107,11 @@ def test_the_example_on_two_processes_equals_one_and_a_float64_reference(tmp_pat
 
 def test_the_example_logs_its_scalars_chart_and_figure(tmp_path, capsys):
     logger = TensorBoardLogger(str(tmp_path), name="tb")
-    callback = example_module().FeatureNormMonitor()
+    callback = only_feature_norm(print_table=False)  # its own line is printed all the same
     trainer(tmp_path, [callback], logger=logger).validate(fitted_module(), val_loader(N), verbose=False)
     summary = read_summary(logger.log_dir)
     accumulator = events(logger.log_dir)
-    for layer, mean in zip(summary["feature_norm"]["layers"], summary["feature_norm"]["mean"]):
+    for layer, mean in zip(summary["layers"], summary["feature_norm"]):
         (event,) = accumulator.Scalars(f"val/feature_norm/layer_{layer:02d}")
         assert event.value == np.float32(mean)
     assert layout(accumulator) == {"val feature norm per layer": r"^val/feature_norm/layers$"}  # the layer runs' tag
@@ -151,23 +154,21 @@ def test_every_analysis_reports_on_validate_test_and_every_dataloader(tmp_path, 
     The second dataloader's results are its own (``<stage>_more``: 101 samples), not mixed into the first's (48).
     """
     callbacks = [
-        LayerwiseAnalysis(log_figures=False),
+        LayerwiseAnalysis(log_figures=False, more=[example_module().FeatureNorm()]),
         ResidualNormRatioMonitor(log_figures=False),
-        example_module().FeatureNormMonitor(log_figures=False),
         BlockCoupling(n_samples=3, ks=[2], log_figures=False),
     ]
     loaders = {"first": val_loader(48), "more": val_loader(N)}
     getattr(trainer(tmp_path, callbacks), command)(fitted_module(), loaders, verbose=False)
     alone = tmp_path / "alone"
-    trainer(alone, [example_module().FeatureNormMonitor(log_figures=False)]).validate(
-        fitted_module(), val_loader(N), verbose=False
-    )
+    trainer(alone, [only_feature_norm(log_figures=False)]).validate(fitted_module(), val_loader(N), verbose=False)
     stage = "val" if command == "validate" else "test"
     for name, count in ((stage, 48), (f"{stage}_more", N)):
         summary = read_summary(tmp_path, name)
         assert summary["num_samples"] == count, name
         assert summary["residual_norm_ratio"]["num_samples"] == count, name
-        assert {"feature_norm", "coupling", "cka"} <= set(summary), name
+        assert {"feature_norm", "coupling", "cka", "accuracy", "nc1", "effective_depth"} <= set(summary), name
+        assert summary["stage"] == name
     more = read_summary(tmp_path, f"{stage}_more")["feature_norm"]
     assert_json_close(more, read_summary(alone)["feature_norm"], rtol=1e-12)
 
@@ -197,7 +198,10 @@ def test_every_analysis_of_the_package_is_on_the_one_lifecycle():
         if isinstance(getattr(callbacks, name), type) and issubclass(getattr(callbacks, name), Callback)
     ]
     others = {callbacks.ProgressLines, callbacks.EarlyExitPredictionWriter}  # progress lines, a prediction writer
-    assert len(analyses) - len(others) >= 11
+    assert len(analyses) - len(others) >= 6
+    for name in callbacks.__all__:  # the per-layer analyses are plain objects, run by LayerwiseAnalysis
+        kind = getattr(callbacks, name)
+        assert not issubclass(kind, Analysis) or not issubclass(kind, Callback), name
     for cls in analyses:
         if cls in others:
             continue
@@ -206,40 +210,25 @@ def test_every_analysis_of_the_package_is_on_the_one_lifecycle():
             assert getattr(cls, hook) is getattr(AnalysisCallback, hook), f"{cls.__name__}.{hook} is its own"
 
 
-def test_the_standalone_monitors_report_on_test_and_a_second_dataloader(tmp_path):
-    callbacks = [
-        LayerSimilarityMonitor(log_figures=False, print_table=False),
-        LogitLensMonitor(log_figures=False, print_table=False),
-        NeuralCollapseMonitor(log_figures=False, print_table=False),
-        EffectiveDepthMonitor(log_figures=False, print_table=False),
-    ]
-    loaders = {"first": val_loader(48), "more": val_loader(N)}
-    trainer(tmp_path, callbacks).test(fitted_module(), loaders, verbose=False)
-    for name, count in (("test", 48), ("test_more", N)):
-        summary = read_summary(tmp_path, name)
-        assert summary["num_samples"] == count and summary["stage"] == name
-        assert {"cos", "cka", "accuracy", "nc1", "effective_depth"} <= set(summary), name
-
-
 def test_the_callbacks_of_one_run_share_one_record_held_on_the_callback(tmp_path):
     """The run's shared state (summary id, paths shown, charts, history) lives on its first analysis callback."""
-    callbacks = [LayerwiseAnalysis(log_figures=False), example_module().FeatureNormMonitor(log_figures=False)]
+    callbacks = [LayerwiseAnalysis(log_figures=False), ResidualNormRatioMonitor(log_figures=False)]
     first = trainer(tmp_path / "first", callbacks)
     first.validate(fitted_module(), val_loader(N), verbose=False)
     record = callbacks[0]._record
     assert record is not None and callbacks[1]._record is record and record.trainer() is first
     summary = read_summary(tmp_path / "first")
-    assert summary["run_id"] == record.run_id and {"feature_norm", "cos"} <= set(summary)
+    assert summary["run_id"] == record.run_id and {"residual_norm_ratio", "cos"} <= set(summary)
     trainer(tmp_path / "second", callbacks).validate(fitted_module(), val_loader(N), verbose=False)
     assert callbacks[1]._record is callbacks[0]._record is not record  # a new run, a new record
     source = "\n".join(path.read_text() for path in (REPO / "layerwise" / "callbacks").glob("*.py"))
     assert "WeakKeyDictionary" not in source, "run state belongs on the callbacks, not in module-level tables"
 
 
-def test_two_monitors_each_chart_their_own_quantities(tmp_path):
-    """Two per-layer monitors in one run: each draws the chart images of its own scalars, from the run's history."""
+def test_each_analysis_charts_its_own_quantities(tmp_path):
+    """Two per-layer analyses in one run: the chart images of each one's scalars, from the run's history."""
     logger = TensorBoardLogger(str(tmp_path), name="tb")
-    callbacks = [LayerSimilarityMonitor(print_table=False), LogitLensMonitor(print_table=False)]
+    callbacks = [LayerwiseAnalysis(neural_collapse=False, depth=False, trajectory=False, print_table=False)]
     fit = trainer(tmp_path, callbacks, logger=logger, max_epochs=2, limit_train_batches=2, limit_val_batches=2)
     fit.fit(fitted_module(), train_loader(), val_loader(N))
     images = events(logger.log_dir).Tags()["images"]

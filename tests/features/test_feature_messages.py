@@ -145,3 +145,78 @@ def test_a_block_output_of_another_shape_names_the_option():
 
     with pytest.raises(UsageError, match=r"shape \(2, 3, 4, 5\).*`blocks`"):
         pool_tokens(torch.zeros(2, 3, 4, 5), "cls")
+
+
+@pytest.mark.filterwarnings("ignore:.*nested tensors is in prototype stage")
+def test_a_nested_tensor_block_output_is_read_like_any_other():
+    """nn.TransformerEncoder's fast path (enable_nested_tensor=True, its default) hands its layers nested tensors."""
+    from layerwise.features.hooks import hooked_blocks
+    from layerwise.features.pooling import pool_tokens
+
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True)
+    encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=True).eval()
+    tokens = torch.randn(3, 5, 8)
+    padding = torch.tensor([[False] * 5, [False] * 3 + [True] * 2, [False] * 4 + [True]])
+    outputs = []
+    with torch.no_grad(), hooked_blocks(encoder.layers, on_output=lambda index, out: outputs.append(out)):
+        encoder(tokens, src_key_padding_mask=padding)
+    assert outputs[0].is_nested  # the case: a block output of its own kind
+    for pooling in ("mean", "last", "cls"):
+        for mask in (None, (~padding).long()):  # the lengths of its parts, or the batch's mask
+            pooled = pool_tokens(outputs[-1], pooling, 0, mask)
+            parts = outputs[-1].unbind()
+            expected = {
+                "mean": [p.mean(0) for p in parts],
+                "last": [p[-1] for p in parts],
+                "cls": [p[0] for p in parts],
+            }
+            torch.testing.assert_close(pooled, torch.stack(expected[pooling]))
+
+
+@pytest.mark.filterwarnings("ignore:.*nested tensors is in prototype stage")
+def test_a_users_transformer_encoder_with_nested_tensors_is_analysed(tmp_path):
+    """A user's model on nn.TransformerEncoder (enable_nested_tensor=True, its default) through LayerwiseAnalysis's
+    hooks: the last layer's shared-head accuracy is the model's own, over every real token of padded batches."""
+    import lightning as L
+    from helpers import read_summary, trainer
+    from torch.utils.data import DataLoader
+
+    from layerwise.callbacks import LayerwiseAnalysis
+
+    class Encoder(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.embed = torch.nn.Embedding(20, 16)
+            layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, batch_first=True)
+            self.encoder = torch.nn.TransformerEncoder(layer, 3)
+            self.norm, self.head = torch.nn.LayerNorm(16), torch.nn.Linear(16, 4)
+
+        def forward(self, input_ids, attention_mask):
+            h = self.encoder(self.embed(input_ids), src_key_padding_mask=attention_mask == 0)
+            mask = attention_mask[..., None].float()
+            return self.head(self.norm((h * mask).sum(1) / mask.sum(1)))
+
+        def validation_step(self, batch, batch_idx):
+            self.predicted.append(self(batch["input_ids"], batch["attention_mask"]).argmax(-1) == batch["labels"])
+
+    generator = torch.Generator().manual_seed(1)
+    lengths = torch.randint(2, 9, (40,), generator=generator)
+    rows = [
+        {
+            "input_ids": torch.randint(0, 20, (8,), generator=generator),
+            "attention_mask": (torch.arange(8) < length).long(),
+            "labels": torch.randint(0, 4, (), generator=generator),
+        }
+        for length in lengths
+    ]
+    model = Encoder()
+    model.predicted = []
+    callback = LayerwiseAnalysis(
+        blocks="encoder.layers", final_norm="norm", classifier="head", pooling="mean", log_figures=False
+    )
+    trainer(tmp_path, [callback]).validate(model, DataLoader(rows, batch_size=16), verbose=False)
+    summary = read_summary(tmp_path)
+    assert summary["num_samples"] == 40 and summary["layers"] == [1, 2, 3]
+    assert summary["accuracy"][-1] == pytest.approx(torch.cat(model.predicted).double().mean().item(), abs=1e-12)

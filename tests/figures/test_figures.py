@@ -185,6 +185,17 @@ def synthetic_summary(num_layers: int) -> dict:
             "arccos_distance": 0.412,
         },
         "coupling": synthetic_coupling(num_layers),
+        # neural collapse complete (NeuralCollapseMonitor(complete=True, ncc=True)); NC3 null at the first layer
+        "nc1": (30.0 * np.exp(-4.0 * depth) + 0.05).tolist(),
+        "cdnv": (2.0 * np.exp(-3.0 * depth) + 0.01).tolist(),
+        "nc2_equinorm": (0.4 - 0.3 * depth).tolist(),
+        "nc2_cos_std": (0.3 - 0.2 * depth).tolist(),
+        "nc2_equiangular": (0.35 - 0.25 * depth).tolist(),
+        "nc2_etf": (0.9 - 0.6 * depth).tolist(),
+        "nc3": [None, *(1.2 - 0.8 * depth[1:]).tolist()],
+        "nc3_duality": [None, *(1.0 - 0.7 * depth[1:]).tolist()],
+        "nc4_agreement": (0.3 + 0.65 * depth).tolist(),
+        "nc4_ncc_accuracy": (0.35 + 0.6 * depth).tolist(),
     }
 
 

@@ -354,7 +354,8 @@ def test_runs_side_by_side_are_drawn_in_the_house_style(tmp_path, width):
 
     with drawn_at(width):
         figures = comparison_figures(load_comparison(synthetic_runs(tmp_path, 6)))
-    assert set(figures) == {"accuracy", "cos", "cka", "nc1", "effective_depth", "early_exit"}
+    neural_collapse = {"cdnv", "nc2_equinorm", "nc2_equiangular", "nc2_etf", "nc3", "nc4_agreement"}
+    assert set(figures) == {"accuracy", "cos", "cka", "nc1", "effective_depth", "early_exit", *neural_collapse}
     tab10 = {to_hex(f"tab:{name}") for name in ("blue", "orange", "green", "red")}
     for name, figure in figures.items():
         assert figure.get_size_inches()[0] == pytest.approx(PRINTS[width].width), name

@@ -307,3 +307,34 @@ def test_html_escapes_what_it_shows(run, tmp_path):
     assert all(src.startswith("data:") for src in page.images)
     assert html.escape("a<b>run") in out.read_text(encoding="utf-8")
     assert json.loads(page.scripts["meta"])["run"] == str(copy)
+
+
+def test_a_users_per_layer_results_are_a_column_and_curves_of_the_report(run, tmp_path):
+    """A user's analysis in more= reaches the report's table and curves through the summary's ``analyses`` record."""
+    sync_api = playwright_or_skip()
+    copy = tmp_path / "user"
+    shutil.copytree(run, copy)
+    title = "<b>mean squared norm</b>"  # shown as text, never as markup
+    for index, file in enumerate(summary_files(copy)):
+        summary = load_summary(file)
+        values = [1.0 + index + layer for layer in range(len(summary["layers"]))]
+        record = {"class": "user.MeanSquaredNorm", "options": {}, "columns": {"mean_squared_norm": title}}
+        merge_summary(file, {"mean_squared_norm": values, "analyses": {"mean_squared_norm": record}}, summary["run_id"])
+    assert set(load_summary(file)["analyses"]) > {"mean_squared_norm", "logit_lens"}  # merged with the package's
+    out, _ = write_report(copy, tmp_path / "report.html")
+    last = load_summary(sorted(f for f in summary_files(copy) if f.name.startswith("val_epoch_"))[-1])
+    with sync_api.sync_playwright() as playwright:
+        context = chromium_context(playwright, tmp_path / "profile")
+        try:
+            page = context.new_page()
+            page.goto(out.as_uri())
+            rows = page.locator("#tables table").first.locator("tr")
+            header = rows.nth(0).locator("th").all_inner_texts()
+            assert "accuracy" in header and title in header
+            column = header.index(title)
+            shown = [float(rows.nth(i + 1).locator("td").nth(column).inner_text()) for i in range(3)]
+            assert shown == pytest.approx(last["mean_squared_norm"])
+            titles = page.locator("#curvecharts svg text").all_text_contents()
+            assert any(title in text for text in titles)
+        finally:
+            context.close()

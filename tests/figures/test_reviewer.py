@@ -53,7 +53,7 @@ def test_the_metric_says_when_no_layer_reaches_one_minus_epsilon():
 
 def test_the_callback_logs_no_depth_where_none_is_reached():
     """TensorBoard drew the convention (6) as if reached: the scalar is NaN there (no point), a 0/1 flag beside it."""
-    from layerwise.callbacks.effective_depth import EffectiveDepthMonitor
+    from layerwise.analyses.effective_depth import EffectiveDepthMonitor
 
     results = {
         "effective_depth": {"0.01": 6, "0.1": 6},
@@ -148,8 +148,8 @@ def test_every_band_lies_within_the_quantitys_range(tmp_path, width):
         for band in bands:
             ys = np.concatenate([path.vertices[:, 1] for path in band.get_paths()])
             assert lower - 1e-12 <= ys.min() and ys.max() <= upper + 1e-12, (name, ys.min(), ys.max())
-    for row in comparison.rows:
-        assert row.lower <= row.low <= row.high <= row.upper, row
+    for row in comparison.rows:  # a point no run has a value at (e.g. NC3 where the head has no rows) has no interval
+        assert math.isnan(row.mean) or row.lower <= row.low <= row.high <= row.upper, row
     plt.close("all")
 
 

@@ -243,9 +243,11 @@ def test_errors_are_one_line_naming_the_option(runs, tmp_path, capsys):
     shallow = tmp_path / "shallow" / "version_0"
     shutil.copytree(runs["aligned"][1], shallow)
     for path in (shallow / "layerwise").glob("val_epoch_*.json"):
-        summary = json.loads(path.read_text())
-        summary["layers"] = summary["layers"][:2]
-        path.write_text(json.dumps(summary))
+        summary = json.loads(path.read_text())  # a 2-layer run: its per-layer rows cut to 2, the rest left out
+        kept = {key: summary[key] for key in ("run_id", "stage", "epoch", "global_step", "num_samples", "layers")}
+        kept.update({key: summary[key][:2] for key in ("layers", "accuracy", "loss")})
+        kept["cos"] = [row[:2] for row in summary["cos"][:2]]
+        path.write_text(json.dumps(kept))
     line = error_line(capsys, ["plot", two[0], str(shallow), "--out", str(tmp_path / "x")])
     assert line.startswith("layerwise plot: error: path: the runs have different numbers of layers")
 

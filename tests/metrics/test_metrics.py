@@ -639,3 +639,20 @@ def test_shifted_moments_merge_and_recentre_exactly():
     torch.testing.assert_close(first.compute(), whole.compute(), rtol=0, atol=1e-9)
     torch.testing.assert_close(nc_first.compute(), nc_whole.compute(), rtol=1e-9, atol=0)
     torch.testing.assert_close(first.compute(), torch.from_numpy(ref_cka(np64(h) - 1e6)), rtol=0, atol=1e-9)
+
+
+def test_layer_mean_matches_numpy_in_float64():
+    """LayerMean: the mean over rows of (L, N) values, over uneven updates, against numpy in float64."""
+    from layerwise.metrics import LayerMean
+
+    rng = np.random.default_rng(0)
+    values = rng.normal(1e6, 1.0, (3, sum(SPLITS)))  # far from zero: a float32 sum would lose the digits
+    metric = LayerMean(3)
+    start = 0
+    for size in SPLITS:
+        metric.update(torch.tensor(values[:, start : start + size], dtype=torch.float32 if start else torch.float64))
+        start += size
+    reference = np.concatenate([values[:, :7], values[:, 7:].astype(np.float32).astype(np.float64)], 1).mean(1)
+    np.testing.assert_allclose(metric.compute().numpy(), reference, rtol=0, atol=1e-9)
+    with pytest.raises(ValueError, match=r"LayerMean expects \(L=3, N\) values, got \(2, 4\)"):
+        metric.update(torch.zeros(2, 4))

@@ -20,6 +20,7 @@ from layerwise.metrics import (
     LayerCKA,
     LayerCosineSimilarity,
     LayerF1,
+    LayerMean,
     LayerNC1,
     SaturationCosine,
     SaturationHistogram,
@@ -77,6 +78,7 @@ def build_metrics(**kwargs):
         # a range narrower than the ratios: the counts below and above it are summed too
         "residual_ratio_outside": ResidualNormRatio(2, L, (0.1, 0.5, 0.9), bins=50, low=0.3, high=0.5, **kwargs),
         "paired_cos": PairedCosine(L, L - 1, **kwargs),  # CLIP's image x caption COS
+        "layer_mean": LayerMean(L, **kwargs),  # examples/feature_norm.py's statistic: the mean feature norm
     }
 
 
@@ -90,6 +92,8 @@ def run_metrics(start: int, splits, **kwargs):
         for name, metric in metrics.items():
             if name == "paired_cos":
                 metric.update(h, h[1:] ** 2 - 3.0)
+            elif name == "layer_mean":
+                metric.update(h.norm(dim=-1))
             elif name.startswith("residual_ratio"):
                 metric.update(h.norm(dim=-1).expand(2, -1, -1), (h - 10.0).norm(dim=-1).expand(2, -1, -1))
             elif name == "fast_cross_cka":

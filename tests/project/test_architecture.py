@@ -169,3 +169,65 @@ def test_the_hand_off_is_one_type_and_no_callback_unpacks_a_dict():
             if isinstance(node, ast.ImportFrom) and node.module in ("layerwise.features", "layerwise.features.outputs"):
                 assert not {alias.name for alias in node.names} & set(keys), (path, [a.name for a in node.names])
     assert not (PACKAGE / "callbacks" / "_batch.py").exists()
+
+
+# ------------------------------------------------------------------------------------------------ the analyses' room
+def module_imports() -> dict[str, set[str]]:
+    """Every package module -> the package modules it imports at module level (also for type checking only: a circle
+    there is one all the same), not inside a function; ``from a.b import c`` names ``a.b.c`` when that is a module."""
+    modules = {
+        ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__"): path
+        for path in PACKAGE.rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        found: set[str] = set()
+        body = ast.parse(path.read_text()).body
+        body += [child for node in body if isinstance(node, ast.If) for child in node.body]  # if TYPE_CHECKING:
+        for node in body:  # module level only
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
+                found |= {
+                    f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in modules else node.module
+                    for a in node.names
+                }
+            elif isinstance(node, ast.Import):
+                found |= {alias.name for alias in node.names if alias.name in modules}
+        graph[name] = found - {name}
+    return graph
+
+
+def test_no_import_circle_between_the_package_modules():
+    """The house had one (callbacks/_loader.py and callbacks/monitor.py importing each other): none is left."""
+    graph = module_imports()
+    assert graph["layerwise.callbacks._loader"], "the scan finds no import of _loader"
+    circles = []
+
+    def visit(module: str, path: list[str]) -> None:
+        for target in graph.get(module, ()):
+            if target in path:
+                circle = path[path.index(target) :]
+                if not any(part.endswith("__init__") for part in circle) and target == min(circle):
+                    circles.append(circle)
+            elif len(path) < 12:
+                visit(target, [*path, target])
+
+    for module in graph:
+        if module.startswith(("layerwise.analyses", "layerwise.callbacks")):
+            visit(module, [module])
+    direct = sorted((a, b) for a in graph for b in graph[a] if a in graph.get(b, ()) and a < b)
+    assert not direct and not circles, f"import circles: {direct or circles}"
+
+
+def test_an_analysis_is_a_plain_object_and_its_options_are_its_own():
+    """No analysis imports Lightning; no locals()/inspect rule decides which options an analysis refuses."""
+    for path in (PACKAGE / "analyses").rglob("*.py"):
+        text = path.read_text()
+        assert "lightning" not in text.replace("LightningModule`", ""), f"{path.name} imports Lightning"
+    for path in [*(PACKAGE / "analyses").rglob("*.py"), *(PACKAGE / "callbacks").rglob("*.py")]:
+        tree = ast.parse(path.read_text())
+        calls = {
+            node.func.id for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        }
+        assert "locals" not in calls, f"{path.name} reads its options from locals()"
+        assert "inspect.signature" not in path.read_text(), f"{path.name} reads options from a signature"
+    assert not (PACKAGE / "callbacks" / "monitor.py").exists()

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from docstring_parser import parse
 
-from layerwise.callbacks.effective_depth import DEFAULT_EPSILONS
-from layerwise.callbacks.logit_lens import DEFAULT_THRESHOLDS
+from layerwise.analyses.effective_depth import DEFAULT_EPSILONS
+from layerwise.analyses.logit_lens import DEFAULT_THRESHOLDS
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = [  # the packages the API reference pages render (docs/reference/)

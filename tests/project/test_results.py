@@ -45,11 +45,12 @@ def test_a_corrupt_summary_is_moved_aside_with_a_warning_and_written_anew(tmp_pa
     for bad in ('{"epoch": 0, "accura', "[1, 2, 3]", "\udcff".encode("utf-8", "surrogatepass").decode("latin-1")):
         path.write_text(bad)
         with pytest.warns(UserWarning, match=r"val_epoch_000.json is not .*Moved it to val_epoch_000.json.corrupt-"):
-            merge_summary(path, {"epoch": 0, "accuracy": [0.5]}, run_id="new")
+            merge_summary(path, {"epoch": 0, "layers": [1], "accuracy": [0.5]}, run_id="new")
         assert load_summary(path) == {
             "run_id": "new",
             "layerwise_version": layerwise.__version__,
             "epoch": 0,
+            "layers": [1],
             "accuracy": [0.5],
         }
         for aside in tmp_path.glob("layerwise/*.corrupt-*"):

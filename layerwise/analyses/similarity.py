@@ -1,9 +1,11 @@
 """COS and CKA between every pair of layers."""
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
-from layerwise.callbacks.layer_spec import LayerSpec, per_layer, shaped
-from layerwise.callbacks.monitor import LayerOutputs, LayerwiseMonitor, Metrics
+from layerwise.analyses.base import Analysis, Metrics, Statistic, refuse_runner_options
+from layerwise.analyses.layer_spec import LayerSpec, per_layer, shaped
+from layerwise.engines.readout import LayerOutputs
 from layerwise.figures.summary import similarity_figures
 from layerwise.metrics import LayerCKA, LayerCosineSimilarity, MinibatchCKA
 from layerwise.metrics.functional_distribution import histogram_quantiles
@@ -15,7 +17,7 @@ CKAEstimator = Literal["exact", "minibatch", "none"]
 COS_QUANTILES = (0.0, 0.01, 0.05, 0.25, 0.5, 0.75, 0.95, 0.99, 1.0)
 
 
-class LayerSimilarityMonitor(LayerwiseMonitor):
+class LayerSimilarityMonitor(Analysis):
     """COS and linear CKA between every pair of layers, exact over the whole evaluated set.
 
     COS: ``C[a,b] = (1/N) Σ_i cos(h_i^a − μ^a, h_i^b − μ^b)`` with ``μ^l`` the mean of layer ``l`` over the N
@@ -39,9 +41,11 @@ class LayerSimilarityMonitor(LayerwiseMonitor):
     ``val/cos``, ``val/cka``, ``val/cos_distribution`` (box plots of COS(h_l, h_L) per layer).
     JSON keys: ``cos``, ``cka`` (L x L); with the distribution ``cos_quantile_levels`` (Q), ``cos_quantiles``
     (L x L x Q), ``cos_negative_fraction`` (L x L) and ``cos_histogram_to_last`` (L x cos_bins counts of
-    COS(h_l, h_L) on [-1, 1]). Other args: see :class:`LayerwiseMonitor`.
+    COS(h_l, h_L) on [-1, 1]).
     """
 
+    name = "similarity"
+    provides = ("cos", "cka")
     figures = staticmethod(similarity_figures)
 
     def __init__(
@@ -50,44 +54,40 @@ class LayerSimilarityMonitor(LayerwiseMonitor):
         cka: CKAEstimator = "exact",
         max_buffered_samples: int = 65536,
         cos_bins: int = 400,
-        **kwargs: Any,
+        **refused: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        refuse_runner_options(type(self).__name__, refused)
         if cka not in ("exact", "minibatch", "none"):
             raise ValueError(f"`cka={cka!r}` must be 'exact', 'minibatch' or 'none'.")
         if not isinstance(cos_bins, int) or isinstance(cos_bins, bool) or cos_bins < 0:
             raise ValueError(f"`cos_bins={cos_bins!r}` must be a non-negative int (0: no COS distribution).")
         self.center = center
-        self.cka_estimator = cka
+        self.cka = cka
         self.max_buffered_samples = max_buffered_samples
         self.cos_bins = cos_bins
 
-    def build(self, spec: LayerSpec) -> Metrics:
-        metrics: Metrics = {
-            "cos": LayerCosineSimilarity(
-                spec.num_layers,
-                self.center,
-                self.max_buffered_samples,
-                dim=spec.dim,
-                bins=self.cos_bins,
-                sync_on_compute=False,
+    def statistics(self, spec: LayerSpec) -> dict[str, Statistic]:
+        layers, center, buffered, bins = spec.num_layers, self.center, self.max_buffered_samples, self.cos_bins
+        statistics = {
+            "cos": Statistic(
+                f"cos(center={center}, max_buffered_samples={buffered}, bins={bins})",
+                lambda: LayerCosineSimilarity(layers, center, buffered, dim=spec.dim, bins=bins, sync_on_compute=False),
+                _feed_sampled,
             )
         }
-        if self.cka_estimator == "exact":
-            metrics["cka"] = LayerCKA(spec.num_layers, spec.dim, sync_on_compute=False)
-        elif self.cka_estimator == "minibatch":
-            metrics["cka"] = MinibatchCKA(spec.num_layers, sync_on_compute=False)
-        return metrics
+        if self.cka == "exact":
+            # the stacked cross-moments Z^T Z of every layer pair: any second-moment measure of layer pairs reads them
+            statistics["cka"] = Statistic(
+                "stacked_moments", lambda: LayerCKA(layers, spec.dim, sync_on_compute=False), _feed_sampled
+            )
+        elif self.cka == "minibatch":
+            # the minibatch HSIC is an estimator per dataloader batch
+            statistics["cka"] = Statistic(
+                "minibatch_hsic", lambda: MinibatchCKA(layers, sync_on_compute=False), _feed_sampled, False
+            )
+        return statistics
 
-    @property
-    def joins_batches(self) -> bool:
-        return self.cka_estimator != "minibatch"  # the minibatch HSIC is an estimator per dataloader batch
-
-    def update(self, metrics: Metrics, batch: LayerOutputs) -> None:
-        for metric in metrics.values():
-            metric.update(batch.sampled_features)
-
-    def results(self, metrics: Metrics, earlier: dict[str, Any]) -> dict[str, Any]:
+    def results(self, metrics: Metrics, earlier: Mapping[str, Any]) -> dict[str, Any]:
         layers = self.spec.num_layers
         cka = shaped(metrics["cka"].compute(), layers, layers) if "cka" in metrics else None
         cos: Any = metrics["cos"]
@@ -104,7 +104,7 @@ class LayerSimilarityMonitor(LayerwiseMonitor):
             "cos_histogram_to_last": histogram[:, -1].round().long(),
         }
 
-    def layer_scalars(self, results: dict[str, Any]) -> dict[str, float]:
+    def layer_scalars(self, results: Mapping[str, Any]) -> dict[str, float]:
         spec = self.spec
         scalars = per_layer(results["cos"][:, -1], spec, "cos_to_last")
         if results["cka"] is not None:
@@ -114,8 +114,10 @@ class LayerSimilarityMonitor(LayerwiseMonitor):
         return scalars
 
     def layer_charts(self) -> dict[str, str]:
-        return {
-            "COS to last layer": r"cos_to_last/layer_\d+",
-            "CKA to last layer": r"cka_to_last/layer_\d+",
-            "fraction of negative COS to last layer": r"cos_negative_to_last/layer_\d+",
-        }
+        quantities = {"COS": "cos", "CKA": "cka", "fraction of negative COS": "cos_negative"}
+        return {f"{title} to last layer": rf"{key}_to_last/layer_\d+" for title, key in quantities.items()}
+
+
+def _feed_sampled(metric: Any, batch: LayerOutputs) -> None:
+    """The rows the pairwise measures read: every ``token_stride``-th token of a language model."""
+    metric.update(batch.sampled_features)

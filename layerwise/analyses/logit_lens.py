@@ -1,13 +1,14 @@
 """What the model's own head reads from every layer: accuracy, loss, saturation, early exit."""
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Optional
 
-from lightning.pytorch import Trainer
 from torchmetrics import Metric
 
-from layerwise.callbacks.layer_spec import LayerSpec, per_layer, shaped
-from layerwise.callbacks.monitor import LayerOutputs, LayerwiseMonitor, Metrics
+from layerwise.analyses.base import Analysis, Metrics, Statistic, refuse_runner_options
+from layerwise.analyses.layer_spec import LayerSpec, per_layer, shaped
+from layerwise.analyses.statistics import layer_accuracy
+from layerwise.engines.readout import LayerOutputs
 from layerwise.figures.summary import logit_lens_figures
 from layerwise.metrics import (
     EarlyExit,
@@ -21,7 +22,7 @@ from layerwise.metrics import (
 DEFAULT_THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99)
 
 
-class LogitLensMonitor(LayerwiseMonitor):
+class LogitLensMonitor(Analysis):
     """The model's own final norm + classifier applied to every layer ("logit lens"), exact over the evaluated set.
 
     - Accuracy and mean cross-entropy per layer: ``Acc^l = (1/N) Σ_i 1[argmax head(h_i^l) = y_i]``.
@@ -53,6 +54,8 @@ class LogitLensMonitor(LayerwiseMonitor):
     ``val/perplexity/layer_XX`` for language models; ``f1`` and ``val/f1/layer_XX`` when F1 is reported.
     """
 
+    name = "logit_lens"
+    provides = ("accuracy", "loss", "perplexity", "f1", "saturation_counts", "saturation_cos", "early_exit")
     figures = staticmethod(logit_lens_figures)
 
     def __init__(
@@ -61,59 +64,72 @@ class LogitLensMonitor(LayerwiseMonitor):
         center: bool = True,
         max_buffered_samples: int = 65536,
         f1: Optional[bool] = None,
-        **kwargs: Any,
+        **refused: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        refuse_runner_options(type(self).__name__, refused)
+        if not isinstance(thresholds, Sequence) or isinstance(thresholds, str):
+            raise ValueError(
+                f"LogitLensMonitor(thresholds={thresholds!r}): give a list of confidences in [0, 1], "
+                f"e.g. [{thresholds}]."
+            )
         thresholds = [float(value) for value in thresholds]
         if not thresholds or any(not 0.0 <= value <= 1.0 for value in thresholds):
-            raise ValueError(f"`thresholds={thresholds}` must be a non-empty list of confidences in [0, 1].")
+            raise ValueError(
+                f"LogitLensMonitor(thresholds={thresholds}): give a non-empty list of confidences in [0, 1]."
+            )
         self.thresholds = thresholds
         self.center = center
         self.max_buffered_samples = max_buffered_samples
         self.f1 = f1
         self._report_f1 = bool(f1)
 
-    def configure(self, trainer: Trainer, monitor: LayerwiseMonitor) -> None:
-        data_metrics = getattr(getattr(trainer, "datamodule", None), "metrics", ())
+    def configure(self, spec: LayerSpec, datamodule: Any) -> None:
+        data_metrics = getattr(datamodule, "metrics", ())
         self._report_f1 = "f1" in data_metrics if self.f1 is None else self.f1
-        if self._report_f1 and self.spec.num_classes != 2:
+        if self._report_f1 and spec.num_classes != 2:
             raise ValueError(
-                f"`f1=True` reports the F1 of class 1 of a binary task; this model has {self.spec.num_classes} classes."
+                f"`f1=True` reports the F1 of class 1 of a binary task; this model has {spec.num_classes} classes."
             )
 
-    def build(self, spec: LayerSpec) -> Metrics:
-        layers = spec.num_layers
+    def statistics(self, spec: LayerSpec) -> dict[str, Statistic]:
+        layers, center, buffered, thresholds = spec.num_layers, self.center, self.max_buffered_samples, self.thresholds
         early_exit = dict(layer_numbers=spec.layer_numbers, depth=spec.depth, sync_on_compute=False)
-        metrics: Metrics = {
-            "accuracy": LayerAccuracy(layers, sync_on_compute=False),
-            "exit_accuracy": LayerAccuracy(layers, sync_on_compute=False),
-            "saturation_cos": SaturationCosine(
-                layers, self.center, self.max_buffered_samples, dim=spec.dim, sync_on_compute=False
+        statistics = {
+            "accuracy": layer_accuracy(spec),
+            "exit_accuracy": Statistic(
+                "exit_accuracy", lambda: LayerAccuracy(layers, sync_on_compute=False), _feed_exit_heads
+            ),
+            "saturation_cos": Statistic(
+                f"saturation_cos(center={center}, max_buffered_samples={buffered})",
+                lambda: SaturationCosine(layers, center, buffered, dim=spec.dim, sync_on_compute=False),
+                _feed_saturation_cos,
             ),
             # counts over every sample; SaturationCosine averages over the (possibly subsampled) rows it sees
-            "histogram": SaturationHistogram(layers, sync_on_compute=False),
-            "early_exit": EarlyExit(layers, self.thresholds, **early_exit),
-            "exit_early_exit": EarlyExit(layers, self.thresholds, **early_exit),
+            "histogram": Statistic(
+                "saturation_histogram",
+                lambda: SaturationHistogram(layers, sync_on_compute=False),
+                lambda metric, batch: metric.update(batch.readout),
+            ),
+            "early_exit": Statistic(
+                f"early_exit(thresholds={thresholds})",
+                lambda: EarlyExit(layers, thresholds, **early_exit),
+                lambda metric, batch: metric.update(batch.readout, batch.targets),
+            ),
+            "exit_early_exit": Statistic(
+                f"exit_early_exit(thresholds={thresholds})",
+                lambda: EarlyExit(layers, thresholds, **early_exit),
+                _feed_exit_heads,
+            ),
         }
         if self._report_f1:
-            metrics["f1"] = LayerF1(layers, sync_on_compute=False)
-        return metrics
+            statistics["f1"] = Statistic(
+                "f1",
+                lambda: LayerF1(layers, sync_on_compute=False),
+                lambda metric, batch: metric.update(batch.readout, batch.targets),
+            )
+        return statistics
 
-    def update(self, metrics: Metrics, batch: LayerOutputs) -> None:
-        metrics["accuracy"].update(batch.readout, batch.targets)
-        saturation = saturation_layers(batch.readout.predictions)
-        if batch.sampled is not None:
-            saturation = saturation[batch.sampled]
-        metrics["saturation_cos"].update(batch.sampled_features, saturation)
-        metrics["histogram"].update(batch.readout)
-        metrics["early_exit"].update(batch.readout, batch.targets)
-        if "f1" in metrics:
-            metrics["f1"].update(batch.readout, batch.targets)
-        if batch.exit_readout is not None:
-            metrics["exit_accuracy"].update(batch.exit_readout, batch.targets)
-            metrics["exit_early_exit"].update(batch.exit_readout, batch.targets)
-
-    def results(self, metrics: Metrics, earlier: dict[str, Any]) -> dict[str, Any]:
+    def results(self, metrics: Metrics, earlier: Mapping[str, Any]) -> dict[str, Any]:
         spec = self.spec
         layers = spec.num_layers
         accuracy = metrics["accuracy"].compute()
@@ -152,7 +168,7 @@ class LogitLensMonitor(LayerwiseMonitor):
             for i, threshold in enumerate(self.thresholds)
         ]
 
-    def layer_scalars(self, results: dict[str, Any]) -> dict[str, float]:
+    def layer_scalars(self, results: Mapping[str, Any]) -> dict[str, float]:
         spec = self.spec
         scalars = per_layer(results["accuracy"], spec, "acc")
         scalars.update(per_layer(results["loss"], spec, "loss"))
@@ -184,3 +200,17 @@ class LogitLensMonitor(LayerwiseMonitor):
             "exit-head early-exit accuracy": r"exit_early_exit/accuracy/.*",
             "exit-head early-exit speedup": r"exit_early_exit/speedup/.*",
         }
+
+
+def _feed_saturation_cos(metric: Any, batch: LayerOutputs) -> None:
+    """The COS to the last layer of the rows COS reads, grouped by the layer each sample saturates at."""
+    saturation = saturation_layers(batch.readout.predictions)
+    if batch.sampled is not None:
+        saturation = saturation[batch.sampled]
+    metric.update(batch.sampled_features, saturation)
+
+
+def _feed_exit_heads(metric: Any, batch: LayerOutputs) -> None:
+    """A multi-exit model's separate heads (nothing for a model without them)."""
+    if batch.exit_readout is not None:
+        metric.update(batch.exit_readout, batch.targets)
