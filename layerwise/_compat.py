@@ -36,7 +36,7 @@ SAMPLER_ADVICE = r"Using `DistributedSampler` with the dataloaders\. During `tra
 """The start of Lightning's advice that a multi-process validate/test "replicates some samples" (a regular expression
 for ``warnings.filterwarnings``; ``lightning.pytorch.trainer.connectors.data_connector``, ``_resolve_sampler``).
 Not a private API, but Lightning's own words, which layerwise withholds where its analysis is exact
-(``layerwise/cli/exactness.py``); ``tests/project/test_compat.py`` checks that Lightning still says them so."""
+(``layerwise/callbacks/_exactness.py``); ``tests/project/test_compat.py`` checks that Lightning still says them so."""
 
 
 def already_reduced(keys: Any) -> None:
@@ -145,3 +145,23 @@ def validates_after_this_batch(trainer: Any) -> bool:
         return bool(loop.epoch_loop._should_check_val_fx(loop._data_fetcher))
     except Exception:
         return False
+
+
+def saves_sharded(strategy: Any) -> bool:
+    """Whether ``strategy`` is Lightning's own ``ModelParallelStrategy`` (FSDP2) saving sharded checkpoint folders.
+
+    Private use: ``ModelParallelStrategy._save_distributed_checkpoint``, where its ``save_distributed_checkpoint``
+    argument (default True) is kept; no public property reads it back. A subclass that overrides ``save_checkpoint``
+    saves its own way: False. Its sharded save writes ``meta.pt`` with ``torch.save`` into the final name, which
+    ``layerwise.engines.checkpoint.save_sharded`` writes atomically instead. Without the attribute (another
+    Lightning): False, and Lightning saves as it does.
+    """
+    try:
+        from lightning.pytorch.strategies import ModelParallelStrategy
+    except ImportError:
+        return False
+    if not isinstance(strategy, ModelParallelStrategy):
+        return False
+    if type(strategy).save_checkpoint is not ModelParallelStrategy.save_checkpoint:
+        return False
+    return getattr(strategy, "_save_distributed_checkpoint", None) is True

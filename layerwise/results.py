@@ -605,6 +605,8 @@ SUMMARY_SCHEMA: dict[str, Check] = {
     "n_nonfinite": _scalar(integer=True, minimum=0),
     "layers": _layers,
     **{key: _per_layer(-1) for key in ("cos", "cka", "cos_negative_fraction")},
+    **{key: _per_layer(-1) for key in ("debiased_cka", "cca", "svcca", "pwcca", "procrustes", "shape")},
+    "effective_rank": _per_layer(),
     "cos_quantile_levels": _levels,
     "cos_quantiles": _cos_quantiles,
     "cos_histogram_to_last": _per_layer(None),
@@ -612,6 +614,8 @@ SUMMARY_SCHEMA: dict[str, Check] = {
         key: _per_layer()
         for key in ("accuracy", "loss", "saturation_counts", "saturation_cos", "nc1", "perplexity", "f1")
         + ("exit_accuracy", "exit_loss")
+        + ("cdnv", "nc2_equinorm", "nc2_cos_std", "nc2_equiangular", "nc2_etf", "nc3", "nc3_duality")
+        + ("nc4_agreement", "nc4_ncc_accuracy")
     },
     "nc1_classes": _numbers(integer=True),
     "effective_depth": _effective_depth,

@@ -5,7 +5,7 @@ results, scalars, charts, console line and figure; the :class:`Pool` accumulates
 dataloader, however many analyses read it, and the callback reduces them in one all-reduce.
 """
 
-from layerwise.analyses.base import Analysis, Metrics, Statistic
+from layerwise.analyses.base import Analysis, Metrics, RunModel, Statistic
 from layerwise.analyses.effective_depth import EffectiveDepthMonitor
 from layerwise.analyses.layer_spec import LayerSpec, per_layer, shaped
 from layerwise.analyses.logit_lens import LogitLensMonitor
@@ -23,6 +23,7 @@ __all__ = [
     "Metrics",
     "NeuralCollapseMonitor",
     "Pool",
+    "RunModel",
     "Statistic",
     "TrajectoryMonitor",
     "per_layer",

@@ -17,6 +17,23 @@ from layerwise.engines.readout import LayerOutputs
 from layerwise.errors import UsageError
 
 HeadReader = Callable[[], Optional[nn.Module]]  # a copy of the shared head (final norm + classifier) as it is now
+
+
+@dataclass(frozen=True)
+class RunModel:
+    """The model under evaluation as an analysis may read it (:meth:`Analysis.use_model`).
+
+    Attributes:
+        module: the LightningModule (a layerwise module, or a user's own).
+        tap: the hooks on a user's own model (``features.hooks.HookTap``: its ``head``), None for a layerwise module.
+        head: ``head()``, a copy of the shared head as it is at the call (None where it is not known).
+    """
+
+    module: Any
+    tap: Any
+    head: HeadReader
+
+
 Metrics = dict[str, Metric]  # one analysis's statistics for one evaluation dataloader, by its own names
 
 # The options of the callback that runs the analyses: an analysis given one is refused in one line naming where it goes
@@ -94,10 +111,11 @@ class Analysis:
     def configure(self, spec: LayerSpec, datamodule: Any) -> None:
         """Read what it needs of the run before :meth:`statistics` (``datamodule``: the trainer's, or None)."""
 
-    def use_head(self, head: HeadReader) -> None:
-        """Take the runner's ``head()``: a copy of the shared head as it is then (None: not known); default unused.
+    def use_model(self, model: "RunModel") -> None:
+        """Take what the runner says of the model under evaluation, before every evaluation; default: unused.
 
-        Given before every evaluation, so a head trained meanwhile is read afresh (NC3 reads it).
+        NC3 reads the shared head as it is then (a head trained meanwhile is read afresh); the logit lens reads every
+        layer through a tuned lens file with the module's own head.
         """
 
     def statistics(self, spec: LayerSpec) -> dict[str, Statistic]:

@@ -7,7 +7,7 @@ import torch
 from torch import Tensor
 from torchmetrics.utilities import rank_zero_warn
 
-from layerwise.analyses.base import Analysis, HeadReader, Metrics, Statistic, refuse_runner_options
+from layerwise.analyses.base import Analysis, HeadReader, Metrics, RunModel, Statistic, refuse_runner_options
 from layerwise.analyses.layer_spec import LayerSpec, per_layer, shaped
 from layerwise.engines.readout import HeadInput, LayerOutputs, chunked_head_inputs, split_head
 from layerwise.errors import LayerwiseWarning, UsageError
@@ -95,8 +95,8 @@ class NeuralCollapseMonitor(Analysis):
         """The classes NC1 is restricted to (``top_classes``), None for all."""
         return self._class_ids
 
-    def use_head(self, head: HeadReader) -> None:
-        self._head_reader = head
+    def use_model(self, model: RunModel) -> None:
+        self._head_reader = model.head
 
     def configure(self, spec: LayerSpec, datamodule: Any) -> None:
         self._active = not spec.token_level or self.top_classes is not None

@@ -16,7 +16,7 @@ from layerwise.analyses import (
     NeuralCollapseMonitor,
     TrajectoryMonitor,
 )
-from layerwise.analyses.base import resolve_order
+from layerwise.analyses.base import RunModel, resolve_order
 from layerwise.callbacks._loader import LoaderState
 from layerwise.callbacks._output import layer_table, run_log_dir
 from layerwise.callbacks._source import FeatureSource
@@ -177,6 +177,7 @@ class LayerwiseAnalysis(AnalysisCallback):
         return self._analyses
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
         for other in trainer.callbacks:  # type: ignore[attr-defined]
             if isinstance(other, LayerwiseAnalysis) and other is not self and other.layers != self.layers:
                 raise UsageError(
@@ -197,7 +198,7 @@ class LayerwiseAnalysis(AnalysisCallback):
         numbers = [index + 1 for index in select_layers(self.layers, depth)]
         spec = LayerSpec(numbers, depth, dim, num_classes, token_level)
         for analysis in self._analyses:  # the head as it is at each evaluation (NC3 reads it)
-            analysis.use_head(partial(self._source.shared_head, pl_module))
+            analysis.use_model(RunModel(pl_module, self._source.tap, partial(self._source.shared_head, pl_module)))
         if spec != self._spec:
             self.configure_analyses(getattr(trainer, "datamodule", None), spec)
             self._spec, self._states = spec, {}

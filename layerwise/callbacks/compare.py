@@ -1,5 +1,6 @@
 """Compare the trained model with a second, frozen model on every validation batch: CKA across models."""
 
+from collections.abc import Sequence
 from contextlib import ExitStack
 from typing import Any, Literal, Optional
 
@@ -16,8 +17,10 @@ from layerwise.features.paths import find_model, get_blocks, layer_paths, model_
 from layerwise.figures.summary import compare_figures
 from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
 from layerwise.metrics.functional_compare import arccos_distance
+from layerwise.metrics.functional_family import check_cross_measures
 
 _OPTION = "--trainer.callbacks.model_b"
+CrossMeasure = Literal["cca", "svcca", "pwcca", "procrustes", "shape", "effective_rank"]
 
 
 class CrossModelComparison(AnalysisCallback):
@@ -49,6 +52,11 @@ class CrossModelComparison(AnalysisCallback):
         figures_every_n_epochs: while fitting, draw the heatmap only every n-th epoch and at the last one.
         precision: ``"exact"`` (float64 products, the default) or ``"fast"`` (each batch's products in float32,
             summed in float64; within 1e-4 of exact CKA, see :class:`~layerwise.metrics.CrossModelCKA`).
+        measures: further measures from the same sums (``cca``, ``svcca``, ``pwcca``, ``procrustes``, ``shape``,
+            ``effective_rank``; none by default), under ``measures`` of the ``compare`` object (L_A x L_B each;
+            ``effective_rank_a``/``_b`` per layer), logged as ``val/compare/<measure>_diagonal_mean``.
+        svcca_variance: the share of each layer's variance SVCCA keeps.
+        shape_alpha: the shape metric's alpha (0: CCA, 1: Procrustes).
     """
 
     key = "compare"
@@ -67,8 +75,13 @@ class CrossModelComparison(AnalysisCallback):
         pairs: Literal["all", "diagonal"] = "all",
         figures_every_n_epochs: int = 1,
         precision: Literal["exact", "fast"] = "exact",
+        measures: Sequence[CrossMeasure] = (),
+        svcca_variance: float = 0.99,
+        shape_alpha: float = 0.5,
     ) -> None:
         super().__init__(every_n_epochs, log_figures, figures_every_n_epochs)
+        self.measures = check_cross_measures(measures, svcca_variance, shape_alpha)
+        self.svcca_variance, self.shape_alpha = float(svcca_variance), float(shape_alpha)
         if precision not in ("exact", "fast"):
             raise ValueError(f"`precision={precision!r}` must be 'exact' or 'fast'.")
         self.precision = precision
@@ -88,6 +101,7 @@ class CrossModelComparison(AnalysisCallback):
 
     # -- set-up --------------------------------------------------------------------------------------------------
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
         self._model_a = find_model(pl_module, "the LightningModule")
         self._blocks_a = get_blocks(self._model_a, layer_paths(self._model_a))
         self._model_b = load_model(self.model_b_name, _OPTION, dtype=self.dtype).eval().requires_grad_(False)
@@ -168,12 +182,19 @@ class CrossModelComparison(AnalysisCallback):
         if self._minibatch is not None:
             minibatch = self._minibatch.compute()
             results.update(minibatch_cka_mean=minibatch["mean"], minibatch_cka_sum=minibatch["sum"], chunk=self.chunk)
+        if self.measures:
+            results["measures"] = self._exact.compute_measures(self.measures, self.svcca_variance, self.shape_alpha)
+            results["measure_options"] = {"svcca_variance": self.svcca_variance, "shape_alpha": self.shape_alpha}
         return results
 
     def scalars(self, results: dict[str, Any]) -> dict[str, float]:
         scalars = {"compare/cka_diagonal_mean": float(results["cka"].diagonal().mean())}
         if results["arccos_distance"] is not None:
             scalars["compare/arccos_distance"] = float(results["arccos_distance"])
+        for name, values in results.get("measures", {}).items():
+            if not name.startswith("effective_rank"):
+                diagonal = torch.as_tensor(values, dtype=torch.float64).diagonal()
+                scalars[f"compare/{name}_diagonal_mean"] = float(diagonal.nanmean())
         return scalars
 
     def line(self, results: dict[str, Any]) -> str:

@@ -80,6 +80,7 @@ class BlockCoupling(AnalysisCallback):
         self._analysis: Optional[CouplingAnalysis] = None
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
         self._analysis = CouplingAnalysis(
             pl_module, self.ks, self.tokens, self.form, self.method, chunk_size=self.chunk_size
         )

@@ -14,6 +14,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torchmetrics import Metric
 
 from layerwise.callbacks._drawing import FigureJob, wait_for_figures
+from layerwise.callbacks._exactness import say_counted_once, warn_repeated_own_logs, withhold_sampler_advice
 from layerwise.callbacks._loggers import (
     History,
     LayerRuns,
@@ -24,6 +25,7 @@ from layerwise.callbacks._loggers import (
 )
 from layerwise.callbacks._output import log_figures_later, log_scalars, run_log_dir, show, write_charts
 from layerwise.callbacks._schedule import analyses_now, draws_figures, last_step_unvalidated
+from layerwise.engines.checkpoint import evaluate_at, read_position
 from layerwise.engines.sampling import evaluation_loaders, real_samples_on_rank, take_real
 from layerwise.errors import LayerwiseWarning
 from layerwise.figures.registry import FIGURE_FUNCTIONS, FigureFunction, recorded
@@ -93,7 +95,14 @@ class AnalysisCallback(Callback):
     ``test`` (stage ``test``), and for every evaluation dataloader (the first reported as the stage itself, the
     others as ``<stage>_<name>``, :func:`~layerwise.results.loader_stages`):
 
-    0. ``on_train_start``: a warning when ``max_steps`` ends a fit between two validations (the final model would
+    0. ``setup`` of ``validate``/``test`` on several processes: Lightning's advice to evaluate on one device is
+       withheld (the analysis counts each sample once) and, at ``on_{validation,test}_start``, one line says so;
+       after it (``teardown``), values the module logged itself with ``self.log`` that counted the sampler's
+       repeated samples are named in a warning (``callbacks/_exactness.py``). ``on_{validation,test}_start`` of
+       ``validate``/``test`` with a ``ckpt_path``: the Trainer's epoch and step counters are the checkpoint's while
+       it evaluates (put back after), so the summary is named by them as in ``layerwise validate``. Both by the
+       first analysis callback of the trainer only; a subclass that overrides ``setup`` calls ``super().setup``.
+       ``on_train_start``: a warning when ``max_steps`` ends a fit between two validations (the final model would
        not be analysed).
     1. ``on_{validation,test}_epoch_start``: is this evaluation analysed (never the sanity check; every
        ``every_n_epochs``-th epoch while fitting; always in ``validate``/``test``)?
@@ -160,6 +169,8 @@ class AnalysisCallback(Callback):
         self._stages: list[str] = []
         self._loaders: list[Any] = []
         self._record: Optional[RunRecord] = None
+        self._advice_withheld: Optional[str] = None  # the evaluation whose sampler advice this callback withheld
+        self._evaluated_counters: Optional[dict[str, Any]] = None  # the Trainer's own, put back after a checkpoint
         self.stage = "val"  # the results' name: val, test, or val_<name> / test_<name> for a further dataloader
         self.loader: Any = None  # the evaluation dataloader being analysed
         self.dataloader_idx: Optional[int] = None  # its index (None between evaluations)
@@ -256,6 +267,30 @@ class AnalysisCallback(Callback):
                 category=LayerwiseWarning,
             )
 
+    def _leads(self, trainer: Trainer) -> bool:
+        """Whether this is the first analysis callback of ``trainer``: what the run does once, it does."""
+        callbacks = trainer.callbacks  # type: ignore[attr-defined]  # an attribute Lightning's connector sets
+        return next((other for other in callbacks if isinstance(other, AnalysisCallback)), None) is self
+
+    def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Lightning's sampler advice withheld in a multi-process ``validate``/``test`` (the first callback only)."""
+        self._advice_withheld = stage if self._leads(trainer) and withhold_sampler_advice(trainer, stage) else None
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._evaluation_start(trainer, "validate")
+
+    def on_test_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._evaluation_start(trainer, "test")
+
+    def _evaluation_start(self, trainer: Trainer, stage: str) -> None:
+        if trainer.state.fn not in (TrainerFn.VALIDATING, TrainerFn.TESTING) or not self._leads(trainer):
+            return  # a fit's validation, or another callback does it
+        if self._advice_withheld == stage:
+            say_counted_once(trainer, stage)
+        position = read_position(trainer.ckpt_path) if trainer.ckpt_path else None
+        if position is not None and self._evaluated_counters is None:
+            self._evaluated_counters = evaluate_at(trainer, position)
+
     def on_validation_epoch_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         self._begin(trainer, "val", trainer.val_dataloaders)
 
@@ -326,6 +361,11 @@ class AnalysisCallback(Callback):
         wait_for_figures()  # figures already enqueued reach the logger before Lightning closes it
         self.stop()
         self._close_layer_runs()
+        if self._advice_withheld == stage:
+            warn_repeated_own_logs(trainer, stage)
+        counters, self._advice_withheld, self._evaluated_counters = self._evaluated_counters, None, None
+        if counters is not None:  # the Trainer's own counters again (a fit after this evaluation goes on from them)
+            trainer.fit_loop.load_state_dict(counters)
 
     def _close_layer_runs(self) -> None:
         if self._record is not None:  # a record exists on global rank zero only (made in its report)

@@ -72,6 +72,7 @@ class ResidualNormRatioMonitor(AnalysisCallback):
         self._hooks = ExitStack()
 
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
         try:
             paths = find_layer_paths(pl_module, option="ResidualNormRatioMonitor")
         except UsageError as error:  # its message offers paths (blocks=...), which this callback does not take

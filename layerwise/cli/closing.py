@@ -10,7 +10,7 @@ from lightning.pytorch.callbacks import BasePredictionWriter
 
 from layerwise import __version__
 from layerwise.callbacks._loggers import image_sinks
-from layerwise.cli.runs import CheckpointPosition
+from layerwise.engines.checkpoint import CheckpointPosition
 
 
 class ClosingLine(Callback):

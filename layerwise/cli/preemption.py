@@ -12,6 +12,12 @@ that resumes the run. The last batch of an epoch is not a stopping point: the st
 its validation), and so does a batch after which a validation runs inside the epoch (``val_check_interval``): a
 resume never begins with a validation, which Lightning would take as done.
 
+Under ``torchrun`` the closing line's resume command is ``torchrun … -m layerwise fit … --ckpt_path last``: the same
+launch on every node, ``…`` standing for each node's own torchrun options, which a worker does not know; a node's
+torchrun passes a SIGTERM it receives on to its workers. Under FSDP2 (``ModelParallelStrategy``) ``last.ckpt`` is a
+sharded folder (every rank saves its shards, global rank zero ``meta.pt``), which ``--ckpt_path last`` finds as it
+finds a file.
+
 Under SLURM with Lightning's ``SLURMEnvironment(auto_requeue=True)`` (its default there), Lightning's SIGUSR1
 handler still runs first (its ``hpc_ckpt_N.ckpt`` and ``scontrol requeue``); the requeued job's ``--ckpt_path last``
 then resumes from the newer checkpoint saved here.
@@ -42,10 +48,12 @@ import numpy as np
 import torch
 from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
+from lightning.pytorch.plugins.environments import TorchElasticEnvironment
 from lightning.pytorch.utilities import rank_zero_warn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from layerwise._compat import take_lightning_sigterm, validates_after_this_batch
+from layerwise.engines.checkpoint import LIGHTNING_META
 from layerwise.errors import LayerwiseWarning
 
 STATES_KEY = "layerwise_random_states"  # every rank's random states, in rank order, at the checkpoint's top level
@@ -204,7 +212,11 @@ def preemption_checkpoint(trainer: Trainer) -> Path:
 
 
 def resume_command(argv: list[str], trainer: Trainer, path: Path) -> str:
-    """``layerwise <argv> --ckpt_path last`` (any ``--ckpt_path`` given left out); the path where ``last`` misses."""
+    """``layerwise <argv> --ckpt_path last`` (any ``--ckpt_path`` given left out); the path where ``last`` misses.
+
+    Under ``torchrun``: ``torchrun … -m layerwise <argv> --ckpt_path last``, the ``…`` standing for each node's own
+    torchrun options (its ``--node_rank`` differs), which a worker does not know.
+    """
     kept, skip = [], False
     for arg in argv:
         if skip:
@@ -217,7 +229,17 @@ def resume_command(argv: list[str], trainer: Trainer, path: Path) -> str:
         isinstance(c, ModelCheckpoint) and c.dirpath and Path(c.dirpath) == path.parent
         for c in trainer.checkpoint_callbacks
     )
-    return shlex.join(["layerwise", *kept, "--ckpt_path", "last" if found else str(path)])
+    return f"{launched_as()} {shlex.join([*kept, '--ckpt_path', 'last' if found else str(path)])}"
+
+
+def launched_as() -> str:
+    """How this process was started: ``layerwise``, or under torchrun ``torchrun … -m layerwise`` or ``… --no-python``.
+
+    ``-m layerwise`` for a module run, ``--no-python layerwise`` for the script; ``…``: each node's torchrun options.
+    """
+    if not TorchElasticEnvironment.detect():
+        return "layerwise"
+    return f"torchrun … {'-m' if Path(sys.argv[0]).name == '__main__.py' else '--no-python'} layerwise"
 
 
 # ------------------------------------------------------------------------------------- random states of every rank
@@ -280,9 +302,10 @@ def resume_into_run(trainer_config: Any, ckpt_path: Any) -> Optional[Path]:
     if init_args.get("version") is not None or init_args.get("save_dir") is None:
         return None
     runs = Path(init_args.save_dir) / (init_args.get("name") or "lightning_logs")
-    if str(ckpt_path) == "last":
-        lasts = [path for path in runs.glob("*/checkpoints/last*.ckpt") if path.is_file()]
-        run = max(lasts, key=lambda path: path.stat().st_mtime).parent.parent if lasts else None
+    if str(ckpt_path) == "last":  # a file, or the folder of a sharded (FSDP2) checkpoint
+        found = {path: saved_at(path) for path in runs.glob("*/checkpoints/last*.ckpt")}
+        lasts = {path: time for path, time in found.items() if time is not None}
+        run = max(lasts, key=lasts.__getitem__).parent.parent if lasts else None
     else:
         path = Path(str(ckpt_path))
         run = path.parent.parent if path.parent.name == "checkpoints" else None
@@ -290,3 +313,9 @@ def resume_into_run(trainer_config: Any, ckpt_path: Any) -> Optional[Path]:
         return None
     init_args.version = run.name
     return run
+
+
+def saved_at(checkpoint: Path) -> Optional[float]:
+    """When a checkpoint file, or a sharded checkpoint folder (its ``meta.pt``, written last), was saved; else None."""
+    path = checkpoint / LIGHTNING_META if checkpoint.is_dir() else checkpoint
+    return path.stat().st_mtime if path.is_file() else None

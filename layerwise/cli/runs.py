@@ -8,73 +8,14 @@ summary of that epoch and step (``<run>/layerwise/val_epoch_EEE_step_SSSSSSS.jso
 :class:`KeptConfig` writes LightningCLI's ``config.yaml``, moving an earlier run's aside.
 """
 
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
 from lightning.pytorch import LightningModule, Trainer
 from lightning.pytorch.cli import SaveConfigCallback
 
-from layerwise.engines.checkpoint import LIGHTNING_META
-from layerwise.results import evaluated_split, keep_earlier
-
-
-@dataclass(frozen=True)
-class CheckpointPosition:
-    """Where in training a checkpoint was saved, read from the file without building the model.
-
-    Attributes:
-        path: the checkpoint file (or the folder of a sharded checkpoint: FSDP2's ``last.ckpt/``).
-        epoch: its ``epoch`` (the Trainer's ``current_epoch`` when it was saved).
-        global_step: its ``global_step``.
-        fit_loop: the fit loop's state (its progress counters), if the checkpoint holds one.
-        dirpaths: ``ModelCheckpoint.state_key`` -> the ``dirpath`` it saved into.
-    """
-
-    path: Path
-    epoch: int
-    global_step: int
-    fit_loop: Optional[dict[str, Any]] = None
-    dirpaths: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        """``epoch_EEE_step_SSSSSSS``, as the summaries of a fit are named."""
-        return f"epoch_{self.epoch:03d}_step_{self.global_step:07d}"
-
-    @property
-    def run(self) -> Optional[Path]:
-        """The run folder the checkpoint came from (``<run>/checkpoints/<file>``), else None."""
-        return self.path.parent.parent if self.path.parent.name == "checkpoints" else None
-
-
-def read_position(ckpt_path: Any) -> Optional[CheckpointPosition]:
-    """The position of the checkpoint ``ckpt_path``; None for Lightning's names, another folder or an unreadable file.
-
-    A file's tensors are memory-mapped, not read: only the counters are looked at. A sharded checkpoint (the folder
-    FSDP2's ``ModelParallelStrategy`` and ``FSDPStrategy(state_dict_type="sharded")`` save) keeps its counters and
-    callback states in ``meta.pt`` beside the shards, written by global rank zero: that file is read.
-    """
-    import torch
-
-    path = Path(str(ckpt_path))
-    source = path / LIGHTNING_META if path.is_dir() else path
-    if not source.is_file():
-        return None
-    try:
-        checkpoint = torch.load(source, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # a checkpoint Lightning reads otherwise (or reports itself)
-        return None
-    if not isinstance(checkpoint, dict) or "epoch" not in checkpoint or "global_step" not in checkpoint:
-        return None
-    callbacks = checkpoint.get("callbacks") or {}
-    dirpaths = {
-        key: state["dirpath"] for key, state in callbacks.items() if isinstance(state, dict) and "dirpath" in state
-    }
-    loops = checkpoint.get("loops") or {}
-    return CheckpointPosition(
-        path, int(checkpoint["epoch"]), int(checkpoint["global_step"]), loops.get("fit_loop"), dirpaths
-    )
+from layerwise.engines.checkpoint import CheckpointPosition, evaluate_at
+from layerwise.results import evaluated_split, keep_earlier, write_text_atomic
 
 
 def evaluation_folder(run: Path, command: str, position: CheckpointPosition) -> str:
@@ -117,8 +58,7 @@ def take_position(trainer: Trainer, position: CheckpointPosition) -> None:
     checkpoint's ``ModelCheckpoint`` states were saved with, so restoring them does not warn that the dirpath changed
     (nothing is saved outside ``fit``).
     """
-    if position.fit_loop is not None:
-        trainer.fit_loop.load_state_dict(position.fit_loop)
+    evaluate_at(trainer, position)
     for callback in trainer.checkpoint_callbacks:
         dirpath = position.dirpaths.get(getattr(callback, "state_key", ""))
         if getattr(callback, "dirpath", "") is None and dirpath is not None:
@@ -137,17 +77,52 @@ def test_split_line(datamodule: Any) -> Optional[str]:
 
 
 class KeptConfig(SaveConfigCallback):
-    """LightningCLI's ``config.yaml``; one that an earlier run left in the same folder is moved aside, not overwritten.
+    """LightningCLI's ``config.yaml``, written atomically; one that an earlier run left in the folder is moved aside.
 
     Without a logger, or with W&B or MLflow first, runs share one folder. LightningCLI would either refuse to start
     (``overwrite=False``) or write over the earlier run's config (``overwrite=True``): here it goes to
-    ``config.yaml.earlier-<time>``, with a warning, as the earlier run's summaries do.
+    ``config.yaml.earlier-<time>``, with a warning, as the earlier run's summaries do. The file is written as every
+    file of layerwise is (:func:`~layerwise.results.write_text_atomic`: a temporary name, then renamed), not by
+    jsonargparse in place: a full disk leaves no truncated ``config.yaml`` and ends the command with one line naming it.
+    Lightning's own writing into the log folder is turned off (``save_to_log_dir``) and done here, in
+    :meth:`save_config`, which Lightning calls on global rank zero; the folder, a collective, is asked in
+    :meth:`setup` on every rank. A remote log folder (``s3://``…) or ``multifile`` is written by Lightning's way.
     """
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._into_log_dir = self.save_to_log_dir
+        self._log_dir: Optional[str] = None  # asked in setup, on every rank
+        self.save_to_log_dir = False  # Lightning's writing in place: done by save_config instead
+
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
-        if not self.already_saved and self.save_to_log_dir:
-            log_dir = trainer.log_dir  # a collective: every rank asks
-            path = Path(log_dir) / self.config_filename if log_dir and "://" not in str(log_dir) else None
-            if trainer.is_global_zero and path is not None and path.is_file():
-                keep_earlier(path, "config")
+        if not self.already_saved and self._into_log_dir:
+            self._log_dir = trainer.log_dir  # a collective: every rank asks
         super().setup(trainer, pl_module, stage)
+
+    def save_config(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
+        """Write ``<log_dir>/config.yaml`` (global rank zero), an earlier run's moved aside first."""
+        if self._log_dir is None:
+            return
+        if "://" in str(self._log_dir) or self.multifile:
+            self.parser.save(
+                self.config,
+                f"{self._log_dir}/{self.config_filename}",
+                skip_none=False,
+                overwrite=self.overwrite,
+                multifile=self.multifile,
+            )
+            return
+        path = Path(self._log_dir) / self.config_filename
+        if path.is_file():
+            keep_earlier(path, "config")
+        write_text_atomic(path, dumped_config(self.parser, self.config))
+
+
+def dumped_config(parser: Any, config: Any) -> str:
+    """The config as LightningCLI saves it (every value, ``None`` included), as text."""
+    import inspect
+
+    parameters = inspect.signature(parser.dump).parameters
+    unset = "skip_unset" if "skip_unset" in parameters else "skip_none"  # its name before jsonargparse 4.49
+    return str(parser.dump(config, **{unset: False}))

@@ -20,13 +20,13 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from layerwise.callbacks import ProgressLines
 from layerwise.cli.closing import ClosingLine
 from layerwise.cli.errors import bad_config_file, check_output_folders, class_options, exit_concisely
-from layerwise.cli.exactness import ExactnessLine
 from layerwise.cli.parser import say_configs_have_names
 from layerwise.cli.peers import machine_failures_in_one_line
 from layerwise.cli.preemption import EXIT_CODES as PREEMPTED_EXIT_CODES
 from layerwise.cli.preemption import add_preemption, resume_into_run
-from layerwise.cli.runs import KeptConfig, place_logger, read_position, take_position, test_split_line
+from layerwise.cli.runs import KeptConfig, place_logger, take_position, test_split_line
 from layerwise.cli.summary import replace_default_summary
+from layerwise.engines.checkpoint import read_position
 from layerwise.errors import DEBUG_VARIABLE, UsageError
 from layerwise.lightning_modules import LayerwiseModule
 from layerwise.lightning_modules.base import check_data_compatible
@@ -120,7 +120,6 @@ class LayerwiseCLI(LightningCLI):
                 fit = self.subcommand == "fit" and read_position(self.config.fit.get("ckpt_path") or "")
                 start = fit.global_step if fit else 0  # the step a fit resumed from
                 trainer.callbacks.append(ClosingLine(self.subcommand, start, self._position))
-                trainer.callbacks.extend(ExactnessLine.for_command(self.subcommand))  # validate/test: one line
             if self.subcommand == "fit":  # SIGTERM/SIGUSR1: a resumable checkpoint, a closing line, exit 128+N
                 add_preemption(trainer, self._argv or sys.argv[1:])
         if trainer is None or sys.stdout.isatty() or trainer.progress_bar_callback is not None:

@@ -91,6 +91,16 @@ def _load_for_comparison(spec: str, flag: str, dtype: Optional[str], device_map:
         ) from None
 
 
+def _check_sizes(block_size: int, batch_size: int, max_blocks: int, chunk: int) -> None:
+    """A one-line error naming the flag of a size below its least value."""
+    minimums = (("block_size", block_size, 2), ("batch_size", batch_size, 1), ("max_blocks", max_blocks, 1))
+    for flag, value, least in minimums:
+        if value < least:
+            raise ValueError(f"`--{flag}={value}` must be >= {least}.")
+    if chunk < 4:
+        raise ValueError(f"`--chunk={chunk}` must be >= 4 (the unbiased HSIC needs 4 tokens per chunk).")
+
+
 # ------------------------------------------------------------------------------- the `layerwise compare` command
 def compare(
     model_a: str,
@@ -108,6 +118,9 @@ def compare(
     chunk: int = 1024,
     pairs: Literal["all", "diagonal"] = "all",
     precision: Literal["exact", "fast"] = "exact",
+    measure: Optional[list[Literal["cca", "svcca", "pwcca", "procrustes", "shape", "effective_rank"]]] = None,
+    svcca_variance: float = 0.99,
+    shape_alpha: float = 0.5,
     dtype: Optional[Literal["float32", "bfloat16", "float16", "float64"]] = None,
     device: Optional[str] = None,
     device_map: DeviceMap = None,
@@ -140,6 +153,10 @@ def compare(
         precision: exact (every product in float64) or fast (each batch's products in float32, summed in float64
             across batches: the products at float32's rate; CKA within 1e-4 of exact, 1.5e-9 measured at
             GPT-2-small's shape by benchmarks/compare_precision.py).
+        measure: further measures from the same exact sums, on every token (see docs/similarity-measures.md):
+            cca, svcca, pwcca, procrustes, shape, effective_rank; written under "measures" in compare.json.
+        svcca_variance: the share of each layer's variance SVCCA keeps.
+        shape_alpha: the shape metric's alpha (0: CCA, 1: Procrustes; netrep's angular shape distance).
         dtype: load both models in this dtype (default as saved).
         device: cpu, cuda, ... (default: cuda when available); ignored with --device_map.
         device_map: spread each model over devices as it loads (auto, or a JSON object; see `layerwise coupling`),
@@ -153,12 +170,7 @@ def compare(
 
     from layerwise.results import check_outputs_free
 
-    minimums = (("block_size", block_size, 2), ("batch_size", batch_size, 1), ("max_blocks", max_blocks, 1))
-    for flag, value, least in minimums:
-        if value < least:
-            raise ValueError(f"`--{flag}={value}` must be >= {least}.")
-    if chunk < 4:
-        raise ValueError(f"`--chunk={chunk}` must be >= 4 (the unbiased HSIC needs 4 tokens per chunk).")
+    _check_sizes(block_size, batch_size, max_blocks, chunk)
     TextSource(text, dataset, dataset_config).check()
     check_outputs_free(out, COMPARE_FILES, overwrite)
     target = device or ("cuda" if torch.cuda.is_available() else "cpu")
@@ -183,7 +195,19 @@ def compare(
     loader = data.val_dataloader()
     with tqdm(total=len(loader), desc="batches", unit="batch") as bar:
         results = compare_models(
-            first, second, loader, include_embeddings, True, minibatch, chunk, bar.update, pairs, precision
+            first,
+            second,
+            loader,
+            include_embeddings,
+            True,
+            minibatch,
+            chunk,
+            bar.update,
+            pairs,
+            precision,
+            measure or (),
+            svcca_variance,
+            shape_alpha,
         )
     results = {"model_a": model_a, "model_b": model_b, **results}
     distance = results["arccos_distance"]

@@ -51,6 +51,7 @@ def lens_table(
     prompt: str,
     max_new_tokens: int,
     layers: Union[int, Sequence[int], None] = None,
+    translators: Optional[Any] = None,
 ) -> LensTable:
     """Generate greedily with the full model and read every layer through the shared head at each new position.
 
@@ -66,6 +67,8 @@ def lens_table(
         max_new_tokens: the number of generated positions ``P`` (fewer if the model produces the EOS token).
         layers: rows, as in :func:`~layerwise.features.select_layers`: None for every layer, an int ``n`` for the last
             ``n``, or 0-based block indices (negatives from the end).
+        translators: a tuned lens (:class:`~layerwise.engines.lens.Translators`): every layer read through its
+            translator and the head; None: the head alone (the logit lens).
 
     Returns:
         A :class:`LensTable`.
@@ -84,6 +87,7 @@ def lens_table(
     blocks = get_blocks(model, paths, "--model")
     head = HeadSteps(model, paths.shared_head, "--model")
     rows = select_layers(layers, len(blocks))
+    heads = [head] * len(blocks) if translators is None else translators.heads(head)
     device = input_device(model)
     prompt_ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(device)
     if prompt_ids.size(1) == 0:
@@ -102,7 +106,10 @@ def lens_table(
         model(input_ids=sequence, use_cache=False, logits_to_keep=1)
     token_ids, probs = [], []
     for index in rows:  # a layer at a time: on a device-mapped model the layers' states live on different devices
-        readout = chunked_readout(head, captured.pop(index)[None])  # the one readout of the shared head at layer l
+        hidden = captured.pop(index)
+        if translators is not None:
+            translators.to(hidden.device)
+        readout = chunked_readout(heads[index], hidden[None])  # the one readout of the (tuned) lens at layer l
         token_ids.append(readout.predictions[0].cpu())
         probs.append(readout.max_prob[0].float().cpu())
     token_ids_tensor = torch.stack(token_ids)
@@ -165,6 +172,15 @@ def write_lens(table: LensTable, out_dir: Optional[Path] = None) -> list[Path]:
     return [markdown_path, figure_path]
 
 
+def _tuned_lens(lens: str) -> Any:
+    """The translators of ``--lens`` (None for ``logit``), read before the model is loaded."""
+    if lens == "logit":
+        return None
+    from layerwise.engines.lens import load_translators
+
+    return load_translators(lens, "--lens")
+
+
 # ------------------------------------------------------------------------------- the `layerwise lens` command
 def lens(
     prompt: str,
@@ -179,6 +195,7 @@ def lens(
     offload_folder: Optional[Path] = None,
     out: Path = Path("."),
     overwrite: bool = False,
+    lens: str = "logit",
 ) -> None:
     """What the shared head predicts from every layer at every position the full model generates greedily.
 
@@ -198,6 +215,8 @@ def lens(
         offload_folder: where weights offloaded to disk are kept.
         out: folder for lens.md and lens.png.
         overwrite: replace the results of an earlier run in --out (without it, the command stops at them).
+        lens: logit (the model's own head at every layer) or a tuned lens file (tuned_lens.safetensors of a
+            `fit --config tuned_lens/...` run): every layer read through its translator and the head.
     """
     from layerwise.commands.decoding import check_generation_options
     from layerwise.results import check_outputs_free
@@ -207,12 +226,17 @@ def lens(
     check_layer_numbers("--layers", layers or [])
     check_generation_options(max_new_tokens, "greedy", 1, 1.0, 1.0)
     check_outputs_free(out, LENS_FILES, overwrite)
+    translators = _tuned_lens(lens)
     lm, tokenizer_object, total = ModelSource(
         checkpoint, model, tokenizer, tokenizer_dir, dtype, device_map, offload_folder
     ).load()
     check_layer_numbers("--layers", layers or [], total)
+    if translators is not None:
+        from layerwise.engines.lens import check_lens_fits
+
+        check_lens_fits(translators, total, int(lm.config.hidden_size), "--lens")
     rows = None if layers is None else [number - 1 for number in layers]
-    table = lens_table(lm, tokenizer_object, prompt, max_new_tokens, rows)
+    table = lens_table(lm, tokenizer_object, prompt, max_new_tokens, rows, translators)
     print(lens_markdown(table))
     for written in write_lens(table, out):
         print(written)

@@ -1,11 +1,13 @@
 """The one way layerwise loads a module from a Lightning checkpoint written by ``layerwise fit``."""
 
+import functools
 import importlib
 import io
 import sys
 import tempfile
 import zipfile
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
@@ -14,6 +16,7 @@ from lightning.fabric.plugins import TorchCheckpointIO
 from lightning.pytorch import LightningModule, Trainer
 from torch import nn
 
+from layerwise._compat import saves_sharded
 from layerwise.errors import UsageError
 from layerwise.results import write_atomic
 
@@ -109,6 +112,79 @@ def consolidate_sharded(
     return {key: value for key, value in saved.items() if not key.startswith("optimizer_")}
 
 
+@dataclass(frozen=True)
+class CheckpointPosition:
+    """Where in training a checkpoint was saved, read from the file without building the model.
+
+    Attributes:
+        path: the checkpoint file (or the folder of a sharded checkpoint: FSDP2's ``last.ckpt/``).
+        epoch: its ``epoch`` (the Trainer's ``current_epoch`` when it was saved).
+        global_step: its ``global_step``.
+        fit_loop: the fit loop's state (its progress counters), if the checkpoint holds one.
+        dirpaths: ``ModelCheckpoint.state_key`` -> the ``dirpath`` it saved into.
+    """
+
+    path: Path
+    epoch: int
+    global_step: int
+    fit_loop: Optional[dict[str, Any]] = None
+    dirpaths: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """``epoch_EEE_step_SSSSSSS``, as the summaries of a fit are named."""
+        return f"epoch_{self.epoch:03d}_step_{self.global_step:07d}"
+
+    @property
+    def run(self) -> Optional[Path]:
+        """The run folder the checkpoint came from (``<run>/checkpoints/<file>``), else None."""
+        return self.path.parent.parent if self.path.parent.name == "checkpoints" else None
+
+
+def read_position(ckpt_path: Any) -> Optional[CheckpointPosition]:
+    """The position of the checkpoint ``ckpt_path``; None for Lightning's names, another folder or an unreadable file.
+
+    A file's tensors are memory-mapped, not read: only the counters are looked at. A sharded checkpoint (the folder
+    FSDP2's ``ModelParallelStrategy`` and ``FSDPStrategy(state_dict_type="sharded")`` save) keeps its counters and
+    callback states in ``meta.pt`` beside the shards, written by global rank zero: that file is read.
+    """
+    path = Path(str(ckpt_path))
+    source = path / LIGHTNING_META if path.is_dir() else path
+    if not source.is_file():
+        return None
+    try:
+        checkpoint = torch.load(source, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # a checkpoint Lightning reads otherwise (or reports itself)
+        return None
+    if not isinstance(checkpoint, dict) or "epoch" not in checkpoint or "global_step" not in checkpoint:
+        return None
+    callbacks = checkpoint.get("callbacks") or {}
+    dirpaths = {
+        key: state["dirpath"] for key, state in callbacks.items() if isinstance(state, dict) and "dirpath" in state
+    }
+    loops = checkpoint.get("loops") or {}
+    return CheckpointPosition(
+        path, int(checkpoint["epoch"]), int(checkpoint["global_step"]), loops.get("fit_loop"), dirpaths
+    )
+
+
+def evaluate_at(trainer: Trainer, position: CheckpointPosition) -> Optional[dict[str, Any]]:
+    """Set the Trainer's epoch and step counters to the checkpoint's, for an evaluation of it; returns those replaced.
+
+    The counters label the evaluation: the summary's name and header, the console table, the step of the logged
+    values. A plain ``Trainer.validate(ckpt_path=…)`` restores only the weights, and its counters stay where they
+    were (0 and 0 in a new Trainer), as if the checkpoint were the model before training. The fit loop's progress is
+    loaded from the checkpoint's; the state returned (None when nothing changed) puts the Trainer's own back with
+    ``trainer.fit_loop.load_state_dict``.
+    """
+    here = (trainer.current_epoch, trainer.global_step)
+    if position.fit_loop is None or here == (position.epoch, position.global_step):
+        return None
+    replaced = trainer.fit_loop.state_dict()
+    trainer.fit_loop.load_state_dict(position.fit_loop)
+    return replaced
+
+
 class CheckpointReader(TorchCheckpointIO):
     """Lightning's checkpoint IO, reading through :func:`read_checkpoint` (one clear error for a broken file).
 
@@ -148,9 +224,42 @@ class CheckpointReader(TorchCheckpointIO):
 
 
 def use_checkpoint_reader(trainer: Trainer, stage: str) -> None:
-    """Make ``trainer`` read checkpoints through :class:`CheckpointReader` unless it was given its own IO plugin."""
+    """Make ``trainer`` read checkpoints through :class:`CheckpointReader` unless it was given its own IO plugin.
+
+    Under Lightning's own ``ModelParallelStrategy`` (FSDP2), which writes its sharded checkpoints without the IO
+    plugin, its ``save_checkpoint`` becomes :func:`save_sharded` (a sharded checkpoint's ``meta.pt`` atomic).
+    """
     if type(trainer.strategy.checkpoint_io) in (TorchCheckpointIO, CheckpointReader):
         trainer.strategy.checkpoint_io = CheckpointReader(fitting=stage == "fit")
+    strategy = trainer.strategy
+    if saves_sharded(strategy) and getattr(strategy.save_checkpoint, "func", None) is not save_sharded:
+        # the instance's method, as the IO plugin above is the instance's: a user's subclass keeps its own saving
+        strategy.save_checkpoint = functools.partial(save_sharded, strategy)  # type: ignore[method-assign]
+
+
+def save_sharded(strategy: Any, checkpoint: dict[str, Any], filepath: Any, storage_options: Any = None) -> None:
+    """``ModelParallelStrategy.save_checkpoint`` with ``save_distributed_checkpoint``, its ``meta.pt`` atomic.
+
+    What Lightning 2.6 does (every rank: the shards of the weights and of the optimizer states, by
+    ``torch.distributed.checkpoint.save`` into the folder ``filepath``), except the last step: global rank zero writes
+    the rest of the checkpoint (epoch, step, loops, callbacks, random states) through
+    :func:`~layerwise.results.write_atomic` instead of ``torch.save`` into the final name, so that a full disk or a
+    stop during that write leaves the earlier ``meta.pt`` whole (or none), never a truncated one. The shards are
+    written in place by torch, as under Lightning.
+    """
+    from torch.distributed.checkpoint import FileSystemWriter, save  # torch 2.2's signature too (no checkpoint_id)
+
+    if storage_options is not None:
+        raise TypeError(f"`{type(strategy).__name__}.save_checkpoint(..., storage_options=...)` is not supported.")
+    path = Path(strategy.broadcast(filepath))  # every rank saves into rank zero's path
+    if path.is_file():  # a single-file checkpoint saved there before
+        path.unlink(missing_ok=True)
+    path.mkdir(parents=True, exist_ok=True)
+    shards = {"state_dict": checkpoint.pop("state_dict")}
+    shards.update({f"optimizer_{index}": state for index, state in enumerate(checkpoint.pop("optimizer_states", []))})
+    save(shards, storage_writer=FileSystemWriter(path))
+    if strategy.global_rank == 0:
+        write_atomic(path / LIGHTNING_META, lambda file: torch.save(checkpoint, file))
 
 
 def load_module(

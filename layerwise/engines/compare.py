@@ -7,7 +7,7 @@ the command's module imports this one at its top, and its ``--help`` imports no 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Optional
 
 if TYPE_CHECKING:
@@ -131,11 +131,16 @@ def compare_models(
     progress: Any = None,
     pairs: str = "all",
     precision: str = "exact",
+    measures: Sequence[str] = (),
+    svcca_variance: float = 0.99,
+    shape_alpha: float = 0.5,
 ) -> dict[str, Any]:
     """Stream ``batches`` through both models (each on its own device) and return the comparison results.
 
     ``pairs="diagonal"``: only layer i of A against layer i of B (equal depths), the ``cka`` matrix NaN elsewhere.
     ``precision="fast"``: the exact CKA's products in float32, summed in float64 (see ``CrossModelCKA``).
+    ``measures``: the further second-moment measures from the same sums (``CrossModelCKA.compute_measures``), each
+    under its name in ``measures`` of the results.
     """
     import torch
 
@@ -143,7 +148,9 @@ def compare_models(
     from layerwise.features.paths import get_blocks, layer_paths
     from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
     from layerwise.metrics.functional_compare import arccos_distance
+    from layerwise.metrics.functional_family import check_cross_measures
 
+    measures = check_cross_measures(measures, svcca_variance, shape_alpha)  # before any forward
     blocks_a, blocks_b = get_blocks(model_a, layer_paths(model_a)), get_blocks(model_b, layer_paths(model_b))
     extra = int(include_embeddings)
     exact: Optional[CrossModelCKA] = None
@@ -195,4 +202,7 @@ def compare_models(
     if chunked is not None:
         values = chunked.compute()
         results.update(minibatch_cka_mean=values["mean"], minibatch_cka_sum=values["sum"], chunk=chunk)
+    if measures:
+        results["measures"] = exact.compute_measures(measures, svcca_variance, shape_alpha)
+        results["measure_options"] = {"svcca_variance": svcca_variance, "shape_alpha": shape_alpha}
     return results

@@ -19,7 +19,7 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from layerwise.features.backbone import IGNORE_INDEX
-from layerwise.metrics.functional import Readout, readout_rows
+from layerwise.metrics.functional import Readout, readout_rows, reference_rows
 
 Head = Callable[[Tensor], Tensor]
 DEFAULT_CHUNK_SIZE = 1024
@@ -121,10 +121,13 @@ def _entropy(logits: Tensor) -> Tensor:
 
 def _read(head: Head, rows: Tensor, targets: Optional[Tensor], regroup: Optional[Head], entropy: bool) -> list:
     """The readout fields of one chunk of rows ``(n, d)``: the only place a head reads intermediate features."""
-    logits = head(rows)
-    if regroup is not None:
-        logits = regroup(logits)
+    logits = _logits(head, rows, regroup)
     return [*readout_rows(logits, targets), _entropy(logits) if entropy else None]
+
+
+def _logits(head: Head, rows: Tensor, regroup: Optional[Head]) -> Tensor:
+    logits = head(rows)
+    return logits if regroup is None else regroup(logits)
 
 
 @torch.no_grad()
@@ -135,6 +138,7 @@ def chunked_readout(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     regroup: Optional[Head] = None,
     entropy: bool = False,
+    reference: bool = False,
 ) -> Readout:
     """The one readout: the head's argmax, top-1 probability and target cross-entropy at every layer, no logits kept.
 
@@ -142,7 +146,8 @@ def chunked_readout(
     the probes, the callbacks' hooks on a user's own model, early exit and the ``lens`` command.
 
     Args:
-        head: the shared head, or one head per layer as a sequence of length L.
+        head: the shared head, or one head per layer as a sequence of length L (a tuned lens: :class:`TranslatedHead`
+            per layer).
         features: ``(L, N, d)``.
         targets: ``(N,)`` or None.
         chunk_size: rows per chunk; the extra peak memory is about one ``(chunk_size, V)`` float32 logits tensor plus
@@ -150,11 +155,16 @@ def chunked_readout(
             classifier's few rows in one call), separate heads one layer at a time.
         regroup: applied to the logits after the head (the data's label groups, ``data_logits``); None: as they are.
         entropy: also give the softmax entropy of every row (early exit's entropy criterion).
+        reference: also give every row's ``kl_to_final`` and ``final_rank`` against the last layer's distribution
+            (its head: the last of a sequence), and its entropy; the last layer's logits of each chunk of rows are
+            computed once beside every layer's, so the head runs ``(L + 1) / L`` times as often.
 
     Returns:
         :class:`~layerwise.metrics.functional.Readout` of ``(L, N)`` tensors (probabilities and losses float64).
     """
     layers, rows = features.shape[:2]
+    if reference:
+        return _referenced_readout(head, features, targets, chunk_size, regroup)
     if isinstance(head, (list, tuple)):
         streams = [(layer_head, layer, targets) for layer_head, layer in zip(head, features)]
     else:  # one head for every layer: the layers' rows are one stream of rows
@@ -176,12 +186,58 @@ def chunked_readout(
     return Readout(*fields)  # type: ignore[arg-type]  # predictions and max_prob are never None
 
 
+def _referenced_readout(
+    head: Union[Head, Sequence[Head]],
+    features: Tensor,
+    targets: Optional[Tensor],
+    chunk_size: int,
+    regroup: Optional[Head],
+) -> Readout:
+    """Every field of :class:`Readout`, row chunk by row chunk: the last layer's logits once per chunk."""
+    layers, rows = features.shape[:2]
+    heads: list[Head] = list(head) if isinstance(head, (list, tuple)) else [head] * layers  # type: ignore[list-item]
+    if rows == 0:
+        empty = _empty(features, targets, True)
+        return empty._replace(kl_to_final=empty.max_prob, final_rank=empty.max_prob)
+    chunks = []
+    for start in range(0, rows, chunk_size):
+        part = slice(start, start + chunk_size)
+        final = _logits(heads[-1], features[-1, part], regroup)
+        fields = []
+        for index, (layer_head, layer) in enumerate(zip(heads, features)):
+            logits = final if index == layers - 1 else _logits(layer_head, layer[part], regroup)
+            part_targets = None if targets is None else targets[part]
+            fields.append([*readout_rows(logits, part_targets), _entropy(logits), *reference_rows(logits, final)])
+        chunks.append([None if field[0] is None else torch.stack(field) for field in zip(*fields)])
+    return Readout(*(None if field[0] is None else torch.cat(field, dim=1) for field in zip(*chunks)))  # type: ignore
+
+
 def _empty(features: Tensor, targets: Optional[Tensor], entropy: bool) -> Readout:
     """The readout of no rows."""
     shape, device = features.shape[:2], features.device
     empty = torch.empty(shape, dtype=torch.float64, device=device)
     nll = None if targets is None else empty
     return Readout(torch.empty(shape, dtype=torch.long, device=device), empty, nll, empty if entropy else None)
+
+
+class TranslatedHead:
+    """A layer's head through its tuned-lens translator: ``head(h + A h + b)`` (Belrose et al. 2023, eq. 2).
+
+    ``translator`` is an ``nn.Linear(d, d)`` (``A``, ``b``; zero at the start, so the head starts as the logit lens),
+    applied in its own dtype; its output is added to ``h`` as tuned-lens's ``TunedLens.transform_hidden`` does.
+    A head like any other: :func:`chunked_readout` reads a layer through it, the tuned lens trains through it.
+    """
+
+    def __init__(self, head: Head, translator: torch.nn.Linear) -> None:
+        self.head, self.translator = head, translator
+
+    def translate(self, h: Tensor) -> Tensor:
+        """``h + A h + b`` in the translator's dtype, cast back to ``h``'s."""
+        weight = self.translator.weight
+        return h + self.translator(h.to(weight.dtype)).to(h.dtype)
+
+    def __call__(self, h: Tensor) -> Tensor:
+        return self.head(self.translate(h))
 
 
 @dataclass  # not frozen: Lightning moves a dataclass's tensors by setting its fields (predict outputs)

@@ -63,6 +63,7 @@ FIGURES = {
     "nc2_etf": ("nc2_etf", "simplex-ETF error", "NC2 distance to a simplex ETF per layer"),
     "nc3": ("nc3", "distance to the head's rows", "NC3 class means against the shared head per layer"),
     "nc4_agreement": ("nc4_agreement", "NCC agreement with the head", "NC4 nearest-class-centre agreement per layer"),
+    "kl_to_final": ("kl_to_final", "KL to the final layer (nats)", "KL from the final layer's distribution per layer"),
     "effective_depth": ("effective_depth", "effective depth (layer)", r"$\varepsilon$-effective depth"),
     "early_exit": ("early_exit_accuracy", "accuracy", "early exit: accuracy against speedup over τ"),
 }

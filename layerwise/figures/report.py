@@ -140,6 +140,7 @@ COMPARISON_CAPTIONS = {
     "nc2_etf": "NC2 simplex-ETF error per layer",
     "nc3": "NC3 class means against the shared head's rows per layer",
     "nc4_agreement": "NC4 agreement of the nearest-class-centre classifier with the head per layer",
+    "kl_to_final": "KL from the final layer's distribution per layer",
     "effective_depth": "ε-effective depth for each ε",
     "early_exit": "Early exit: accuracy against speedup over the thresholds τ",
 }

@@ -47,6 +47,7 @@ QUANTITIES = {
     "nc2_etf": "NC2 simplex-ETF error",
     "nc3": "NC3 distance of class means to the head's rows",
     "nc4_agreement": "NC4 agreement of the NCC with the head",
+    "kl_to_final": "KL to the final layer's distribution (nats)",
     "effective_depth": "ε-effective depth",
     "early_exit_accuracy": "early-exit accuracy",
     "early_exit_speedup": "early-exit speedup",
@@ -70,8 +71,25 @@ PERCENT = ("accuracy", "early_exit_accuracy")  # written in % in the table
 WHOLE = ("effective_depth",)  # whole numbers: integer ticks
 # what each quantity's x is
 POSITIONS = {"effective_depth": "ε", "early_exit_accuracy": "τ", "early_exit_speedup": "τ"}
-LOWER_IS_BETTER = ("loss", "nc1", "cdnv", "nc2", "nc3")  # `--epoch best:<key>` minimises keys containing these
-PER_LAYER = ("accuracy", "nc1", "cdnv", "nc2_equinorm", "nc2_equiangular", "nc2_etf", "nc3", "nc4_agreement")
+LOWER_IS_BETTER = (
+    "loss",
+    "nc1",
+    "cdnv",
+    "nc2",
+    "nc3",
+    "kl_to_final",
+)  # `--epoch best:<key>` minimises keys containing these
+PER_LAYER = (
+    "accuracy",
+    "nc1",
+    "cdnv",
+    "nc2_equinorm",
+    "nc2_equiangular",
+    "nc2_etf",
+    "nc3",
+    "nc4_agreement",
+    "kl_to_final",
+)
 # config options that say where a run writes, not what it computes: never a difference between runs
 WHERE_KEYS = ("trainer.logger", "trainer.default_root_dir", "trainer.enable_progress_bar", "ckpt_path", "threads")
 WHERE_PARTS = ("dirpath", "save_dir", "log_dir", "root_dir")

@@ -167,6 +167,7 @@ QUANTITY_COLOURS = {
     "cos": "#0072B2",  # blue (Okabe-Ito)
     "cka": "#E69F00",  # orange (Okabe-Ito)
     "nc1": "#CC79A7",  # reddish purple (Okabe-Ito)
+    "kl_to_final": "#117733",  # green (Tol muted): the lens's distance from the final distribution
     "loss": "#332288",  # indigo (Tol muted)
     "perplexity": "#44AA99",  # teal (Tol muted)
     "f1": "#999933",  # olive (Tol muted)
@@ -187,7 +188,18 @@ _SERIES = {
     "model b": "#E69F00",
 }
 # similarity maps: COS is signed (a diverging map centred at 0 when a value is negative), CKA is not
-SIMILARITY_LABELS = {"cos": "mean cosine similarity", "cka": "linear CKA"}
+SIMILARITY_LABELS = {
+    "cos": "mean cosine similarity",
+    "cka": "linear CKA",
+    "debiased_cka": "debiased linear CKA",
+    "cca": "mean canonical correlation",
+    "svcca": "SVCCA (mean canonical correlation)",
+    "pwcca": "PWCCA (weighted canonical correlation)",
+    "procrustes": "Procrustes distance",
+    "shape": "angular shape distance (rad)",
+}
+# the range of a measure that is not a similarity in [0, 1]: the distances (0 = the same representation)
+SIMILARITY_RANGES = {"procrustes": (0.0, math.sqrt(2.0)), "shape": (0.0, math.pi / 2)}
 _DIVERGING_MAP, _SEQUENTIAL_MAP = "RdBu_r", "viridis"
 STAGE_NAMES = {"val": "validation", "test": "test", "train": "training", "predict": "prediction"}
 
@@ -369,13 +381,18 @@ def run_line(summary: dict[str, Any], run: Optional[str] = None) -> str:
 
 
 def similarity_map(values: np.ndarray, quantity: str) -> dict[str, Any]:
-    """``imshow`` arguments of a similarity matrix (``quantity`` ``cos`` or ``cka``).
+    """``imshow`` arguments of a similarity matrix (``quantity`` a key of :data:`SIMILARITY_LABELS`).
 
-    COS with a negative value: a diverging map centred at 0 over [-1, 1]; else, and CKA, a sequential map over [0, 1].
+    COS with a negative value: a diverging map centred at 0 over [-1, 1]; else, CKA and the CCA family, a sequential
+    map over [0, 1]; the distances (Procrustes, shape) the reversed sequential map from 0, so that near is bright.
     """
     finite = values[np.isfinite(values)]
     if quantity == "cos" and finite.size and finite.min() < 0:
         return {"cmap": _DIVERGING_MAP, "vmin": -1.0, "vmax": 1.0}
+    if quantity in SIMILARITY_RANGES:  # a distance: its usual range, widened to the values (reversed: near is bright)
+        low, high = SIMILARITY_RANGES[quantity]
+        high = max(high, float(finite.max())) if finite.size else high
+        return {"cmap": _SEQUENTIAL_MAP + "_r", "vmin": low, "vmax": high}
     return {"cmap": _SEQUENTIAL_MAP, "vmin": 0.0, "vmax": 1.0}
 
 

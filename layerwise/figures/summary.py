@@ -54,6 +54,13 @@ CAPTIONS = {
     "residual_norm_ratio": "Residual norm ratio ‖x‖ / ‖F(x)‖ per block and branch",
     "compare_cka": "CKA between the layers of model A and model B",
     "neural_collapse": "Neural collapse per layer: NC1 and CDNV, NC2, NC3 against the shared head, NC4",
+    "debiased_cka": "Debiased CKA (Song et al.'s unbiased HSIC) between every pair of layers",
+    "cca": "Mean canonical correlation between every pair of layers",
+    "svcca": "SVCCA between every pair of layers",
+    "pwcca": "PWCCA (projection-weighted CCA) between every pair of layers",
+    "procrustes": "Orthogonal Procrustes distance between every pair of layers",
+    "shape": "Angular shape distance (netrep) between every pair of layers",
+    "effective_rank": "Effective rank of every layer's features",
     "coupling_depth": "Depth-wise mis-coupling of the block Jacobians",
     "coupling_spectra": "Singular spectra of the block Jacobians",
     "coupling_trajectory": "Trajectory of the prompts' tokens through the blocks (PCA)",
@@ -189,6 +196,18 @@ def ap50_per_layer(ap50: Sequence[float]) -> Figure:
     ax.set_xlabel("decoder layer")
     ax.set_ylabel("AP50")
     ax.set_title("detection AP50 per decoder layer")
+    return finish(fig)
+
+
+def effective_rank_per_layer(ranks: Sequence[Optional[float]], layers: Optional[Sequence[int]]) -> Figure:
+    """The effective rank of every layer's features (Roy & Vetterli; RankMe), a point per layer."""
+    numbers = list(layers) if layers else list(range(1, len(ranks) + 1))
+    fig, ax = new_figure(4.8, 3.6)
+    ax.plot(numbers, [float("nan") if value is None else value for value in ranks], marker="o")
+    layer_ticks(ax, numbers, axis="x", at_values=True)
+    ax.set_xlabel("layer")
+    ax.set_ylabel("effective rank")
+    ax.set_title("effective rank per layer")
     return finish(fig)
 
 
@@ -386,6 +405,17 @@ def neural_collapse_figures(summary: dict[str, Any]) -> dict[str, Figure]:
     return {"neural_collapse": neural_collapse(summary)} if summary.get("cdnv") is not None else {}
 
 
+# the titles of the further similarity measures' heatmaps (JSON key -> words)
+MEASURE_TITLES = {
+    "debiased_cka": "Debiased CKA",
+    "cca": "Mean CCA",
+    "svcca": "SVCCA",
+    "pwcca": "PWCCA",
+    "procrustes": "Procrustes distance",
+    "shape": "Shape distance",
+}
+
+
 def similarity_figures(summary: dict[str, Any]) -> dict[str, Figure]:
     """The figures of ``LayerSimilarityMonitor``: the COS and CKA heatmaps, the COS box plots, the per-layer profile."""
     layers = summary.get("layers")
@@ -395,6 +425,11 @@ def similarity_figures(summary: dict[str, Any]) -> dict[str, Figure]:
     if summary.get("cka") is not None:
         name = cka_name(summary)
         figures["cka"] = heatmap(summary["cka"], layers, f"{name} between every pair of layers", "cka", name)
+    for key in MEASURE_TITLES:  # the further measures a user asked for (LayerSimilarityMonitor's `measures`)
+        if summary.get(key) is not None:
+            figures[key] = heatmap(summary[key], layers, f"{MEASURE_TITLES[key]} between every pair of layers", key)
+    if summary.get("effective_rank") is not None:
+        figures["effective_rank"] = effective_rank_per_layer(summary["effective_rank"], layers)
     if summary.get("cos_quantiles") is not None:
         figures["cos_distribution"] = cos_box_plots(
             [row[-1] for row in summary["cos_quantiles"]],

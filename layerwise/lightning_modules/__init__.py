@@ -10,6 +10,7 @@ from layerwise.lightning_modules.probes import LinearProbes
 from layerwise.lightning_modules.schedules import WarmupCosineLR
 from layerwise.lightning_modules.standard import Standard
 from layerwise.lightning_modules.stitched import Stitched, StitchingLayer
+from layerwise.lightning_modules.tuned_lens import TunedLens
 from layerwise.lightning_modules.weights import resolve_layer_weights
 
 __all__ = [
@@ -23,6 +24,7 @@ __all__ = [
     "Standard",
     "Stitched",
     "StitchingLayer",
+    "TunedLens",
     "WarmupCosineLR",
     "resolve_layer_weights",
 ]

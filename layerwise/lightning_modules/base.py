@@ -125,6 +125,10 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
         """The classifier the strategy trains at every layer: the shared head everywhere."""
         return [self.backbone.head] * self.num_layers
 
+    def reading_heads(self) -> Union[Head, list[Head]]:
+        """What evaluation reads every layer with: the shared head (a tuned lens: each layer's translated head)."""
+        return self.backbone.head
+
     def forward(self, inputs: Any) -> Tensor:
         """The model's own logits (shared head on the last layer; ``(B, T, V)`` for a language model)."""
         return self.backbone.head(self.backbone(inputs)[-1])
@@ -252,7 +256,7 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
         exit_heads = self.classifier_heads() if self.num_classifiers > 1 else None
         regroup = None if self.backbone.token_level else self.data_logits
         return read_layers(
-            self.backbone.head, features, targets, self.chunk_size, exit_heads, regroup, sample_index, positions
+            self.reading_heads(), features, targets, self.chunk_size, exit_heads, regroup, sample_index, positions
         )
 
     def data_logits(self, logits: Tensor) -> Tensor:
@@ -273,7 +277,7 @@ class LayerwiseModule(EvaluationSteps, LightningModule, abc.ABC):
             return outputs if targets is None else {**outputs, TARGETS: targets}
         if targets is None and not self.backbone.token_level:  # unlabelled images: read every layer without targets
             return read_layers(
-                self.backbone.head, self.backbone(inputs), None, self.chunk_size, regroup=self.data_logits
+                self.reading_heads(), self.backbone(inputs), None, self.chunk_size, regroup=self.data_logits
             )
         return self.layer_outputs(batch)
 

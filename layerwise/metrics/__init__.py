@@ -21,9 +21,10 @@ from layerwise.metrics.functional_dynamics import (
     pairwise_mis_coupling,
     top_singular,
 )
+from layerwise.metrics.functional_family import debiased_cka, similarity_measures
 from layerwise.metrics.functional_similarity import layer_cosine_similarity, linear_cka, saturation_cosine
 from layerwise.metrics.neural_collapse import LayerNC1, LayerNeuralCollapse
-from layerwise.metrics.prediction import EarlyExit, LayerAccuracy, LayerF1, SaturationHistogram
+from layerwise.metrics.prediction import EarlyExit, LayerAccuracy, LayerF1, LensStatistics, SaturationHistogram
 from layerwise.metrics.similarity import LayerCKA, LayerCosineSimilarity, MinibatchCKA, SaturationCosine
 from layerwise.metrics.sync import all_reduce_sum_states
 
@@ -32,6 +33,8 @@ __all__ = [
     "MinibatchCrossCKA",
     "arccos_distance",
     "cross_cka",
+    "debiased_cka",
+    "similarity_measures",
     "minibatch_cross_cka",
     "DepthCoupling",
     "JacobianSpectrum",
@@ -47,6 +50,7 @@ __all__ = [
     "top_singular",
     "EarlyExit",
     "LayerAccuracy",
+    "LensStatistics",
     "LayerCKA",
     "LayerCosineSimilarity",
     "LayerF1",

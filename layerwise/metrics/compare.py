@@ -16,6 +16,7 @@ from torchmetrics.utilities import rank_zero_warn
 from layerwise.errors import LayerwiseWarning
 from layerwise.metrics._base import _check_positive_int, _ShiftedSumStateMetric, _SumStateMetric
 from layerwise.metrics.functional_compare import _check_pair, _cross_cka_compute, chunk_hsic
+from layerwise.metrics.functional_family import check_cross_measures, cross_model_measures
 
 PRECISIONS = ("exact", "fast")
 _FAST_ROWS = 2048  # rows of the cross moment per float32 product in precision="fast"
@@ -178,6 +179,18 @@ class CrossModelCKA(_ShiftedSumStateMetric):
     def compute(self) -> Tensor:
         """CKA (L_A, L_B) float64."""
         return _cross_cka_compute({name: getattr(self, name) for name in self.sum_state_names})
+
+    def compute_measures(
+        self, measures: Sequence[str], svcca_variance: float = 0.99, alpha: float = 0.5, spectrum: str = "singular"
+    ) -> dict[str, Tensor]:
+        """The second-moment measures across the models from the same sums (``functional_family``), on all tokens.
+
+        Every measure of ``functional_family.MEASURES`` but ``debiased_cka``: ``{name: (L_A, L_B)}``, and for
+        ``effective_rank`` ``effective_rank_a`` (L_A,) and ``effective_rank_b`` (L_B,).
+        """
+        names = check_cross_measures(measures, svcca_variance, alpha)
+        states = {name: getattr(self, name) for name in self.sum_state_names}
+        return cross_model_measures(states, names, svcca_variance, alpha, spectrum)
 
     def _sample_count(self, states: dict[str, Tensor]) -> Tensor:
         return states["count"]

@@ -67,13 +67,18 @@ class Readout(NamedTuple):
 
     ``predictions`` (L, B) long argmax (ties to the lowest index), ``max_prob`` (L, B) float64 top-1 softmax
     probability, ``nll`` (L, B) float64 cross-entropy of the target (None without targets), ``entropy`` (L, B)
-    float64 softmax entropy in nats (only where asked for: early exit's entropy criterion).
+    float64 softmax entropy in nats (only where asked for: early exit's entropy criterion, the lens statistics).
+    Only where asked for (they need the reference layer's logits beside every layer's, :func:`reference_rows`):
+    ``kl_to_final`` (L, B) float64 ``KL(p_ref || p_l)`` in nats from the reference (last) layer's distribution, and
+    ``final_rank`` (L, B) float64 the 1-based rank of the reference layer's top-1 class in layer l's distribution.
     """
 
     predictions: Tensor
     max_prob: Tensor
     nll: Optional[Tensor]
     entropy: Optional[Tensor] = None
+    kl_to_final: Optional[Tensor] = None
+    final_rank: Optional[Tensor] = None
 
 
 def group_logits(logits: Tensor, groups: Sequence[Sequence[int]], how: str = "max") -> Tensor:
@@ -103,6 +108,27 @@ def readout_rows(logits: Tensor, targets: Optional[Tensor]) -> tuple[Tensor, Ten
         return predictions, max_prob, None
     target_logit = logits.gather(-1, targets.to(device=logits.device, dtype=torch.long).unsqueeze(-1)).squeeze(-1)
     return predictions, max_prob, log_partition - target_logit.to(_F64)
+
+
+def reference_rows(logits: Tensor, reference: Tensor) -> tuple[Tensor, Tensor]:
+    """``KL(p_ref || p)`` and the 1-based rank of the reference's argmax under ``logits``, per row, in float64.
+
+    Args:
+        logits: (..., C) one layer's logits.
+        reference: (..., C) the reference (final) layer's logits of the same rows.
+
+    Returns:
+        ``kl`` (...) float64 nats ``Σ_c p_ref,c (log p_ref,c - log p_c)``; ``rank`` (...) float64
+        ``1 + #{c : z_c > z_c*}`` with ``c* = argmax reference`` (1: the layer's top-1 is the reference's, as
+        tuned-lens's ``PredictionTrajectory.rank`` counts, ties in the layer's favour).
+    """
+    log_p = torch.log_softmax(logits.to(_F64), dim=-1)
+    log_ref = torch.log_softmax(reference.to(_F64), dim=-1)
+    kl = torch.nn.functional.kl_div(log_p, log_ref, reduction="none", log_target=True).sum(dim=-1)
+    top = reference.argmax(dim=-1, keepdim=True)
+    chosen = logits.gather(-1, top)
+    rank = 1 + (logits > chosen).sum(dim=-1)
+    return kl, rank.to(_F64)
 
 
 def readout_from_logits(logits: Tensor, targets: Optional[Tensor] = None) -> Readout:
@@ -152,6 +178,28 @@ def layer_accuracy(logits: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
     """Per-layer accuracy and mean cross-entropy (two (L,) tensors) of logits (L, N, C) with targets (N,)."""
     _check_logits(logits, None)
     return _layer_accuracy_compute(*_layer_accuracy_update(logits, targets, logits.shape[0]))
+
+
+LENS_FIELDS = ("kl_to_final", "entropy", "final_rank")  # the lens statistics of a Readout read with ``reference``
+
+
+def _lens_statistics_update(readout: Readout, num_layers: int) -> tuple[Tensor, int]:
+    """Per-layer sums (3, L) float64 of ``kl_to_final``, ``entropy`` and ``final_rank`` of a batch, and its size."""
+    values = [getattr(readout, field) for field in LENS_FIELDS]
+    if any(value is None for value in values):
+        raise ValueError(
+            "Expected a Readout with kl_to_final, entropy and final_rank (chunked_readout(..., reference=True)), got "
+            f"{[field for field, value in zip(LENS_FIELDS, values) if value is None]} as None."
+        )
+    stacked = torch.stack([value.to(_F64) for value in values if value is not None])
+    if stacked.ndim != 3 or stacked.shape[1] != num_layers:
+        raise ValueError(f"Expected lens statistics of shape ({num_layers}, B), got {tuple(stacked.shape[1:])}.")
+    return stacked.sum(dim=2), stacked.shape[2]
+
+
+def _lens_statistics_compute(sums: Tensor, count: Union[Tensor, int]) -> dict[str, Tensor]:
+    """Per-layer means (L,) of the lens statistics, by name."""
+    return {field: row / count for field, row in zip(LENS_FIELDS, sums)}
 
 
 def _binary_f1_update(

@@ -17,6 +17,8 @@ from layerwise.metrics.functional import (
     _early_exit_update,
     _layer_accuracy_compute,
     _layer_accuracy_update,
+    _lens_statistics_compute,
+    _lens_statistics_update,
     _saturation_histogram_update,
 )
 
@@ -55,6 +57,39 @@ class LayerAccuracy(_SumStateMetric):
         """Return ``{"accuracy": (L,), "loss": (L,)}``."""
         accuracy, loss = _layer_accuracy_compute(self.correct, self.loss_sum, self.count)
         return {"accuracy": accuracy, "loss": loss}
+
+
+class LensStatistics(_SumStateMetric):
+    """How far each layer's lens is from the model's final distribution, and how sure it is, over the whole set.
+
+    Per layer ``l``, means over the samples (tokens) of: ``kl_to_final`` = ``KL(p_L || p_l)`` in nats (tuned-lens's
+    training objective and its ``PredictionTrajectory.kl_divergence`` direction: the final distribution first),
+    ``entropy`` = ``H(p_l)`` in nats, and ``final_rank`` = the 1-based rank of the final layer's top-1 class in
+    ``p_l`` (1 where the layer already predicts it; tuned-lens's ``rank`` ranks the *target* instead).
+
+    States (float64, summed): ``sums`` (3, L), ``count``: exact under DDP after one all-reduce.
+
+    Shapes:
+        ``update(readout)``: a :class:`Readout` of (L, B) fields read with ``reference=True``
+        (:func:`~layerwise.engines.readout.chunked_readout`). ``compute()``: ``{"kl_to_final", "entropy",
+        "final_rank"}`` each (L,) float64.
+    """
+
+    def __init__(self, num_layers: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.num_layers = _check_positive_int("num_layers", num_layers)
+        self._add_sum_state("sums", (3, num_layers))
+        self._add_sum_state("count", ())
+
+    def update(self, readout: Readout) -> None:
+        """Accumulate a batch's lens statistics."""
+        sums, batch_size = _lens_statistics_update(readout, self.num_layers)
+        self.sums += sums
+        self.count += batch_size
+
+    def compute(self) -> dict[str, Tensor]:
+        """Return ``{"kl_to_final": (L,), "entropy": (L,), "final_rank": (L,)}``."""
+        return _lens_statistics_compute(self.sums, self.count)
 
 
 class LayerF1(_SumStateMetric):

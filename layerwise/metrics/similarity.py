@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, NamedTuple, Optional
 
 import torch
@@ -14,6 +14,13 @@ from layerwise.errors import LayerwiseWarning
 from layerwise.metrics._base import _check_positive_int, _ShiftedSumStateMetric, _SumStateMetric
 from layerwise.metrics.functional import _check_features
 from layerwise.metrics.functional_distribution import counted_fraction
+from layerwise.metrics.functional_family import (
+    _debiased_cka_compute,
+    _norm_product_update,
+    _recentred_norm_products,
+    check_measures,
+    second_moment_measures,
+)
 from layerwise.metrics.functional_similarity import (
     _cosine_compute,
     _cosine_distribution_update,
@@ -378,24 +385,39 @@ class LayerCKA(_ShiftedSumStateMetric):
     Each update costs 2 * B * (L*d)^2 float64 FLOPs (43 GFLOP for B=256 at 12 x 768), which is slow on GPUs with
     weak float64. ``MinibatchCKA`` needs O(L^2) state but is an estimator whose value depends on the batches.
 
+    The same states give the other second-moment measures on the whole set (``compute_measures``: mean CCA, SVCCA,
+    PWCCA, the Procrustes distance, netrep's angular shape metric, the effective rank of each layer; the math in
+    :mod:`~layerwise.metrics.functional_family`). ``debiased=True`` adds the two sums debiased CKA needs (Song et
+    al.'s unbiased HSIC, exact on all N, not the minibatch estimator): ``norm_products`` (L, L) and
+    ``weighted_sums`` (L, L, d), 8 L^2 (d + 1) bytes (0.9 MB for 12 x 768); ``compute_measures`` then also gives
+    ``debiased_cka``.
+
     Args:
         num_layers: L.
         dim: feature width d.
+        debiased: also keep the sums of debiased CKA.
         kwargs: torchmetrics ``Metric`` options.
 
     Shapes:
         ``update(features)``: (L, B, dim). ``compute()``: (L, L) float64 (NaN for a constant layer).
+        ``compute_measures(measures)``: ``{name: (L, L)}``, ``effective_rank`` (L,).
     """
 
     cross: Tensor  # a sum state, reassigned by update
 
-    def __init__(self, num_layers: int, dim: int, **kwargs: Any) -> None:
+    def __init__(self, num_layers: int, dim: int, debiased: bool = False, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.num_layers = _check_positive_int("num_layers", num_layers)
         self.dim = _check_positive_int("dim", dim)
+        if not isinstance(debiased, bool):
+            raise ValueError(f"Expected `debiased` to be a bool, got {debiased!r}.")
+        self.debiased = debiased
         self._add_sum_state("feature_sum", (num_layers, dim))
         self._add_sum_state("cross", (num_layers * dim, num_layers * dim))
         self._add_sum_state("count", ())
+        if debiased:
+            self._add_sum_state("norm_products", (num_layers, num_layers))
+            self._add_sum_state("weighted_sums", (num_layers, num_layers, dim))
 
         self._add_shift_state((num_layers, dim))
 
@@ -406,6 +428,36 @@ class LayerCKA(_ShiftedSumStateMetric):
         feature_sum, self.cross, batch_size = _linear_cka_update(shifted, self.num_layers, self.dim, self.cross)
         self.feature_sum += feature_sum
         self.count += batch_size
+        if self.debiased:
+            norm_products, weighted_sums = _norm_product_update(shifted, self.num_layers)
+            self.norm_products += norm_products
+            self.weighted_sums += weighted_sums
+
+    def compute_measures(
+        self,
+        measures: Sequence[str],
+        svcca_variance: float = 0.99,
+        alpha: float = 0.5,
+        spectrum: str = "singular",
+        pairs: Optional[Sequence[tuple[int, int]]] = None,
+    ) -> dict[str, Tensor]:
+        """The second-moment measures of ``measures`` (see ``functional_family.MEASURES``) on the whole set.
+
+        ``pairs``: the (a, b) pairs to compute (default all; the others NaN); ``svcca_variance``: the share of each
+        layer's variance SVCCA keeps; ``alpha``: the shape metric's (0: CCA, 1: Procrustes); ``spectrum``: the
+        effective rank on ``"singular"`` values (Roy & Vetterli, RankMe) or ``"covariance"`` eigenvalues.
+        """
+        names = check_measures(measures)
+        if "debiased_cka" in names and not self.debiased:
+            raise ValueError("`debiased_cka` needs the metric built with `debiased=True` (its two extra sums).")
+        out = second_moment_measures(
+            self.feature_sum, self.cross, self.count, names, svcca_variance, alpha, spectrum, pairs
+        )
+        if "debiased_cka" in names:
+            out["debiased_cka"] = _debiased_cka_compute(
+                self.feature_sum, self.cross, self.count, self.norm_products, self.weighted_sums
+            )
+        return {name: out[name] for name in names}
 
     def forward(self, features: Tensor) -> Tensor:
         """Accumulate the batch like ``update`` and return the CKA matrix (L, L) of this batch alone."""
@@ -421,7 +473,17 @@ class LayerCKA(_ShiftedSumStateMetric):
         return states["count"]
 
     def _recentred(self, states: dict[str, Tensor], delta: Tensor) -> dict[str, Tensor]:
-        return _recentred_moments(states, delta, count="count", sums="feature_sum", cross="cross")
+        moved = _recentred_moments(states, delta, count="count", sums="feature_sum", cross="cross")
+        if self.debiased:  # from the old sums, before they move
+            moved["norm_products"], moved["weighted_sums"] = _recentred_norm_products(
+                states["count"],
+                states["feature_sum"],
+                states["cross"],
+                states["norm_products"],
+                states["weighted_sums"],
+                delta,
+            )
+        return moved
 
 
 class MinibatchCKA(_SumStateMetric):

@@ -186,6 +186,22 @@ def ref_trajectory(h: np.ndarray) -> dict:
     }
 
 
+def ref_lens_statistics(logits: np.ndarray) -> dict:
+    """KL(p_L || p_l), entropy of p_l and the 1-based rank of the last layer's top-1 class, each layer's mean."""
+    prob, log_prob = softmax64(logits)
+    kl = (prob[-1] * (log_prob[-1] - log_prob)).sum(axis=-1)
+    entropy = -(prob * log_prob).sum(axis=-1)
+    top = prob[-1].argmax(axis=-1)
+    ranks = np.array(
+        [[1 + sum(p[c] > p[top[i]] for c in range(len(p))) for i, p in enumerate(layer)] for layer in prob]
+    )
+    return {
+        "kl_to_final": kl.mean(axis=1).tolist(),
+        "entropy": entropy.mean(axis=1).tolist(),
+        "final_rank": ranks.mean(axis=1).tolist(),
+    }
+
+
 def reference(h: np.ndarray, labels: np.ndarray, logits: np.ndarray, numbers: list[int]) -> dict:
     """Every JSON value of ``LayerwiseAnalysis`` from features (L, N, d) and float64 logits (L, N, C)."""
     prob, log_prob = softmax64(logits)
@@ -205,6 +221,7 @@ def reference(h: np.ndarray, labels: np.ndarray, logits: np.ndarray, numbers: li
         "effective_depth_reached": {str(eps): bool(any(a >= 1.0 - eps for a in accuracy)) for eps in EPSILONS},
         "effective_depth_relative": ref_effective_depth(accuracy, numbers, relative=True),
         "early_exit": ref_early_exit(prob, labels, numbers, DEPTH),
+        **ref_lens_statistics(logits),
         **(ref_trajectory(h) if numbers == list(range(1, DEPTH + 1)) else {}),
     }
 
@@ -259,6 +276,9 @@ def test_analysis_json_equals_float64_reference(analysis_run):
     assert set(summary) == HEADER | set(expected)
     for key in ("cos", "cka", "accuracy", "saturation_counts", "saturation_cos", "effective_depth"):
         assert_json_close(summary[key], expected[key], atol=1e-9, where=key)
+    for key in ("kl_to_final", "entropy", "final_rank"):  # the head in float32 against float64: to 1e-5
+        assert_json_close(summary[key], expected[key], atol=1e-5, where=key)
+    assert summary["kl_to_final"][-1] == 0.0 and summary["final_rank"][-1] == 1.0
     for key in ("effective_depth_relative", "early_exit", "cos_negative_fraction", "cos_quantile_levels"):
         assert_json_close(summary[key], expected[key], atol=1e-12, where=key)
     assert summary["effective_depth_reached"] == expected["effective_depth_reached"]
@@ -644,7 +664,16 @@ MONITORS = [
     (
         LogitLensMonitor,
         {"thresholds": THRESHOLDS},
-        {"accuracy", "loss", "saturation_counts", "saturation_cos", "early_exit"},
+        {
+            "accuracy",
+            "loss",
+            "saturation_counts",
+            "saturation_cos",
+            "early_exit",
+            "kl_to_final",
+            "entropy",
+            "final_rank",
+        },
     ),
     (NeuralCollapseMonitor, {}, {"nc1"}),
     (

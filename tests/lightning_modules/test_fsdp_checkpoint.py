@@ -16,7 +16,7 @@ import torch.distributed as dist
 from helpers import DIM, TRAINING_ONLY, fitted_module, free_port, run_forked, train_loader, trainer, val_loader
 
 from layerwise.commands.export import export_truncated
-from layerwise.engines.checkpoint import is_sharded_checkpoint, load_model, load_module
+from layerwise.engines.checkpoint import is_sharded_checkpoint, load_model, load_module, save_sharded
 from layerwise.lightning_modules import LinearProbes, Standard
 
 pytestmark = pytest.mark.skipif(
@@ -42,6 +42,7 @@ def worker(rank: int, port: int, root: str) -> None:
     model = Standard(fitted_module().backbone, optimizer=lambda params: torch.optim.SGD(params, lr=0.05))
     model.hparams.update(HYPER_PARAMETERS)
     job.fit(model, train_loader(64, batch_size=16))
+    assert job.strategy.save_checkpoint.func is save_sharded  # the module's setup made meta.pt's write atomic
     job.save_checkpoint(os.path.join(root, "last.ckpt"))  # what ModelCheckpoint calls
     weights = {name: value.full_tensor() for name, value in model.state_dict().items()}  # a collective
     if rank == 0:

@@ -371,6 +371,37 @@ def test_layer_accuracy_matches_reference(dtype):
     np.testing.assert_allclose(out["loss"].numpy(), expected_loss, rtol=1e-12)
 
 
+def test_lens_statistics_match_reference_through_the_chunked_readout():
+    """KL(p_L || p_l), entropy and the 1-based rank of the last layer's top-1, each from a loop over the definitions;
+    the rows come from the one readout in chunks smaller than a batch (a linear head per layer)."""
+    from layerwise.engines.readout import chunked_readout
+    from layerwise.metrics import LensStatistics
+
+    g = torch.Generator().manual_seed(18)
+    features = torch.randn(L, N, 6, generator=g, dtype=torch.float64)
+    weights = [torch.randn(9, 6, generator=g, dtype=torch.float64) for _ in range(L)]
+    heads = [lambda h, w=w: h @ w.T for w in weights]
+    metric = LensStatistics(L)
+    for start in range(0, N, 7):
+        metric.update(chunked_readout(heads, features[:, start : start + 7], chunk_size=3, reference=True))
+    out = metric.compute()
+    logits = [np64(features[j]) @ np64(weights[j]).T for j in range(L)]
+    probs = [
+        np.exp(z - z.max(-1, keepdims=True)) / np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True)
+        for z in logits
+    ]
+    final = probs[-1]
+    kl = [
+        np.mean([sum(final[i, c] * np.log(final[i, c] / p[i, c]) for c in range(9)) for i in range(N)]) for p in probs
+    ]
+    entropy = [np.mean([-sum(p[i, c] * np.log(p[i, c]) for c in range(9)) for i in range(N)]) for p in probs]
+    rank = [np.mean([1 + sum(p[i, c] > p[i, final[i].argmax()] for c in range(9)) for i in range(N)]) for p in probs]
+    np.testing.assert_allclose(out["kl_to_final"].numpy(), kl, rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(out["entropy"].numpy(), entropy, rtol=1e-10)
+    np.testing.assert_allclose(out["final_rank"].numpy(), rank, rtol=0)
+    assert out["kl_to_final"][-1] == 0 and out["final_rank"][-1] == 1 and out["final_rank"][0] > 1
+
+
 def test_saturation_layers_and_histogram_match_loop():
     g = torch.Generator().manual_seed(16)
     preds = torch.randint(0, 3, (5, 200), generator=g)

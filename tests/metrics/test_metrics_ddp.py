@@ -22,6 +22,7 @@ from layerwise.metrics import (
     LayerF1,
     LayerMean,
     LayerNC1,
+    LensStatistics,
     SaturationCosine,
     SaturationHistogram,
     all_reduce_sum_states,
@@ -29,6 +30,7 @@ from layerwise.metrics import (
     saturation_layers,
 )
 from layerwise.metrics.compare import CrossModelCKA
+from layerwise.metrics.functional import reference_rows
 from layerwise.metrics.residual import ResidualNormRatio
 from layerwise.metrics.similarity import PairedCosine
 
@@ -79,7 +81,16 @@ def build_metrics(**kwargs):
         "residual_ratio_outside": ResidualNormRatio(2, L, (0.1, 0.5, 0.9), bins=50, low=0.3, high=0.5, **kwargs),
         "paired_cos": PairedCosine(L, L - 1, **kwargs),  # CLIP's image x caption COS
         "layer_mean": LayerMean(L, **kwargs),  # examples/feature_norm.py's statistic: the mean feature norm
+        "lens": LensStatistics(L, **kwargs),  # KL to the last layer, entropy, rank of the last layer's top-1
     }
+
+
+def lens_readout(logits):
+    """The lens statistics' fields of per-layer logits (L, B, C), the last layer the reference."""
+    readout = readout_from_logits(logits)
+    kl, rank = reference_rows(logits, logits[-1:].expand_as(logits))
+    log_p = torch.log_softmax(logits.double(), -1)
+    return readout._replace(entropy=-(log_p.exp() * log_p).sum(-1), kl_to_final=kl, final_rank=rank)
 
 
 def run_metrics(start: int, splits, **kwargs):
@@ -112,6 +123,8 @@ def run_metrics(start: int, splits, **kwargs):
                 metric.update(lg)
             elif name == "nc1":
                 metric.update(h, t)
+            elif name == "lens":
+                metric.update(lens_readout(lg))
             elif name == "accuracy_readout":
                 metric.update(readout_from_logits(lg, t), t)
             else:

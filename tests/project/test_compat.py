@@ -20,6 +20,7 @@ PRIVATE = (
     r"|def _app" + r"ly\b"  # overriding torch/torchmetrics' Module._apply
     r"|\._time" + r"out\b|_get_default_" + r"store"  # a strategy's process group timeout, the group's store
     r"|_signal_" + r"connector|_should_check_" + r"val_fx"  # Lightning's SIGTERM flag, its mid-epoch validation
+    r"|_save_distributed_" + r"checkpoint"  # whether ModelParallelStrategy saves sharded folders
 )
 
 
@@ -196,3 +197,25 @@ def test_lightnings_mid_epoch_validation_decision_is_still_there():
 
     decision = getattr(_TrainingEpochLoop, "_should_check_" + "val_fx")
     assert list(inspect.signature(decision).parameters) == ["self", "data_fetcher"]
+
+
+def test_a_sharded_saving_model_parallel_strategy_is_recognised_and_its_save_is_still_lightnings():
+    """``saves_sharded`` reads ModelParallelStrategy's ``save_distributed_checkpoint``; ``save_sharded`` replaces its
+    ``save_checkpoint``, so Lightning's must still write what it replaces: the shards, then ``meta.pt``
+    (by torch.save)."""
+    import inspect
+
+    from lightning.pytorch.strategies import DDPStrategy, ModelParallelStrategy
+
+    assert _compat.saves_sharded(ModelParallelStrategy())
+    assert not _compat.saves_sharded(ModelParallelStrategy(save_distributed_checkpoint=False))
+    assert not _compat.saves_sharded(DDPStrategy())
+
+    class OwnSaving(ModelParallelStrategy):
+        def save_checkpoint(self, checkpoint, filepath, storage_options=None) -> None:
+            pass
+
+    assert not _compat.saves_sharded(OwnSaving())
+    source = inspect.getsource(ModelParallelStrategy.save_checkpoint)
+    for step in ('checkpoint.pop("state_dict")', '"optimizer_states"', "_distributed_checkpoint_save(", "torch.save("):
+        assert step in source, f"Lightning {lightning.__version__} saves sharded folders otherwise: update save_sharded"

@@ -254,3 +254,58 @@ def test_a_checkpoint_that_cannot_be_written_stops_the_fit_in_one_line_and_keeps
     assert (last["epoch"], last["global_step"]) == (0, 2)  # the last complete checkpoint, whole and loadable
     summaries = sorted(p.name for p in (checkpoints.parent / "layerwise").glob("*.json"))
     assert json.loads((checkpoints.parent / "layerwise" / summaries[0]).read_text())["epoch"] == 0
+
+
+def test_a_sharded_checkpoints_meta_on_a_full_disk_keeps_the_earlier_one_whole(tmp_path, full_disk):
+    """FSDP2's checkpoint folder (Lightning's ModelParallelStrategy, as a LayerwiseModule sets it up): its ``meta.pt``
+    (epoch, step, loops, callbacks) is written atomically; shards are torch.distributed.checkpoint's."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    from layerwise.engines.checkpoint import LIGHTNING_META, save_sharded
+
+    strategy = ModelParallelStrategy()  # one process, no process group: broadcast is the identity
+    folder = tmp_path / "last.ckpt"
+
+    def save(step: int) -> None:
+        checkpoint = {"state_dict": {"w": torch.full((64,), step)}, "optimizer_states": [], "global_step": step}
+        save_sharded(strategy, checkpoint, folder)
+
+    save(3)
+    before = (folder / LIGHTNING_META).read_bytes()
+    full_disk(lambda final: final.name == LIGHTNING_META)
+    with pytest.raises(WriteError, match=rf"^could not write {folder / LIGHTNING_META}: {FULL}\.$"):
+        save(6)
+    assert (folder / LIGHTNING_META).read_bytes() == before and LIGHTNING_META in only_final_files(folder)
+    assert torch.load(folder / LIGHTNING_META, weights_only=True) == {"global_step": 3}
+
+
+def test_lightning_clis_config_yaml_on_a_full_disk_is_not_left_truncated(tmp_path, full_disk, capsys):
+    """``config.yaml`` (LightningCLI's SaveConfigCallback, here ``KeptConfig``) goes through the atomic writer: a full
+    disk ends the fit before it trains, in one line naming the file, with no config.yaml under its name."""
+    full_disk(lambda final: final.name == "config.yaml")
+    with pytest.raises(SystemExit) as exit_info:
+        fit(tmp_path, "--trainer.max_epochs=1")
+    stderr = capsys.readouterr().err
+    run = tmp_path / "quickstart" / "version_0"
+    assert exit_info.value.code == 1 and "Traceback" not in stderr
+    assert stderr.strip().splitlines()[-1] == f"layerwise fit: error: could not write {run / 'config.yaml'}: {FULL}."
+    assert "config.yaml" not in only_final_files(tmp_path / "quickstart")
+
+
+def test_the_config_yaml_written_atomically_is_what_lightning_writes(tmp_path):
+    """``KeptConfig`` writes the bytes Lightning's own ``SaveConfigCallback`` writes, and moves an earlier one aside."""
+    from lightning.pytorch.cli import SaveConfigCallback
+
+    from layerwise.cli.runs import KeptConfig
+
+    no_logger = ["--trainer.logger=false", f"--trainer.default_root_dir={tmp_path}"]  # the log folder: this one
+    cli = LayerwiseCLI(args=["--config", QUICKSTART, *TINY, *no_logger], run=False)
+    ours = next(callback for callback in cli.trainer.callbacks if isinstance(callback, KeptConfig))
+    lightnings = SaveConfigCallback(cli.parser, cli.config, config_filename="lightning.yaml", overwrite=True)
+    (tmp_path / "config.yaml").write_text("an earlier run's\n")
+    with pytest.warns(LayerwiseWarning, match="held the config of an earlier run"):
+        ours.setup(cli.trainer, cli.model, "fit")
+    lightnings.setup(cli.trainer, cli.model, "fit")
+    assert (tmp_path / "config.yaml").read_text() == (tmp_path / "lightning.yaml").read_text()
+    (aside,) = tmp_path.glob("config.yaml.earlier-*")
+    assert aside.read_text() == "an earlier run's\n" and only_final_files(tmp_path)

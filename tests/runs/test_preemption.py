@@ -1,14 +1,16 @@
 """A preempted fit says so and resumes to the same numbers: the real ``layerwise fit`` stopped by SIGTERM (or
-SIGUSR1) mid-epoch and at an epoch's end, on one process and on two (``ddp`` over gloo), then resumed with the
+SIGUSR1) mid-epoch and at an epoch's end, on one process and on two (``ddp`` and ``ddp_spawn`` over gloo, README's
+two-node ``torchrun`` with one process per node, FSDP2 with its sharded ``last.ckpt`` folder), then resumed with the
 command its closing line gives.
 
 The fit is a tiny quickstart (alternating aligned training of a 2-block ViT with dropout and stochastic depth, on
 shuffled digits, every epoch analysed): a resume that lost the random states, the data order or the position in the
 epoch changes the weights and the summaries. The signal is sent at a chosen step by the test-only callback
-``signals.SignalAt`` (``tests/signals.py``). The stopped process exits 128 + the signal's number and its last line
-names the stop and the resume command; the resumed run's final ``last.ckpt`` weights and every summary equal those of
-the uninterrupted run bit for bit (the issue asks 1e-12; the CPU kernels are deterministic). The two-process cases are
-``slow``.
+``signals.SignalAt`` (``tests/signals.py``). The stopped process exits 128 + the signal's number (each node's
+``torchrun`` exits 1, its failure report naming that code) and its last line names the stop and the resume command;
+the resumed run's final ``last.ckpt`` weights and every summary equal those of the uninterrupted run bit for bit (the
+issue asks 1e-12; the CPU kernels are deterministic). The two-process cases are ``slow`` (``.ci/run`` runs them:
+``pytest -m slow tests/runs/test_preemption.py``).
 """
 
 import json
@@ -22,7 +24,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import TRAINING_ONLY, assert_json_close
+from helpers import TRAINING_ONLY, assert_json_close, free_port
+
+from layerwise.engines.checkpoint import consolidate_sharded
 
 REPO = Path(__file__).resolve().parents[2]
 TIMEOUT_S = 300
@@ -68,7 +72,22 @@ data:
   init_args: {{batch_size: 32}}
 """
 DDP = ["--trainer.devices=2", "--trainer.strategy=ddp"]
-LAUNCHERS = {"one": [], "ddp": DDP, "ddp_spawn": ["--config", str(REPO / "configs/trainer/ddp_cpu.yaml")]}
+FSDP = [  # configs/trainer/fsdp_gpu.yaml with the CPU stand-ins of tests/runs/test_launchers.py
+    "--config",
+    str(REPO / "configs/trainer/fsdp_gpu.yaml"),
+    "--trainer.accelerator=cpu",
+    "--trainer.devices=2",
+    "--trainer.strategy.init_args.data_parallel_size=2",
+    "--trainer.precision=32-true",
+]
+TORCHRUN = ["--trainer.num_nodes=2", "--trainer.devices=1", "--trainer.strategy=ddp"]  # one process per "node"
+LAUNCHERS = {
+    "one": [],
+    "ddp": DDP,
+    "ddp_spawn": ["--config", str(REPO / "configs/trainer/ddp_cpu.yaml")],
+    "fsdp": FSDP,
+    "torchrun": TORCHRUN,
+}
 STOPPED = re.compile(
     r"^layerwise fit: stopped by (SIG\w+) (.*) \(step (\d+)\); resumable checkpoint (\S+); resume with: (.*)$"
 )
@@ -83,29 +102,62 @@ def environment() -> dict[str, str]:
     return env
 
 
-def layerwise(cwd: Path, arguments: list[str]) -> subprocess.CompletedProcess:
-    entry = [str(Path(sys.executable).with_name("layerwise")), *arguments]
-    return subprocess.run(entry, cwd=cwd, env=environment(), capture_output=True, text=True, timeout=TIMEOUT_S)
+def layerwise(cwd: Path, arguments: list[str], launcher: str = "one") -> subprocess.CompletedProcess:
+    """``layerwise ARGUMENTS`` in ``cwd``; under ``torchrun``: two nodes of one process each, their torchrun agents
+    launched as README's line does on two machines, their output joined (node 1's first, so that global rank 0's last
+    line comes last) and the exit code they share (-1 when they differ)."""
+    if launcher != "torchrun":
+        entry = [str(Path(sys.executable).with_name("layerwise")), *arguments]
+        return subprocess.run(entry, cwd=cwd, env=environment(), capture_output=True, text=True, timeout=TIMEOUT_S)
+    port = free_port()
+    nodes = [
+        subprocess.Popen(
+            [
+                *(sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1"),
+                *(f"--node_rank={node}", "--master_addr=127.0.0.1", f"--master_port={port}"),
+                *("-m", "layerwise", *arguments),
+            ],
+            **dict(cwd=cwd, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True),
+        )
+        for node in (0, 1)
+    ]
+    outputs = []
+    try:
+        outputs = [node.communicate(timeout=TIMEOUT_S) for node in nodes]
+    finally:
+        for node in nodes:
+            if node.poll() is None:
+                node.kill()
+    codes = {node.returncode for node in nodes}
+    stdout = outputs[1][0] + outputs[0][0]
+    stderr = f"--- node 0\n{outputs[0][1]}\n--- node 1\n{outputs[1][1]}"
+    return subprocess.CompletedProcess(nodes[0].args, codes.pop() if len(codes) == 1 else -1, stdout, stderr)
 
 
-def fit(cwd: Path, extra: list[str]) -> subprocess.CompletedProcess:
+def fit(cwd: Path, extra: list[str], launcher: str = "one") -> subprocess.CompletedProcess:
     cwd.mkdir(parents=True, exist_ok=True)
     (cwd / "tiny.yaml").write_text(CONFIG)
-    return layerwise(cwd, ["fit", "--config", "tiny.yaml", *extra])
+    return layerwise(cwd, ["fit", "--config", "tiny.yaml", *LAUNCHERS[launcher], *extra], launcher)
 
 
-def signal_at(step: int, name: str = "SIGTERM", rank: int = 0) -> list[str]:
+def signal_at(step: int, name: str = "SIGTERM", rank: int = 0, target: str = "process") -> list[str]:
     return [
         "--trainer.callbacks+=signals.SignalAt",
         f"--trainer.callbacks.step={step}",
         f"--trainer.callbacks.signal={name}",
         f"--trainer.callbacks.rank={rank}",
+        f"--trainer.callbacks.target={target}",
     ]
 
 
 def outcome(run: Path) -> tuple[dict[str, torch.Tensor], dict[str, dict]]:
-    """The final ``last.ckpt`` weights and every summary of ``run`` (by file name)."""
-    weights = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)["state_dict"]
+    """The final ``last.ckpt`` weights (a sharded FSDP2 folder gathered on this process) and every summary of
+    ``run`` (by file name)."""
+    last = run / "checkpoints" / "last.ckpt"
+    if last.is_dir():
+        weights = consolidate_sharded(last)["state_dict"]
+    else:
+        weights = torch.load(last, map_location="cpu", weights_only=True)["state_dict"]
     summaries = {path.name: json.loads(path.read_text()) for path in sorted((run / "layerwise").glob("*.json"))}
     return weights, summaries
 
@@ -134,7 +186,7 @@ def uninterrupted(tmp_path_factory) -> dict[str, Path]:
 
     def run(launcher: str) -> Path:
         if launcher not in made:
-            finished = fit(root / launcher, LAUNCHERS[launcher])
+            finished = fit(root / launcher, [], launcher)
             assert finished.returncode == 0, finished.stderr[-4000:]
             assert last_line(finished).startswith(f"layerwise fit: {EPOCHS} epochs, step {EPOCHS * STEPS_PER_EPOCH};")
             made[launcher] = root / launcher / "runs" / "tiny" / "version_0"
@@ -143,27 +195,47 @@ def uninterrupted(tmp_path_factory) -> dict[str, Path]:
     return run
 
 
-def stop_and_resume(cwd: Path, launcher: list[str], step: int, name: str = "SIGTERM", rank: int = 0) -> str:
-    """Stop a fit at ``step`` by ``name`` sent to ``rank``, check how it stopped, resume it; the stop's line."""
-    stopped = fit(cwd, [*launcher, *signal_at(step, name, rank)])
+def stop_and_resume(
+    cwd: Path, launcher: str, step: int, name: str = "SIGTERM", rank: int = 0, target: str = "process"
+) -> str:
+    """Stop a fit under ``launcher`` at ``step`` by ``name`` sent to ``rank``'s ``target`` (its process or its
+    launcher: then at a later step, whenever the launcher's signal reaches the workers), check how it stopped,
+    resume it with the command its closing line gives; the stop's line."""
+    stopped = fit(cwd, signal_at(step, name, rank, target), launcher)
     signum = getattr(signal, name)
-    assert stopped.returncode == 128 + signum, (
-        f"rc {stopped.returncode}\n{stopped.stdout[-3000:]}\n{stopped.stderr[-5000:]}"
-    )
+    output = f"rc {stopped.returncode}\n{stopped.stdout[-3000:]}\n{stopped.stderr[-5000:]}"
+    if launcher == "torchrun":  # each node's torchrun exits 1, naming its worker's exit code or the signal it got
+        node_0, node_1 = stopped.stderr.split("--- node 1\n")
+        assert stopped.returncode == 1 and f"exitcode  : {128 + signum} " in node_0, output
+        said = f"exitcode  : {128 + signum} " if target == "process" else f"Received {signum} death signal"
+        assert said in node_1, output
+    else:
+        assert stopped.returncode == 128 + signum, output
     line = last_line(stopped)
     match = STOPPED.match(line)
-    assert match, f"not a stop line: {line!r}"
-    assert match.group(1) == name and int(match.group(3)) == step
+    assert match, f"not a stop line: {line!r}\n{output}"
+    assert match.group(1) == name
+    if target == "process":
+        assert int(match.group(3)) == step
+    else:  # a step boundary after the launcher passed the signal on, before the fit's end
+        assert step <= int(match.group(3)) < EPOCHS * STEPS_PER_EPOCH
     assert sum(bool(STOPPED.match(x)) for x in stopped.stdout.splitlines()) == 1, "one closing line, on rank 0 only"
     command = shlex.split(match.group(5))
-    assert command[0] == "layerwise" and command[-2:] == ["--ckpt_path", "last"]
+    assert command[-2:] == ["--ckpt_path", "last"]
+    if launcher == "torchrun":  # every node's own torchrun options, then the command
+        assert command[:4] == ["torchrun", "…", "-m", "layerwise"], command
+        command = command[3:]
+    assert command[0] == "layerwise"
     assert Path(match.group(4)) == Path("runs/tiny/version_0/checkpoints/last.ckpt")
     summaries_before = {path.name: path.read_text() for path in (cwd / "runs/tiny/version_0/layerwise").glob("*.json")}
-    resumed = layerwise(cwd, command[1:])
+    resumed = layerwise(cwd, command[1:], launcher)
     assert resumed.returncode == 0, f"rc {resumed.returncode}\n{resumed.stdout[-3000:]}\n{resumed.stderr[-5000:]}"
     assert last_line(resumed).startswith(f"layerwise fit: {EPOCHS} epochs, step {EPOCHS * STEPS_PER_EPOCH};")
     assert not (cwd / "runs/tiny/version_1").exists(), "the resumed fit continues in the run it resumes"
-    assert "Traceback" not in stopped.stderr + resumed.stderr and "not empty" not in resumed.stderr, resumed.stderr
+    torchruns = stopped.stderr.count("errors.ChildFailedError: \n") + stopped.stderr.count("api.SignalException: ")
+    assert stopped.stderr.count("Traceback") == torchruns, stopped.stderr[-5000:]
+    assert "Traceback" not in resumed.stderr, resumed.stderr[-5000:]
+    assert "not empty" not in resumed.stderr, resumed.stderr
     for name_, text in summaries_before.items():  # written before the stop: kept as they were
         assert (cwd / "runs/tiny/version_0/layerwise" / name_).read_text() == text
     assert not list((cwd / "runs/tiny/version_0").rglob("*.earlier-*")), "nothing moved aside: each written once"
@@ -178,7 +250,7 @@ def stop_and_resume(cwd: Path, launcher: list[str], step: int, name: str = "SIGT
     ids=["mid-epoch", "epoch-boundary"],  # the boundary in .ci/run's slow list: 15 s of the default run
 )
 def test_a_fit_stopped_by_sigterm_resumes_to_the_uninterrupted_run(uninterrupted, tmp_path, step, where):
-    line = stop_and_resume(tmp_path, [], step)
+    line = stop_and_resume(tmp_path, "one", step)
     assert where in line
     assert_same_run(tmp_path / "runs/tiny/version_0", uninterrupted("one"))
 
@@ -203,7 +275,7 @@ def test_a_signal_before_a_validation_inside_the_epoch_stops_after_it(tmp_path):
 @pytest.mark.slow  # in .ci/run's slow list: 20 s and 13 s of the default run
 def test_sigusr1_stops_a_fit_the_same_way(uninterrupted, tmp_path):
     """SLURM's ``--signal=SIGUSR1@90`` warning: the same stop, exit 138."""
-    stop_and_resume(tmp_path, [], 7, "SIGUSR1")
+    stop_and_resume(tmp_path, "one", 7, "SIGUSR1")
     assert_same_run(tmp_path / "runs/tiny/version_0", uninterrupted("one"))
 
 
@@ -216,7 +288,7 @@ def test_sigusr1_stops_a_fit_the_same_way(uninterrupted, tmp_path):
 def test_a_ddp_fit_stopped_on_one_rank_stops_every_rank_and_resumes(uninterrupted, tmp_path, launcher, step, rank):
     """Two processes (``ddp`` over gloo, and ``ddp_spawn``, whose parent exits with its workers' code): a signal to
     either rank stops both at the same step, both save."""
-    stop_and_resume(tmp_path, LAUNCHERS[launcher], step, rank=rank)
+    stop_and_resume(tmp_path, launcher, step, rank=rank)
     assert_same_run(tmp_path / "runs/tiny/version_0", uninterrupted(launcher))
 
 
@@ -278,3 +350,20 @@ def test_a_sigterm_lightning_caught_before_the_loops_still_saves_and_says_so(tmp
         job.fit(fitted_module(), train_loader(64, batch_size=16))
     assert stopped.value.code == 143 and "in epoch 0 after batch 1 (step 1)" in stopped.value.line
     assert torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)["global_step"] == 1
+
+
+@pytest.mark.slow  # in .ci/run's slow list
+@pytest.mark.parametrize(
+    ("launcher", "step", "target"),
+    [("torchrun", 6, "process"), ("torchrun", 5, "launcher"), ("fsdp", 6, "process")],
+    ids=["torchrun-signal-to-node-1-worker", "torchrun-signal-to-node-1-torchrun", "fsdp2-signal-to-rank-1"],
+)
+def test_a_two_node_torchrun_or_fsdp2_fit_stopped_on_one_rank_stops_every_rank_and_resumes(
+    uninterrupted, tmp_path, launcher, step, target
+):
+    """README's two-node ``torchrun`` (one process per node, gloo) and FSDP2 (``configs/trainer/fsdp_gpu.yaml`` on two
+    CPU processes, its ``last.ckpt`` a sharded folder): a SIGTERM to rank 1 (or to node 1's torchrun, which passes it
+    on to its worker) stops both ranks at the same step, both save; the resume (under torchrun, each node's torchrun
+    running the command the line gives) ends with the uninterrupted run's weights and summaries."""
+    stop_and_resume(tmp_path, launcher, step, rank=1, target=target)
+    assert_same_run(tmp_path / "runs/tiny/version_0", uninterrupted(launcher))

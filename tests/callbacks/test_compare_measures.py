@@ -1,0 +1,81 @@
+"""The second-moment measures across two models: the callback, ``compare_models`` and ``compare --measure``."""
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from helpers import read_summary, trainer
+from test_compare_callback import folder_b, padded_loader  # noqa: F401 - the module's fixture
+from tiny_models import decoder, tiny_config
+
+from layerwise.callbacks import CrossModelComparison
+from layerwise.features.hooks import collect_block_outputs
+from layerwise.lightning_modules import Standard
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "metrics"))
+import _family_reference as ref  # noqa: E402
+
+CROSS = ["cca", "svcca", "pwcca", "procrustes", "shape", "effective_rank"]
+
+
+def token_features(model):
+    """(L, T, d) float64 block outputs at the real tokens of the padded loader."""
+    parts = []
+    for batch in padded_loader():
+        outputs = collect_block_outputs(model.transformer.h, lambda batch=batch: model(**batch))
+        parts.append(torch.stack([h.detach().double() for h in outputs])[:, batch["attention_mask"].bool()])
+    return torch.cat(parts, 1).numpy()
+
+
+def test_callback_measures_equal_numpy_on_the_token_features(tmp_path, folder_b):  # noqa: F811
+    from transformers import AutoModelForCausalLM
+
+    backbone = decoder("gpt2")
+    callback = CrossModelComparison(folder_b, measures=CROSS, shape_alpha=0.2, svcca_variance=0.9, log_figures=False)
+    trainer(tmp_path, [callback]).validate(Standard(backbone).double(), padded_loader(), verbose=False)
+    measures = read_summary(tmp_path)["compare"]["measures"]
+    a = token_features(backbone.model.double().eval())
+    b = token_features(AutoModelForCausalLM.from_pretrained(folder_b).double().eval())
+    assert a.shape[1] > a.shape[2]  # more tokens than the width: every canonical correlation is defined
+    # 54 tokens against 32 + 32 dimensions: >= 11 canonical correlations are exactly 1, so the canonical directions
+    # within them are arbitrary and PWCCA's weights with them (tested at 1e-10 where N > d_A + d_B, in
+    # tests/metrics/test_similarity_family.py); the mean of the correlations is not affected.
+    assert np.isclose(ref.canonical_correlations(a[1], b[1]), 1.0, atol=1e-9).sum() >= 2 * a.shape[2] - (a.shape[1] - 1)
+    for name in [name for name in CROSS[:-1] if name != "pwcca"]:
+        if name == "shape":
+            expected = [[ref.shape_distance(x, y, 0.2) for y in b] for x in a]
+        elif name == "svcca":
+            expected = [[ref.svcca(x, y, 0.9) for y in b] for x in a]
+        else:
+            expected = [[ref.PAIR[name](x, y) for y in b] for x in a]
+        # shape: B's last layer has covariance eigenvalues near netrep's floor 1e-7, where alpha + (1 - alpha)
+        # lambda^(-1/2) amplifies the rounding of the covariance (streamed sums here, X^T X there) to 1.4e-8
+        atol = 1e-7 if name == "shape" else 1e-8
+        np.testing.assert_allclose(np.array(measures[name], dtype=float), expected, rtol=0, atol=atol, err_msg=name)
+    np.testing.assert_allclose(measures["effective_rank_b"], [ref.effective_rank(y) for y in b], atol=1e-8)
+    with pytest.raises(ValueError, match="debiased_cka is not kept across models"):
+        CrossModelComparison(folder_b, measures=["debiased_cka"])
+
+
+def test_compare_command_measure_flag(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from layerwise.cli import main as cli_main
+
+    folder = str(tmp_path / "byte_gpt2")
+    AutoModelForCausalLM.from_config(tiny_config("gpt2", vocab_size=260)).save_pretrained(folder)
+    text = tmp_path / "text.txt"
+    text.write_text("".join(f"line {i}: the quick brown fox jumps over the lazy dog.\n" for i in range(120)))
+    out = tmp_path / "out"
+    argv = ["compare", "--model_a", folder, "--model_b", folder, "--text", str(text), "--tokenizer", "byte"]
+    argv += ["--block_size", "16", "--max_blocks", "8", "--device", "cpu", "--out", str(out)]
+    cli_main([*argv, "--measure", "cca", "procrustes", "effective_rank"])
+    record = json.loads((out / "compare.json").read_text())
+    assert set(record["measures"]) == {"cca", "procrustes", "effective_rank_a", "effective_rank_b"}
+    cca = np.array(record["measures"]["cca"], dtype=float)
+    assert np.allclose(np.diag(cca), 1.0, atol=1e-6) and record["measures"]["effective_rank_a"][0] > 1
+    with pytest.raises(SystemExit):
+        cli_main([*argv, "--measure", "debiased_cka", "--overwrite", "true"])

@@ -1,0 +1,77 @@
+"""LayerSimilarityMonitor's further measures in a real validation: JSON, scalars and figures, against numpy."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import DEPTH, assert_json_close, fitted_module, read_features, read_summary, trainer, val_loader
+
+from layerwise.callbacks import LayerSimilarityMonitor, LayerwiseAnalysis
+from layerwise.metrics.functional_family import MEASURES
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "metrics"))
+import _family_reference as ref  # noqa: E402
+
+N = 101  # 6 batches of 16 and a ragged one of 5
+PACKAGE_ANALYSES = ("similarity", "logit_lens", "neural_collapse", "depth", "trajectory")  # as test_callbacks.py
+
+
+def alone(analysis, **options) -> LayerwiseAnalysis:
+    """LayerwiseAnalysis running only ``analysis`` (the package's other analyses off)."""
+    return LayerwiseAnalysis(
+        **{name: analysis if name == analysis.name else False for name in PACKAGE_ANALYSES}, **options
+    )
+
+
+def test_measures_in_the_summary_equal_numpy_on_the_saved_features(tmp_path):
+    monitor = LayerSimilarityMonitor(measures=list(MEASURES), shape_alpha=0.25, svcca_variance=0.9)
+    trainer(tmp_path, [alone(monitor, save_features=True, log_figures=False)]).validate(
+        fitted_module(), val_loader(N), verbose=False
+    )
+    summary, h = read_summary(tmp_path), read_features(tmp_path)["features"].double().numpy()
+    assert h.shape[:2] == (DEPTH, N)
+    options = {"svcca_variance": 0.9, "shape_alpha": 0.25, "rank_spectrum": "singular", "measure_pairs": "all"}
+    assert summary["measure_options"] == options
+    off = ~np.eye(DEPTH, dtype=bool)
+    for name in [name for name in MEASURES if name != "effective_rank"]:
+        if name == "shape":
+            expected = np.array([[ref.shape_distance(x, y, 0.25) for y in h] for x in h])
+        elif name == "svcca":
+            expected = np.array([[ref.svcca(x, y, 0.9) for y in h] for x in h])
+        else:
+            expected = np.array([[ref.PAIR[name](x, y) for y in h] for x in h])
+        values = np.array(summary[name], dtype=float)
+        np.testing.assert_allclose(values[off], expected[off], rtol=0, atol=1e-9, err_msg=name)
+    assert_json_close(summary["effective_rank"], [ref.effective_rank(x) for x in h], atol=1e-9, where="rank")
+
+
+def test_measures_are_off_by_default_and_need_the_exact_cka(tmp_path):
+    assert LayerSimilarityMonitor().measures == ()
+    with pytest.raises(ValueError, match="cka='exact'"):
+        LayerSimilarityMonitor(cka="minibatch", measures=["cca"])
+    with pytest.raises(ValueError, match="`measures` 'cka'"):
+        LayerSimilarityMonitor(measures=["cka"])
+
+
+def test_scalars_charts_and_figures_of_the_measures():
+    from layerwise.figures.summary import similarity_figures
+
+    monitor = LayerSimilarityMonitor(measures=["procrustes", "effective_rank"])
+    charts = monitor.layer_charts()
+    assert charts["effective rank"] == r"effective_rank/layer_\d+"
+    assert r"procrustes_to_last/layer_\d+" in charts.values()
+    matrix = [[0.0, 0.5], [0.5, 0.0]]
+    figures = similarity_figures({"layers": [1, 2], "procrustes": matrix, "effective_rank": [3.0, 2.5]})
+    assert {"procrustes", "effective_rank"} <= set(figures)
+
+
+def test_measure_pairs_to_last_computes_only_the_last_column(tmp_path):
+    monitor = LayerSimilarityMonitor(measures=["cca", "procrustes"], measure_pairs="to_last")
+    trainer(tmp_path, [alone(monitor, log_figures=False)]).validate(fitted_module(), val_loader(N), verbose=False)
+    summary = read_summary(tmp_path)
+    for name in ("cca", "procrustes"):
+        values = np.array(summary[name], dtype=float)
+        assert np.isnan(values[:, :-1]).all() and np.isfinite(values[:, -1]).all()
+    with pytest.raises(ValueError, match="measure_pairs='some'"):
+        LayerSimilarityMonitor(measures=["cca"], measure_pairs="some")
