@@ -39,6 +39,8 @@ FIGURES = {
     "transfer.png": "python benchmarks/docs_figures.py transfer",
     "training_modes_accuracy.png": "python benchmarks/training_modes.py",
     "training_modes_cos.png": "python benchmarks/training_modes.py",
+    "tuned_lens_accuracy.png": "python benchmarks/tuned_lens_comparison.py",
+    "tuned_lens_kl.png": "python benchmarks/tuned_lens_comparison.py",
 }
 DPI = 200  # the docs' pictures: sharp on a high-density screen, small enough for the repository
 
