@@ -267,7 +267,9 @@ def sst2_comparison(runs: dict[str, Path], out: Path) -> None:
 
 def ablation(summaries: dict[str, dict], out: Path) -> None:
     """Accuracy, COS and CKA to the last layer with and without residual connections, and their figures."""
+    from layerwise.figures.style import drawn_at, provenance_metadata, untitled
     from layerwise.figures.summary import similarity_and_accuracy
+    from layerwise.results import save_figure_atomic
 
     for summary in summaries.values():
         summary["cos_to_last"] = [row[-1] for row in summary["cos"]]
@@ -275,13 +277,25 @@ def ablation(summaries: dict[str, dict], out: Path) -> None:
     print(table(summaries, ["accuracy", "cos_to_last", "cka_to_last"]))
     for name, summary in summaries.items():
         path = out / f"ablation_{name}.png"
-        similarity_and_accuracy(summary).savefig(path, dpi=110)
+        with drawn_at("column"):  # the docs show the two side by side
+            figure = similarity_and_accuracy(summary)
+            untitled(figure)  # the docs' table says which is which; the title stays in the file's metadata
+        save_figure_atomic(path, figure, dpi=200, metadata=provenance_metadata(figure, "png"))
         print(f"-> {path}")
 
 
 def transfer(runs: dict[str, Path], out: Path) -> None:
     """Per-layer accuracy on clean and corrupted digits 0-4, and of linear probes on digits 5-9, standard vs aligned."""
-    import matplotlib.pyplot as plt
+    from layerwise.figures.style import (
+        drawn_at,
+        finish,
+        group_style,
+        layer_ticks,
+        legend_below,
+        new_figure,
+        provenance_metadata,
+    )
+    from layerwise.results import save_figure_atomic
 
     rows: dict[str, list[float]] = {}
     for name, run_dir in runs.items():
@@ -298,19 +312,23 @@ def transfer(runs: dict[str, Path], out: Path) -> None:
     print("|" + "---|" * (len(rows) + 1))
     for index, layer in enumerate(layers):
         print(f"| {layer} | " + " | ".join(f"{values[index]:.4f}" for values in rows.values()) + " |")
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
-    fig.subplots_adjust(left=0.12, right=0.97, bottom=0.32, top=0.92)
-    styles = {"clean": "-", "corrupted": "--", "probe": ":"}
-    for key, values in rows.items():
-        model, what = key.split()[:2]
-        color = "C0" if model == "standard" else "C3"
-        ax.plot(layers, values, styles[what], color=color, marker="o", label=key)
-    ax.set_xlabel("layer")
-    ax.set_ylabel("accuracy")
-    ax.set_title("transfer: shared head on clean / corrupted digits 0-4, linear probes on 5-9", fontsize="small")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, fontsize="x-small", frameon=False)
+    with drawn_at("page"):
+        fig, ax = new_figure(6.4, 4.0)
+        dashes = {"clean": "-", "corrupted": "--", "probe": ":"}
+        for key, values in rows.items():
+            model, what = key.split()[:2]
+            style = group_style(0 if model == "standard" else 1)  # colour and marker per model, dash per data
+            ax.plot(layers, values, color=style["color"], marker=style["marker"], linestyle=dashes[what], label=key)
+        layer_ticks(ax, layers, axis="x", at_values=True)
+        ax.set_xlabel("layer")
+        ax.set_ylabel("accuracy")
+        ax.grid(alpha=0.3)
+        handles, labels = ax.get_legend_handles_labels()
+        legend_below(fig, handles, labels, max_columns=3)
+        ax.set_title("transfer: shared head on clean / corrupted digits 0-4, linear probes on 5-9")
+        finish(fig)
     path = out / "transfer.png"
-    fig.savefig(path, dpi=110)
+    save_figure_atomic(path, fig, dpi=200, metadata=provenance_metadata(fig, "png"))
     print(f"-> {path}")
 
 

@@ -159,14 +159,26 @@ def check_output_free(path: Union[str, Path], overwrite: bool, flag: str = "--ou
         )
 
 
-def save_figure_atomic(path: Union[str, Path], figure: Any, dpi: int = 150) -> Path:
-    """:func:`write_atomic` for a matplotlib figure, in the format of the path's suffix."""
-    return write_atomic(path, lambda file: figure.savefig(file, format=Path(path).suffix[1:], dpi=dpi))
+def save_figure_atomic(
+    path: Union[str, Path], figure: Any, dpi: int = 150, metadata: Optional[Mapping[str, str]] = None
+) -> Path:
+    """:func:`write_atomic` for a matplotlib figure, in the format of the path's suffix (``metadata``: savefig's)."""
+    fmt = Path(path).suffix[1:]
+    extra = {"metadata": dict(metadata)} if metadata else {}
+    return write_atomic(path, lambda file: figure.savefig(file, format=fmt, dpi=dpi, **extra))
 
 
-def save_figures(figures: Mapping[str, Any], out: Path, stem: str, formats: Sequence[str]) -> list[Path]:
+def save_figures(
+    figures: Mapping[str, Any],
+    out: Path,
+    stem: str,
+    formats: Sequence[str],
+    dpi: int = 150,
+    metadata: Optional[Callable[[Any, str], Mapping[str, str]]] = None,
+) -> list[Path]:
     """Every figure as ``out/<stem>_<name>.<format>`` in each of ``formats``, each closed once written (or failed).
 
+    ``dpi``: the raster formats' resolution; ``metadata(figure, format)``: what each file records of itself.
     Returns the written paths, figure by figure.
     """
     import matplotlib.pyplot as plt  # here: reading results needs no matplotlib
@@ -175,7 +187,8 @@ def save_figures(figures: Mapping[str, Any], out: Path, stem: str, formats: Sequ
     for name, figure in figures.items():
         try:
             for fmt in formats:
-                written.append(save_figure_atomic(out / f"{stem}_{name}.{fmt}", figure))
+                meta = metadata(figure, fmt) if metadata is not None else None
+                written.append(save_figure_atomic(out / f"{stem}_{name}.{fmt}", figure, dpi, meta))
         finally:
             plt.close(figure)
     return written
@@ -491,6 +504,20 @@ def _effective_depth(where: str, value: Any, summary: dict[str, Any]) -> None:
         _number(f"{where}[{epsilon!r}]", depth, integer=True)
 
 
+def _effective_depth_reached(where: str, value: Any, summary: dict[str, Any]) -> None:
+    if value is None:
+        return
+    if not isinstance(value, dict) or len(value) > MAX_ROWS:
+        raise _Mismatch(where, 'an object {"ε": true/false}', value)
+    for epsilon, reached in value.items():
+        try:
+            float(epsilon)
+        except ValueError:
+            raise _Mismatch(where, 'ε keys that are numbers ("0.05")', shown=False) from None
+        if not isinstance(reached, bool):
+            raise _Mismatch(f"{where}[{epsilon[:40]!r}]", "true or false", reached)
+
+
 def _early_exit(where: str, value: Any, summary: dict[str, Any]) -> None:
     if value is None:
         return
@@ -593,6 +620,7 @@ SUMMARY_SCHEMA: dict[str, Check] = {
     },
     "nc1_classes": _numbers(integer=True),
     "effective_depth": _effective_depth,
+    "effective_depth_reached": _effective_depth_reached,
     "effective_depth_relative": _effective_depth,
     "early_exit": _early_exit,
     "exit_early_exit": _early_exit,

@@ -7,7 +7,7 @@ from layerwise.analyses.base import Analysis, Metrics, Statistic, refuse_runner_
 from layerwise.analyses.layer_spec import LayerSpec, shaped
 from layerwise.analyses.statistics import layer_accuracy
 from layerwise.figures.summary import effective_depth_figures
-from layerwise.metrics import effective_depth
+from layerwise.metrics import effective_depth, effective_depth_reached
 
 DEFAULT_EPSILONS = (0.01, 0.05, 0.1)
 
@@ -19,12 +19,15 @@ class EffectiveDepthMonitor(Analysis):
     last layer (``>= Acc^L − ε``), for every ε in ``epsilons`` (default ``DEFAULT_EPSILONS``: 0.01, 0.05, 0.1).
     It reads the pool's statistic ``accuracy``, the one the logit lens reads: beside the lens it is accumulated once.
 
-    Logged: ``val/effective_depth/eps_E`` and ``val/effective_depth_relative/eps_E``. JSON keys:
-    ``effective_depth`` and ``effective_depth_relative`` (objects keyed by ε as a string, e.g. ``"0.05"``).
+    Logged: ``val/effective_depth/eps_E`` (NaN, no point, where no layer reaches ``1 − ε``: never the last layer as
+    if it did), ``val/effective_depth_reached/eps_E`` (1 or 0) and ``val/effective_depth_relative/eps_E``. JSON keys:
+    ``effective_depth`` (the paper's convention: the last layer where none reaches it) with
+    ``effective_depth_reached`` (false there) and ``effective_depth_relative`` (objects keyed by ε as a string, e.g.
+    ``"0.05"``).
     """
 
     name = "depth"
-    provides = ("effective_depth", "effective_depth_relative")
+    provides = ("effective_depth", "effective_depth_reached", "effective_depth_relative")
     figures = staticmethod(effective_depth_figures)
 
     def __init__(self, epsilons: Sequence[float] = DEFAULT_EPSILONS, **refused: Any) -> None:
@@ -46,11 +49,17 @@ class EffectiveDepthMonitor(Analysis):
         numbers = self.spec.layer_numbers
         return {
             "effective_depth": effective_depth(accuracy, self.epsilons, numbers),
+            "effective_depth_reached": effective_depth_reached(accuracy, self.epsilons),
             "effective_depth_relative": effective_depth(accuracy, self.epsilons, numbers, relative=True),
         }
 
     def layer_scalars(self, results: Mapping[str, Any]) -> dict[str, float]:
-        scalars = {f"effective_depth/eps_{eps}": float(v) for eps, v in results["effective_depth"].items()}
+        reached = results.get("effective_depth_reached", {})
+        scalars = {
+            f"effective_depth/eps_{eps}": float(v) if reached.get(eps, True) else float("nan")
+            for eps, v in results["effective_depth"].items()
+        }
+        scalars.update({f"effective_depth_reached/eps_{eps}": float(flag) for eps, flag in reached.items()})
         relative = results["effective_depth_relative"].items()
         scalars.update({f"effective_depth_relative/eps_{eps}": float(v) for eps, v in relative})
         return scalars

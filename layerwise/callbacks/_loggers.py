@@ -23,13 +23,17 @@ resolved on the main thread; the PNG files are layerwise's own.
 
 TensorBoard colours runs, not tags: its Custom Scalars draw all layers of a chart in the run's one colour, told apart
 only by a marker, the legend folded away. So each per-layer scalar (``val/acc/layer_03``) is also written to a run of
-its layer, ``<run folder>/layers/layer_03/``, under the tag without the layer (``val/acc``), as
+its layer, ``<run folder>/layers/layer_03/``, under the tag ``val/acc/layers`` (a tag the run itself never logs, so
+that a chart of it holds exactly the layers, not the model's own ``val/acc`` beside them), as
 ``SummaryWriter.add_scalars`` writes its series: the Scalars tab then draws one chart per quantity with a line per
 layer, each in its run's colour, the run (the layer) in the tooltip and the run selector (:class:`LayerRuns`, global
 rank zero); the Custom Scalars' per-layer charts read those runs too (:func:`custom_scalars_regex`), a colour per
-layer there as well. :func:`log_tensorboard_charts` also logs each chart as an image (``figures/curves.py``: the
-figures' colour per layer and a legend) under ``layerwise <stage>/<title>``, the Custom Scalars' section and chart
-names: one image per chart at each figure epoch, drawn off the loop like the figures.
+layer there as well. Scalars per threshold (``val/early_exit/accuracy/tau_0.9``, ``.../eps_0.05``) go the same way to
+``<run folder>/thresholds/tau_0.9/`` under ``val/early_exit/accuracy/thresholds``: a line per τ in its own colour.
+:func:`log_tensorboard_charts` also logs each chart as an image (``figures/curves.py``: the figures' colour per layer
+and a legend) under ``layerwise <stage>/<title>``, the Custom Scalars' section and chart names: one image per chart at
+each figure epoch, drawn off the loop like the figures, at a journal column's width (3.3 in, 7-8 pt text, 100 dpi):
+TensorBoard shows an image about 330 px wide, where a page-wide chart's text shrank to 5 px.
 """
 
 import math
@@ -116,14 +120,18 @@ def run_folder(trainer: Trainer) -> str:
 
 
 LAYER_TAG = re.compile(r"(?P<tag>.+)/(?P<layer>layer_\d+)")  # a per-layer scalar: val/acc/layer_03
+THRESHOLD_TAG = re.compile(r"(?P<tag>.+)/(?P<layer>(?:tau|eps)_[0-9.e+-]+)")  # a scalar per τ or ε: .../tau_0.9
 PER_LAYER = r"/layer_\d+"  # how a per-layer chart's regex ends (``acc/layer_\d+``)
+# the tag of a quantity in the series' runs: never one the run itself logs (val/acc is the model's own last layer)
+SERIES_SUFFIX = {"layers": "/layers", "thresholds": "/thresholds"}
 
 
 class LayerRuns:
     """One TensorBoard run per layer beside each TensorBoard run of the trainer, for a line per layer on one chart.
 
-    ``log`` writes every per-layer scalar ``<tag>/layer_XX`` as ``<tag>`` at ``step`` into the run
-    ``<run folder>/layers/layer_XX/`` of each TensorBoard logger (its own ``SummaryWriter``, flushed after each
+    ``log`` writes every per-layer scalar ``<tag>/layer_XX`` as ``<tag>/layers`` at ``step`` into the run
+    ``<run folder>/layers/layer_XX/`` (and every ``<tag>/tau_T`` or ``<tag>/eps_E`` as ``<tag>/thresholds`` into
+    ``<run folder>/thresholds/tau_T/``) of each TensorBoard logger (its own ``SummaryWriter``, flushed after each
     evaluation, so that a running TensorBoard shows it); ``close`` flushes and closes them (teardown, exception; a
     later ``log`` opens them again, as a ``test`` after a ``fit`` does). Global rank zero only, main thread.
     """
@@ -133,15 +141,16 @@ class LayerRuns:
 
     def log(self, trainer: Trainer, scalars: dict[str, Any], step: int) -> None:
         """Write the per-layer ones of ``scalars`` (tag -> number) to the layer runs of every TensorBoard logger."""
-        layers: dict[str, dict[str, float]] = {}
+        layers: dict[tuple[str, str], dict[str, float]] = {}
         for tag, value in scalars.items():
-            match = LAYER_TAG.fullmatch(tag)
-            if match:
-                layers.setdefault(match["layer"], {})[match["tag"]] = float(value)
+            for kind, pattern in (("layers", LAYER_TAG), ("thresholds", THRESHOLD_TAG)):
+                match = pattern.fullmatch(tag)
+                if match:
+                    layers.setdefault((kind, match["layer"]), {})[match["tag"] + SERIES_SUFFIX[kind]] = float(value)
         folders = [folder for folder in map(_tensorboard_folder, tensorboards(trainer)) if folder is not None]
         for folder in dict.fromkeys(folders) if layers else ():
-            for layer, values in sorted(layers.items()):
-                writer = self._writer(folder / "layers" / layer)
+            for (kind, layer), values in sorted(layers.items()):
+                writer = self._writer(folder / kind / layer)
                 for tag, value in values.items():
                     writer.add_scalar(tag, value, global_step=step)
                 writer.flush()
@@ -160,15 +169,19 @@ class LayerRuns:
         return self._writers[folder]
 
 
-def custom_scalars_regex(regex: str) -> str:
+def custom_scalars_regex(regex: str, tags: Optional[list[str]] = None) -> str:
     r"""A chart's tag regex for the Custom Scalars: a per-layer chart (``val/acc/layer_\d+``) draws the layer runs' tag.
 
-    ``^val/acc$`` matches that tag in every layer's run (:class:`LayerRuns`), so the Custom Scalars draw a line per
-    layer in its run's colour, the layers named in the run list (and the run's own ``val/acc``, the last layer as the
-    model logs it, where it has one); any other chart (``val/early_exit/accuracy/.*``) keeps the run's own tags.
+    ``^val/acc/layers$`` matches that tag in every layer's run (:class:`LayerRuns`) and in no other run, so the
+    Custom Scalars draw exactly a line per layer, each in its run's colour, the layers named in the run list. A chart
+    whose logged ``tags`` (those the regex matches) are all per threshold (``val/early_exit/accuracy/.*``: ``tau_T``)
+    draws the threshold runs' tag the same way, a line per τ in its own colour; any other keeps the run's own tags.
     """
     if regex.endswith(PER_LAYER):
-        return f"^{regex[: -len(PER_LAYER)]}$"
+        return f"^{regex[: -len(PER_LAYER)]}{SERIES_SUFFIX['layers']}$"
+    matched = [tag for tag in tags or () if re.fullmatch(regex, tag)]
+    if regex.endswith("/.*") and matched and all(THRESHOLD_TAG.fullmatch(tag) for tag in matched):
+        return f"^{regex[: -len('/.*')]}{SERIES_SUFFIX['thresholds']}$"
     return regex
 
 
@@ -306,11 +319,11 @@ def log_tensorboard_charts(trainer: Trainer, stage: str, charts: dict[str, str],
     latest step of the stage's ``history``, again at every figure epoch with the whole history. Main thread only.
     """
     from layerwise.callbacks._drawing import FigureJob, draw_later, figures_in_process
-    from layerwise.figures.curves import chart_figures
+    from layerwise.figures.curves import tensorboard_chart_figures
 
     sinks = [_tensorboard_images(experiment) for experiment in tensorboards(trainer)]
     found = chart_series(history, charts) if sinks else {}
     if not found:
         return
     step = max(x for series in found.values() for points in series.values() for x, _ in points)
-    draw_later(sinks, step, FigureJob(chart_figures, (stage, found)), in_process=figures_in_process())
+    draw_later(sinks, step, FigureJob(tensorboard_chart_figures, (stage, found)), in_process=figures_in_process())

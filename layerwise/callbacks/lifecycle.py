@@ -384,7 +384,10 @@ class AnalysisCallback(Callback):
         charts = {title: f"{stage}/{regex}" for title, regex in self.charts().items()}
         charts = {title: regex for title, regex in charts.items() if any(re.fullmatch(regex, tag) for tag in scalars)}
         if charts:  # only charts with a scalar: no empty chart (no perplexity of a vision model)
-            layout = {f"{stage} {title}": ["Multiline", [custom_scalars_regex(tags)]] for title, tags in charts.items()}
+            layout = {
+                f"{stage} {title}": ["Multiline", [custom_scalars_regex(regex, list(scalars))]]
+                for title, regex in charts.items()
+            }
             record.add_charts(trainer, {f"layerwise {stage}": layout})
         record.layer_runs.log(trainer, scalars, step)
         written = to_json(results)

@@ -15,6 +15,7 @@ from matplotlib.ticker import FuncFormatter
 
 from layerwise.figures.style import (
     Figure,
+    drawn_at,
     finish,
     finite_values,
     layer_colour,
@@ -71,6 +72,16 @@ def chart_figures(stage: str, charts: dict[str, dict[str, Points]]) -> dict[str,
         for title, series in charts.items()
         if series
     }
+
+
+def tensorboard_chart_figures(stage: str, charts: dict[str, dict[str, Points]]) -> dict[str, Any]:
+    """:func:`chart_figures` at a journal column's width (3.3 in), for TensorBoard's image cards.
+
+    TensorBoard fits an image to a card about 330 px wide; a page-wide (6.9 in) chart's 8-pt text shrank to 5 px
+    there, legible only with "actual size" ticked. At column width (100 dpi: 330 px) it is shown at its own size.
+    """
+    with drawn_at("column"):
+        return chart_figures(stage, charts)
 
 
 def _between_decades(value: float, _: Any) -> str:

@@ -15,8 +15,11 @@ from pathlib import Path
 from typing import Any, Optional
 
 import numpy as np
+from matplotlib.lines import Line2D
+from matplotlib.patches import Patch
 from matplotlib.ticker import MaxNLocator
 
+from layerwise.figures.files import write_figures
 from layerwise.figures.seeds import (
     CSV_FIELDS,
     Group,
@@ -30,23 +33,30 @@ from layerwise.figures.seeds import (
 )
 from layerwise.figures.style import (
     Figure,
+    FigureCanvasAgg,
+    dodge,
     drawn_at,
     finish,
+    group_style,
     layer_ticks,
     legend_below,
     new_figure,
-    series_colour,
+    panel_letter,
+    place_labels,
+    set_margins,
+    sizes,
     stage_name,
     stamp,
+    untitled,
 )
-from layerwise.results import find_runs, run_config, run_summaries, save_figures, write_text_atomic
+from layerwise.results import find_runs, run_config, run_summaries, write_text_atomic
 
 # figure name -> (quantity of the table, y label, title)
 FIGURES = {
     "accuracy": ("accuracy", "accuracy (shared head)", "accuracy of the shared head at each layer"),
     "cos": ("cos", "COS to the last layer", "COS of each layer to the last layer"),
     "cka": ("cka", "CKA to the last layer", "CKA of each layer to the last layer"),
-    "nc1": ("nc1", "NC1", "NC1 (within- / between-class variability) per layer"),
+    "nc1": ("nc1", "NC1 (within / between class)", "NC1 of each layer"),  # short: a column-wide title fits
     "cdnv": ("cdnv", "CDNV", "CDNV (class-distance normalised variance) per layer"),
     "nc2_equinorm": ("nc2_equinorm", "CV of class-mean norms", "NC2 equinorm per layer"),
     "nc2_equiangular": ("nc2_equiangular", r"mean $|\cos + 1/(K-1)|$", "NC2 equiangularity per layer"),
@@ -73,15 +83,29 @@ class Comparison:
     rows: tuple[Row, ...]
 
     @property
+    def banded(self) -> bool:
+        """Whether any group has more than one run, so that a 95 % t-interval is drawn."""
+        return any(len(group.members) > 1 for group in self.groups)
+
+    @property
     def line(self) -> str:
-        """The line under every figure's title: the epoch, how it was chosen, what the bands are."""
+        """The line under every figure's title: the epoch, how it was chosen, what the bands are (if any is drawn)."""
         stage = stage_name(str(self.summaries[0].get("stage", "val"))) if self.summaries else stage_name("val")
-        return f"{stage}, epoch {self.epoch} ({self.how}) · bands: 95 % confidence interval over seeds"
+        where = f"{stage}, epoch {self.epoch} ({self.how})"
+        bands = "bands: 95 % confidence interval over seeds" if self.banded else "one run per group"
+        return f"{where} · {bands}"
 
     def legend(self, group: str) -> str:
-        """A group's legend: its label and how many runs it holds."""
+        """A group's legend: its label and how many runs it holds (``n = 3``), or ``1 run`` (no interval drawn)."""
         count = len(next(g for g in self.groups if g.label == group).members)
-        return f"{group} ({count} seeds)" if count > 1 else f"{group} (1 run)"
+        return f"{group} (n = {count})" if count > 1 else f"{group} (1 run)"
+
+    @property
+    def interval_words(self) -> str:
+        """What a band and the faint points are, in the legend: ``mean ± 95 % t-interval, n = 3; dots: each seed``."""
+        counts = sorted({len(group.members) for group in self.groups if len(group.members) > 1})
+        n = ", ".join(str(count) for count in counts)
+        return f"mean ± 95 % t-interval, n = {n}; dots: each seed"
 
 
 def run_name(run: Path) -> str:
@@ -129,7 +153,7 @@ def load_comparison(
 
 # ------------------------------------------------------------------------------------------------------ figures
 def _band(ax: Any, x: Sequence[float], rows: Sequence[Row], colour: Any, step: Optional[str] = None) -> None:
-    """The t-interval of ``rows`` as a band, where it is finite (``step="post"`` under a step plot)."""
+    """The t-interval of ``rows`` as a band, clipped to the quantity's range, where it is finite."""
     low = np.array([row.low for row in rows], dtype=float)
     high = np.array([row.high for row in rows], dtype=float)
     finite = np.isfinite(low) & np.isfinite(high)
@@ -137,6 +161,14 @@ def _band(ax: Any, x: Sequence[float], rows: Sequence[Row], colour: Any, step: O
         ax.fill_between(
             np.asarray(x, dtype=float), low, high, where=finite, color=colour, alpha=0.2, linewidth=0, step=step
         )
+
+
+def _seeds(ax: Any, x: Sequence[float], rows: Sequence[Row], style: dict[str, Any]) -> None:
+    """Each run's value as a faint point under the group's mean (nothing for a group of one run: its mean is it)."""
+    if rows and rows[0].seeds > 1:
+        xs = [position for position, row in zip(x, rows) for _ in row.values]
+        ys = [value for row in rows for value in row.values]
+        ax.scatter(xs, ys, s=9, marker=style["marker"], color=style["color"], alpha=0.35, linewidths=0, zorder=1.5)
 
 
 def _lines(comparison: Comparison, quantity: str) -> dict[str, list[Row]]:
@@ -147,73 +179,148 @@ def _lines(comparison: Comparison, quantity: str) -> dict[str, list[Row]]:
     return out
 
 
-def _finish(fig: Figure, ax: Any, comparison: Comparison, title: str) -> Figure:
+def _legend_entries(ax: Any, comparison: Comparison, unreached: bool = False) -> tuple[list, list]:
+    """The groups' lines, then what a band and the dots are (only where a band is drawn), then "not reached"."""
     handles, labels = ax.get_legend_handles_labels()
+    if comparison.banded:
+        handles.append(
+            (Patch(facecolor="0.5", alpha=0.25, linewidth=0), Line2D([], [], color="0.3", marker="o", markersize=3.5))
+        )
+        labels.append(comparison.interval_words)
+    if unreached:
+        handles.append(Line2D([], [], color="0.3", marker="o", markerfacecolor="white", linestyle="none"))
+        labels.append("open: not reached (no layer ≥ 1 − ε) in a run or more")
+    return handles, labels
+
+
+def _finish(fig: Figure, ax: Any, comparison: Comparison, title: str, unreached: bool = False) -> Figure:
+    handles, labels = _legend_entries(ax, comparison, unreached)
     if handles:
-        legend_below(fig, handles, labels)
+        legend_below(fig, handles, labels, max_columns=2)
     ax.grid(alpha=0.3)
     ax.set_title(title)
     finish(fig)
     return stamp(fig, comparison.line)
 
 
-def per_point_figure(comparison: Comparison, name: str) -> Figure:
-    """One quantity against the layer (or ε): a line per group at its mean, its band the t-interval over seeds.
+def draw_quantity(ax: Any, comparison: Comparison, name: str) -> bool:
+    """Draw quantity ``name`` of a comparison on ``ax``; returns whether a point was not reached (drawn open).
 
-    Series colours are the house's colour-blind palette (:func:`series_colour`). ε-effective depth, a whole layer
-    that changes only at the ε measured, is a step plot over those ε (its summary key ``effective_depth``: the first
-    layer whose accuracy is >= 1 - ε), with whole-number layer ticks.
+    A line per group at its mean, each in its own colour, marker and dash (:func:`group_style`: groups differ in
+    greyscale too), nudged sideways by a fraction of a layer so that groups that coincide stay visible; each run's
+    value a faint dot beneath; the band the t-interval clipped to the quantity's range. ε-effective depth: ε on a
+    categorical axis, whole-layer ticks, and an open marker at the last layer where a group's runs reach no layer
+    with accuracy >= 1 − ε (the paper's convention, drawn as what it is: not reached).
     """
-    quantity, ylabel, title = FIGURES[name]
-    fig, ax = new_figure(5.2, 3.6)
+    quantity, ylabel, _ = FIGURES[name]
     lines = _lines(comparison, quantity)
-    steps = quantity == "effective_depth"
+    depth = quantity == "effective_depth"
+    unreached = False
     for index, (group, rows) in enumerate(lines.items()):
-        colour = series_colour(group, index)
-        x = [row.x for row in rows]
+        style = group_style(index)
+        shift = dodge(index, len(lines), 0.16 if not depth else 0.2)
+        x = [(k if depth else row.x) + shift for k, row in enumerate(rows)]
+        _seeds(ax, x, rows, style)
+        steps = "steps-post" if depth else "default"  # a whole layer that changes only at the ε measured
         ax.plot(
             x,
             [row.mean for row in rows],
-            marker="o",
             markersize=4,
-            color=colour,
             label=comparison.legend(group),
-            drawstyle="steps-post" if steps else "default",
+            zorder=3,
+            drawstyle=steps,
+            **style,
         )
-        _band(ax, x, rows, colour, step="post" if steps else None)
+        if rows and rows[0].seeds > 1:
+            _band(ax, x, rows, style["color"], step="post" if depth else None)
+        open_at = [position for position, row in zip(x, rows) if row.unreached]
+        if open_at:
+            unreached = True
+            top = rows[0].upper
+            ax.plot(
+                open_at,
+                [top] * len(open_at),
+                linestyle="none",
+                marker=style["marker"],
+                markersize=5,
+                markerfacecolor="white",
+                markeredgecolor=style["color"],
+                zorder=3.5,
+            )
     first = next(iter(lines.values()))
-    if steps:
-        ax.set_xticks([row.x for row in first], [f"{row.x:g}" for row in first])
+    if depth:
+        ax.set_xticks(range(len(first)), [f"{row.x:g}" for row in first])
+        ax.set_xlim(-0.5, len(first) - 0.5)
         ax.set_xlabel(r"tolerance $\varepsilon$ (accuracy $\geq 1 - \varepsilon$)")
+        lower, upper = first[0].lower, first[0].upper
+        if math.isfinite(lower) and math.isfinite(upper):
+            ax.set_ylim(lower - 0.5, upper + 0.5)
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     else:
         layer_ticks(ax, [row.x for row in first], axis="x", at_values=True)
         ax.set_xlabel("layer")
     ax.set_ylabel(ylabel)
-    return _finish(fig, ax, comparison, title)
+    return unreached
+
+
+def per_point_figure(comparison: Comparison, name: str) -> Figure:
+    """One quantity against the layer (or ε): a line per group at its mean, its band the t-interval over seeds.
+
+    See :func:`draw_quantity`; one legend below the axes says what the band and the dots are.
+    """
+    fig, ax = new_figure(5.2, 3.6)
+    unreached = draw_quantity(ax, comparison, name)
+    return _finish(fig, ax, comparison, FIGURES[name][2], unreached)
 
 
 def early_exit_figure(comparison: Comparison) -> Figure:
     """Early exit with the shared head: mean accuracy against mean speedup over τ, a line per group.
 
-    The band is the accuracy's t-interval, the horizontal bars the speedup's.
+    The band is the accuracy's t-interval, the horizontal bars the speedup's; each point is labelled with its τ
+    where the label fits, each run's point a faint dot beneath.
     """
     fig, ax = new_figure(5.2, 3.6)
     accuracy, speedup = _lines(comparison, "early_exit_accuracy"), _lines(comparison, "early_exit_speedup")
+    points, texts, colours = [], [], []
     for index, group in enumerate(accuracy):
-        colour = series_colour(group, index)
+        style = group_style(index)
         order = np.argsort([row.mean for row in speedup[group]], kind="stable")
         across = [speedup[group][k] for k in order]
         up = [accuracy[group][k] for k in order]
         x = [row.mean for row in across]
-        ax.plot(x, [row.mean for row in up], marker="o", markersize=4, color=colour, label=comparison.legend(group))
-        _band(ax, x, up, colour)
+        if up and up[0].seeds > 1:
+            ax.scatter(
+                [v for row in across for v in row.values],
+                [v for row in up for v in row.values],
+                s=9,
+                marker=style["marker"],
+                color=style["color"],
+                alpha=0.35,
+                linewidths=0,
+                zorder=1.5,
+            )
+        ax.plot(x, [row.mean for row in up], markersize=4, label=comparison.legend(group), zorder=3, **style)
+        if up and up[0].seeds > 1:
+            _band(ax, x, up, style["color"])
         xerr = [0.0 if not math.isfinite(row.half_width) else row.half_width for row in across]
         if any(xerr):
-            ax.errorbar(x, [row.mean for row in up], xerr=xerr, fmt="none", ecolor=colour, elinewidth=0.8)
+            ax.errorbar(x, [row.mean for row in up], xerr=xerr, fmt="none", ecolor=style["color"], elinewidth=0.8)
+        points += [(a.mean, b.mean) for a, b in zip(across, up)]
+        texts += [f"{b.x:g}" for b in up]
+        colours += [style["color"]] * len(up)
     ax.set_xlabel("speedup (layers in the model / mean layers run)")
     ax.set_ylabel("accuracy")
-    return _finish(fig, ax, comparison, FIGURES["early_exit"][2])
+    ax.xaxis.set_major_locator(MaxNLocator(nbins=5))
+    ax.yaxis.set_major_locator(MaxNLocator(nbins=5))
+    handles, labels = _legend_entries(ax, comparison)
+    handles.append(Line2D([], [], linestyle="none"))
+    labels.append("numbers: the threshold τ")
+    legend_below(fig, handles, labels, max_columns=2)
+    ax.grid(alpha=0.3)
+    ax.set_title(FIGURES["early_exit"][2])
+    finish(fig)
+    place_labels(fig, ax, points, texts, colours)
+    return stamp(fig, comparison.line)
 
 
 def comparison_figures(comparison: Comparison) -> dict[str, Figure]:
@@ -231,6 +338,51 @@ def comparison_figures(comparison: Comparison) -> dict[str, Figure]:
     return figures
 
 
+PANEL_CHOICES = ("accuracy", "cos", "cka", "nc1", "effective_depth")
+
+
+def panels_figure(comparison: Comparison, names: Sequence[str]) -> Figure:
+    """Several quantities of a comparison in one figure, panels (a), (b), ... in reading order, one legend below.
+
+    Two panels a row (one at column width for one or two panels... always two a row, as a journal's multi-panel
+    figure), each drawn by :func:`draw_quantity`; errors name ``--panels``.
+    """
+    present = {row.quantity for row in comparison.rows}
+    for name in names:
+        if name not in PANEL_CHOICES:
+            raise ValueError(
+                f"`--panels={','.join(names)}`: {name!r} is not a panel; choose from {', '.join(PANEL_CHOICES)}."
+            )
+        if FIGURES[name][0] not in present:
+            raise ValueError(f"`--panels={','.join(names)}`: no run has {FIGURES[name][0]!r} to draw.")
+    columns = 1 if len(names) == 1 else 2
+    rows = math.ceil(len(names) / columns)
+    p = sizes()
+    panel_height = 1.55 if p.width < 4 else 2.4
+    gap_x, gap_y = (0.55 if p.width < 4 else 0.75), (0.62 if p.width < 4 else 0.72)
+    height = p.bottom + p.title_line + 0.1 + rows * panel_height + (rows - 1) * gap_y
+    fig = Figure(figsize=(p.width, height))
+    FigureCanvasAgg(fig)
+    axes = np.atleast_1d(fig.subplots(rows, columns, squeeze=False)).ravel()
+    panel_width = (p.width - p.left - p.right - (columns - 1) * gap_x) / columns
+    fig.subplots_adjust(wspace=gap_x / panel_width, hspace=gap_y / panel_height)
+    set_margins(fig, left=p.left, right=p.right, bottom=p.bottom, top=0.1 + p.title_line)
+    unreached = False
+    for index, (ax, name) in enumerate(zip(axes, names)):
+        unreached |= draw_quantity(ax, comparison, name)
+        ax.grid(alpha=0.3)
+        panel_letter(ax, index)
+    for ax in axes[len(names) :]:
+        ax.remove()
+    handles, labels = _legend_entries(axes[0], comparison, unreached)
+    legend_below(fig, handles, labels, max_columns=2)
+    fig.suptitle(", ".join(FIGURES[name][2] for name in names), fontsize=p.title)
+    finish(fig)  # sizes only: the letters stay bold
+    untitled(fig)  # a multi-panel figure's title is its caption
+    setattr(fig, "_layerwise_provenance", [", ".join(FIGURES[name][2] for name in names), comparison.line])  # noqa: B010
+    return fig
+
+
 # ------------------------------------------------------------------------------------------------------ table
 def table_texts(comparison: Comparison) -> dict[str, str]:
     """``comparison.csv`` and ``comparison.md``: the figures' numbers, and which runs each group holds."""
@@ -238,9 +390,13 @@ def table_texts(comparison: Comparison) -> dict[str, str]:
     writer = csv.DictWriter(buffer, fieldnames=CSV_FIELDS, lineterminator="\n")
     writer.writeheader()
     writer.writerows(csv_rows(comparison.rows))
-    heading = (
-        f"Validation, epoch {comparison.epoch} ({comparison.how}): mean ± half-width of the 95 % t-interval over seeds"
+    what = (
+        "mean ± half-width of the 95 % t-interval over seeds (its ends clipped to the quantity's range in the CSV's "
+        "low and high)"
+        if comparison.banded
+        else "one run per group, no interval"
     )
+    heading = f"Validation, epoch {comparison.epoch} ({comparison.how}): {what}"
     members = [
         f"- {comparison.legend(group.label)}: {', '.join(comparison.names[i] for i in group.members)}"
         for group in comparison.groups
@@ -249,12 +405,26 @@ def table_texts(comparison: Comparison) -> dict[str, str]:
     return {"comparison.csv": buffer.getvalue(), "comparison.md": text}
 
 
-def write_comparison(comparison: Comparison, out: Path, formats: Sequence[str], width: str = "page") -> list[Path]:
-    """Write every figure (``comparison_<name>.<format>``, drawn at print ``width``) and the table into ``out``."""
+def write_comparison(
+    comparison: Comparison,
+    out: Path,
+    formats: Sequence[str],
+    width: str = "page",
+    dpi: int = 150,
+    titles: bool = True,
+    panels: Optional[Sequence[str]] = None,
+) -> list[Path]:
+    """Write every figure (``comparison_<name>.<format>``, drawn at print ``width``) and the table into ``out``.
+
+    ``panels``: also ``comparison_panels.<format>``, those quantities as panels (a), (b), ... of one figure.
+    ``titles=False``: titles into the files' metadata and sidecars (:func:`~layerwise.figures.plot.write_figures`).
+    """
     out.mkdir(parents=True, exist_ok=True)
     with drawn_at(width):
         figures = comparison_figures(comparison)
-    written = save_figures(figures, out, "comparison", formats)
+        if panels:
+            figures["panels"] = panels_figure(comparison, panels)
+    written = write_figures(figures, out, "comparison", formats, dpi, titles)
     for name, text in table_texts(comparison).items():
         written.append(write_text_atomic(out / name, text))
     return written

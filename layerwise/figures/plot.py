@@ -7,7 +7,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal, Optional
 
-from layerwise.results import find_summaries, is_pattern, is_summary, load_summary, save_figures, summary_order
+from layerwise.figures.files import DEFAULT_DPI, write_figures
+from layerwise.results import find_summaries, is_pattern, is_summary, load_summary, summary_order
 
 FigureFormat = Literal["png", "pdf", "svg"]
 
@@ -38,6 +39,8 @@ def plot_summary(
     out_dir: Optional[Path] = None,
     formats: tuple[str, ...] = ("png", "pdf"),
     width: PrintWidth = "page",
+    dpi: int = DEFAULT_DPI,
+    titles: bool = True,
     functions: Sequence[Any] = (),
 ) -> list[Path]:
     """Write every figure of one summary, drawn at print ``width``; returns the written paths.
@@ -52,7 +55,7 @@ def plot_summary(
     target.mkdir(parents=True, exist_ok=True)
     with drawn_at(width):
         figures = summary_figures(summary, functions, where=str(summary_file))
-    return save_figures(figures, target, summary_file.stem, formats)
+    return write_figures(figures, target, summary_file.stem, formats, dpi, titles)
 
 
 # ------------------------------------------------------------------------------- the `layerwise plot` command
@@ -64,6 +67,9 @@ def plot(
     label: Optional[list[str]] = None,
     epoch: str = "last",
     width: PrintWidth = "page",
+    no_title: bool = False,
+    dpi: int = DEFAULT_DPI,
+    panels: Optional[str] = None,
     figures: Optional[list[str]] = None,
 ) -> None:
     """Render the paper-style figures of layerwise summaries to PNG/PDF/SVG.
@@ -88,6 +94,12 @@ def plot(
             summary key over the runs, at the last layer: best:accuracy; lowest for a loss), or a number.
         width: print width the figures are drawn at, natively, every text >= 7 pt: a journal's column (3.3 in) or
             page (6.9 in).
+        no_title: leave the titles off the figures (the caption says it): what they named (run, stage, epoch) goes
+            into each file's metadata and a sidecar <figure>.json.
+        dpi: resolution of the PNG files (journals ask 300-600).
+        panels: several quantities in one figure, panels (a), (b), ... at the print width, e.g.
+            accuracy,cos,cka,nc1 (also effective_depth): comparison_panels.<format> beside the other figures (one or
+            several runs).
         figures: figure functions of your own analyses, as module:function (e.g. feature_norm:feature_norm_figures),
             that may draw the summaries that name them, besides the package's and those registered in the
             entry-point group layerwise.figures; a summary naming any other function draws it not (docs/security.md).
@@ -96,12 +108,17 @@ def plot(
 
     functions = typed_functions(figures or [])
     formats = tuple(format or ("png", "pdf"))
+    if dpi < 50 or dpi > 2400:
+        raise ValueError(f"`--dpi={dpi}`: give a resolution between 50 and 2400 dots per inch (journals ask 300-600).")
     path = [Path(path)] if isinstance(path, (str, Path)) else [Path(p) for p in path]  # one path, from Python
-    if len(path) > 1 or is_pattern(path[0]):
+    chosen = [name.strip() for name in panels.split(",") if name.strip()] if panels else None
+    if panels is not None and not chosen:
+        raise ValueError("`--panels=`: name the quantities, e.g. --panels accuracy,cos,cka,nc1.")
+    if len(path) > 1 or is_pattern(path[0]) or chosen:
         if all_epochs:
             raise ValueError("`--all_epochs` draws one run; several runs are drawn at one epoch (--epoch).")
         with warnings_as_lines("layerwise plot"):
-            _plot_runs(path, out, formats, label, epoch, width)
+            _plot_runs(path, out, formats, label, epoch, width, not no_title, dpi, chosen)
         return
     if label is not None:
         raise ValueError("`--label` names several runs; give more than one run to draw them side by side.")
@@ -117,7 +134,7 @@ def plot(
             files = _at_epoch(files[0].parent.parent, epoch)
     for summary_file in files:
         with warnings_as_lines("layerwise plot"):
-            written_files = plot_summary(summary_file, out, formats, width, functions)
+            written_files = plot_summary(summary_file, out, formats, width, dpi, not no_title, functions)
         for written in written_files:
             print(written)
 
@@ -141,6 +158,9 @@ def _plot_runs(
     labels: Optional[list[str]],
     epoch: str,
     width: PrintWidth,
+    titles: bool = True,
+    dpi: int = DEFAULT_DPI,
+    panels: Optional[list[str]] = None,
 ) -> None:
     """Several runs side by side (:mod:`layerwise.figures.overlay`), drawn at print ``width``."""
     from layerwise.figures.overlay import load_comparison, write_comparison
@@ -148,5 +168,5 @@ def _plot_runs(
     comparison = load_comparison(paths, labels, epoch)
     groups = "; ".join(comparison.legend(group.label) for group in comparison.groups)
     print(f"layerwise plot: {len(comparison.runs)} runs at epoch {comparison.epoch} ({comparison.how}): {groups}")
-    for written in write_comparison(comparison, out or Path("comparison"), formats, width):
+    for written in write_comparison(comparison, out or Path("comparison"), formats, width, dpi, titles, panels):
         print(written)

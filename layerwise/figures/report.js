@@ -175,7 +175,9 @@ function scalars(s) {
   const depths = [["effective_depth", "ε-effective depth (accuracy ≥ 1 − ε)"], ["effective_depth_relative", "ε-effective depth (within ε of the last layer)"]];
   for (const [k, words] of counts) if (Number.isInteger(s[k])) parts.push(`${words} ${fmt(s[k], true)}`);
   for (const [k, words] of numbers) if (typeof s[k] === "number") parts.push(`${words} ${fmt(s[k])}`);
-  for (const [k, words] of depths) if (s[k]) parts.push(`${words}: ` + Object.entries(s[k]).map(([e, d]) => `ε ${esc(e)} → layer ${fmt(d, true)}`).join(", "));
+  // where no layer reaches 1 − ε the summary's depth is the last layer by convention: written as not reached
+  const reached = (k, e) => !(k === "effective_depth" && s.effective_depth_reached && s.effective_depth_reached[e] === false);
+  for (const [k, words] of depths) if (s[k]) parts.push(`${words}: ` + Object.entries(s[k]).map(([e, d]) => (reached(k, e) ? `ε ${esc(e)} → layer ${fmt(d, true)}` : `ε ${esc(e)} → not reached`)).join(", "));
   let exits = "";
   if (Array.isArray(s.early_exit) && s.early_exit.length) {
     // one column per exit layer, a number per cell; each column of decimals written to the same number of places

@@ -34,7 +34,9 @@ def norm_ratio_figure(results: dict[str, Any]) -> Figure:
         def level(q: float, rows: Any = rows) -> list[float]:
             return [float("nan") if row[levels.index(q)] is None else row[levels.index(q)] for row in rows]
 
-        ax.plot(layers, level(0.5), marker="o", markersize=4, color=color, label=plain(name))
+        ax.plot(
+            layers, level(0.5), marker=("o", "s", "^", "D")[index % 4], markersize=4, color=color, label=plain(name)
+        )
         ax.fill_between(layers, level(0.25), level(0.75), color=color, alpha=0.2, linewidth=0)
         mean = [float("nan") if value is None else value for value in results["mean"][index]]
         ax.plot(layers, mean, linestyle="--", color=color, linewidth=1)

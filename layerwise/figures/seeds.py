@@ -6,17 +6,28 @@ draw their figures and write their table from :func:`comparison_rows`.
 
 - **Groups.** Runs whose configs differ only by seeds (``seed_everything``, any ``seed`` or ``*_seed`` option) and by
   where they write (logger, folders) form one group, labelled by what differs between the groups (:func:`group_runs`):
-  ``Standard`` against ``AlternatingAligned`` when the model's class differs, ``depth=3`` against ``depth=6`` when the
-  backbone's depth does. Labels given by the user group the runs that share a label.
+  ``standard`` against ``alternating aligned`` when the model's class differs (the class in words), ``depth=3``
+  against ``depth=6`` when the backbone's depth does. Labels given by the user group the runs that share a label.
 - **Epoch.** One epoch for every run (:func:`choose_epoch`): ``last`` (the latest epoch that every run validated),
   a number, or ``best:<key>`` (the epoch at which the runs' mean of that summary key, at the last layer for a
   per-layer key, is highest; lowest for a loss).
 - **Statistics.** A group of ``n`` runs gives, at every point (layer, ε, τ), the mean of its runs' finite values and
   the half-width of the 95 % Student-t interval ``t_{0.975, n-1} · s / √n`` with ``s`` the sample standard
   deviation (:func:`t_interval`; no interval for ``n = 1``), ``t`` from ``scipy.stats.t.ppf``.
+- **Range.** The interval is a statement about a mean the quantity can take: its ends (:attr:`Row.low`,
+  :attr:`Row.high`, the band drawn, the table's ``low``/``high``) are clipped to the quantity's range
+  (:data:`RANGES`: accuracy and CKA in [0, 1], COS in [-1, 1], NC1, CDNV, NC2 and NC3 >= 0, NC4's agreement and
+  accuracy in [0, 1], speedup >= 1, ε-effective depth between the first and the last layer); ``half_width`` stays
+  the unclipped t-interval's.
+- **Not reached.** ε-effective depth where no layer reaches ``1 − ε`` is the last layer by the paper's convention;
+  a summary that says so (``effective_depth_reached``: false) gives no value there (NaN), and the row counts the
+  runs that did not reach it (:attr:`Row.unreached`): the table writes "not reached", never the last layer.
+- **Table.** ``mean ± half-width`` with the half-width to two significant digits and the mean to the same place
+  (three significant digits without an interval); accuracies in %.
 """
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Optional
@@ -41,6 +52,23 @@ QUANTITIES = {
     "early_exit_accuracy": "early-exit accuracy",
     "early_exit_speedup": "early-exit speedup",
 }
+# the values each quantity can take: a band is clipped to them (effective depth: the layers, set per comparison)
+RANGES = {
+    "accuracy": (0.0, 1.0),
+    "cos": (-1.0, 1.0),
+    "cka": (0.0, 1.0),
+    "nc1": (0.0, math.inf),
+    # neural collapse: variabilities, norms' CV and distances are >= 0; NC4's shares of samples in [0, 1]
+    **dict.fromkeys(
+        ("cdnv", "nc2_equinorm", "nc2_cos_std", "nc2_equiangular", "nc2_etf", "nc3", "nc3_duality"), (0.0, math.inf)
+    ),
+    "nc4_agreement": (0.0, 1.0),
+    "nc4_ncc_accuracy": (0.0, 1.0),
+    "early_exit_accuracy": (0.0, 1.0),
+    "early_exit_speedup": (1.0, math.inf),
+}
+PERCENT = ("accuracy", "early_exit_accuracy")  # written in % in the table
+WHOLE = ("effective_depth",)  # whole numbers: integer ticks
 # what each quantity's x is
 POSITIONS = {"effective_depth": "ε", "early_exit_accuracy": "τ", "early_exit_speedup": "τ"}
 LOWER_IS_BETTER = (
@@ -85,15 +113,20 @@ class Row:
     x: Any
     mean: float
     half_width: float  # NaN for a group of one run (or one finite value)
-    values: tuple[float, ...]  # each run's value, NaN where it has none
+    values: tuple[float, ...]  # each run's value, NaN where it has none (or where it was not reached)
+    lower: float = -math.inf  # the quantity's range (RANGES): the interval's ends are clipped to it
+    upper: float = math.inf
+    unreached: int = 0  # runs whose value at this point was not reached (ε-effective depth: no layer >= 1 - ε)
 
     @property
     def low(self) -> float:
-        return self.mean - self.half_width
+        """The interval's lower end, clipped to the quantity's range."""
+        return max(self.mean - self.half_width, self.lower)
 
     @property
     def high(self) -> float:
-        return self.mean + self.half_width
+        """The interval's upper end, clipped to the quantity's range."""
+        return min(self.mean + self.half_width, self.upper)
 
 
 # ------------------------------------------------------------------------------------------------------ statistics
@@ -152,9 +185,15 @@ def differences(configs: Sequence[Mapping[str, Any]]) -> list[str]:
     return [key for key in differ if not any(key.startswith(f"{c}init_args.") for c in classes)]
 
 
+def class_words(class_path: str) -> str:
+    """A class in words for a legend: ``layerwise.lightning_modules.AlternatingAligned`` -> alternating aligned."""
+    name = class_path.rsplit(".", 1)[-1]
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", " ", name).lower()
+
+
 def _shown(key: str, value: Any) -> str:
     if key.endswith("class_path") and isinstance(value, str):
-        return value.rsplit(".", 1)[-1]
+        return class_words(value)
     name = [part for part in key.split(".") if part != "init_args"][-1]
     return f"{name.replace('_', ' ')}={value}"  # in words: a legend shows it (embed dim=16, not embed_dim=16)
 
@@ -181,7 +220,7 @@ def group_runs(
             label = ", ".join(_shown(key, flats[index].get(key)) for key in keys)
         else:  # only seeds differ: one group, called by its model class
             model = flats[index].get("model.class_path")
-            label = model.rsplit(".", 1)[-1] if isinstance(model, str) else "runs"
+            label = class_words(model) if isinstance(model, str) else "runs"
         groups.setdefault(label, []).append(index)
     return [Group(label, tuple(members)) for label, members in groups.items()]
 
@@ -260,12 +299,29 @@ def series(summary: Mapping[str, Any], quantity: str) -> tuple[list[Any], list[f
     if quantity == "effective_depth":
         depth = summary.get("effective_depth") or {}
         order = sorted(depth, key=float)
-        return [float(eps) for eps in order], [number(depth[eps]) for eps in order]
+        missed = unreached(summary)
+        return [float(eps) for eps in order], [math.nan if eps in missed else number(depth[eps]) for eps in order]
     if quantity in ("early_exit_accuracy", "early_exit_speedup"):
         rows = summary.get("early_exit") or []
         field = quantity.rsplit("_", 1)[1]
         return [float(row["threshold"]) for row in rows], [number(row.get(field)) for row in rows]
     raise KeyError(quantity)
+
+
+def unreached(summary: Mapping[str, Any]) -> set[str]:
+    """The ε (as the summary's keys) at which no layer reached accuracy ``1 − ε`` (``effective_depth_reached``).
+
+    A summary written before that flag existed says nothing: every depth counts as reached.
+    """
+    flags = summary.get("effective_depth_reached") or {}
+    return {eps for eps, reached in flags.items() if reached is False}
+
+
+def _range(quantity: str, summaries: Sequence[Mapping[str, Any]]) -> tuple[float, float]:
+    if quantity == "effective_depth":
+        layers = [layer for summary in summaries for layer in summary.get("layers") or []]
+        return (float(min(layers)), float(max(layers))) if layers else (-math.inf, math.inf)
+    return RANGES.get(quantity, (-math.inf, math.inf))
 
 
 def comparison_rows(
@@ -281,14 +337,35 @@ def comparison_rows(
         points = list(dict.fromkeys(x for xs, _ in drawn for x in xs))
         if not points:
             continue
+        lower, upper = _range(quantity, summaries)
         for group in groups:
             for point in points:
                 values = []
                 for index in group.members:
                     xs, ys = drawn[index]
                     values.append(ys[xs.index(point)] if point in xs else math.nan)
+                missed = 0
+                if quantity == "effective_depth":
+                    missed = sum(
+                        any(float(eps) == point for eps in unreached(summaries[index])) for index in group.members
+                    )
                 mean, half, _ = t_interval(values, confidence)
-                rows.append(Row(quantity, group.label, len(group.members), point, mean, half, tuple(values)))
+                if missed:  # a mean over the runs that reached it would hide the others: no value
+                    mean, half = math.nan, math.nan
+                rows.append(
+                    Row(
+                        quantity,
+                        group.label,
+                        len(group.members),
+                        point,
+                        mean,
+                        half,
+                        tuple(values),
+                        lower,
+                        upper,
+                        missed,
+                    )
+                )
     return rows
 
 
@@ -298,7 +375,7 @@ def layer_counts(summaries: Sequence[Mapping[str, Any]]) -> list[int]:
 
 
 # ------------------------------------------------------------------------------------------------------ table
-CSV_FIELDS = ("quantity", "group", "seeds", "x", "mean", "half_width", "low", "high", "values")
+CSV_FIELDS = ("quantity", "group", "seeds", "x", "mean", "half_width", "low", "high", "values", "not_reached")
 
 
 def _plain(value: float) -> str:
@@ -318,13 +395,40 @@ def csv_rows(rows: Sequence[Row]) -> list[dict[str, str]]:
             "low": _plain(row.low),
             "high": _plain(row.high),
             "values": " ".join(_plain(value) or "nan" for value in row.values),
+            "not_reached": str(row.unreached),
         }
         for row in rows
     ]
 
 
+def decimals(mean: float, half: float) -> int:
+    """The decimals a mean and its interval's half-width support: the half-width's two significant digits.
+
+    Without an interval (one run), the mean's three significant digits; a whole number with no spread, none.
+    """
+    if math.isfinite(half) and half > 0:
+        return max(0, 1 - math.floor(math.log10(half)))
+    if float(mean).is_integer():
+        return 0
+    return max(0, 2 - math.floor(math.log10(abs(mean)))) if mean else 2
+
+
+def cell(row: Row) -> str:
+    """A row's ``mean ± half-width`` in the digits the interval supports (:func:`decimals`), accuracies in %."""
+    if row.unreached:
+        return "not reached" if row.unreached >= row.seeds else f"not reached in {row.unreached} of {row.seeds} runs"
+    if not math.isfinite(row.mean):
+        return "n/a"
+    scale = 100.0 if row.quantity in PERCENT else 1.0
+    mean, half = row.mean * scale, row.half_width * scale
+    places = decimals(mean, half)
+    if math.isfinite(half):
+        return f"{mean:.{places}f} ± {half:.{places}f}"
+    return f"{mean:.{places}f}"
+
+
 def markdown(rows: Sequence[Row], heading: str) -> str:
-    """One Markdown table per quantity: a row per point, a column per group with ``mean ± half-width``."""
+    """One Markdown table per quantity: a row per point, a column per group, ``mean ± half-width`` (:func:`cell`)."""
     lines = [f"# {heading}", ""]
     for quantity in dict.fromkeys(row.quantity for row in rows):
         of = [row for row in rows if row.quantity == quantity]
@@ -332,19 +436,12 @@ def markdown(rows: Sequence[Row], heading: str) -> str:
         seeds = {row.group: row.seeds for row in of}
         points = list(dict.fromkeys(row.x for row in of))
         x_name = POSITIONS.get(quantity, "layer")
-        lines += [f"## {QUANTITIES[quantity]}", ""]
+        unit = " (%)" if quantity in PERCENT else ""
+        lines += [f"## {QUANTITIES[quantity]}{unit}", ""]
         lines.append("| " + " | ".join([x_name, *(f"{g} (n={seeds[g]})" for g in groups)]) + " |")
         lines.append("|" + " --- |" * (len(groups) + 1))
         for point in points:
-            cells = []
-            for group in groups:
-                row = next(r for r in of if r.group == group and r.x == point)
-                if not math.isfinite(row.mean):
-                    cells.append("n/a")
-                elif math.isfinite(row.half_width):
-                    cells.append(f"{row.mean:.4f} ± {row.half_width:.4f}")
-                else:
-                    cells.append(f"{row.mean:.4f}")
+            cells = [cell(next(r for r in of if r.group == group and r.x == point)) for group in groups]
             shown = f"{point:g}" if isinstance(point, float) else str(point)
             lines.append("| " + " | ".join([shown, *cells]) + " |")
         lines.append("")

@@ -11,12 +11,15 @@ report and the commands' figures:
 - margins in inches (:func:`new_figure`), not in fractions of the canvas, so that a small or a large figure keeps
   room for its labels; no constrained layout (a third more drawing time at every epoch);
 - words, not keys: stages named in words (:func:`stage_name`: ``val_corrupted`` is "validation (corrupted)");
-- one colour per layer (:func:`layer_colour`, the same layer has the same colour in every figure of a run): up to
-  12 layers a qualitative palette whose colours stay apart for colour-blind readers (:data:`LAYER_PALETTE`), beyond
-  it a sequential map without its pale end; one colour per quantity (:data:`QUANTITY_COLOURS`: accuracy, COS, CKA,
-  NC1..., the same in the figures, the report and TensorBoard's images) and per named series (:func:`series_colour`:
-  residual branches, models); other series in :data:`SERIES_PALETTE` (matplotlib's default cycle too); ordered series
-  (thresholds) told apart by colour and by marker (:func:`ordered_style`);
+- one colour per layer (:func:`layer_colour`, the same layer has the same colour in every figure of a run): an
+  ordered map (cividis without its pale end), the layers' order kept in greyscale; one colour per quantity
+  (:data:`QUANTITY_COLOURS`: accuracy, COS, CKA, NC1..., the same in the figures, the report and TensorBoard's
+  images) and per named series (:func:`series_colour`: residual branches, models); other series in
+  :data:`SERIES_PALETTE` (matplotlib's default cycle too); ordered series (thresholds) told apart by colour and by
+  marker (:func:`ordered_style`); groups of runs by colour, marker and dash (:func:`group_style`), so that they
+  differ in greyscale;
+- titles can come off (:func:`untitled`, ``plot --no_title``) into the files' metadata (:func:`provenance_metadata`);
+  multi-panel figures get bold panel letters (:func:`panel_letter`); every file records :data:`STYLE_VERSION`;
 - similarity maps (:func:`similarity_map`): COS, a signed quantity, on a diverging map centred at 0 over [-1, 1] when
   a value is negative (else sequential over [0, 1]); CKA sequential; the colour bar says in words what it shows;
 - fonts embedded in PDF and PostScript as TrueType (``pdf.fonttype`` 42), not as Type 3 fonts, which many
@@ -48,11 +51,11 @@ matplotlib.rcParams["pdf.fonttype"] = 42
 matplotlib.rcParams["ps.fonttype"] = 42
 
 __all__ = [
-    "LAYER_PALETTE",
     "MIN_TEXT_SIZE",
     "PRINTS",
     "QUANTITY_COLOURS",
     "SERIES_PALETTE",
+    "STYLE_VERSION",
     "Figure",
     "FigureCanvasAgg",
     "Print",
@@ -63,6 +66,10 @@ __all__ = [
     "drawn_at",
     "finish",
     "finite_values",
+    "group_style",
+    "panel_letter",
+    "provenance_metadata",
+    "untitled",
     "fit_to_cells",
     "layer_colour",
     "layer_ticks",
@@ -83,6 +90,12 @@ __all__ = [
     "stage_name",
     "stamp",
 ]
+
+
+# The style's version: raised whenever a change here changes how a figure looks. Every figure file layerwise writes
+# records it (PNG text, PDF keywords, the --no-title sidecar), and tests/project/test_docs_figures.py fails when a
+# picture in docs/figures/ records an older one than this: the docs show figures in the current style.
+STYLE_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -135,28 +148,11 @@ def sizes() -> Print:
     return PRINTS[_WIDTH.get()]
 
 
-# One colour per layer up to 12 layers, chosen from Okabe & Ito's palette and Paul Tol's "muted", "bright" and "vibrant"
-# (each colour-blind safe on its own) without their pale colours (contrast with white >= 2.2, so a line is never
-# faint): the 12 that stay furthest apart (CIELAB ΔE76 >= 10.7 for every pair, seen with normal vision and through
-# Machado et al.'s protanopia, deuteranopia and tritanopia matrices), ordered so that the first 4, 6 and 8 are as far
-# apart as they can be (ΔE >= 38, 24, 17) and neighbouring layers are >= 24 apart.
-# tests/figures/test_figures.py measures it.
-LAYER_PALETTE = (
-    "#E69F00",  # orange (Okabe-Ito)
-    "#332288",  # indigo (Tol muted)
-    "#56B4E9",  # sky blue (Okabe-Ito)
-    "#882255",  # wine (Tol muted)
-    "#CC3311",  # red (Tol vibrant)
-    "#EE6677",  # rose (Tol bright)
-    "#0077BB",  # blue (Tol vibrant)
-    "#CC79A7",  # reddish purple (Okabe-Ito)
-    "#228833",  # green (Tol bright)
-    "#AA4499",  # purple (Tol muted)
-    "#999933",  # olive (Tol muted)
-    "#AA3377",  # purple-red (Tol bright)
-)
-# beyond 12 layers: viridis from dark blue to green, without its pale yellow end
-_DEEP_MAP, _DEEP_END = "viridis", 0.75
+# One colour per layer, from an ordered map, because the layer is an ordered quantity: cividis (designed to read the
+# same for colour-blind readers, its lightness rising steadily) from dark blue (layer 1) to olive-yellow (the last
+# layer), without its pale yellow end (contrast with white >= 2, so a line is never faint). Lightness grows with the
+# layer, so that layers stay in order in greyscale too. tests/figures/test_figures.py measures it.
+_LAYER_MAP, _LAYER_END = "cividis", 0.8
 # ordered series (thresholds): plasma from dark blue to orange (its pale yellow end left out), sampled at equal
 # colour distances rather than equal steps of the map, whose dark end changes slowly (two thresholds there looked
 # the same dark purple)
@@ -297,12 +293,10 @@ def finish(fig: Figure) -> Figure:
 def layer_colour(layer: int, depth: int) -> Any:
     """The colour of layer ``layer`` (1-based) of a ``depth``-layer model: the same in every figure of that model.
 
-    Up to 12 layers the ``layer``-th of :data:`LAYER_PALETTE` (a 6-layer and a 12-layer model share their first six
-    colours); deeper models, where no palette keeps every layer apart, shade from dark blue (first) to green (last).
+    An ordered map (cividis, dark blue at layer 1 to olive-yellow at layer ``depth``): the layer is ordered, and its
+    colours keep that order in greyscale (a qualitative palette made layers 1 and 3 alike in grey).
     """
-    if depth <= len(LAYER_PALETTE):
-        return LAYER_PALETTE[(layer - 1) % len(LAYER_PALETTE)]
-    return matplotlib.colormaps[_DEEP_MAP](_DEEP_END * (layer - 1) / (depth - 1))
+    return matplotlib.colormaps[_LAYER_MAP](_LAYER_END * (layer - 1) / max(1, depth - 1))
 
 
 def ordered_colour(index: int, count: int) -> Any:
@@ -330,6 +324,21 @@ def _cielab(rgb: np.ndarray) -> np.ndarray:
 def ordered_style(index: int, count: int) -> dict[str, Any]:
     """Line style of the ``index``-th of ``count`` ordered series: its colour (:func:`ordered_colour`), its marker."""
     return {"color": ordered_colour(index, count), "marker": _ORDERED_MARKERS[index % len(_ORDERED_MARKERS)]}
+
+
+# groups of runs (``plot RUN...``): told apart by marker and dash as well as by colour, so that two groups differ in
+# greyscale and for any colour vision (the standard and aligned lines had L* 46 and 54, one marker, one dash)
+_GROUP_MARKERS = ("o", "s", "^", "D", "v", "P")
+_GROUP_DASHES = ("-", "--", "-.", ":", (0, (5, 1, 1, 1, 1, 1)), (0, (1, 1)))
+
+
+def group_style(index: int) -> dict[str, Any]:
+    """Line style of the ``index``-th group of runs: a colour (:data:`SERIES_PALETTE`), a marker and a dash."""
+    return {
+        "color": SERIES_PALETTE[index % len(SERIES_PALETTE)],
+        "marker": _GROUP_MARKERS[index % len(_GROUP_MARKERS)],
+        "linestyle": _GROUP_DASHES[index % len(_GROUP_DASHES)],
+    }
 
 
 def dodge(index: int, count: int, width: float = 0.36) -> float:
@@ -456,15 +465,29 @@ def stamp(fig: Figure, line: str) -> Figure:
 
 
 def fit_to_cells(fig: Figure, ax: Any, rows: int, columns: int) -> None:
-    """Make the canvas as high as square cells of a ``rows`` x ``columns`` image in ``ax`` need (within 1.5x, <= 4 in).
+    """Make the cells of a ``rows`` x ``columns`` image in ``ax`` square: the canvas as high as they need (<= 4 in).
 
-    The margins are kept in inches; draw the image with ``aspect="auto"``, so that its colorbar is as high as it is.
+    Where 4 in of height cannot give the axes' width square cells (a page-wide heatmap), the axes (and the colorbar
+    of :func:`new_figure`'s ``colorbar=True``) are narrowed and centred instead of stretching the cells. The margins
+    are kept in inches; draw the image with ``aspect="auto"``, so that its colorbar is as high as it is.
     """
     width, height = fig.get_size_inches()
     box = ax.get_position()
     axes_width, axes_height = box.width * width, box.height * height
-    wanted = min(max(axes_width * rows / max(1, columns), axes_width / 1.5), axes_width * 1.5, 4.0)  # <= 4 in
+    wanted = min(axes_width * rows / max(1, columns), 4.0)  # inches of height
+    narrower = axes_width - wanted * columns / max(1, rows)
     fig.set_size_inches(width, height + wanted - axes_height)
+    if narrower > 0.01:
+        margins = getattr(fig, "_layerwise_margins", {})
+        left, right = margins.get("left", sizes().left), margins.get("right", sizes().right)
+        bar = getattr(fig, "_layerwise_colorbar", None)
+        if bar is not None:  # new_figure's columns: the image, then a 0.1-in bar 0.08 in from it
+            region, bar_width, gap = width - left - right - narrower, 0.1, 0.08
+            grid = ax.get_subplotspec().get_gridspec()
+            grid.set_width_ratios([region - bar_width - gap, bar_width])
+            fig.subplots_adjust(wspace=2 * gap / (region - gap))
+        set_margins(fig, left=left + narrower / 2, right=right + narrower / 2)
+        return
     set_margins(fig)
 
 
@@ -628,3 +651,55 @@ def place_labels(
         else:
             dropped += 1
     return dropped
+
+
+def panel_letter(ax: Any, index: int) -> Any:
+    """Write ``(a)``, ``(b)``, ... above the top-left corner of ``ax`` (the ``index``-th panel), bold, title size."""
+    letter = f"({chr(ord('a') + index)})"
+    return ax.set_title(letter, loc="left", fontsize=sizes().title, fontweight="bold")
+
+
+def untitled(fig: Figure) -> list[str]:
+    """Take the titles off ``fig`` (its suptitle, its axes' centred titles and their stamped lines): a caption says it.
+
+    Panel letters (left titles) stay. The canvas loses the title's room above the axes, which keep their size.
+    Returns the lines taken off, for the file's metadata and sidecar (:func:`provenance_metadata`).
+    """
+    lines: list[str] = []
+    texts = ([fig._suptitle] if fig._suptitle is not None else []) + [ax.title for ax in fig.axes]
+    for text in texts:
+        if text.get_text():
+            lines.extend(line for line in text.get_text().split("\n") if line.strip())
+            text.set_text("")
+    lettered = any(ax._left_title.get_text() for ax in fig.axes)
+    top = getattr(fig, "_layerwise_margins", {}).get("top")
+    if top is not None:
+        keep = 0.1 + (sizes().title_line if lettered else 0.0)
+        if top > keep:
+            width, height = fig.get_size_inches()
+            fig.set_size_inches(width, height - (top - keep))
+            set_margins(fig, top=keep)
+    fig._layerwise_provenance = lines
+    return lines
+
+
+def provenance_metadata(fig: Figure, fmt: str) -> dict[str, str]:
+    """What a saved file of ``fig`` records of itself, in ``fmt``'s metadata keys: title, provenance, style version.
+
+    The title lines (:func:`untitled` keeps them when it takes them off the canvas), ``layerwise`` and
+    :data:`STYLE_VERSION`: PNG text chunks (``Title``, ``Description``, ``layerwise style``), PDF's ``Title``,
+    ``Subject`` and ``Keywords``, SVG's ``Title`` and ``Description``.
+    """
+    lines = getattr(fig, "_layerwise_provenance", None)
+    if lines is None:
+        texts = ([fig._suptitle] if fig._suptitle is not None else []) + [ax.title for ax in fig.axes]
+        lines = [line for text in texts for line in text.get_text().split("\n") if line.strip()]
+    title, rest = (lines[0], " · ".join(lines[1:])) if lines else ("", "")
+    version = f"layerwise style {STYLE_VERSION}"
+    if fmt == "png":
+        return {"Title": title, "Description": rest, "Software": "layerwise", "layerwise style": str(STYLE_VERSION)}
+    if fmt == "pdf":
+        return {"Title": title, "Subject": rest, "Keywords": version, "Creator": "layerwise"}
+    if fmt == "svg":
+        return {"Title": title, "Description": f"{rest} · {version}" if rest else version}
+    return {}

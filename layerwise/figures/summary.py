@@ -4,6 +4,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, Optional
 
+import matplotlib
 import numpy as np
 from matplotlib.ticker import MaxNLocator, NullFormatter
 
@@ -23,6 +24,7 @@ from layerwise.figures.style import (
     Figure,
     cell_values,
     colorbar,
+    dodge,
     finish,
     finite_values,
     layer_colour,
@@ -116,9 +118,10 @@ def cos_box_plots(
     """Box plots of the per-sample COS(h_l, h_L) per layer (App. B.1, Fig. 10), from quantiles of the histogram.
 
     Box (in the layer's colour): quartiles and median; whiskers: the 1st and 99th percentiles; dots: the smallest
-    and largest value (each within half a histogram bin). The percentage of samples with a negative COS is drawn on
-    a twin axis (from 0 %, at least up to 1 %) when any layer has one; else the title says that none has. The COS
-    axis starts at 0 when no quantile is negative, so that no half of the canvas is left empty.
+    and largest value (each within half a histogram bin), a legend below says so. The percentage of samples with a
+    negative COS has axes of its own under the boxes, sharing the layer axis (from 0 %, at least up to 1 %), when any
+    layer has one (never a twin axis over the boxes); else the title says that none has. The COS axis starts at 0
+    when no quantile is negative, so that no half of the canvas is left empty.
     """
     where = {round(float(level), 6): index for index, level in enumerate(levels)}
 
@@ -139,7 +142,11 @@ def cos_box_plots(
     ]
     percent = np.asarray([np.nan if value is None else 100.0 * float(value) for value in negative], dtype=float)
     any_negative = bool(np.nan_to_num(percent).max(initial=0.0) > 0)
-    fig, ax = new_figure(5.4, 4.0, right_axis=any_negative)
+    if any_negative:
+        fig, (ax, below) = new_figure(5.4, 4.8, height_ratios=(3, 1.3))
+    else:
+        fig, ax = new_figure(5.4, 4.0)
+        below = ax
     ax.set_xlim(-0.5, len(layers) - 0.5)
     if stats:
         medians = {"color": "0.1", "linewidth": 1.5}
@@ -156,19 +163,28 @@ def cos_box_plots(
         no_data_note(ax, "per-sample COS")
         ax.set_ylim(-1.05, 1.05)
     ax.axhline(0.0, color="grey", linewidth=0.8, linestyle=":")
-    layer_ticks(ax, layers, axis="x")
-    ax.set_xlabel("layer $l$")
     ax.set_ylabel("per-sample COS$(h_l, h_L)$")
     title = "COS to the last layer, per sample"
     if any_negative:
-        twin = ax.twinx()
         colour = quantity_colour("negative")
-        twin.plot(range(len(layers)), percent, color=colour, marker="x", linestyle="--", linewidth=1)
-        twin.set_ylabel("samples with COS < 0 (%)", color=colour)
-        twin.tick_params(axis="y", colors=colour)
-        twin.set_ylim(0.0, max(1.0, 1.15 * float(np.nanmax(percent))))
+        below.bar(range(len(layers)), np.nan_to_num(percent), color=colour, width=0.6)
+        below.set_ylabel("COS < 0 (%)")
+        below.set_ylim(0.0, max(1.0, 1.15 * float(np.nanmax(percent))))
     elif np.isfinite(percent).any():
         title += " (none negative)"
+    layer_ticks(below, layers, axis="x")
+    below.set_xlabel("layer $l$")
+    if stats:
+        from matplotlib.lines import Line2D
+        from matplotlib.patches import Patch
+
+        handles = [
+            Patch(facecolor="white", edgecolor="0.2", linewidth=1.2),
+            Line2D([], [], color="0.2", linewidth=1.0),
+            Line2D([], [], color="0.2", marker=".", linestyle="none"),
+        ]
+        labels = ["box: quartiles, median", "whiskers: 1st–99th percentiles", "dots: min, max"]
+        legend_below(fig, handles, labels, max_columns=3)
     ax.set_title(title)
     return finish(fig)
 
@@ -213,6 +229,7 @@ def saturation_histogram(counts: Sequence[float], layers: Sequence[int], cos: Op
     if len(layers):
         ax.set_xlim(min(layers) - 0.7, max(layers) + 0.7)  # one layer: a bar, not a filled canvas
     ax.set_ylabel("samples")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))  # a count of samples: whole numbers
     if cos is not None:
         values = [np.nan if value is None else value for value in cos]
         below.plot(layers, values, color=quantity_colour("cos"), marker="o")
@@ -226,8 +243,10 @@ def saturation_histogram(counts: Sequence[float], layers: Sequence[int], cos: Op
 def exits_per_layer(early_exit: Sequence[dict[str, Any]], layers: Sequence[int]) -> Figure:
     """Early exit as a τ × exit-layer heatmap: the share of each threshold's samples that exit at each layer.
 
-    One row per confidence threshold τ (lowest at the top), its accuracy and speedup beside it; up to 12 layers each
-    cell holds its share. Seven τ lines tangled near zero, two of them in nearly one colour, read worse.
+    One row per confidence threshold τ (lowest at the top), labelled by τ alone; its accuracy (%) and speedup sit in
+    two uncoloured columns before the layers (as long tick labels they took 40 % of a column's width; with too many
+    layers for such columns, in the row labels); up to 12 layers each cell holds its share. Seven τ lines tangled
+    near zero, two of them in nearly one colour, read worse.
     """
     fig, ax = new_figure(5.4, 3.2, colorbar=True)
     counts = np.asarray(
@@ -235,16 +254,27 @@ def exits_per_layer(early_exit: Sequence[dict[str, Any]], layers: Sequence[int])
     ).reshape(len(early_exit), -1)
     totals = np.nansum(counts, axis=1, keepdims=True)
     shares = np.divide(counts, totals, out=np.full_like(counts, np.nan), where=totals > 0)
-    image = ax.imshow(shares, cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
-    row_labels = []
-    for row in early_exit:
-        accuracy = f"{row['accuracy']:.3f}" if row["accuracy"] is not None else "–"
-        speedup = f"×{row['speedup']:.2f}" if row["speedup"] is not None else "×–"
-        row_labels.append(f"{row['threshold']:g} ({accuracy}, {speedup})")
-    ax.set_yticks(range(len(early_exit)), row_labels)
+    # accuracy and speedup in two uncoloured columns where a cell holds "100" (else, many layers: in the row labels)
+    cell = ax.get_position().width * fig.get_size_inches()[0] / (shares.shape[1] + 2)
+    columns = cell >= 0.2  # inches: "100" at 7 pt is 0.15 in wide
+    accuracy = ["–" if row["accuracy"] is None else f"{100 * row['accuracy']:.0f}" for row in early_exit]
+    speedup = ["–" if row["speedup"] is None else f"{row['speedup']:.1f}" for row in early_exit]
+    shown = np.hstack([np.full((len(early_exit), 2), np.nan), shares]) if columns else shares
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="white")
+    image = ax.imshow(shown, cmap=cmap, vmin=0.0, vmax=1.0, aspect="auto")
+    taus = [f"{row['threshold']:g}" for row in early_exit]
+    if columns:
+        ax.set_yticks(range(len(early_exit)), taus)
+    else:
+        ax.set_yticks(range(len(early_exit)), [f"{t}: {a} %, ×{s}" for t, a, s in zip(taus, accuracy, speedup)])
     layer_ticks(ax, layers, axis="x")
-    ax.set_xlabel("exit layer")
-    ax.set_ylabel("τ (accuracy, speedup)")
+    if columns:
+        positions = [2 + tick for tick in ax.get_xticks()]
+        labels = [label.get_text() for label in ax.get_xticklabels()]
+        ax.set_xticks([0, 1, *positions], ["%", "×", *labels])
+        ax.axvline(1.5, color="0.3", linewidth=0.8)
+    ax.set_xlabel("accuracy %, speedup ×, exit layer" if columns else "exit layer")
+    ax.set_ylabel("threshold τ" if columns else "τ: accuracy, speedup")
     ax.set_title("early exit with the shared head")
     colorbar(fig, image, ax, "share of samples exiting")
     finish(fig)
@@ -252,40 +282,70 @@ def exits_per_layer(early_exit: Sequence[dict[str, Any]], layers: Sequence[int])
     widest = max((label.get_window_extent(renderer).width for label in ax.get_yticklabels()), default=0.0) / fig.dpi
     # the labels, the tick marks, the axis label, and room for the wider hinting of a 150 dpi PNG (0.06 in at 3.3 in)
     set_margins(fig, left=widest + 0.2 + 2 * sizes().label / 72)
-    cell_values(fig, ax, image, shares)
+    cell_values(fig, ax, image, shown, most=14 if columns else 12)  # up to 12 layers, and the two columns
+    for index in range(len(early_exit) if columns else 0):
+        for column, text in ((0, accuracy[index]), (1, speedup[index])):
+            ax.text(column, index, text, ha="center", va="center", fontsize=sizes().note, color="black")
     return fig
 
 
 def effective_depth(summary: dict[str, Any]) -> Figure:
     """ε-effective depth (absolute and relative to the last layer) against ε: a step per ε, whole layers.
 
-    The depth is a whole layer that changes only at the ε values measured, so it is drawn as steps, not as sloped
-    lines between them; the ε values are the x ticks.
+    The depth is a whole layer that changes only at the ε values measured, so it is drawn as steps over the ε (equally
+    spaced, as categories), not as sloped lines between them, with whole-layer ticks over every layer. Where no layer
+    reaches ``1 − ε`` (``effective_depth_reached`` false) the paper sets the depth to the last layer: drawn there as
+    an open marker, and the legend says "not reached", never as a depth reached. The two variants differ in marker and
+    dash and sit a little apart, so that one never hides the other.
     """
     fig, ax = new_figure(4.8, 3.8)
-    measured: set[float] = set()
-    for key, label, marker in (
-        ("effective_depth", r"accuracy $\geq 1 - \varepsilon$", "o"),
-        ("effective_depth_relative", r"accuracy $\geq$ last layer's $- \varepsilon$", "s"),
-    ):
-        depths = summary.get(key)
-        if depths:
-            epsilons = sorted(depths, key=float)
-            measured |= {float(e) for e in epsilons}
+    measured: list[str] = []
+    missed = {eps for eps, flag in (summary.get("effective_depth_reached") or {}).items() if flag is False}
+    variants = [
+        ("effective_depth", r"accuracy $\geq 1 - \varepsilon$", {"marker": "o", "linestyle": "-"}),
+        (
+            "effective_depth_relative",
+            r"accuracy $\geq$ last layer's $- \varepsilon$",
+            {"marker": "s", "linestyle": "--"},
+        ),
+    ]
+    drawn = [(key, label, style) for key, label, style in variants if summary.get(key)]
+    for key, _, _ in drawn:
+        measured = sorted(set(measured) | set(summary[key]), key=float)
+    position = {eps: index for index, eps in enumerate(measured)}
+    open_points = False
+    for index, (key, label, style) in enumerate(drawn):
+        depths, colour = summary[key], series_colour("", index)
+        shift = dodge(index, len(drawn), 0.12)
+        epsilons = sorted(depths, key=float)
+        unreached = {eps for eps in epsilons if key == "effective_depth" and eps in missed}
+        x = [position[eps] + shift for eps in epsilons]
+        y = [np.nan if depths[eps] is None or eps in unreached else depths[eps] for eps in epsilons]
+        ax.plot(x, y, drawstyle="steps-post", color=colour, label=label, **style)
+        if unreached:
+            open_points = True
             ax.plot(
-                [float(e) for e in epsilons],
-                [np.nan if depths[e] is None else depths[e] for e in epsilons],
-                marker=marker,
-                drawstyle="steps-post",
-                label=label,
+                [position[eps] + shift for eps in epsilons if eps in unreached],
+                [depths[eps] for eps in epsilons if eps in unreached],
+                linestyle="none",
+                marker=style["marker"],
+                markerfacecolor="white",
+                markeredgecolor=colour,
+                markersize=7,
+                label=r"not reached (no layer $\geq 1 - \varepsilon$; the last layer by convention)",
             )
     ax.set_xlabel(r"tolerance $\varepsilon$")
     ax.set_ylabel("effective depth (layer)")
     if measured:
-        ax.set_xticks(sorted(measured), [f"{e:g}" for e in sorted(measured)])
+        ax.set_xticks(range(len(measured)), [f"{float(e):g}" for e in measured])
+        ax.set_xlim(-0.5, len(measured) - 0.5)
+    layers = summary.get("layers") or []
+    if layers:
+        ax.set_ylim(min(layers) - 0.5, max(layers) + 0.5)
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-    if ax.get_legend_handles_labels()[0]:
-        legend_inside(ax)
+    handles, labels = ax.get_legend_handles_labels()
+    if handles:
+        (legend_below if open_points else legend_inside)(*((fig, handles, labels) if open_points else (ax,)))
     ax.set_title(r"$\varepsilon$-effective depth")
     return finish(fig)
 

@@ -4,7 +4,12 @@ from layerwise.metrics.compare import CrossModelCKA, MinibatchCrossCKA
 from layerwise.metrics.count import LayerMean, NonFiniteRows, RowMean, SampleCount
 from layerwise.metrics.dynamics import DepthCoupling, JacobianSpectrum, LinearisationCosine, TrajectoryShape
 from layerwise.metrics.functional import Readout, layer_accuracy, readout_from_logits, saturation_layers
-from layerwise.metrics.functional_collapse import effective_depth, nc1, neural_collapse_measures
+from layerwise.metrics.functional_collapse import (
+    effective_depth,
+    effective_depth_reached,
+    nc1,
+    neural_collapse_measures,
+)
 from layerwise.metrics.functional_compare import arccos_distance, cross_cka, minibatch_cross_cka
 from layerwise.metrics.functional_dynamics import (
     coupling_score,
@@ -63,6 +68,7 @@ __all__ = [
     "SaturationHistogram",
     "all_reduce_sum_states",
     "effective_depth",
+    "effective_depth_reached",
     "layer_accuracy",
     "layer_cosine_similarity",
     "linear_cka",

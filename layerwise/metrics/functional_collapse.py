@@ -333,3 +333,20 @@ def effective_depth(
         reached = torch.nonzero(acc >= target).flatten()
         result[str(eps)] = numbers[int(reached[0])] if reached.numel() else numbers[-1]
     return result
+
+
+def effective_depth_reached(
+    accuracy: Union[Tensor, Sequence[float]], epsilons: Sequence[float], relative: bool = False
+) -> dict[str, bool]:
+    """Whether any layer reaches the accuracy :func:`effective_depth` asks for, per epsilon.
+
+    Where none does, :func:`effective_depth` gives the last layer (the paper's convention); this says so, so that the
+    last layer is never shown as if it reached ``1 - eps``.
+
+    Returns:
+        ``{str(eps): bool}``, e.g. ``{"0.01": False, "0.1": True}``.
+    """
+    acc = torch.as_tensor(accuracy, dtype=_F64).detach().cpu()
+    if acc.ndim != 1 or acc.numel() == 0:
+        raise ValueError(f"Expected `accuracy` of shape (L,) with L >= 1, got {tuple(acc.shape)}.")
+    return {str(eps): bool((acc >= ((acc[-1] - eps) if relative else (1.0 - eps))).any()) for eps in epsilons}

@@ -218,6 +218,7 @@ def reference(h: np.ndarray, labels: np.ndarray, logits: np.ndarray, numbers: li
         "saturation_cos": ref_saturation_cos(h, saturation),
         "nc1": ref_nc1(h, labels).tolist(),
         "effective_depth": ref_effective_depth(accuracy, numbers, relative=False),
+        "effective_depth_reached": {str(eps): bool(any(a >= 1.0 - eps for a in accuracy)) for eps in EPSILONS},
         "effective_depth_relative": ref_effective_depth(accuracy, numbers, relative=True),
         "early_exit": ref_early_exit(prob, labels, numbers, DEPTH),
         **ref_lens_statistics(logits),
@@ -280,6 +281,7 @@ def test_analysis_json_equals_float64_reference(analysis_run):
     assert summary["kl_to_final"][-1] == 0.0 and summary["final_rank"][-1] == 1.0
     for key in ("effective_depth_relative", "early_exit", "cos_negative_fraction", "cos_quantile_levels"):
         assert_json_close(summary[key], expected[key], atol=1e-12, where=key)
+    assert summary["effective_depth_reached"] == expected["effective_depth_reached"]
     assert summary["cos_histogram_to_last"] == expected["cos_histogram_to_last"]
     assert_json_close(summary["cos_quantiles"], expected["cos_quantiles"], atol=1 / 400 + 1e-9, where="cos_quantiles")
     assert_json_close(summary["nc1"], expected["nc1"], rtol=1e-8, where="nc1")
@@ -316,7 +318,8 @@ def test_every_custom_scalars_chart_refers_to_logged_tags(tmp_path):
     (config,) = events.Tensors("custom_scalars__config__")
     layout = layout_pb2.Layout.FromString(config.tensor_proto.string_val[0])
     tags = set(events.Tags()["scalars"])
-    for folder in (Path(logger.log_dir) / "layers").iterdir():  # TensorBoard's run per layer (the charts read them)
+    series = [*(Path(logger.log_dir) / "layers").iterdir(), *(Path(logger.log_dir) / "thresholds").iterdir()]
+    for folder in series:  # TensorBoard's run per layer and per threshold (the charts read them)
         layer_run = EventAccumulator(str(folder), size_guidance={"scalars": 0})
         layer_run.Reload()
         tags |= set(layer_run.Tags()["scalars"])
@@ -552,11 +555,11 @@ def test_fit_writes_tensorboard_images_scalars_layout_and_full_json(tmp_path):
     charts = {chart.title: list(chart.multiline.tag) for cat in layout.category for chart in cat.chart}
     for title, name in (("val accuracy per layer", "acc"), ("val NC1 per layer", "nc1")):
         (pattern,) = charts[title]  # the tag of the layer runs: a line per layer, in its run's colour
-        assert pattern == f"^val/{name}$"
+        assert pattern == f"^val/{name}/layers$"
         for layer in layers:
             layer_run = EventAccumulator(str(Path(logger.log_dir) / "layers" / layer), size_guidance={"scalars": 0})
             layer_run.Reload()
-            assert [tag for tag in layer_run.Tags()["scalars"] if re.fullmatch(pattern, tag)] == [f"val/{name}"]
+            assert [tag for tag in layer_run.Tags()["scalars"] if re.fullmatch(pattern, tag)] == [f"val/{name}/layers"]
 
     assert set(REQUIRED_KEYS) <= set(summary)
     for key in ("cos", "cka"):
@@ -673,7 +676,11 @@ MONITORS = [
         },
     ),
     (NeuralCollapseMonitor, {}, {"nc1"}),
-    (EffectiveDepthMonitor, {"epsilons": EPSILONS}, {"effective_depth", "effective_depth_relative"}),
+    (
+        EffectiveDepthMonitor,
+        {"epsilons": EPSILONS},
+        {"effective_depth", "effective_depth_reached", "effective_depth_relative"},
+    ),
 ]
 
 

@@ -114,7 +114,7 @@ def test_the_example_logs_its_scalars_chart_and_figure(tmp_path, capsys):
     for layer, mean in zip(summary["layers"], summary["feature_norm"]):
         (event,) = accumulator.Scalars(f"val/feature_norm/layer_{layer:02d}")
         assert event.value == np.float32(mean)
-    assert layout(accumulator) == {"val feature norm per layer": r"^val/feature_norm$"}  # its tag in the layer runs
+    assert layout(accumulator) == {"val feature norm per layer": r"^val/feature_norm/layers$"}  # the layer runs' tag
     # its figure, and its chart drawn as an image (a colour per layer), as every analysis callback's charts are
     assert sorted(accumulator.Tags()["images"]) == ["layerwise val/feature norm per layer", "val/feature_norm"]
     assert "mean feature norm (layer 1 -> 4)" in capsys.readouterr().out

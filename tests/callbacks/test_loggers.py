@@ -198,14 +198,15 @@ def test_tensorboard_gets_a_run_per_layer_with_one_tag_per_quantity_beside_the_r
     for layer in layers:
         events = EventAccumulator(str(run / "layers" / layer), size_guidance={"scalars": 0})
         events.Reload()
-        assert set(events.Tags()["scalars"]) == quantities, layer  # the same tag in every layer's run
+        # the same tag in every layer's run, one the run itself never logs (its own val/acc is the model's)
+        assert set(events.Tags()["scalars"]) == {f"{quantity}/layers" for quantity in quantities}, layer
         for quantity in quantities:
-            points = sorted((event.step, event.value) for event in events.Scalars(quantity))
+            points = sorted((event.step, event.value) for event in events.Scalars(f"{quantity}/layers"))
             assert [value for _, value in points] == pytest.approx(main[f"{quantity}/{layer}"], rel=1e-6)
         row = summaries[0]["layers"].index(int(layer.split("_")[1]))
         for stage in ("val", "test"):  # the accuracy against the JSON summaries, step by step
             mine = [summary for summary in summaries if summary["stage"] == stage]
-            points = sorted((event.step, event.value) for event in events.Scalars(f"{stage}/acc"))
+            points = sorted((event.step, event.value) for event in events.Scalars(f"{stage}/acc/layers"))
             assert [step for step, _ in points] == [summary["global_step"] for summary in mine], (layer, stage)
             expected = [summary["accuracy"][row] for summary in mine]
             assert [value for _, value in points] == pytest.approx(expected, abs=1e-6), (layer, stage)
@@ -231,7 +232,7 @@ def test_the_layer_runs_are_closed_when_the_fit_fails(tmp_path, closed_writers):
     ]
     events = EventAccumulator(str(run / "layers" / "layer_01"), size_guidance={"scalars": 0})
     events.Reload()
-    assert len(events.Scalars("val/acc")) == 1  # the one validation before the failure, written in full
+    assert len(events.Scalars("val/acc/layers")) == 1  # the one validation before the failure, written in full
 
 
 def test_csv_logger_gets_png_files_in_its_run_folder_never_overwritten(tmp_path):
@@ -340,3 +341,43 @@ def test_mlflow_on_a_database_as_the_first_logger_is_one_line_naming_the_option(
     assert not (tmp_path / "runs").exists() and not list(tmp_path.glob("lightning_logs")), (
         "work started before the error"
     )
+
+
+def test_every_custom_scalars_chart_per_layer_holds_exactly_the_layers_and_one_run_per_threshold(tmp_path):
+    """Issue 52: "val accuracy per layer" held 7 lines for 6 layers (the run's own ``val/acc`` matched its regex
+    beside the layer runs'), the early-exit charts seven τ lines in the run's one colour. A Custom Scalars chart
+    draws a line per run and matching tag: the per-layer charts now hold exactly L lines, one per layer run; the
+    early-exit charts one line per τ, each in a run (a colour) of its own. The chart images are a column wide."""
+    from tensorboard.plugins.custom_scalar import layout_pb2
+
+    logger = TensorBoardLogger(str(tmp_path), name="tb")
+    fit = trainer(tmp_path, [LayerwiseAnalysis()], logger=logger, max_epochs=1, limit_train_batches=1)
+    fit.fit(fitted_module(), train_loader(), val_loader(N))
+    run = Path(logger.log_dir)
+    runs = {}
+    for folder in [run, *sorted(run.glob("layers/*")), *sorted(run.glob("thresholds/*"))]:
+        events = EventAccumulator(str(folder), size_guidance={"scalars": 0, "tensors": 0, "images": 0})
+        events.Reload()
+        runs[folder] = events
+    (config,) = runs[run].Tensors("custom_scalars__config__")
+    layout = layout_pb2.Layout.FromString(config.tensor_proto.string_val[0])
+    charts = {chart.title: chart.multiline.tag[0] for category in layout.category for chart in category.chart}
+    summary = load_summary(find_summaries(run)[0])
+    layers, thresholds = len(summary["layers"]), len(summary["early_exit"])
+    per_layer = [title for title in charts if title.endswith("per layer")]
+    assert "val accuracy per layer" in per_layer and len(per_layer) >= 4
+    for title, pattern in charts.items():
+        lines = [
+            (folder, tag)
+            for folder, events in runs.items()
+            for tag in events.Tags()["scalars"]
+            if re.fullmatch(pattern, tag)
+        ]
+        if title in per_layer:
+            assert len(lines) == layers, (title, lines)
+            assert {folder.name for folder, _ in lines} == {f"layer_{n:02d}" for n in summary["layers"]}, title
+        elif title in ("val early-exit accuracy", "val early-exit speedup"):
+            assert len(lines) == thresholds and len({folder for folder, _ in lines}) == thresholds, (title, lines)
+            assert all(folder.parent.name == "thresholds" for folder, _ in lines), title
+    image = runs[run].Images("layerwise val/accuracy per layer")[-1]
+    assert image.width == 330, "a column wide at 100 dpi: TensorBoard shows it at its own size"

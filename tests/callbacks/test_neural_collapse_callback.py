@@ -6,8 +6,8 @@ import pytest
 import torch
 from helpers import DEPTH, assert_json_close, fitted_module, read_features, read_summary, trainer, val_loader
 
-from layerwise.callbacks import LayerwiseAnalysis, NeuralCollapseMonitor
 from layerwise.analyses.neural_collapse import HEAD, NCC, STREAMED
+from layerwise.callbacks import LayerwiseAnalysis, NeuralCollapseMonitor
 from layerwise.engines.readout import split_head
 
 N = 101  # 6 batches of 16 and a ragged one of 5

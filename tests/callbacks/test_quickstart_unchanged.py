@@ -2,7 +2,8 @@
 
 ``data/quickstart_epoch_000_bfdb46c.json``: the summary of the first validation of ``layerwise fit --config quickstart
 --trainer.max_epochs 2`` written by main at bfdb46c (its run id dropped). The same epoch now: every key equal, to the
-last bit (one thread, seed 0, the same CPU operations), and one key more, ``analyses`` (what ran, with its options).
+last bit (one thread, seed 0, the same CPU operations), and keys more: ``analyses`` (what ran, with its options), the
+logit lens's ``kl_to_final``/``entropy``/``final_rank`` (issue 51) and ``effective_depth_reached`` (issue 52).
 """
 
 import json
@@ -31,8 +32,10 @@ def test_the_quickstart_summary_equals_the_one_before_the_pool_key_for_key(tmp_p
     )
     before = json.loads(BEFORE.read_text())
     now = read_summary(tmp_path / "quickstart" / "version_0")
-    # more keys: the run id, what ran (issue 49) and the logit lens's KL to the last layer, entropy and rank (issue 51)
-    assert set(now) - set(before) == {"run_id", "analyses", "kl_to_final", "entropy", "final_rank"}
+    # more keys: the run id, what ran (issue 49), the logit lens's KL to the last layer, entropy and rank (issue 51)
+    # and effective_depth_reached (issue 52: whether any layer reaches accuracy 1 − ε)
+    added = {"run_id", "analyses", "kl_to_final", "entropy", "final_rank", "effective_depth_reached"}
+    assert set(now) - set(before) == added
     assert not set(before) - set(now)
     changed = sorted(
         key for key in before if key not in ("layerwise_version", FIGURE_FUNCTIONS) and now[key] != before[key]

@@ -45,7 +45,7 @@ def serve(logdir: Path, port: int, log: Path) -> subprocess.Popen:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/data/plugin/scalars/tags", timeout=5) as response:
                 tags = json.load(response)
-            if sum("val/acc" in run_tags for run, run_tags in tags.items() if "/layers/" in run) == len(LAYERS):
+            if sum("val/acc/layers" in run_tags for run, run_tags in tags.items() if "/layers/" in run) == len(LAYERS):
                 return server
         except OSError:
             pass
@@ -71,7 +71,7 @@ def test_the_val_acc_chart_has_one_line_per_layer_in_its_own_colour_and_the_laye
     server = serve(tmp_path, port, tmp_path / "tensorboard.log")
     # the deep link a user can open too: no smoothing, the val/acc card, the layer runs only (the run itself draws
     # the model's own val/acc, the last layer's, under layer 06's line)
-    query = f"smoothing=0&tagFilter={quote('^val/acc$', safe='')}&runFilter=layers"
+    query = f"smoothing=0&tagFilter={quote('^val/acc/layers$', safe='')}&runFilter=layers"
     shot = Path(os.environ.get("LAYERWISE_TENSORBOARD_SCREENSHOT", tmp_path / "val_acc.png"))
     try:
         with sync_api.sync_playwright() as playwright:

@@ -125,7 +125,7 @@ def test_effective_depth_is_a_step_plot_of_whole_layers():
     ax = summary_figures(synthetic_summary(6))["effective_depth"].axes[0]
     assert ax.lines and all(line.get_drawstyle() == "steps-post" for line in ax.lines)
     assert all(float(tick).is_integer() for tick in ax.get_yticks())
-    assert sorted(float(tick) for tick in ax.get_xticks()) == [0.01, 0.05, 0.1]
+    assert [label.get_text() for label in ax.get_xticklabels()] == ["0.01", "0.05", "0.1"]
     plt.close("all")
 
 
@@ -139,11 +139,16 @@ def test_early_exit_is_a_threshold_by_layer_heatmap_of_shares():
     ax = figure.axes[0]
     (image,) = ax.images
     counts = np.array([row["exit_counts"] for row in summary["early_exit"]], dtype=float)
-    np.testing.assert_allclose(image.get_array(), counts / counts.sum(axis=1, keepdims=True))
+    np.testing.assert_allclose(image.get_array()[:, 2:], counts / counts.sum(axis=1, keepdims=True))
     labels = [label.get_text() for label in ax.get_yticklabels()]
-    for label, row in zip(labels, summary["early_exit"]):
-        assert label.startswith(f"{row['threshold']:g} (") and f"×{row['speedup']:.2f}" in label
-    assert len(ax.texts) == counts.size
+    assert labels == [f"{row['threshold']:g}" for row in summary["early_exit"]], "compact: τ alone"
+    written = {(text.get_position(), text.get_text()) for text in ax.texts}
+    for index, row in enumerate(summary["early_exit"]):  # accuracy (%) and speedup in the two columns before
+        assert ((0, index), f"{100 * row['accuracy']:.0f}") in written and (
+            (1, index),
+            f"{row['speedup']:.1f}",
+        ) in written
+    assert len(ax.texts) == counts.size + 2 * len(counts)
     plt.close("all")
 
 
@@ -362,10 +367,11 @@ def test_runs_side_by_side_are_drawn_in_the_house_style(tmp_path, width):
         title = ax.get_title().replace("\n", " ")
         assert "validation, epoch 1 (the last)" in title and "95 % confidence interval over seeds" in title, title
         legend = [text.get_text() for legend in figure.legends for text in legend.get_texts()]
-        assert legend == ["Standard (3 seeds)", "AlternatingAligned (3 seeds)"], (name, legend)
+        expected = ["standard (n = 3)", "alternating aligned (n = 3)", "mean ± 95 % t-interval, n = 3; dots: each seed"]
+        assert set(expected) <= set(legend), (name, legend)  # in reading order by rows, so not in list order
     depth = figures["effective_depth"].axes[0]
     assert all(line.get_drawstyle() == "steps-post" for line in depth.get_lines())
-    assert sorted(float(tick) for tick in depth.get_xticks()) == [0.01, 0.05, 0.1]
+    assert [label.get_text() for label in depth.get_xticklabels()] == ["0.01", "0.05", "0.1"]
     assert all(float(tick).is_integer() for tick in depth.get_yticks())
     assert "1 - " in depth.get_xlabel(), "the summary's effective_depth is accuracy >= 1 - ε, not the relative one"
     plt.close("all")
@@ -381,8 +387,8 @@ def test_no_raw_key_in_a_comparison_whose_runs_differ_by_an_identifier(tmp_path)
     data = {"standard": {"batch_size": 32}, "aligned": {"batch_size": 64}}
     comparison = load_comparison(synthetic_runs(tmp_path, 6, data=data))
     assert [group.label for group in comparison.groups] == [
-        "batch size=32, Standard",
-        "batch size=64, AlternatingAligned",
+        "batch size=32, standard",
+        "batch size=64, alternating aligned",
     ]
     figures = comparison_figures(comparison)
     keys = {

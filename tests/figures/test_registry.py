@@ -97,13 +97,13 @@ def test_a_users_analysis_is_drawn_by_training_plot_and_report_alike(tmp_path, f
         (event,) = events.Images(tag)
         assert np.array_equal(rgb(event.encoded_image_string), worker.rendered(drawn[tag[4:]])), tag
     printed = io.BytesIO()
-    drawn["feature_norm"].savefig(printed, format="png", dpi=150)  # plot's and report's resolution
+    drawn["feature_norm"].savefig(printed, format="png", dpi=150)  # the report's resolution, plot's with --dpi 150
 
     main(["plot", str(summary_path), "--out", str(tmp_path / "unregistered"), "--format", "png"])
     assert not (tmp_path / "unregistered" / f"{summary_path.stem}_feature_norm.png").exists()  # named, not registered
     assert "'feature_norm:feature_norm_figures', which is not registered" in capsys.readouterr().err
     typed = ["--figures", "feature_norm:feature_norm_figures"]
-    main(["plot", str(summary_path), "--out", str(tmp_path / "plot"), "--format", "png", *typed])
+    main(["plot", str(summary_path), "--out", str(tmp_path / "plot"), "--format", "png", "--dpi", "150", *typed])
     plotted = tmp_path / "plot" / f"{summary_path.stem}_feature_norm.png"
     assert np.array_equal(rgb(plotted.read_bytes()), rgb(printed.getvalue()))
 
