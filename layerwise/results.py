@@ -491,31 +491,29 @@ def _figure_functions(where: str, value: Any, summary: dict[str, Any]) -> None:
         _string(f"{where}[{name[:40]!r}]", key, nullable=True)
 
 
-def _effective_depth(where: str, value: Any, summary: dict[str, Any]) -> None:
-    if value is None:
-        return
+def _epsilon_keys(where: str, value: Any, expected: str) -> dict[str, Any]:
+    """An object keyed by ε (``"0.05"``), at most :data:`MAX_ROWS` entries; ``expected`` says what it holds."""
     if not isinstance(value, dict) or len(value) > MAX_ROWS:
-        raise _Mismatch(where, 'an object {"ε": layer number or null}', value)
-    for epsilon, depth in value.items():
+        raise _Mismatch(where, expected, value)
+    for epsilon in value:
         try:
             float(epsilon)
         except ValueError:
             raise _Mismatch(where, 'ε keys that are numbers ("0.05")', shown=False) from None
-        _number(f"{where}[{epsilon!r}]", depth, integer=True)
+    return value
+
+
+def _effective_depth(where: str, value: Any, summary: dict[str, Any]) -> None:
+    if value is not None:
+        for epsilon, depth in _epsilon_keys(where, value, 'an object {"ε": layer number or null}').items():
+            _number(f"{where}[{epsilon!r}]", depth, integer=True)
 
 
 def _effective_depth_reached(where: str, value: Any, summary: dict[str, Any]) -> None:
-    if value is None:
-        return
-    if not isinstance(value, dict) or len(value) > MAX_ROWS:
-        raise _Mismatch(where, 'an object {"ε": true/false}', value)
-    for epsilon, reached in value.items():
-        try:
-            float(epsilon)
-        except ValueError:
-            raise _Mismatch(where, 'ε keys that are numbers ("0.05")', shown=False) from None
-        if not isinstance(reached, bool):
-            raise _Mismatch(f"{where}[{epsilon[:40]!r}]", "true or false", reached)
+    if value is not None:
+        for epsilon, reached in _epsilon_keys(where, value, 'an object {"ε": true/false}').items():
+            if not isinstance(reached, bool):
+                raise _Mismatch(f"{where}[{epsilon[:40]!r}]", "true or false", reached)
 
 
 def _early_exit(where: str, value: Any, summary: dict[str, Any]) -> None:

@@ -414,28 +414,23 @@ def _script_json(value: Any) -> str:
     return json.dumps(value, allow_nan=False, separators=(",", ":")).replace("<", "\\u003c")
 
 
-COMPARISON_TEMPLATE = """<!DOCTYPE html>
+# The page's head and body; the report of one run adds its data (JSON, read as text) and its one script
+PAGE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{csp}">
+<meta http-equiv="Content-Security-Policy" content="{{csp}}">
 <meta name="viewport" content="width=device-width, initial-scale=1">
-<link rel="icon" href="data:,"><title>{title}</title><style>{style}</style></head>
+<link rel="icon" href="data:,"><title>{{title}}</title><style>{{style}}</style></head>
 <body>
-{body}
-</body></html>
+{{body}}
+{scripts}</body></html>
 """
-
-TEMPLATE = """<!DOCTYPE html>
-<html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="{csp}">
-<meta name="viewport" content="width=device-width, initial-scale=1">
-<link rel="icon" href="data:,"><title>{title}</title><style>{style}</style></head>
-<body>
-{body}
-<script type="application/json" id="summaries">{summaries}</script>
+COMPARISON_TEMPLATE = PAGE.format(scripts="")
+TEMPLATE = PAGE.format(
+    scripts="""<script type="application/json" id="summaries">{summaries}</script>
 <script type="application/json" id="meta">{meta}</script>
 <script>{script}</script>
-</body></html>
 """
+)
 
 STYLE = """
 body{font-family:system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;margin:0 auto;max-width:1280px;padding:0 16px;

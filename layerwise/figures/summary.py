@@ -189,28 +189,29 @@ def cos_box_plots(
     return finish(fig)
 
 
+def _points_per_layer(
+    values: Sequence[Optional[float]], layers: Sequence[int], label: str, ylabel: str, title: str
+) -> Figure:
+    """One value per layer as points on a line; ``label`` names the layers on the x axis."""
+    fig, ax = new_figure(4.8, 3.6)
+    ax.plot(list(layers), [float("nan") if value is None else value for value in values], marker="o")
+    layer_ticks(ax, list(layers), axis="x", at_values=True)
+    ax.set_xlabel(label)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    return finish(fig)
+
+
 def ap50_per_layer(ap50: Sequence[float]) -> Figure:
     """AP at IoU 0.5 of every decoder layer's predictions (App. B.5, Fig. 18)."""
-    layers = list(range(1, len(ap50) + 1))
-    fig, ax = new_figure(4.8, 3.6)
-    ax.plot(layers, [float("nan") if value is None else value for value in ap50], marker="o")
-    layer_ticks(ax, layers, axis="x", at_values=True)
-    ax.set_xlabel("decoder layer")
-    ax.set_ylabel("AP50")
-    ax.set_title("detection AP50 per decoder layer")
-    return finish(fig)
+    layers = range(1, len(ap50) + 1)
+    return _points_per_layer(ap50, layers, "decoder layer", "AP50", "detection AP50 per decoder layer")
 
 
 def effective_rank_per_layer(ranks: Sequence[Optional[float]], layers: Optional[Sequence[int]]) -> Figure:
     """The effective rank of every layer's features (Roy & Vetterli; RankMe), a point per layer."""
-    numbers = list(layers) if layers else list(range(1, len(ranks) + 1))
-    fig, ax = new_figure(4.8, 3.6)
-    ax.plot(numbers, [float("nan") if value is None else value for value in ranks], marker="o")
-    layer_ticks(ax, numbers, axis="x", at_values=True)
-    ax.set_xlabel("layer")
-    ax.set_ylabel("effective rank")
-    ax.set_title("effective rank per layer")
-    return finish(fig)
+    numbers = list(layers) if layers else range(1, len(ranks) + 1)
+    return _points_per_layer(ranks, numbers, "layer", "effective rank", "effective rank per layer")
 
 
 def saturation_histogram(counts: Sequence[float], layers: Sequence[int], cos: Optional[Sequence] = None) -> Figure:
