@@ -133,7 +133,11 @@ def test_an_evaluation_is_labelled_and_filed_by_its_checkpoint(fitted, command, 
     assert (summary["epoch"], summary["global_step"]) == (saved["epoch"], saved["global_step"]) == (0, 2)
     new = folders(save_dir) - before
     layer_runs = {path for path in new if path.is_relative_to(folder / "layers")}  # TensorBoard's run per layer
-    assert new - layer_runs == {folder, folder / "layerwise"}  # no new version_N beside the run
+    threshold_runs = {path for path in new if path.is_relative_to(folder / "thresholds")}  # and per τ / ε
+    assert threshold_runs and all(
+        path.name[:4] in ("tau_", "eps_") for path in threshold_runs - {folder / "thresholds"}
+    )
+    assert new - layer_runs - threshold_runs == {folder, folder / "layerwise"}  # no new version_N beside the run
     assert layer_runs == {folder / "layers"} | {folder / "layers" / f"layer_{n:02d}" for n in range(1, len(layer_runs))}
     assert not any("dirpath has changed" in message for message in caught)
     assert f"layerwise {command}: checkpoint {checkpoint} (epoch 0, step 2) -> {folder}" in output.splitlines()
