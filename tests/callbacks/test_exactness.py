@@ -156,6 +156,7 @@ if job.is_global_zero:
 """
 
 
+@pytest.mark.slow  # a real 2-process script (about 20 s): in .ci/run's slow line
 @pytest.mark.skipif(sys.platform != "linux", reason="Lightning's ddp launcher runs the script again for rank 1")
 def test_a_plain_two_process_validate_says_it_counts_once_and_names_a_users_repeated_values(tmp_path, checkpoint):
     """A script with ``Trainer(devices=2, strategy="ddp")`` and ``validate(ckpt_path=…)``, no command line: the one

@@ -302,7 +302,10 @@ def run_cli(argv: list[str], capsys) -> tuple[int, str]:
     return code, capsys.readouterr().err
 
 
-@pytest.mark.parametrize("reader", READERS)
+# plot and sweep in the default run; the report and the runs side by side (10-14 s each) in the slow one (.ci/run)
+@pytest.mark.parametrize(
+    "reader", [name if name in ("plot", "sweep") else pytest.param(name, marks=pytest.mark.slow) for name in READERS]
+)
 def test_every_reader_draws_or_says_one_line_imports_nothing_and_writes_only_its_output(
     reader, hostile, tmp_path, capsys, monkeypatch
 ):
