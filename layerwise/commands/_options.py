@@ -16,6 +16,12 @@ DeviceMap = Optional[Union[str, dict[str, Union[str, int]]]]
 DType = Literal["auto", "float32", "bfloat16", "float16", "float64"]
 
 
+def at_least(flag: str, value: int, least: int, why: str = "") -> None:
+    """Refuse, naming ``--flag``, a number below its least value (``why``: what the least value is for)."""
+    if value < least:
+        raise ValueError(f"`--{flag}={value}` must be >= {least}{f' ({why})' if why else ''}.")
+
+
 def load_causal_lm(*args: Any, **kwargs: Any) -> Any:
     """:func:`layerwise.commands.models.load_causal_lm`, imported when called (it imports torch)."""
     from layerwise.commands.models import load_causal_lm as load

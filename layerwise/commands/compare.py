@@ -9,6 +9,7 @@ from typing import Any, Literal, Optional
 from layerwise.commands._options import (
     DeviceMap,
     TextSource,
+    at_least,
     check_block_size,
     check_same_vocab,
     load_model_as,
@@ -93,12 +94,10 @@ def _load_for_comparison(spec: str, flag: str, dtype: Optional[str], device_map:
 
 def _check_sizes(block_size: int, batch_size: int, max_blocks: int, chunk: int) -> None:
     """A one-line error naming the flag of a size below its least value."""
-    minimums = (("block_size", block_size, 2), ("batch_size", batch_size, 1), ("max_blocks", max_blocks, 1))
-    for flag, value, least in minimums:
-        if value < least:
-            raise ValueError(f"`--{flag}={value}` must be >= {least}.")
-    if chunk < 4:
-        raise ValueError(f"`--chunk={chunk}` must be >= 4 (the unbiased HSIC needs 4 tokens per chunk).")
+    at_least("block_size", block_size, 2)
+    at_least("batch_size", batch_size, 1)
+    at_least("max_blocks", max_blocks, 1)
+    at_least("chunk", chunk, 4, "the unbiased HSIC needs 4 tokens per chunk")
 
 
 # ------------------------------------------------------------------------------- the `layerwise compare` command

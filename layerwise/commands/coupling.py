@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal, Optional, Union
 
 from layerwise.commands._lazy import ANNOTATIONS_ONLY
-from layerwise.commands._options import DeviceMap, DType, ModelSource, check_layer_numbers
+from layerwise.commands._options import DeviceMap, DType, ModelSource, at_least, check_layer_numbers
 from layerwise.commands.configs import shipped_file
 from layerwise.engines.coupling import CouplingAnalysis
 from layerwise.errors import UsageError
@@ -218,8 +218,8 @@ def check_coupling_options(
         raise ValueError("`--max_prompts` must be >= 1 and `--max_tokens` >= 2.")
     if not ks or min(ks) < 1:
         raise ValueError(f"`--ks={ks}` must be positive ints.")
-    if chunk_size is not None and chunk_size < 1:
-        raise ValueError(f"`--chunk_size={chunk_size}` must be >= 1.")
+    if chunk_size is not None:
+        at_least("chunk_size", chunk_size, 1)
     if token_blocks is not None and len(token_blocks) != 2:
         raise ValueError(f"`--token_blocks={token_blocks}` must be two block numbers.")
 

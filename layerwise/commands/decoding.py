@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any, Literal, Optional
 
 from layerwise.commands._lazy import ANNOTATIONS_ONLY, no_grad
+from layerwise.commands._options import at_least
 
 if ANNOTATIONS_ONLY:
     from torch import Tensor, nn
@@ -36,18 +37,15 @@ def check_generation_options(
     """Validate the decoding options, with errors naming the command-line flag (the model is not needed)."""
     if layer is not None and (isinstance(layer, bool) or not isinstance(layer, int) or layer < 1):
         raise ValueError(f"`--layer={layer!r}`: give a layer number >= 1 (layer 1 is the first block).")
-    if max_new_tokens < 1:
-        raise ValueError(f"`--max_new_tokens={max_new_tokens}`: give at least 1.")
+    at_least("max_new_tokens", max_new_tokens, 1)
     if strategy not in STRATEGIES:
         raise ValueError(f"`--strategy={strategy!r}`: choose one of {list(STRATEGIES)}.")
-    if top_k < 1:
-        raise ValueError(f"`--top_k={top_k}`: give at least 1.")
+    at_least("top_k", top_k, 1)
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"`--top_p={top_p}`: give a probability in (0, 1].")
     if not temperature > 0.0:
         raise ValueError(f"`--temperature={temperature}`: give a positive temperature.")
-    if num_beams < 1:
-        raise ValueError(f"`--num_beams={num_beams}`: give at least 1.")
+    at_least("num_beams", num_beams, 1)
 
 
 def generation_config(

@@ -9,7 +9,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Optional, Union, cast
 
 import torch
 from lightning.fabric.plugins import TorchCheckpointIO
@@ -294,6 +294,21 @@ def load_module(
         buffer.seek(0)
         return module_class.load_from_checkpoint(buffer, map_location="cpu", weights_only=True)
     return module_class.load_from_checkpoint(path, map_location="cpu", weights_only=True)
+
+
+def frozen_backbone(owner: str, checkpoint: Optional[Union[str, Path]], backbone: Optional[nn.Module]) -> nn.Module:
+    """The backbone a module studies without training it: given, or read from a layerwise checkpoint (not both).
+
+    ``owner`` names the module in the one-line error (``TunedLens``, ``LinearProbes``); the checkpoint is read by
+    :func:`load_module`, its errors naming ``--model.init_args.checkpoint``.
+    """
+    option = "--model.init_args"
+    if (checkpoint is None) == (backbone is None):
+        raise ValueError(f"{owner}: give exactly one of `{option}.checkpoint` and `{option}.backbone`.")
+    if checkpoint is not None:
+        backbone = cast(nn.Module, load_module(checkpoint, option=f"{option}.checkpoint").backbone)
+    assert backbone is not None
+    return backbone
 
 
 def load_model(

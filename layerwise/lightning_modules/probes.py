@@ -15,7 +15,7 @@ from torch import Tensor, nn
 from torch.utils.data import DistributedSampler
 
 from layerwise._compat import built_by_lightning_cli
-from layerwise.engines.checkpoint import load_module
+from layerwise.engines.checkpoint import frozen_backbone
 from layerwise.engines.readout import Head, LayerOutputs, read_layers
 from layerwise.errors import LayerwiseWarning
 from layerwise.features import Backbone
@@ -85,8 +85,6 @@ class LinearProbes(EvaluationSteps, LightningModule):
     ) -> None:
         super().__init__()
         option = "--model.init_args"
-        if (checkpoint is None) == (backbone is None):
-            raise ValueError(f"LinearProbes: give exactly one of `{option}.checkpoint` and `backbone`.")
         if isinstance(num_classes, bool) or not isinstance(num_classes, int) or num_classes < 2:
             raise ValueError(f"`{option}.num_classes={num_classes!r}` must be an integer >= 2.")
         weight_decays = list(weight_decays) if isinstance(weight_decays, (list, tuple)) else weight_decays
@@ -101,8 +99,7 @@ class LinearProbes(EvaluationSteps, LightningModule):
         if isinstance(max_iter, bool) or not isinstance(max_iter, int) or max_iter < 1:
             raise ValueError(f"`{option}.max_iter={max_iter!r}` must be a positive integer.")
         self.save_hyperparameters(ignore=[] if built_by_lightning_cli() else ["backbone"])
-        if checkpoint is not None:
-            backbone = load_module(checkpoint, option=f"{option}.checkpoint").backbone
+        backbone = frozen_backbone("LinearProbes", checkpoint, backbone)
         if backbone.token_level:
             raise ValueError("LinearProbes probes classifiers (one feature per sample), not token-level models.")
         self.backbone = backbone.requires_grad_(False).eval()

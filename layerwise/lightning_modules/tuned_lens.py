@@ -6,7 +6,7 @@ from typing import Any, Optional, Union, cast
 import torch
 from torch import Tensor
 
-from layerwise.engines.checkpoint import load_module
+from layerwise.engines.checkpoint import frozen_backbone
 from layerwise.engines.lens import TUNED_LENS_FILE, Translators, save_translators
 from layerwise.engines.readout import DEFAULT_CHUNK_SIZE, Head, chunked_kl_divergence
 from layerwise.features import FEATURES, IGNORE_INDEX, TARGETS, Backbone
@@ -68,8 +68,6 @@ class TunedLens(LayerwiseModule):
         chunk_size: int = DEFAULT_CHUNK_SIZE,
     ) -> None:
         option = "--model.init_args"
-        if (checkpoint is None) == (backbone is None):
-            raise ValueError(f"TunedLens: give exactly one of `{option}.checkpoint` and `{option}.backbone`.")
         for name, value, low in (("lr", lr, 0.0), ("momentum", momentum, 0.0), ("weight_decay", weight_decay, 0.0)):
             if not isinstance(value, (int, float)) or not value >= low or (name == "momentum" and value >= 1):
                 raise ValueError(
@@ -77,9 +75,7 @@ class TunedLens(LayerwiseModule):
                 )
         if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 0:
             raise ValueError(f"`{option}.warmup_steps={warmup_steps!r}` must be an integer >= 0.")
-        if checkpoint is not None:
-            backbone = cast(Backbone, load_module(checkpoint, option=f"{option}.checkpoint").backbone)
-        assert backbone is not None
+        backbone = cast(Backbone, frozen_backbone("TunedLens", checkpoint, backbone))
         super().__init__(backbone, chunk_size=chunk_size)  # its hyper-parameters: these arguments too
         self.backbone.requires_grad_(False).eval()
         self.translators = Translators(backbone.num_layers, backbone.embed_dim)

@@ -24,7 +24,24 @@ class SampleCount(_SumStateMetric):
         return self.count.to(torch.float64)
 
 
-class NonFiniteRows(_SumStateMetric):
+class _LayerRows(_SumStateMetric):
+    """A sum-state metric fed one value per layer and row: ``update`` takes ``(L, N)``; an (L,) and a () state."""
+
+    _states: tuple[str, str]  # the names of its (L,) state and its () state
+
+    def __init__(self, num_layers: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.num_layers = num_layers
+        self._add_sum_state(self._states[0], (num_layers,))
+        self._add_sum_state(self._states[1], ())
+
+    def _check_rows(self, values: Tensor) -> None:
+        if values.ndim != 2 or values.shape[0] != self.num_layers:
+            shape = tuple(values.shape)
+            raise ValueError(f"{type(self).__name__} expects (L={self.num_layers}, N) values, got {shape}.")
+
+
+class NonFiniteRows(_LayerRows):
     """Counts the samples with a NaN or infinite value, per layer and in all (a sample bad at any layer).
 
     States (float64, summed across processes): ``per_layer`` (L,) samples non-finite at each layer, ``any_layer``
@@ -34,16 +51,11 @@ class NonFiniteRows(_SumStateMetric):
         ``update(bad)``: (L, N) bool, True where sample n is non-finite at layer l.
     """
 
-    def __init__(self, num_layers: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.num_layers = num_layers
-        self._add_sum_state("per_layer", (num_layers,))
-        self._add_sum_state("any_layer", ())
+    _states = ("per_layer", "any_layer")
 
     def update(self, bad: Tensor) -> None:
         """Add one batch's (L, N) mask."""
-        if bad.ndim != 2 or bad.shape[0] != self.num_layers:
-            raise ValueError(f"Expected a ({self.num_layers}, N) mask, got {tuple(bad.shape)}.")
+        self._check_rows(bad)
         self.per_layer += bad.sum(dim=1).to(self.per_layer)
         self.any_layer += bad.any(dim=0).sum().to(self.any_layer)
 
@@ -84,7 +96,7 @@ class RowMean(_SumStateMetric):
         return self.total / self.count
 
 
-class LayerMean(_SumStateMetric):
+class LayerMean(_LayerRows):
     """The exact mean over rows of one value per layer and row: ``(L, N)`` -> ``(L,)``, float64 sums.
 
     A per-layer analysis's simplest statistic (``examples/feature_norm.py``: the mean feature norm of every layer):
@@ -95,16 +107,11 @@ class LayerMean(_SumStateMetric):
         ``update(values)``: ``(L, N)``, one value per layer and row.
     """
 
-    def __init__(self, num_layers: int, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.num_layers = num_layers
-        self._add_sum_state("total", (num_layers,))
-        self._add_sum_state("count", ())
+    _states = ("total", "count")
 
     def update(self, values: Tensor) -> None:
         """Add the rows of ``values`` (L, N) (summed in float64)."""
-        if values.ndim != 2 or values.shape[0] != self.num_layers:
-            raise ValueError(f"LayerMean expects (L={self.num_layers}, N) values, got {tuple(values.shape)}.")
+        self._check_rows(values)
         self.total += values.detach().to(torch.float64).sum(dim=1).to(self.total.device)
         self.count += values.shape[1]
 
