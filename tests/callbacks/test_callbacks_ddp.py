@@ -27,7 +27,8 @@ from helpers import (
 from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
-from layerwise.callbacks import LayerwiseAnalysis, ResidualNormRatioMonitor
+from layerwise.analyses.neural_collapse import HEAD, NCC, STREAMED
+from layerwise.callbacks import LayerwiseAnalysis, NeuralCollapseMonitor, ResidualNormRatioMonitor
 from layerwise.features import FEATURES
 
 N = 101
@@ -73,6 +74,35 @@ def test_processes_match_one_process(tmp_path, single_thread, num_samples, devic
     for key in ("features", "max_prob"):
         assert many_features[key].shape == one_features[key].shape
         torch.testing.assert_close(many_features[key], one_features[key], rtol=0, atol=1e-6)
+
+
+# Neural collapse complete (NC1-NC4) in the one runner, beside every default analysis: 451 samples, batches of 16,
+# every rank ends on a ragged batch and the sampler repeats samples 0 (2 ranks) or 0 and 1 (3 ranks). NC4's
+# nearest-class-centre buffer holds each rank's own rows: the repeats must not be classified twice.
+@pytest.mark.parametrize("devices", [2, 3])
+def test_complete_neural_collapse_on_processes_matches_one_process(tmp_path, single_thread, devices):
+    weights = tmp_path / "weights.pt"
+    torch.save(fitted_module().state_dict(), weights)
+    summaries = {}
+    for processes in (1, devices):
+        module = fitted_module()
+        module.load_state_dict(torch.load(weights))
+        collapse = NeuralCollapseMonitor(complete=True, ncc=True)
+        options = dict(devices=processes, strategy="ddp_fork") if processes > 1 else {}
+        run = trainer(
+            tmp_path / str(processes), [LayerwiseAnalysis(neural_collapse=collapse, log_figures=False)], **options
+        )
+        run.validate(module, loader(451), verbose=False)
+        assert run.world_size == processes
+        summaries[processes] = read_summary(tmp_path / str(processes))
+    one, many = summaries[1], summaries[devices]
+    for key in ("nc1", *STREAMED, *HEAD, *NCC):
+        values = np.asarray(one[key], dtype=float)
+        assert values.shape == (len(one["layers"]),) and np.isfinite(values).all(), key
+    assert many["num_samples"] == one["num_samples"] == 451
+    assert_json_close(many, one, atol=1e-6, rtol=1e-6)  # every analysis, as in the test above
+    for key in ("nc1", *STREAMED, *HEAD, *NCC):  # float64 sums of float32 features: only the order of the sums differs
+        np.testing.assert_allclose(many[key], one[key], rtol=1e-9, atol=1e-12, err_msg=key)
 
 
 @pytest.mark.parametrize("devices", [1, 2])
