@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Any, Literal, Optional, Union
 
 from layerwise.commands._lazy import ANNOTATIONS_ONLY, no_grad
 from layerwise.commands._options import DeviceMap, DType, ModelSource, check_layer_numbers
@@ -124,6 +124,123 @@ def lens_table(
     )
 
 
+TRAJECTORY_FORMAT = "layerwise.lens_trajectory"
+STATISTICS = {"probability": "probability", "entropy": "entropy", "kl": "kl_to_final"}  # --statistic -> JSON key
+
+
+@no_grad
+def lens_trajectory(
+    model: nn.Module,
+    tokenizer: Any,
+    prompt: str,
+    lenses: dict[str, Optional[Any]],
+    layers: Union[int, Sequence[int], None] = None,
+) -> dict[str, Any]:
+    """The prediction trajectory of a prompt: every layer's top next-token prediction at every prompt position.
+
+    As tuned-lens's ``PredictionTrajectory``: one forward over the prompt captures ``h_l`` (the residual stream
+    after block ``l``) at every position ``p``; each lens reads it, ``softmax(head(T_l(h_l)))`` (``T_l`` the tuned
+    lens's translator, the identity for the logit lens), the distribution over the token after ``p``. Per layer and
+    position: the top token, its probability, the distribution's entropy and ``KL(p_L || p_l)`` from the last layer's
+    distribution (nats), computed over every layer, so the KL's reference is the model's final layer whichever rows
+    are kept.
+
+    Args:
+        model: a Hugging Face causal LM of a family in :data:`~layerwise.features.paths.FAMILIES`.
+        tokenizer: its tokenizer.
+        prompt: the input text (its tokens are the positions).
+        lenses: name -> translators (:class:`~layerwise.engines.lens.Translators`) or None for the logit lens;
+            the panels, in order.
+        layers: rows, as in :func:`~layerwise.features.select_layers` (0-based block indices; None: every layer).
+
+    Returns:
+        The trajectory as JSON-ready data (``format`` :data:`TRAJECTORY_FORMAT`): ``prompt``, ``input_ids``,
+        ``input_tokens`` (P), ``positions`` (0-based), ``layers`` (R, 1-based), ``num_layers``, ``vocab_size`` and
+        ``lenses``: per lens its ``name`` and ``(R, P)`` lists ``top_ids``, ``tokens``, ``probability``,
+        ``entropy``, ``kl_to_final``.
+    """
+    import torch
+
+    from layerwise.engines.readout import chunked_readout
+    from layerwise.features.hf import input_device
+    from layerwise.features.hooks import hooked_blocks
+    from layerwise.features.layers import select_layers
+    from layerwise.features.modes import eval_mode
+    from layerwise.features.paths import HeadSteps, get_blocks, layer_paths
+
+    paths = layer_paths(model, "--model")
+    blocks = get_blocks(model, paths, "--model")
+    head = HeadSteps(model, paths.shared_head, "--model")
+    rows = select_layers(layers, len(blocks))
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"].to(input_device(model))
+    if ids.size(1) == 0:
+        raise ValueError(f"`--prompt={prompt!r}` gives no tokens; give a non-empty prompt.")
+    captured: dict[int, Tensor] = {}
+    with eval_mode(model), hooked_blocks(blocks, on_output=lambda i, hidden: captured.__setitem__(i, hidden[0])):
+        model(input_ids=ids, use_cache=False, logits_to_keep=1)
+    device = captured[len(blocks) - 1].device  # beside the head: a device-mapped model's layers may lie elsewhere
+    features = torch.stack([captured[index].to(device) for index in range(len(blocks))])  # (L, P, d)
+    panels = []
+    for name, translators in lenses.items():
+        if translators is not None:
+            translators.to(device)
+        heads = head if translators is None else translators.heads(head)
+        readout = chunked_readout(heads, features, reference=True)  # KL and entropy against the last layer's
+        top = readout.predictions[rows].cpu()
+        panels.append(
+            {
+                "name": name,
+                "top_ids": top.tolist(),
+                "tokens": [[tokenizer.decode([token]) for token in row] for row in top.tolist()],
+                "probability": readout.max_prob[rows].cpu().tolist(),
+                "entropy": readout.entropy[rows].cpu().tolist(),
+                "kl_to_final": readout.kl_to_final[rows].clamp_min(0.0).cpu().tolist(),
+            }
+        )
+    input_ids = ids[0].tolist()
+    return {
+        "format": TRAJECTORY_FORMAT,
+        "prompt": prompt,
+        "input_ids": input_ids,
+        "input_tokens": [tokenizer.decode([token]) for token in input_ids],
+        "positions": list(range(len(input_ids))),
+        "layers": [index + 1 for index in rows],
+        "num_layers": len(blocks),
+        "vocab_size": int(getattr(getattr(model, "config", None), "vocab_size", 0) or 0),
+        "lenses": panels,
+    }
+
+
+TRAJECTORY_FILES = ("lens_trajectory.json", "lens_trajectory.pdf", "lens_trajectory.png")  # --trajectory's files
+
+
+def write_trajectory(
+    trajectory: dict[str, Any], statistic: str, out_dir: Path, titles: bool = True, dpi: int = 300
+) -> list[Path]:
+    """Write the trajectory's numbers (``lens_trajectory.json``) and its figure (PDF and PNG) to ``out_dir``."""
+    import json
+
+    from layerwise.figures.lens import trajectory_figure
+    from layerwise.figures.style import plt, provenance_metadata, untitled
+    from layerwise.results import save_figure_atomic, write_text_atomic
+
+    target = Path(out_dir)
+    target.mkdir(parents=True, exist_ok=True)
+    data_path, *figure_paths = (target / name for name in TRAJECTORY_FILES)
+    record = {**trajectory, "statistic": STATISTICS[statistic]}
+    write_text_atomic(data_path, json.dumps(record, indent=1, allow_nan=False) + "\n")
+    figure = trajectory_figure(record)
+    try:
+        if not titles:
+            untitled(figure)
+        for path in figure_paths:
+            fmt = path.suffix[1:]
+            save_figure_atomic(path, figure, dpi=dpi, metadata=provenance_metadata(figure, fmt))
+    finally:
+        plt.close(figure)
+    return [data_path, *figure_paths]
+
+
 def _visible(token: str) -> str:
     r"""A token as one printable line: control characters (newline, tab, ...) escaped as ``\n``, ``\x1d``."""
     return "".join(char if char.isprintable() else char.encode("unicode_escape").decode() for char in token)
@@ -181,6 +298,24 @@ def _tuned_lens(lens: str) -> Any:
     return load_translators(lens, "--lens")
 
 
+def _check_trajectory_options(trajectory: bool, statistic: str, no_title: bool) -> None:
+    """One line naming the option when ``--statistic`` or ``--no_title`` is given without ``--trajectory``."""
+    if statistic not in STATISTICS:
+        raise ValueError(f"`--statistic={statistic}`: choose one of {', '.join(STATISTICS)}.")
+    if not trajectory and (statistic != "probability" or no_title):
+        given = f"--statistic={statistic}" if statistic != "probability" else "--no_title=true"
+        raise ValueError(f"`{given}` belongs to the prediction trajectory: add --trajectory true.")
+
+
+def _check_prompt_fits(model: Any, tokenizer: Any, prompt: str) -> None:
+    """One line naming ``--prompt`` when it has more tokens than the model reads."""
+    from layerwise.commands._options import model_positions
+
+    positions, count = model_positions(model), len(tokenizer(prompt)["input_ids"])
+    if positions is not None and count > positions:
+        raise ValueError(f"`--prompt` has {count} tokens; the model reads at most {positions}: give a shorter prompt.")
+
+
 # ------------------------------------------------------------------------------- the `layerwise lens` command
 def lens(
     prompt: str,
@@ -196,27 +331,38 @@ def lens(
     out: Path = Path("."),
     overwrite: bool = False,
     lens: str = "logit",
+    trajectory: bool = False,
+    statistic: Literal["probability", "entropy", "kl"] = "probability",
+    no_title: bool = False,
 ) -> None:
     """What the shared head predicts from every layer at every position the full model generates greedily.
 
-    Writes lens.md and lens.png with the token and probability of every layer at every generated position.
+    Writes lens.md and lens.png with the token and probability of every layer at every generated position; with
+    --trajectory, the prediction trajectory of the prompt itself instead (lens_trajectory.json, .pdf and .png).
 
     Args:
-        prompt: the text to continue.
+        prompt: the text to continue (with --trajectory: the input whose positions are read).
         checkpoint: a layerwise Lightning checkpoint (.ckpt) of a causal LM.
         model: a Hugging Face causal LM: hub name or local folder.
         tokenizer: as for generate; default: --model (required with --checkpoint).
         tokenizer_dir: folder holding trained tokenizers (the data cache_dir).
         layers: rows to show, layer numbers 1..L (default: all).
-        max_new_tokens: tokens to generate.
+        max_new_tokens: tokens to generate (not with --trajectory, which generates none).
         dtype: load --model in this dtype (default as saved).
         device_map: spread --model over devices as it loads: auto (every GPU, then the CPU, then the disk) or a
             JSON object from module name to cpu, a GPU index or disk (accelerate).
         offload_folder: where weights offloaded to disk are kept.
-        out: folder for lens.md and lens.png.
+        out: folder for the files (a run folder: `layerwise report` shows the trajectory found there).
         overwrite: replace the results of an earlier run in --out (without it, the command stops at them).
         lens: logit (the model's own head at every layer) or a tuned lens file (tuned_lens.safetensors of a
-            `fit --config tuned_lens/...` run): every layer read through its translator and the head.
+            `fit --config tuned_lens/...` run): every layer read through its translator and the head; with
+            --trajectory, the logit and the tuned lens side by side.
+        trajectory: the prediction trajectory of the prompt (as tuned-lens's PredictionTrajectory): a heatmap of
+            layer x prompt position, each cell the top next-token prediction, coloured by --statistic, and its
+            numbers (top ids, tokens, probability, entropy, KL to the last layer) in lens_trajectory.json.
+        statistic: the trajectory's colour: probability (of the top token), entropy (nats) or kl (KL from the last
+            layer's distribution, nats).
+        no_title: leave the trajectory figure's title off (it goes into the files' metadata).
     """
     from layerwise.commands.decoding import check_generation_options
     from layerwise.results import check_outputs_free
@@ -224,8 +370,9 @@ def lens(
     if not prompt:
         raise ValueError("`--prompt` is empty; give the text to continue.")
     check_layer_numbers("--layers", layers or [])
+    _check_trajectory_options(trajectory, statistic, no_title)
     check_generation_options(max_new_tokens, "greedy", 1, 1.0, 1.0)
-    check_outputs_free(out, LENS_FILES, overwrite)
+    check_outputs_free(out, TRAJECTORY_FILES if trajectory else LENS_FILES, overwrite)
     translators = _tuned_lens(lens)
     lm, tokenizer_object, total = ModelSource(
         checkpoint, model, tokenizer, tokenizer_dir, dtype, device_map, offload_folder
@@ -236,6 +383,14 @@ def lens(
 
         check_lens_fits(translators, total, int(lm.config.hidden_size), "--lens")
     rows = None if layers is None else [number - 1 for number in layers]
+    if trajectory:
+        _check_prompt_fits(lm, tokenizer_object, prompt)
+        lenses = {"logit lens": None} if translators is None else {"logit lens": None, "tuned lens": translators}
+        for written in write_trajectory(
+            lens_trajectory(lm, tokenizer_object, prompt, lenses, rows), statistic, out, titles=not no_title
+        ):
+            print(written)
+        return
     table = lens_table(lm, tokenizer_object, prompt, max_new_tokens, rows, translators)
     print(lens_markdown(table))
     for written in write_lens(table, out):
