@@ -124,6 +124,20 @@ def lens_table(
     )
 
 
+def _panel(name: str, readout: Any, rows: Sequence[int], text: Any) -> dict[str, Any]:
+    """One lens's panel of a trajectory: the selected rows of a referenced readout as lists; ``text(id)`` names ids."""
+    assert readout.entropy is not None and readout.kl_to_final is not None, "chunked_readout(..., reference=True)"
+    top = readout.predictions[list(rows)].cpu().tolist()
+    return {
+        "name": name,
+        "top_ids": top,
+        "tokens": [[text(index) for index in row] for row in top],
+        "probability": readout.max_prob[list(rows)].cpu().tolist(),
+        "entropy": readout.entropy[list(rows)].cpu().tolist(),
+        "kl_to_final": readout.kl_to_final[list(rows)].clamp_min(0.0).cpu().tolist(),  # >= 0, rounding aside
+    }
+
+
 TRAJECTORY_FORMAT = "layerwise.lens_trajectory"
 STATISTICS = {"probability": "probability", "entropy": "entropy", "kl": "kl_to_final"}  # --statistic -> JSON key
 
@@ -186,17 +200,7 @@ def lens_trajectory(
             translators.to(device)
         heads = head if translators is None else translators.heads(head)
         readout = chunked_readout(heads, features, reference=True)  # KL and entropy against the last layer's
-        top = readout.predictions[rows].cpu()
-        panels.append(
-            {
-                "name": name,
-                "top_ids": top.tolist(),
-                "tokens": [[tokenizer.decode([token]) for token in row] for row in top.tolist()],
-                "probability": readout.max_prob[rows].cpu().tolist(),
-                "entropy": readout.entropy[rows].cpu().tolist(),
-                "kl_to_final": readout.kl_to_final[rows].clamp_min(0.0).cpu().tolist(),
-            }
-        )
+        panels.append(_panel(name, readout, rows, lambda token: tokenizer.decode([token])))
     input_ids = ids[0].tolist()
     return {
         "format": TRAJECTORY_FORMAT,
@@ -211,6 +215,98 @@ def lens_trajectory(
     }
 
 
+def _evaluation_sample(checkpoint: Path, sample: int) -> tuple[Any, list[str]]:
+    """The batch of one sample (``--sample``) of a run's evaluation set, its label, and the data's class names.
+
+    The data is the run's own: the ``data`` of ``config.yaml`` in the run folder above ``checkpoints/``, a class of
+    layerwise's (as :func:`~layerwise.engines.checkpoint.load_module` trusts only layerwise's classes), built with its
+    ``init_args``; the evaluation set is its first validation dataloader's.
+    """
+    import importlib
+
+    import yaml
+
+    run = Path(checkpoint).resolve().parent.parent
+    config = run / "config.yaml"
+    if not config.is_file():
+        raise ValueError(f"`--sample`: no config.yaml in {run} (the run of --checkpoint) to find its evaluation set.")
+    data = (yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get("data") or {}
+    class_path = str(data.get("class_path", "")) if isinstance(data, dict) else ""
+    if not class_path.startswith("layerwise."):
+        raise ValueError(f"`--sample`: {config} names no layerwise datamodule under `data.class_path`.")
+    module_name, _, name = class_path.rpartition(".")
+    datamodule = getattr(importlib.import_module(module_name), name)(**(data.get("init_args") or {}))
+    datamodule.setup("validate")
+    loaders = datamodule.val_dataloader()
+    loader = next(iter(loaders.values())) if isinstance(loaders, dict) else loaders
+    loader = loader[0] if isinstance(loader, (list, tuple)) else loader
+    if not 0 <= sample < len(loader.dataset):
+        raise ValueError(
+            f"`--sample={sample}`: the evaluation set has {len(loader.dataset)} samples, 0..{len(loader.dataset) - 1}."
+        )
+    batch = loader.collate_fn([loader.dataset[sample]])
+    names = getattr(datamodule, "class_names", None)
+    return batch, list(names) if names else []
+
+
+@no_grad
+def classifier_trajectory(
+    module: Any,
+    batch: Any,
+    lenses: dict[str, Optional[Any]],
+    layers: Union[int, Sequence[int], None] = None,
+    class_names: Sequence[str] = (),
+    title: str = "",
+) -> dict[str, Any]:
+    """The prediction trajectory of one sample of a classifier: every layer's top class through each lens.
+
+    One column (the pooled feature the model's head reads); per layer the top class, its probability, the entropy
+    and ``KL(p_L || p_l)`` from the last layer's distribution, as :func:`lens_trajectory` for a prompt.
+
+    Args:
+        module: a layerwise module of a classifier (its ``backbone`` reads the batch).
+        batch: one sample as its dataloader collates it.
+        lenses: name -> translators or None (the logit lens: the head itself), the panels in order.
+        layers: rows (0-based block indices; None: every layer).
+        class_names: the classes' names (default their indices).
+        title: what the figure names the sample by.
+    """
+    from layerwise.engines.readout import chunked_readout
+    from layerwise.features import FEATURES, TARGETS
+    from layerwise.features.layers import select_layers
+    from layerwise.features.modes import eval_mode
+
+    with eval_mode(module):
+        outputs = module.samples(batch)
+    features, head = outputs[FEATURES][:, :1], module.backbone.head  # (L, 1, d)
+    rows = select_layers(layers, features.size(0))
+    label = int(outputs[TARGETS][0]) if outputs.get(TARGETS) is not None else None
+    names = list(class_names)
+
+    def name(index: int) -> str:
+        return names[index] if index < len(names) else str(index)
+
+    panels = []
+    for lens_name, translators in lenses.items():
+        if translators is not None:
+            translators.to(features.device)
+        readout = chunked_readout(head if translators is None else translators.heads(head), features, reference=True)
+        panels.append(_panel(lens_name, readout, rows, name))
+    return {
+        "format": TRAJECTORY_FORMAT,
+        "kind": "classifier",
+        "prompt": title,
+        "label": label,
+        "input_ids": [],
+        "input_tokens": [f"label {name(label)}" if label is not None else "sample"],
+        "positions": [0],
+        "layers": [index + 1 for index in rows],
+        "num_layers": int(features.size(0)),
+        "vocab_size": int(getattr(module.backbone, "num_classes", 0) or 0),
+        "lenses": panels,
+    }
+
+
 TRAJECTORY_FILES = ("lens_trajectory.json", "lens_trajectory.pdf", "lens_trajectory.png")  # --trajectory's files
 
 
@@ -221,7 +317,7 @@ def write_trajectory(
     import json
 
     from layerwise.figures.lens import trajectory_figure
-    from layerwise.figures.style import plt, provenance_metadata, untitled
+    from layerwise.figures.style import plt, provenance_metadata
     from layerwise.results import save_figure_atomic, write_text_atomic
 
     target = Path(out_dir)
@@ -229,10 +325,8 @@ def write_trajectory(
     data_path, *figure_paths = (target / name for name in TRAJECTORY_FILES)
     record = {**trajectory, "statistic": STATISTICS[statistic]}
     write_text_atomic(data_path, json.dumps(record, indent=1, allow_nan=False) + "\n")
-    figure = trajectory_figure(record)
+    figure = trajectory_figure(record, titled=titles)
     try:
-        if not titles:
-            untitled(figure)
         for path in figure_paths:
             fmt = path.suffix[1:]
             save_figure_atomic(path, figure, dpi=dpi, metadata=provenance_metadata(figure, fmt))
@@ -316,9 +410,42 @@ def _check_prompt_fits(model: Any, tokenizer: Any, prompt: str) -> None:
         raise ValueError(f"`--prompt` has {count} tokens; the model reads at most {positions}: give a shorter prompt.")
 
 
+def _check_sample_options(
+    sample: int, trajectory: bool, prompt: Optional[str], checkpoint: Optional[Path], model: Optional[str]
+) -> None:
+    """One line naming the option when ``--sample`` comes without what it needs, or with what it replaces."""
+    if not trajectory:
+        raise ValueError(f"`--sample={sample}` belongs to the prediction trajectory: add --trajectory true.")
+    if sample < 0:
+        raise ValueError(f"`--sample={sample}`: give the index of a sample of the evaluation set, from 0.")
+    if prompt is not None:
+        raise ValueError("`--sample` reads a classifier's sample, `--prompt` a language model's text: give one.")
+    if checkpoint is None or model is not None:
+        raise ValueError("`--sample` reads a classifier's layerwise checkpoint: give --checkpoint (not --model).")
+
+
+def _sample_trajectory(checkpoint: Path, sample: int, translators: Any, layers: Optional[list[int]]) -> dict:
+    """The trajectory of ``--sample`` of a classifier's ``--checkpoint``; every option checked before the forward."""
+    from layerwise.engines.checkpoint import load_module
+    from layerwise.engines.lens import check_lens_fits
+
+    module = load_module(checkpoint, "--checkpoint")
+    backbone: Any = module.backbone
+    if backbone.token_level:
+        raise ValueError(f"`--sample`: `--checkpoint={checkpoint}` is a language model; give --prompt instead.")
+    check_layer_numbers("--layers", layers or [], backbone.num_layers)
+    if translators is not None:
+        check_lens_fits(translators, backbone.num_layers, backbone.embed_dim, "--lens")
+    batch, names = _evaluation_sample(checkpoint, sample)
+    lenses = {"logit lens": None} if translators is None else {"logit lens": None, "tuned lens": translators}
+    rows = None if layers is None else [number - 1 for number in layers]
+    title = f"sample {sample} of the evaluation set"
+    return classifier_trajectory(module, batch, lenses, rows, names, title)
+
+
 # ------------------------------------------------------------------------------- the `layerwise lens` command
 def lens(
-    prompt: str,
+    prompt: Optional[str] = None,
     checkpoint: Optional[Path] = None,
     model: Optional[str] = None,
     tokenizer: Optional[str] = None,
@@ -334,6 +461,7 @@ def lens(
     trajectory: bool = False,
     statistic: Literal["probability", "entropy", "kl"] = "probability",
     no_title: bool = False,
+    sample: Optional[int] = None,
 ) -> None:
     """What the shared head predicts from every layer at every position the full model generates greedily.
 
@@ -363,14 +491,24 @@ def lens(
         statistic: the trajectory's colour: probability (of the top token), entropy (nats) or kl (KL from the last
             layer's distribution, nats).
         no_title: leave the trajectory figure's title off (it goes into the files' metadata).
+        sample: with --trajectory and a classifier's --checkpoint (instead of --prompt): the index of the sample in
+            the run's evaluation set (the first validation set of the data in the run's config.yaml), read as one
+            column, the pooled feature the head reads.
     """
     from layerwise.commands.decoding import check_generation_options
     from layerwise.results import check_outputs_free
 
-    if not prompt:
-        raise ValueError("`--prompt` is empty; give the text to continue.")
     check_layer_numbers("--layers", layers or [])
     _check_trajectory_options(trajectory, statistic, no_title)
+    if sample is not None:
+        _check_sample_options(sample, trajectory, prompt, checkpoint, model)
+        check_outputs_free(out, TRAJECTORY_FILES, overwrite)
+        record = _sample_trajectory(Path(str(checkpoint)), sample, _tuned_lens(lens), layers)
+        for path in write_trajectory(record, statistic, out, titles=not no_title):
+            print(path)
+        return
+    if not prompt:
+        raise ValueError("`--prompt` is empty; give the text to continue (or a classifier's --sample N).")
     check_generation_options(max_new_tokens, "greedy", 1, 1.0, 1.0)
     check_outputs_free(out, TRAJECTORY_FILES if trajectory else LENS_FILES, overwrite)
     translators = _tuned_lens(lens)

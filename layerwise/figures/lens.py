@@ -113,7 +113,7 @@ def check_trajectory(data: Any, where: str = "the trajectory") -> dict[str, Any]
     return data
 
 
-def trajectory_figure(data: Mapping[str, Any]) -> Figure:
+def trajectory_figure(data: Mapping[str, Any], titled: bool = True) -> Figure:
     """The prediction trajectory (tuned-lens's ``PredictionTrajectory``): layer x prompt position, one panel per lens.
 
     ``data`` as :func:`check_trajectory` reads it (``lens_trajectory.json``): each cell is a layer's top next-token
@@ -121,7 +121,9 @@ def trajectory_figure(data: Mapping[str, Any]) -> Figure:
     ``data["statistic"]`` on an ordered map (cividis) shared by the panels: probability over [0, 1]; entropy over
     [0, ln V]; KL from 0 to its largest value. Rows from the first layer (bottom) to the last (top), as tuned-lens
     draws them; square cells as far as the print width and 8 in of height allow; the panels (a) logit lens and
-    (b) tuned lens side by side with one colour bar; the x ticks are the prompt's tokens.
+    (b) tuned lens side by side with one colour bar; the x ticks are the prompt's tokens. ``titled=False``
+    (``lens --no_title``): no title line, its text kept for the files' metadata
+    (:func:`~layerwise.figures.style.provenance_metadata`); the panels keep their names.
     """
     import matplotlib
 
@@ -140,14 +142,21 @@ def trajectory_figure(data: Mapping[str, Any]) -> Figure:
     cell_height = min(cell, 8.0 / rows)
     label = max(len(text) for text in TRAJECTORY_LABELS.values()) * 0.6 * p.label / 72  # the colour bar's label
     cell_height = max(cell_height, (label + 0.1) / rows)  # few layers: cells taller than wide, the label fits
-    panel_width, axes_height = cell * columns, cell_height * rows
+    titles = [
+        plain(panel["name"]) if count == 1 else f"({chr(ord('a') + i)}) {plain(panel['name'])}"
+        for i, panel in enumerate(lenses)
+    ]
+    title_width = max(len(title) for title in titles) * 0.6 * p.title / 72  # bold, about 0.6 em a character
+    panel_width = max(cell * columns, min(title_width, room / count))  # a panel of few columns: as wide as its title
+    axes_height = cell_height * rows
     left = p.left + (room - panel_width * count) / 2
-    limit = max(1, min(8, int(0.9 * cell * 72 / (0.62 * p.note))))  # characters a cell holds
+    limit = max(1, min(8, int(0.9 * panel_width / columns * 72 / (0.62 * p.note))))  # characters a cell holds
     cell_text = limit > 1 and cell_height * 72 >= 1.2 * p.note
     step = max(1, math.ceil(0.14 / cell))  # x ticks: the tokens, every step-th where the cells are narrow
-    tick_text = [_figure_text(token, 8) for token in inputs]
+    classifier = data.get("kind") == "classifier"  # its column is a sample, named in words, not a token
+    tick_text = [plain(token) if classifier else _figure_text(token, 8) for token in inputs]
     bottom = 0.1 + p.label / 72 * 1.4 + max(len(t) for t in tick_text) * 0.62 * p.tick / 72 + 0.1
-    top = 0.1 + p.title_line * 2
+    top = 0.1 + p.title_line * (2 if titled else 1)
     fig = Figure(figsize=(width, bottom + axes_height + top))
     FigureCanvasAgg(fig)
     height = bottom + axes_height + top
@@ -167,20 +176,24 @@ def trajectory_figure(data: Mapping[str, Any]) -> Figure:
                 ax.text(col, row, text, ha="center", va="center", fontsize=p.note, color=colour)
         chosen = list(range(0, columns, step))
         ax.set_xticks(chosen, [tick_text[i] for i in chosen], rotation=90)
-        ax.set_xlabel("input token")
+        ax.set_xlabel("input" if classifier else "input token")
         layer_ticks(ax, layers, axis="y", most=max(2, int(axes_height * 72 / (1.5 * p.tick))))
         if index == 0:
             ax.set_ylabel("layer")
         else:
             ax.tick_params(axis="y", labelleft=False)
-        name = plain(panel["name"])
-        ax.set_title(f"({chr(ord('a') + index)}) {name}" if count > 1 else name, loc="left", fontweight="bold")
+        ax.set_title(titles[index], loc="left", fontweight="bold")
     x_bar = left + count * panel_width + (count - 1) * gap + bar_gap
     bar_axes = fig.add_axes((x_bar / width, bottom / height, bar / width, axes_height / height))
     colorbar(fig, image, bar_axes, TRAJECTORY_LABELS[statistic], own_axes=True)
-    fig.suptitle(f"prediction trajectory: {_figure_text(str(data.get('prompt', '')), 40 if width > 5 else 16)}")
-    fig._suptitle.set_y(1 - 0.08 / height)
-    fig._suptitle.set_va("top")
+    prompt = str(data.get("prompt") or "")
+    named = plain(prompt) if classifier else _figure_text(prompt, 40 if width > 5 else 16)
+    if titled:
+        title = fig.suptitle(f"prediction trajectory: {named}")
+        title.set_y(1 - 0.08 / height)
+        title.set_verticalalignment("top")
+    else:
+        fig._layerwise_provenance = [f"prediction trajectory: {named}"]  # type: ignore[attr-defined]
     finish(fig)
     for ax in fig.axes[:-1]:
         ax.tick_params(axis="x", labelsize=p.note)

@@ -2,7 +2,9 @@
 the definitions (Hugging Face's own hidden states, GPT-2's final norm and tied unembedding, a softmax), for the logit
 lens and for a tuned lens of known random translators; the command end to end; its errors, before any work."""
 
+import copy
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -119,6 +121,10 @@ def test_the_command_writes_the_numbers_and_the_figures_and_keeps_them(model, tr
         torch.testing.assert_close(torch.tensor(panel["kl_to_final"]), torch.tensor(again["kl_to_final"]))
     assert (out / "lens_trajectory.pdf").read_bytes().startswith(b"%PDF")
     assert (out / "lens_trajectory.png").read_bytes().startswith(b"\x89PNG")
+    from PIL import Image
+
+    with Image.open(out / "lens_trajectory.png") as image:  # --no_title: the title in the file's metadata instead
+        assert image.text["Title"] == f"prediction trajectory: {PROMPT.replace(' ', '␣')}"
     before = (out / "lens_trajectory.json").read_bytes()
     with pytest.raises(SystemExit):  # an earlier trajectory is kept: one line, nothing written
         cli_main([*argv, "--out", str(out)])
@@ -153,3 +159,105 @@ def test_bad_trajectory_options_are_one_line_naming_the_option_before_any_work(m
     lens_file = save_translators(tmp_path / "wide.safetensors", Translators(LAYERS, 2 * WIDTH))
     assert "--lens" in error_line([*argv, "--prompt", "a", "--lens", str(lens_file)], capsys)
     assert not (tmp_path / "o").exists() and not (tmp_path / "out").exists()
+
+
+# ------------------------------------------------------------------------------------------- a classifier's sample
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+
+
+@pytest.fixture(scope="module")
+def vit_run(tmp_path_factory) -> Path:
+    """The quickstart cut to 3 blocks of width 16 and 2 training steps: its run folder (config.yaml, a checkpoint)."""
+    from layerwise.cli import LayerwiseCLI
+
+    root = tmp_path_factory.mktemp("vit_run")
+    LayerwiseCLI(
+        args=[
+            "fit",
+            f"--config={CONFIGS / 'quickstart.yaml'}",
+            "--model.init_args.backbone.init_args.embed_dim=16",
+            "--model.init_args.backbone.init_args.depth=3",
+            "--trainer.max_epochs=1",
+            "--trainer.limit_train_batches=2",
+            "--trainer.limit_val_batches=0",
+            "--trainer.enable_progress_bar=false",
+            "--trainer.enable_model_summary=false",
+            "--trainer.callbacks=[]",
+            f"--trainer.logger.init_args.save_dir={root}",
+        ]
+    )
+    run = root / "quickstart" / "version_0"
+    assert (run / "config.yaml").is_file() and len(list((run / "checkpoints").glob("*.ckpt"))) == 1
+    return run
+
+
+def vit_reference(backbone, x: torch.Tensor, translators=None) -> dict:
+    """Every layer's class distribution in float64 from timm's own pieces: forward hooks on the blocks, then the
+    model's ``forward_head`` (mean of the patch tokens, ``fc_norm``, classifier); with a tuned lens the translator
+    acts on the pooled feature, before ``fc_norm``."""
+    model = copy.deepcopy(backbone.model).double().eval()
+    assert isinstance(model.norm, torch.nn.Identity) and model.global_pool == "avg"  # what the reference assumes
+    outputs = []
+    hooks = [block.register_forward_hook(lambda _m, _i, out: outputs.append(out)) for block in model.blocks]
+    with torch.no_grad():
+        final = model(x.double())
+        for hook in hooks:
+            hook.remove()
+        logits = []
+        for layer, h in enumerate(outputs):
+            pooled = h[:, model.num_prefix_tokens :].mean(1)
+            if translators is not None and layer < len(outputs) - 1:
+                t = translators.translators[layer]
+                pooled = pooled + pooled @ t.weight.double().T + t.bias.double()
+            logits.append(model.head(model.fc_norm(pooled)))
+    logits = torch.stack(logits)[:, 0]  # (L, C)
+    torch.testing.assert_close(logits[-1], final[0])  # the last layer read is the model's own output
+    log_p = logits.log_softmax(-1)
+    p = log_p.exp()
+    return {
+        "top_ids": p.argmax(-1),
+        "probability": p.max(-1).values,
+        "entropy": -(p * log_p).sum(-1),
+        "kl_to_final": (p[-1:] * (p[-1:].log() - log_p)).sum(-1),
+    }
+
+
+@pytest.mark.filterwarnings("ignore:.*does not have many workers")
+def test_a_classifiers_sample_is_one_column_equal_to_a_float64_computation(vit_run, tmp_path, capsys):
+    from layerwise.datamodules import DigitsDataModule
+    from layerwise.engines.checkpoint import load_module
+
+    checkpoint = next((vit_run / "checkpoints").glob("*.ckpt"))
+    backbone = load_module(checkpoint).backbone
+    known = Translators(backbone.num_layers, backbone.embed_dim)
+    generator = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for parameter in known.parameters():
+            parameter.copy_(0.5 * torch.randn(parameter.shape, generator=generator))
+    lens_file = save_translators(tmp_path / "tuned_lens.safetensors", known)
+    out = tmp_path / "out"
+    argv = ["lens", "--checkpoint", str(checkpoint), "--trajectory", "true", "--sample", "7", "--out", str(out)]
+    cli_main([*argv, "--lens", str(lens_file)])
+    record = json.loads((out / "lens_trajectory.json").read_text())
+    data = DigitsDataModule(val_fraction=0.2, seed=0)  # the quickstart's data
+    data.setup("validate")
+    x, label = data.val_set[7]
+    assert record["kind"] == "classifier" and record["label"] == int(label) and record["positions"] == [0]
+    assert record["layers"] == [1, 2, 3] and record["input_tokens"] == [f"label {int(label)}"]
+    for panel, weights in zip(record["lenses"], (None, known)):
+        expected = vit_reference(backbone, x[None], weights)
+        assert panel["top_ids"] == [[i] for i in expected["top_ids"].tolist()]
+        assert panel["tokens"] == [[str(i)] for i in expected["top_ids"].tolist()]  # digits: the class index
+        for key in ("probability", "entropy", "kl_to_final"):
+            got = torch.tensor(panel[key], dtype=torch.float64)[:, 0]
+            torch.testing.assert_close(got, expected[key], atol=1e-5, rtol=0)
+    assert record["lenses"][0]["probability"] != record["lenses"][1]["probability"]
+    # bad input: one line naming the option, nothing written
+    error = tmp_path / "error"
+    bad = ["lens", "--checkpoint", str(checkpoint), "--trajectory", "true", "--out", str(error)]
+    assert "`--sample=360`: the evaluation set has 360 samples" in error_line([*bad, "--sample", "360"], capsys)
+    assert "--trajectory true" in error_line([*bad[:3], "--sample", "1", "--out", str(error)], capsys)
+    assert "--sample=-1" in error_line([*bad, "--sample", "-1"], capsys)
+    assert "give one" in error_line([*bad, "--sample", "1", "--prompt", "a"], capsys)
+    assert "--layers" in error_line([*bad, "--sample", "1", "--layers", "4"], capsys)
+    assert not error.exists()

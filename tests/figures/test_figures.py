@@ -281,6 +281,13 @@ def every_figure(num_layers: int) -> dict:
         ],
     }
     figures["lens_trajectory"] = trajectory_figure(check_trajectory(trajectory))
+    classifier = {**trajectory, "kind": "classifier", "prompt": "sample 7 of the evaluation set"}
+    classifier.update(input_tokens=["label 3"], statistic="kl_to_final")
+    classifier["lenses"] = [
+        {key: [row[:1] for row in value] if isinstance(value, list) else value for key, value in panel.items()}
+        for panel in trajectory["lenses"]
+    ]
+    figures["lens_trajectory_classifier"] = trajectory_figure(check_trajectory(classifier))
     curves = [
         SimpleNamespace(
             label=run,
