@@ -150,6 +150,11 @@ def test_bad_trajectory_options_are_one_line_naming_the_option_before_any_work(m
     assert "--statistic=kl" in line and "--trajectory true" in line
     assert "--no_title" in error_line([*missing, "--no_title", "true"], capsys)
     assert "--statistic" in error_line([*missing, "--trajectory", "true", "--statistic", "rank"], capsys)
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    (kept / "lens_trajectory.json").write_text("an earlier run")
+    line = error_line([*missing[:-1], str(kept), "--trajectory", "true"], capsys)  # before the model it cannot load
+    assert "already holds lens_trajectory.json" in line and "no_such_model" not in line
     folder = tmp_path / "model"
     model.save_pretrained(folder)
     argv = ["lens", "--model", str(folder), "--tokenizer", "byte", "--trajectory", "true", "--out", str(tmp_path / "o")]
@@ -159,6 +164,7 @@ def test_bad_trajectory_options_are_one_line_naming_the_option_before_any_work(m
     lens_file = save_translators(tmp_path / "wide.safetensors", Translators(LAYERS, 2 * WIDTH))
     assert "--lens" in error_line([*argv, "--prompt", "a", "--lens", str(lens_file)], capsys)
     assert not (tmp_path / "o").exists() and not (tmp_path / "out").exists()
+    assert [path.name for path in kept.iterdir()] == ["lens_trajectory.json"]
 
 
 # ------------------------------------------------------------------------------------------- a classifier's sample
