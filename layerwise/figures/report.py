@@ -26,6 +26,7 @@ SECTION_FIGURES = {
     "detection_ap50": ("detection_ap50",),
 }
 CONFIG_FILES = ("config.yaml", "hparams.yaml")  # LightningCLI's copy of the config; a Python fit's hyper-parameters
+TRAJECTORY_FILE = "lens_trajectory.json"  # `layerwise lens --trajectory --out RUN`: shown when the run folder has it
 FIGURE_DPI = 150  # PNG figures at print resolution, shown at their print size (CSS inches)
 Figure = tuple[str, str, str, str]  # stage, name, caption, PNG as base64
 
@@ -238,7 +239,7 @@ def build_html(
     body = [
         f"<h1>layerwise report</h1><p class=sub>{_e(run)} · {len(files)} summaries · stages "
         f"{', '.join(_e(stage_name(s)) for s in stages)} · figures of epoch {chosen[0]}, step {chosen[1]}</p>",
-        _nav(sections, len(validation_stages) > 1 or meta["probes"]),
+        _nav(sections, len(validation_stages) > 1 or meta["probes"], (run / TRAJECTORY_FILE).is_file()),
         "<div id=bar><label for=step>validation</label> <input type=range id=step min=0 value=0> "
         "<span id=steplabel></span></div>",
         "<section id=config><h2>Config</h2>",
@@ -263,6 +264,9 @@ def build_html(
             "<section id=transfer><h2>Transfer</h2><p class=note>Accuracy per layer on every evaluation set, at the "
             f"validation the slider picks.{note}</p><div id=transfercharts class=grid></div></section>"
         )
+    trajectory = _trajectory_section(run)
+    if trajectory:
+        body.append(trajectory)
     titles = {"coupling": "Block coupling", "compare": "Comparison with model B", "detection_ap50": "Detection"}
     anchors = {"coupling": "coupling", "compare": "comparison", "detection_ap50": "detection"}
     for name in SECTION_FIGURES:
@@ -282,14 +286,61 @@ def build_html(
     )
 
 
-def _nav(sections: set[str], transfer: bool) -> str:
+def _nav(sections: set[str], transfer: bool, trajectory: bool = False) -> str:
     links = [("config", "config"), ("table", "per layer"), ("figures", "figures"), ("curves", "curves")]
     if transfer:
         links.append(("transfer", "transfer"))
+    if trajectory:
+        links.append(("trajectory", "trajectory"))
     for name, anchor in (("coupling", "coupling"), ("compare", "comparison"), ("detection_ap50", "detection")):
         if name in sections:
             links.append((anchor, anchor))
     return "<nav>" + " · ".join(f'<a href="#{anchor}">{text}</a>' for anchor, text in links) + "</nav>"
+
+
+def _trajectory_section(run: Path) -> str:
+    """The section of the prediction trajectory ``layerwise lens --trajectory --out RUN`` left in the run folder.
+
+    Drawn from its numbers (``lens_trajectory.json``, read as data: its texts reach the page escaped); "" when there
+    is none. A file that does not fit the trajectory's shape is left out with one warning line naming the key.
+    """
+    import warnings
+
+    path = run / TRAJECTORY_FILE
+    if not path.is_file():
+        return ""
+    from layerwise.figures.lens import TRAJECTORY_LABELS, check_trajectory, trajectory_figure
+
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as error:  # json's JSONDecodeError is a ValueError
+        data = f"{path}: not JSON ({error})."
+    try:
+        data = check_trajectory(data, str(path)) if not isinstance(data, str) else data
+    except ValueError as error:
+        data = str(error)
+    if isinstance(data, str):
+        warnings.warn(f"{data} The report leaves the prediction trajectory out.", stacklevel=2)
+        return ""
+    import matplotlib.pyplot as plt
+
+    figure = trajectory_figure(data)
+    try:
+        png = _png(figure)
+    finally:
+        plt.close(figure)
+    lenses = " and ".join(str(panel["name"]) for panel in data["lenses"])
+    caption = (
+        f"Prediction trajectory of the prompt {data.get('prompt', '')!r}: each layer's top next-token prediction at "
+        f"every position through the {lenses}, coloured by {TRAJECTORY_LABELS[data['statistic']]}."
+    )
+    return (
+        "<section id=trajectory><h2>Prediction trajectory</h2>"
+        f"<p class=note>From {_e(TRAJECTORY_FILE)} in the run folder (layerwise lens --trajectory), which holds the "
+        "numbers.</p><div class=figs>"
+        f'<figure data-figure="lens_trajectory"><img alt="{_e(caption)}" style="width:{_inches(png):.2f}in" '
+        f'src="data:image/png;base64,{png}"><figcaption>{_e(caption)}</figcaption></figure></div></section>'
+    )
 
 
 def _figure_section(anchor: str, title: str, figures: list[Figure], charts: str = "", note: str = "") -> str:

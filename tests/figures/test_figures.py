@@ -225,7 +225,7 @@ def every_figure(num_layers: int) -> dict:
     from layerwise.figures.coupling import correlation, token_coupling, trajectory_pca
     from layerwise.figures.curves import chart_figures
     from layerwise.figures.heatmap import heatmap
-    from layerwise.figures.lens import lens_figure
+    from layerwise.figures.lens import check_trajectory, lens_figure, trajectory_figure
     from layerwise.figures.stitch import stitch_figure
     from layerwise.figures.style import run_line, stamp
     from layerwise.figures.summary import ap50_per_layer
@@ -261,6 +261,33 @@ def every_figure(num_layers: int) -> dict:
     probs = rng.uniform(0, 1, (num_layers, len(tokens)))
     predicted = [[tokens[(row + col) % len(tokens)] for col in range(len(tokens))] for row in range(num_layers)]
     figures["lens"] = lens_figure(probs, predicted, tokens, layers, "Once upon a time, a cat")
+    trajectory = {  # layerwise lens --trajectory: the logit and a tuned lens side by side
+        "format": "layerwise.lens_trajectory",
+        "prompt": "Once upon a time, a cat",
+        "input_tokens": tokens,
+        "layers": layers,
+        "vocab_size": 50257,
+        "statistic": "probability",
+        "lenses": [
+            {
+                "name": name,
+                "tokens": predicted,
+                "top_ids": [[1] * len(tokens)] * num_layers,
+                "probability": rng.uniform(0, 1, (num_layers, len(tokens))).tolist(),
+                "entropy": rng.uniform(0, 10, (num_layers, len(tokens))).tolist(),
+                "kl_to_final": rng.uniform(0, 5, (num_layers, len(tokens))).tolist(),
+            }
+            for name in ("logit lens", "tuned lens")
+        ],
+    }
+    figures["lens_trajectory"] = trajectory_figure(check_trajectory(trajectory))
+    classifier = {**trajectory, "kind": "classifier", "prompt": "sample 7 of the evaluation set"}
+    classifier.update(input_tokens=["label 3"], statistic="kl_to_final")
+    classifier["lenses"] = [
+        {key: [row[:1] for row in value] if isinstance(value, list) else value for key, value in panel.items()}
+        for panel in trajectory["lenses"]
+    ]
+    figures["lens_trajectory_classifier"] = trajectory_figure(check_trajectory(classifier))
     curves = [
         SimpleNamespace(
             label=run,
