@@ -11,7 +11,7 @@ from layerwise.figures.style import SIMILARITY_LABELS
 from layerwise.figures.summary import similarity_figures
 from layerwise.metrics import LayerCKA, LayerCosineSimilarity, LayerRowSample, MinibatchCKA
 from layerwise.metrics.functional_distribution import histogram_quantiles
-from layerwise.metrics.functional_family import MEASURES, check_options
+from layerwise.metrics.functional_family import MEASURES, check_options, check_pairs, computed_pairs
 from layerwise.metrics.functional_neighbours import NEIGHBOUR_MEASURES, neighbour_measures
 
 CKAEstimator = Literal["exact", "minibatch", "none"]
@@ -19,7 +19,7 @@ Measure = Literal[
     "debiased_cka", "cca", "svcca", "pwcca", "procrustes", "shape", "effective_rank", "mutual_knn", "cknna"
 ]
 RankSpectrum = Literal["singular", "covariance"]
-MeasurePairs = Literal["all", "to_last", "adjacent"]
+Pairs = Literal["all", "to_last", "adjacent"]
 
 
 # The quantiles of the per-sample COS written to the summary (the box plots draw 0.01 ... 0.99 and the extremes).
@@ -53,13 +53,17 @@ class LayerSimilarityMonitor(Analysis):
     its variance), ``pwcca`` (Morcos et al.'s weights), ``procrustes`` (Ding et al.'s distance, in [0, √2]),
     ``shape`` (netrep's angular shape distance with ``shape_alpha``: 0 = CCA, 1 = Procrustes), ``effective_rank``
     (per layer; ``rank_spectrum`` ``"singular"``: Roy & Vetterli, RankMe; ``"covariance"``: the eigenvalues). Each
-    pair measure costs a few (d, d) decompositions per layer pair at the end of the validation; ``measure_pairs``
-    limits them to the ``to_last`` (l, L) or ``adjacent`` (l, l+1) pairs, NaN (null) elsewhere: L pairs instead of
-    L² (the sums kept are the same).
+    pair measure costs a few (d, d) decompositions per layer pair at the end of the validation.
+
+    Some layer pairs only (``pairs``, default ``"all"``): ``"to_last"`` (l, L) or ``"adjacent"`` (l, l+1) computes
+    the exact CKA and every measure at L pairs instead of L², NaN (null) elsewhere, and keeps only the cross-moment
+    blocks they read: ``8·(2L−1)·d²`` bytes instead of ``8·(L·d)²`` (BERT-base: 54 MB instead of 680 MB), so that
+    wider or deeper models fit exactly. The CKA heatmap then shows the other cells as not computed (hatched). The
+    COS stays on every pair (its state is L×L).
 
     Neighbourhood alignment (``measures`` ``mutual_knn``, ``cknna``; any ``cka``): platonic-rep's mutual k-NN and
     CKNNA (Huh et al. 2024) with ``knn_k`` neighbours, cosine on L2-normalised features, between every pair of
-    layers (``measure_pairs`` as above). They read rows, not sums: on a seeded sample of at most ``knn_sample_size``
+    layers (``pairs`` as above). They read rows, not sums: on a seeded sample of at most ``knn_sample_size``
     evaluated samples, chosen by a seeded hash of each sample's global (dataset) index (``knn_seed``), so the same
     rows, and the same values, for any batch size and number of processes. Memory: ``8·L·knn_sample_size·d`` bytes
     per rank (12 × 768 at 1024: 75 MB), at the end twice ``8·L·knn_sample_size²`` (the kernels and masks) and, under
@@ -89,12 +93,17 @@ class LayerSimilarityMonitor(Analysis):
         svcca_variance: float = 0.99,
         shape_alpha: float = 0.5,
         rank_spectrum: RankSpectrum = "singular",
-        measure_pairs: MeasurePairs = "all",
+        pairs: Pairs = "all",
         knn_k: int = 10,
         knn_sample_size: int = 1024,
         knn_seed: int = 0,
         **refused: Any,
     ) -> None:
+        if "measure_pairs" in refused:  # its name until the state followed the pairs (issue 50)
+            raise ValueError(
+                f"LayerSimilarityMonitor(measure_pairs={refused['measure_pairs']!r}): the option is now `pairs`, "
+                f"which also keeps the CKA's state to those pairs: give pairs={refused['measure_pairs']!r}."
+            )
         refuse_runner_options(type(self).__name__, refused)
         if cka not in ("exact", "minibatch", "none"):
             raise ValueError(f"`cka={cka!r}` must be 'exact', 'minibatch' or 'none'.")
@@ -111,9 +120,7 @@ class LayerSimilarityMonitor(Analysis):
         self.knn_k, self.knn_sample_size, self.knn_seed = knn_k, knn_sample_size, knn_seed
         if self._family and cka != "exact":
             raise ValueError(f"`measures` read the exact CKA's sums: set `cka='exact'` (got {cka!r}) or no measures.")
-        if measure_pairs not in ("all", "to_last", "adjacent"):
-            raise ValueError(f"`measure_pairs={measure_pairs!r}` must be 'all', 'to_last' or 'adjacent'.")
-        self.measure_pairs = measure_pairs
+        self.pairs = check_pairs(pairs)
         self.svcca_variance, self.shape_alpha, self.rank_spectrum = (
             float(svcca_variance),
             float(shape_alpha),
@@ -137,10 +144,12 @@ class LayerSimilarityMonitor(Analysis):
         }
         if self.cka == "exact":
             # the stacked cross-moments Z^T Z of every layer pair: any second-moment measure of layer pairs reads them
-            debiased = "debiased_cka" in self.measures  # two more sums beside the moments
+            # (with some `pairs`: only the blocks of those pairs and the diagonal ones, O(L d^2))
+            debiased, pairs = "debiased_cka" in self.measures, self.pairs  # two more sums beside the moments
+            name = "stacked_moments" if pairs == "all" else f"pair_moments(pairs={pairs})"
             statistics["cka"] = Statistic(
-                "stacked_moments(debiased=True)" if debiased else "stacked_moments",
-                lambda: LayerCKA(layers, spec.dim, debiased=debiased, sync_on_compute=False),
+                f"{name}(debiased=True)" if debiased else name,
+                lambda: LayerCKA(layers, spec.dim, debiased=debiased, pairs=pairs, sync_on_compute=False),
                 _feed_sampled,
             )
         if self._neighbours:
@@ -185,18 +194,13 @@ class LayerSimilarityMonitor(Analysis):
         """The ``measures`` from the exact CKA's (already reduced) sums, and their options; nothing when none."""
         if not self.measures:
             return {}
-        layers = self.spec.num_layers
-        pairs = {
-            "all": None,
-            "to_last": [(layer, layers - 1) for layer in range(layers)],
-            "adjacent": [(layer, min(layer + 1, layers - 1)) for layer in range(layers)],
-        }[self.measure_pairs]
+        pairs = computed_pairs(self.pairs, self.spec.num_layers)
         values: dict[str, Any] = {}
         options: dict[str, Any] = {
             "svcca_variance": self.svcca_variance,
             "shape_alpha": self.shape_alpha,
             "rank_spectrum": self.rank_spectrum,
-            "measure_pairs": self.measure_pairs,
+            "pairs": self.pairs,
         }
         if self._family:
             cka = metrics["cka"]

@@ -31,7 +31,7 @@ def test_measures_in_the_summary_equal_numpy_on_the_saved_features(tmp_path):
     )
     summary, h = read_summary(tmp_path), read_features(tmp_path)["features"].double().numpy()
     assert h.shape[:2] == (DEPTH, N)
-    options = {"svcca_variance": 0.9, "shape_alpha": 0.25, "rank_spectrum": "singular", "measure_pairs": "all"}
+    options = {"svcca_variance": 0.9, "shape_alpha": 0.25, "rank_spectrum": "singular", "pairs": "all"}
     assert summary["measure_options"] == options
     off = ~np.eye(DEPTH, dtype=bool)
     for name in [name for name in MEASURES if name != "effective_rank"]:
