@@ -105,6 +105,8 @@ def test_merged_and_unknown_pairs():
     other.update(x[:, :20])
     other.update(x[:, 20:] - 3.0)
     torch.testing.assert_close(one.compute(), other.compute(), rtol=0, atol=1e-12, equal_nan=True)
+    merged, single = (metric.compute_measures(["debiased_cka"])["debiased_cka"] for metric in (one, other))
+    torch.testing.assert_close(merged, single, rtol=0, atol=1e-12, equal_nan=True)
     with pytest.raises(KeyError, match=r"layer pair \(0, 3\) is not kept"):
         one.compute_measures(["cca"], pairs=[(0, 3)])
     with pytest.raises(ValueError, match="`pairs='some'` must be"):
