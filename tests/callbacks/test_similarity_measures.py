@@ -66,12 +66,44 @@ def test_scalars_charts_and_figures_of_the_measures():
     assert {"procrustes", "effective_rank"} <= set(figures)
 
 
-def test_measure_pairs_to_last_computes_only_the_last_column(tmp_path):
-    monitor = LayerSimilarityMonitor(measures=["cca", "procrustes"], measure_pairs="to_last")
-    trainer(tmp_path, [alone(monitor, log_figures=False)]).validate(fitted_module(), val_loader(N), verbose=False)
-    summary = read_summary(tmp_path)
+def test_pairs_to_last_keeps_and_computes_only_the_last_column(tmp_path):
+    monitor = LayerSimilarityMonitor(measures=["cca", "procrustes"], pairs="to_last")
+    trainer(tmp_path, [alone(monitor, save_features=True, log_figures=False)]).validate(
+        fitted_module(), val_loader(N), verbose=False
+    )
+    summary, h = read_summary(tmp_path), read_features(tmp_path)["features"].double().numpy()
+    assert summary["measure_options"]["pairs"] == "to_last"
     for name in ("cca", "procrustes"):
         values = np.array(summary[name], dtype=float)
         assert np.isnan(values[:, :-1]).all() and np.isfinite(values[:, -1]).all()
-    with pytest.raises(ValueError, match="measure_pairs='some'"):
-        LayerSimilarityMonitor(measures=["cca"], measure_pairs="some")
+    # the CKA from the blocks of the pairs (l, L): the last row and column and the diagonal, null elsewhere
+    cka = np.array(summary["cka"], dtype=float)
+    kept = np.eye(DEPTH, dtype=bool)
+    kept[:, -1] = kept[-1, :] = True
+    assert np.isnan(cka[~kept]).all()
+    x = h - h.mean(axis=1, keepdims=True)
+    expected = [
+        np.linalg.norm(a.T @ x[-1]) ** 2 / (np.linalg.norm(a.T @ a) * np.linalg.norm(x[-1].T @ x[-1])) for a in x
+    ]
+    np.testing.assert_allclose(cka[:, -1], expected, rtol=0, atol=1e-10)
+    with pytest.raises(ValueError, match="pairs='some'"):
+        LayerSimilarityMonitor(measures=["cca"], pairs="some")
+    with pytest.raises(ValueError, match=r"measure_pairs='adjacent'\): the option is now `pairs`.*pairs='adjacent'"):
+        LayerSimilarityMonitor(measure_pairs="adjacent")
+
+
+def test_heatmap_hatches_the_pairs_not_computed():
+    from layerwise.figures.summary import similarity_figures
+
+    nan = float("nan")
+    matrix = [[1.0, nan, 0.4], [nan, 1.0, 0.7], [0.4, 0.7, 1.0]]
+    summary = {"layers": [1, 2, 3], "cka": matrix, "cca": [[nan, nan, 0.3], [nan, nan, 0.6], [nan, nan, 1.0]]}
+    summary["analyses"] = {"similarity": {"options": {"cka": "exact", "pairs": "to_last"}}}
+    figures = similarity_figures(summary)
+    for key in ("cka", "cca"):
+        ax = figures[key].axes[0]
+        assert ax.patch.get_hatch() == "////" and "hatched: not computed (pairs=to_last)" in ax.get_xlabel()
+        image = ax.images[0].get_array()
+        assert image.mask[0, 1] and not image.mask[0, 2]  # the missing cell is no value, not a 0
+    full = similarity_figures({"layers": [1, 2], "cka": [[1.0, 0.5], [0.5, 1.0]]})["cka"].axes[0]
+    assert not full.patch.get_hatch() and "hatched" not in full.get_xlabel()
