@@ -9,7 +9,7 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator, NullFormatter
 
 from layerwise.errors import LayerwiseWarning
-from layerwise.figures.compare import cka_across_models
+from layerwise.figures.compare import cka_across_models, compare_measure_figures
 from layerwise.figures.coupling import coupling_figures
 from layerwise.figures.heatmap import heatmap
 from layerwise.figures.registry import (
@@ -53,6 +53,11 @@ CAPTIONS = {
     "detection_ap50": "Detection AP50 of every decoder layer",
     "residual_norm_ratio": "Residual norm ratio ‖x‖ / ‖F(x)‖ per block and branch",
     "compare_cka": "CKA between the layers of model A and model B",
+    "compare_cca": "Mean canonical correlation between the layers of model A and model B",
+    "compare_svcca": "SVCCA between the layers of model A and model B",
+    "compare_pwcca": "PWCCA (projection-weighted CCA) between the layers of model A and model B",
+    "compare_procrustes": "Orthogonal Procrustes distance between the layers of model A and model B",
+    "compare_shape": "Angular shape distance (netrep) between the layers of model A and model B",
     "neural_collapse": "Neural collapse per layer: NC1 and CDNV, NC2, NC3 against the shared head, NC4",
     "debiased_cka": "Debiased CKA (Song et al.'s unbiased HSIC) between every pair of layers",
     "cca": "Mean canonical correlation between every pair of layers",
@@ -490,8 +495,8 @@ def residual_figures(results: dict[str, Any]) -> dict[str, Figure]:
 
 
 def compare_figures(results: dict[str, Any]) -> dict[str, Figure]:
-    """The figure of ``CrossModelComparison``: CKA between the layers of the two models."""
-    return {"compare_cka": cka_across_models(results)}
+    """The figures of ``CrossModelComparison``: CKA between the layers of the two models, and each of ``measures``."""
+    return {"compare_cka": cka_across_models(results), **compare_measure_figures(results)}
 
 
 # The package's analyses' figure functions with the key each reads (None: the whole summary), in the order a summary

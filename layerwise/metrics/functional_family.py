@@ -410,9 +410,13 @@ def _block_index(blocks: Sequence[tuple[int, int]], device: torch.device) -> tup
 
 
 def _block_moments_update(x: Tensor, blocks: Sequence[tuple[int, int]], moments: Tensor) -> Tensor:
-    """Add sum_i x_i^a x_i^b^T of shifted float64 features x (L, B, d) to ``moments`` (K, d, d) in place."""
-    rows, columns = _block_index(blocks, x.device)
-    return moments.baddbmm_(x[rows].transpose(1, 2), x[columns])
+    """Add sum_i x_i^a x_i^b^T of shifted float64 features x (L, B, d) to ``moments`` (K, d, d) in place.
+
+    One (d, d) product per block: nothing of the batch's size is held beside ``x``.
+    """
+    for k, (a, b) in enumerate(blocks):
+        moments[k].addmm_(x[a].T, x[b])
+    return moments
 
 
 def _block_norm_product_update(x: Tensor, blocks: Sequence[tuple[int, int]]) -> tuple[Tensor, Tensor]:
@@ -433,18 +437,22 @@ def _recentred_blocks(
     delta: Tensor,
     norm_products: Optional[Tensor] = None,
     weighted_sums: Optional[Tensor] = None,
-) -> tuple[Tensor, Optional[Tensor], Optional[Tensor]]:
+    move_moments: bool = True,
+) -> tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
     """The blocks (and Q, R) of the features moved by ``delta`` (L, d), from the sums around the old shift.
 
     The formulas of :func:`~layerwise.metrics.functional_similarity._recentred_moments` and
     :func:`_recentred_norm_products`, block by block: S'_ab = S_ab + s_a delta_b^T + delta_a s_b^T + n delta_a
-    delta_b^T. The feature sums themselves move by n delta (the caller's).
+    delta_b^T. The feature sums themselves move by n delta (the caller's). ``move_moments=False``: Q and R only.
     """
     rows, columns = _block_index(blocks, moments.device)
     delta = delta.to(device=moments.device, dtype=_F64).reshape(feature_sum.shape)
     m_a, m_b, d_a, d_b = feature_sum[rows], feature_sum[columns], delta[rows], delta[columns]
-    moved = moments + torch.einsum("kd,ke->kde", m_a, d_b) + torch.einsum("kd,ke->kde", d_a, m_b)
-    moved = moved + count * torch.einsum("kd,ke->kde", d_a, d_b)
+    moved = None
+    if move_moments:  # one block at a time: one copy of the state, no (K, d, d) temporaries
+        moved = moments.clone()
+        for k in range(len(blocks)):
+            moved[k] += torch.outer(m_a[k], d_b[k]) + torch.outer(d_a[k], m_b[k] + count * d_b[k])
     if norm_products is None or weighted_sums is None:
         return moved, None, None
     diagonal = {a: k for k, (a, b) in enumerate(blocks) if a == b}
@@ -480,10 +488,9 @@ def _centred_blocks(
 
 
 def _block_frobenius(blocks: Sequence[tuple[int, int]], feature_sum: Tensor, moments: Tensor, n: float) -> Tensor:
-    """||C_ab||_F^2 (K,) of the centred blocks."""
-    rows, columns = _block_index(blocks, moments.device)
-    centred = moments - torch.einsum("kd,ke->kde", feature_sum[rows], feature_sum[columns]) / n
-    return centred.square().sum(dim=(1, 2))
+    """||C_ab||_F^2 (K,) of the centred blocks, one block at a time."""
+    block = _centred_blocks(blocks, feature_sum, moments, n)
+    return torch.stack([block(a, b).square().sum() for a, b in blocks])
 
 
 def _block_matrix(blocks: Sequence[tuple[int, int]], values: Tensor, num_layers: int) -> Tensor:
@@ -519,7 +526,8 @@ def _block_debiased_cka_compute(
     if n < 4:
         return torch.full((layers, layers), float("nan"), dtype=_F64, device=moments.device)
     total = torch.tensor(n, dtype=_F64, device=moments.device)
-    _, q, _ = _recentred_blocks(blocks, total, feature_sum, moments, -feature_sum / n, norm_products, weighted_sums)
+    mean = -feature_sum / n
+    _, q, _ = _recentred_blocks(blocks, total, feature_sum, moments, mean, norm_products, weighted_sums, False)
     assert q is not None
     frob = _block_frobenius(blocks, feature_sum, moments, n)
     rows, columns = _block_index(blocks, moments.device)

@@ -524,6 +524,7 @@ class LayerCKA(_ShiftedSumStateMetric):
             delta = delta.to(device=sums.device, dtype=torch.float64)
             extra = (states["norm_products"], states["weighted_sums"]) if self.debiased else (None, None)
             blocks, q, r = _recentred_blocks(self.kept_blocks, count, sums, states["blocks"], delta, *extra)
+            assert blocks is not None
             moved = {"count": count, "feature_sum": sums + count * delta, "blocks": blocks}
             if self.debiased:
                 moved.update(norm_products=q, weighted_sums=r)
