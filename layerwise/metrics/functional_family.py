@@ -421,12 +421,10 @@ def _block_moments_update(x: Tensor, blocks: Sequence[tuple[int, int]], moments:
 
 def _block_norm_product_update(x: Tensor, blocks: Sequence[tuple[int, int]]) -> tuple[Tensor, Tensor]:
     """Debiased CKA's sums of one batch for ``blocks``: Q (K,) and (R[a, b], R[b, a]) (K, 2, d)."""
-    rows, columns = _block_index(blocks, x.device)
     sq = x.square().sum(dim=-1)  # (L, B)
-    q = (sq[rows] * sq[columns]).sum(dim=-1)
-    r_ab = torch.einsum("kb,kbd->kd", sq[columns], x[rows])
-    r_ba = torch.einsum("kb,kbd->kd", sq[rows], x[columns])
-    return q, torch.stack([r_ab, r_ba], dim=1)
+    q = torch.stack([sq[a] @ sq[b] for a, b in blocks])
+    r = torch.stack([torch.stack([sq[b] @ x[a], sq[a] @ x[b]]) for a, b in blocks])  # one block at a time
+    return q, r
 
 
 def _recentred_blocks(

@@ -66,12 +66,27 @@ def test_scalars_charts_and_figures_of_the_measures():
     assert {"procrustes", "effective_rank"} <= set(figures)
 
 
-def test_pairs_to_last_keeps_and_computes_only_the_last_column(tmp_path):
+def test_pairs_to_last_keeps_and_computes_only_the_last_column(tmp_path, capfd):
+    from layerwise.analyses.pool import Pool
+    from layerwise.callbacks.analysis import _gb
+    from layerwise.errors import UsageError
+
     monitor = LayerSimilarityMonitor(measures=["cca", "procrustes"], pairs="to_last")
     trainer(tmp_path, [alone(monitor, save_features=True, log_figures=False)]).validate(
         fitted_module(), val_loader(N), verbose=False
     )
     summary, h = read_summary(tmp_path), read_features(tmp_path)["features"].double().numpy()
+    # the memory line before the run: the blocks of the pairs (l, L), 2L - 1 of (d, d), not (L d)^2
+    said = capfd.readouterr()
+    line = next(line for line in (said.out + said.err).splitlines() if "the statistics hold" in line)
+    layers, dim = monitor.spec.num_layers, monitor.spec.dim
+    size = Pool.of([monitor], monitor.spec)[0].state_bytes()["pair_moments(pairs=to_last)"]
+    assert size == 8 * ((2 * layers - 1) * dim**2 + 2 * layers * dim + 1)  # blocks, feature_sum, shift, count
+    assert f"pair_moments(pairs=to_last) {_gb(size)}" in line
+    with pytest.raises(UsageError, match="pairs='to_last'"):
+        trainer(tmp_path / "refused", [alone(monitor, log_figures=False, max_state_bytes=1000)]).validate(
+            fitted_module(), val_loader(N), verbose=False
+        )
     assert summary["measure_options"]["pairs"] == "to_last"
     for name in ("cca", "procrustes"):
         values = np.array(summary[name], dtype=float)
