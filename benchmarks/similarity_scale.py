@@ -10,8 +10,8 @@ Two parts, each case in its own forked process (peak memory = the process's VmHW
 2. ``--part tokens``: memory against N = 4k, 16k, 64k tokens at 12 x 96 (a smaller width, stated, so that the
    sweep runs on two CPU cores): the streamed state does not grow; the anchors hold the (N, d) matrices, and the
    debiased CKA's three N x N Grams (64k: 96 GiB) are not attempted past ``--gram-limit`` (reported as needed).
-3. ``--part pairs``: the streamed side of part 1 with ``LayerCKA(pairs="to_last" | "adjacent")``, whose state keeps
-   only the (d, d) blocks of those pairs (O(L d^2)): its bytes, update time, peak memory and compute time.
+3. ``--part pairs``: the streamed side of part 1 with ``LayerCKA(pairs="all" | "to_last" | "adjacent")``: the
+   stacked (L d)^2 moments, or only the (d, d) blocks of L pairs (O(L d^2)); bytes, update time, peak, compute time.
 
 Features are drawn per batch from a seeded generator (correlated layers with decaying spectra), so the streamed
 case never holds them all. Run: ``PYTHONPATH=. python benchmarks/similarity_scale.py --part shapes``.
@@ -170,10 +170,10 @@ def tokens_sweep(layers: int, dim: int, sizes: list[int], gram_limit: float) -> 
 
 
 def pairs_part(layers: int, dim: int, tokens: int) -> None:
-    """The same streamed measures with ``LayerCKA(pairs="to_last")``: the blocks of the pairs (l, L) only."""
+    """The streamed measures with ``LayerCKA(pairs=...)``: every pair's stacked moments, or the blocks of L pairs."""
     print("| pairs | state (MiB) | streamed update (s) | peak (MiB) | CKA + every measure at the L pairs (s) |")
     print("|---|---|---|---|---|")
-    for kept in ("to_last", "adjacent"):
+    for kept in ("all", "to_last", "adjacent"):
         ours = measured(streamed, layers, dim, tokens, kept)
         print(
             f"| {kept} | {ours['state_bytes'] / 2**20:.0f} | {ours['update_s']:.1f} | "
