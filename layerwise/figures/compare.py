@@ -71,8 +71,8 @@ def measure_across_models(compare: dict[str, Any], measure: str) -> Figure:
         return finish(fig)
     fit_to_cells(fig, ax, *values.shape)
     if finite.size and finite.size < values.size:
-        pairs = compare.get("pairs", "all")
-        hatch_missing(ax, "no value" if pairs == "all" else f"not computed (pairs={pairs})")
+        diagonal = compare.get("pairs") == "diagonal"  # the file's word is compared, never drawn
+        hatch_missing(ax, "not computed (pairs=diagonal)" if diagonal else "no value")
     image = ax.imshow(values, aspect="auto", **similarity_map(values, measure))
     layer_ticks(ax, layers_a, axis="y")
     layer_ticks(ax, layers_b, axis="x", most=8)

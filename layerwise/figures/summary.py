@@ -434,7 +434,8 @@ def similarity_figures(summary: dict[str, Any]) -> dict[str, Figure]:
     """The figures of ``LayerSimilarityMonitor``: the COS and CKA heatmaps, the COS box plots, the per-layer profile."""
     layers = summary.get("layers")
     figures: dict[str, Figure] = {}
-    pairs = _similarity_options(summary).get("pairs", "all")
+    pairs = _similarity_options(summary).get("pairs")
+    pairs = pairs if pairs in ("to_last", "adjacent") else "all"  # the file's word is compared, never drawn
     missing = "no value" if pairs == "all" else f"not computed (pairs={pairs})"
     if summary.get("cos") is not None:
         figures["cos"] = heatmap(summary["cos"], layers, "COS between every pair of layers", "cos")

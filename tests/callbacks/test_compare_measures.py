@@ -121,3 +121,11 @@ def test_measure_figures_from_a_compare_summary():
     assert figures["compare_cca"].axes[0].patch.get_hatch() == "////"  # the null cell hatched, never a 0
     assert not figures["compare_procrustes"].axes[0].patch.get_hatch()
     plt.close("all")
+    # the schema reads the measures before any figure does: a grid of the wrong shape is one line naming it
+    from layerwise.results import SummaryError, check_summary
+
+    summary = {"layers": [1, 2], "compare": {**compare, "cka": [[0.5] * 3] * 2}}
+    assert check_summary(summary)["compare"]["measures"]["cca"] == cca
+    summary["compare"]["measures"] = {"cca": [[0.5, 0.5]] * 2}
+    with pytest.raises(SummaryError, match=r"compare\.measures\.cca"):
+        check_summary(summary)
