@@ -526,7 +526,7 @@ class LayerCKA(_ShiftedSumStateMetric):
             blocks, q, r = _recentred_blocks(self.kept_blocks, count, sums, states["blocks"], delta, *extra)
             assert blocks is not None
             moved = {"count": count, "feature_sum": sums + count * delta, "blocks": blocks}
-            if self.debiased:
+            if q is not None and r is not None:  # debiased
                 moved.update(norm_products=q, weighted_sums=r)
             return moved
         moved = _recentred_moments(states, delta, count="count", sums="feature_sum", cross="cross")
