@@ -1,7 +1,7 @@
 """COS and CKA between every pair of layers."""
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from layerwise.analyses.base import Analysis, Metrics, Statistic, refuse_runner_options
 from layerwise.analyses.layer_spec import LayerSpec, per_layer, shaped
@@ -82,6 +82,10 @@ class LayerSimilarityMonitor(Analysis):
     name = "similarity"
     provides = ("cos", "cka")
     figures = staticmethod(similarity_figures)
+    # Options it took before, and where each went: the errors of Python and the command line name it
+    moved_options: ClassVar[dict[str, str]] = {
+        "measure_pairs": "renamed `pairs` (the same values), which also keeps the CKA's state to those pairs",
+    }
 
     def __init__(
         self,
@@ -100,9 +104,10 @@ class LayerSimilarityMonitor(Analysis):
         **refused: Any,
     ) -> None:
         if "measure_pairs" in refused:  # its name until the state followed the pairs (issue 50)
+            value = refused["measure_pairs"]
             raise ValueError(
-                f"LayerSimilarityMonitor(measure_pairs={refused['measure_pairs']!r}): the option is now `pairs`, "
-                f"which also keeps the CKA's state to those pairs: give pairs={refused['measure_pairs']!r}."
+                f"LayerSimilarityMonitor(measure_pairs={value!r}): {self.moved_options['measure_pairs']}: "
+                f"give pairs={value!r}."
             )
         refuse_runner_options(type(self).__name__, refused)
         if cka not in ("exact", "minibatch", "none"):

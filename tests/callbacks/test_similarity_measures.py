@@ -103,7 +103,7 @@ def test_pairs_to_last_keeps_and_computes_only_the_last_column(tmp_path, capfd):
     np.testing.assert_allclose(cka[:, -1], expected, rtol=0, atol=1e-10)
     with pytest.raises(ValueError, match="pairs='some'"):
         LayerSimilarityMonitor(measures=["cca"], pairs="some")
-    with pytest.raises(ValueError, match=r"measure_pairs='adjacent'\): the option is now `pairs`.*pairs='adjacent'"):
+    with pytest.raises(ValueError, match=r"measure_pairs='adjacent'\): renamed `pairs`.*: give pairs='adjacent'\.$"):
         LayerSimilarityMonitor(measure_pairs="adjacent")
 
 
