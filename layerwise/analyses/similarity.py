@@ -59,7 +59,8 @@ class LayerSimilarityMonitor(Analysis):
     the exact CKA and every measure at L pairs instead of L², NaN (null) elsewhere, and keeps only the cross-moment
     blocks they read: ``8·(2L−1)·d²`` bytes instead of ``8·(L·d)²`` (BERT-base: 54 MB instead of 680 MB), so that
     wider or deeper models fit exactly. The CKA heatmap then shows the other cells as not computed (hatched). The
-    COS stays on every pair (its state is L×L).
+    COS stays on every pair (its state is L×L). With ``"adjacent"`` the CKA's and the measures' per-layer scalars are
+    each layer against the next, ``val/cka_to_next/layer_XX``, ``val/<measure>_to_next/layer_XX``.
 
     Neighbourhood alignment (``measures`` ``mutual_knn``, ``cknna``; any ``cka``): platonic-rep's mutual k-NN and
     CKNNA (Huh et al. 2024) with ``knn_k`` neighbours, cosine on L2-normalised features, between every pair of
@@ -225,20 +226,36 @@ class LayerSimilarityMonitor(Analysis):
         spec = self.spec
         scalars = per_layer(results["cos"][:, -1], spec, "cos_to_last")
         if results["cka"] is not None:
-            scalars.update(per_layer(results["cka"][:, -1], spec, "cka_to_last"))
+            scalars.update(per_layer(*self._curve("cka", results["cka"])))
         if results.get("cos_negative_fraction") is not None:
             scalars.update(per_layer(results["cos_negative_fraction"][:, -1], spec, "cos_negative_to_last"))
         for name in self.measures:
             if name == "effective_rank":
                 scalars.update(per_layer(results[name], spec, name))
             else:
-                scalars.update(per_layer(results[name][:, -1], spec, f"{name}_to_last"))
+                scalars.update(per_layer(*self._curve(name, results[name])))
         return scalars
+
+    def _to_next(self, key: str) -> bool:
+        """Whether ``key``'s curve is to the next layer: ``pairs="adjacent"`` (COS and minibatch CKA: every pair)."""
+        every_pair = key in ("cos", "cos_negative") or (key == "cka" and self.cka != "exact")
+        return self.pairs == "adjacent" and not every_pair
+
+    def _curve(self, key: str, matrix: Any) -> tuple[Any, LayerSpec, str]:
+        """The per-layer curve of an L x L result: to the last layer, or with ``pairs="adjacent"`` to the next."""
+        if not self._to_next(key):
+            return matrix[:, -1], self.spec, f"{key}_to_last"
+        last = matrix.shape[0] - 1
+        rows = list(range(last + 1))
+        return matrix[rows, [min(layer + 1, last) for layer in rows]], self.spec, f"{key}_to_next"
 
     def layer_charts(self) -> dict[str, str]:
         quantities = {"COS": "cos", "CKA": "cka", "fraction of negative COS": "cos_negative"}
         quantities.update({SIMILARITY_LABELS[name]: name for name in self.measures if name != "effective_rank"})
-        charts = {f"{title} to last layer": rf"{key}_to_last/layer_\d+" for title, key in quantities.items()}
+        charts = {}
+        for title, key in quantities.items():
+            towards = "next" if self._to_next(key) else "last"
+            charts[f"{title} to {towards} layer"] = rf"{key}_to_{towards}/layer_\d+"
         if "effective_rank" in self.measures:
             charts["effective rank"] = r"effective_rank/layer_\d+"
         return charts

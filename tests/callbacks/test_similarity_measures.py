@@ -122,3 +122,24 @@ def test_heatmap_hatches_the_pairs_not_computed():
         assert image.mask[0, 1] and not image.mask[0, 2]  # the missing cell is no value, not a 0
     full = similarity_figures({"layers": [1, 2], "cka": [[1.0, 0.5], [0.5, 1.0]]})["cka"].axes[0]
     assert not full.patch.get_hatch() and "hatched" not in full.get_xlabel()
+
+
+def test_pairs_adjacent_logs_each_layer_against_the_next(tmp_path):
+    monitor = LayerSimilarityMonitor(measures=["cca", "effective_rank"], pairs="adjacent")
+    trainer(tmp_path, [alone(monitor, log_figures=False)]).validate(fitted_module(), val_loader(N), verbose=False)
+    summary = read_summary(tmp_path)
+    cka, cca = np.array(summary["cka"], dtype=float), np.array(summary["cca"], dtype=float)
+    scalars = monitor.layer_scalars(
+        {
+            key: summary[key] if key == "effective_rank" else np.array(summary[key], dtype=float)
+            for key in ("cos", "cka", "cca", "effective_rank")
+        }
+    )
+    for layer in range(DEPTH - 1):
+        key = monitor.spec.key(monitor.spec.layer_numbers[layer])
+        assert scalars[f"cka_to_next/{key}"] == cka[layer, layer + 1] and np.isfinite(cka[layer, layer + 1])
+        assert scalars[f"cca_to_next/{key}"] == cca[layer, layer + 1]
+    assert not any(name.startswith(("cka_to_last", "cca_to_last")) for name in scalars)
+    charts = monitor.layer_charts()
+    assert charts["CKA to next layer"] == r"cka_to_next/layer_\d+" and charts["COS to last layer"]
+    assert LayerSimilarityMonitor(cka="minibatch", pairs="adjacent").layer_charts()["CKA to last layer"]
