@@ -57,7 +57,7 @@ class LayerSimilarityMonitor(Analysis):
 
     Some layer pairs only (``pairs``, default ``"all"``): ``"to_last"`` (l, L) or ``"adjacent"`` (l, l+1) computes
     the exact CKA and every measure at L pairs instead of L², NaN (null) elsewhere, and keeps only the cross-moment
-    blocks they read: ``8·(2L−1)·d²`` bytes instead of ``8·(L·d)²`` (BERT-base: 54 MB instead of 680 MB), so that
+    blocks they read: ``8·(2L−1)·d²`` bytes instead of ``8·(L·d)²`` (BERT-base: 109 MB instead of 680 MB), so that
     wider or deeper models fit exactly. The CKA heatmap then shows the other cells as not computed (hatched). The
     COS stays on every pair (its state is L×L). With ``"adjacent"`` the CKA's and the measures' per-layer scalars are
     each layer against the next, ``val/cka_to_next/layer_XX``, ``val/<measure>_to_next/layer_XX``.

@@ -402,8 +402,8 @@ class LayerCKA(_ShiftedSumStateMetric):
 
     Some pairs only (``pairs="to_last"``: (l, L) for every l; ``"adjacent"``: (l, l + 1)): instead of ``cross`` the
     metric keeps ``blocks`` (K, d, d), the (d, d) blocks S_ab of the K = 2L - 1 pairs a <= b it needs (every
-    diagonal block and the L - 1 pairs), so 8 (2L - 1) d^2 bytes, O(L d^2) instead of O(L^2 d^2): 54 MB instead of
-    680 MB for 12 x 768, 193 MB instead of 4.8 GB for 24 x 1024; with ``debiased``, Q (K,) and R (K, 2, d). The
+    diagonal block and the L - 1 pairs), so 8 (2L - 1) d^2 bytes, O(L d^2) instead of O(L^2 d^2): 109 MB instead of
+    680 MB for 12 x 768, 394 MB instead of 4.8 GB for 24 x 1024; with ``debiased``, Q (K,) and R (K, 2, d). The
     same float64 sums around the same shift, reduced the same way: at the kept pairs every value equals the
     ``"all"`` metric's; ``compute`` and ``compute_measures`` give NaN at the other pairs (CKA at both orders of a
     kept pair and on the diagonal).

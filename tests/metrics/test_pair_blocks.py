@@ -68,7 +68,7 @@ def test_state_is_linear_in_the_layers(pairs):
         return Pool(analysis.statistics(spec).values()).state_bytes()[analysis.statistics(spec)["cka"].name]
 
     assert cka_bytes() > 8 * (12 * 768) ** 2  # 680 MB
-    assert 8 * 23 * 768**2 <= cka_bytes(pairs=pairs) < 8 * 23 * 768**2 + 10**6  # 54 MB
+    assert 8 * 23 * 768**2 <= cka_bytes(pairs=pairs) < 8 * 23 * 768**2 + 10**6  # 109 MB
 
 
 @pytest.mark.parametrize("pairs", ["to_last", "adjacent"])
