@@ -175,6 +175,30 @@ def anatome_svcca(x: np.ndarray, y: np.ndarray, accept_rate: float = 0.99) -> fl
     return float(_anatome_cca(x, y)[1].sum() / min(x.shape[1], y.shape[1]))
 
 
+def repsim_svcca(x: np.ndarray, y: np.ndarray, variance: float = 0.99) -> float:
+    """repsim 0.1.5's core_SVCCA (pillai) re-typed from its C++ (kisungyou/repsim ``repsim_core.hpp``).
+
+    Each layer: an orthonormal basis U of the *uncentred* features (rank at 1e-12 of sigma_max), U centred, then
+    reduced to the fewest directions keeping ``variance`` of *its* sigma^2 (U's singular values are all about 1, so
+    about 99 % of the directions, not of the variance), and an orthonormal basis of that; the sum of the canonical
+    correlations divided by min(rank x, rank y), the ranks *before* the reduction.
+    """
+
+    def basis(z: np.ndarray) -> np.ndarray:
+        u, s, _ = np.linalg.svd(z, full_matrices=False)
+        return u[:, : int((s > 1e-12 * s.max()).sum())]
+
+    def reduce(z: np.ndarray) -> tuple[np.ndarray, int]:
+        u = basis(z)
+        u, s, vt = np.linalg.svd(u - u.mean(axis=0), full_matrices=False)
+        share = np.cumsum(s**2) / np.sum(s**2)
+        keep = min(len(s), int((share < variance).sum()) + 1)
+        return basis((u[:, :keep] * s[:keep]) @ vt[:keep]), vt.shape[1]
+
+    (qx, rank_x), (qy, rank_y) = reduce(x), reduce(y)
+    return float(np.linalg.svd(qx.T @ qy, compute_uv=False).sum() / min(rank_x, rank_y))
+
+
 def anatome_pwcca(x: np.ndarray, y: np.ndarray) -> float:
     """anatome pwcca_distance as 1 - distance: coefficients re-orthonormalised, weights summed over samples."""
     a, diag = _anatome_cca(x, y)
@@ -318,8 +342,15 @@ def rows(h: np.ndarray) -> list[tuple[str, str, str, str]]:
         "repsim svcca(pillai)",
         registry("repsim", lambda m: m.svcca(list(h), "pillai")),
         svcca,
-        "open: repsim's SVCCA is compiled C++ and says only '99 %'; no rule tried (sigma or sigma^2, centred, "
-        "standardised or raw columns) reproduces it",
+        "repsim reduces an orthonormal basis of the uncentred features (all sigma about 1: keeps 99 % of the "
+        "*directions*, not of the variance) and divides the sum of the correlations by the full rank; see the next row",
+    )
+    add(
+        "svcca",
+        "repsim svcca(pillai) vs its rule re-typed",
+        registry("repsim", lambda m: m.svcca(list(h), "pillai")),
+        _pairwise(repsim_svcca, h),
+        "repsim_svcca above, from repsim's C++ core_SVCCA: the difference is explained",
     )
     add(
         "svcca",

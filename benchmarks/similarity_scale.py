@@ -10,6 +10,8 @@ Two parts, each case in its own forked process (peak memory = the process's VmHW
 2. ``--part tokens``: memory against N = 4k, 16k, 64k tokens at 12 x 96 (a smaller width, stated, so that the
    sweep runs on two CPU cores): the streamed state does not grow; the anchors hold the (N, d) matrices, and the
    debiased CKA's three N x N Grams (64k: 96 GiB) are not attempted past ``--gram-limit`` (reported as needed).
+3. ``--part pairs``: the streamed side of part 1 with ``LayerCKA(pairs="all" | "to_last" | "adjacent")``: the
+   stacked (L d)^2 moments, or only the (d, d) blocks of L pairs (O(L d^2)); bytes, update time, peak, compute time.
 
 Features are drawn per batch from a seeded generator (correlated layers with decaying spectra), so the streamed
 case never holds them all. Run: ``PYTHONPATH=. python benchmarks/similarity_scale.py --part shapes``.
@@ -32,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import similarity_anchors as anchors  # noqa: E402
 
 from layerwise.metrics import LayerCKA  # noqa: E402
-from layerwise.metrics.functional_family import MEASURES  # noqa: E402
+from layerwise.metrics.functional_family import MEASURES, computed_pairs  # noqa: E402
 
 BATCH = 512
 
@@ -56,13 +58,17 @@ def batches(layers: int, dim: int, tokens: int, seed: int = 0):
         yield (torch.einsum("bd,lde->lbe", base, mixing) + 0.8 * noise) * spectrum + 1.0
 
 
-def streamed(layers: int, dim: int, tokens: int) -> dict[str, Any]:
-    metric = LayerCKA(layers, dim, debiased=True)
+def streamed(layers: int, dim: int, tokens: int, kept: str = "all") -> dict[str, Any]:
+    metric = LayerCKA(layers, dim, debiased=True, pairs=kept)
     start = time.perf_counter()
     for batch in batches(layers, dim, tokens):
         metric.update(batch)
     result: dict[str, Any] = {"update_s": time.perf_counter() - start, "values": {}, "seconds": {}}
-    pairs = [(layer, layers - 1) for layer in range(layers)]
+    result["state_bytes"] = sum(8 * np.prod(shape) for shape in metric._sum_state_shapes.values())
+    start = time.perf_counter()
+    result["values"]["cka"] = metric.compute()[:, -1].numpy()
+    result["seconds"]["cka"] = time.perf_counter() - start
+    pairs = computed_pairs(kept, layers) or [(layer, layers - 1) for layer in range(layers)]
     for name in MEASURES:
         start = time.perf_counter()
         value = metric.compute_measures([name], pairs=pairs)[name]
@@ -163,9 +169,21 @@ def tokens_sweep(layers: int, dim: int, sizes: list[int], gram_limit: float) -> 
         )
 
 
+def pairs_part(layers: int, dim: int, tokens: int) -> None:
+    """The streamed measures with ``LayerCKA(pairs=...)``: every pair's stacked moments, or the blocks of L pairs."""
+    print("| pairs | state (MiB) | streamed update (s) | peak (MiB) | CKA + every measure at the L pairs (s) |")
+    print("|---|---|---|---|---|")
+    for kept in ("all", "to_last", "adjacent"):
+        ours = measured(streamed, layers, dim, tokens, kept)
+        print(
+            f"| {kept} | {ours['state_bytes'] / 2**20:.0f} | {ours['update_s']:.1f} | "
+            f"{ours['peak_bytes'] / 2**20:.0f} | {sum(ours['seconds'].values()):.1f} |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=("shapes", "tokens"), default="shapes")
+    parser.add_argument("--part", choices=("shapes", "tokens", "pairs"), default="shapes")
     parser.add_argument("--layers", type=int, default=12)
     parser.add_argument("--dim", type=int, default=None, help="768 for shapes, 96 for tokens")
     parser.add_argument("--tokens", type=int, nargs="+", default=None, help="4096 for shapes; 4096 16384 65536")
@@ -173,6 +191,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.part == "shapes":
         shapes(args.layers, args.dim or 768, (args.tokens or [4096])[0], args.gram_limit)
+    elif args.part == "pairs":
+        pairs_part(args.layers, args.dim or 768, (args.tokens or [4096])[0])
     else:
         tokens_sweep(args.layers, args.dim or 96, args.tokens or [4096, 16384, 65536], args.gram_limit)
 

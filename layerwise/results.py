@@ -561,7 +561,18 @@ def _coupling_sizes(where: str, value: dict[str, Any]) -> None:
 
 
 def _compare_sizes(where: str, value: dict[str, Any]) -> None:
-    _grid(f"{where}.cka", value["cka"], [len(value["layers_a"]), len(value["layers_b"])])
+    layers_a, layers_b = len(value["layers_a"]), len(value["layers_b"])
+    _grid(f"{where}.cka", value["cka"], [layers_a, layers_b])
+    measures = value.get(
+        "measures"
+    )  # CrossModelComparison(measures=...): L_A x L_B each, the effective ranks per layer
+    if measures is None:
+        return
+    if not isinstance(measures, dict):
+        raise _Mismatch(f"{where}.measures", "an object of L_A x L_B grids", measures)
+    for name, grid in measures.items():
+        sides = {"effective_rank_a": [layers_a], "effective_rank_b": [layers_b]}
+        _grid(f"{where}.measures.{name}", grid, sides.get(name, [layers_a, layers_b]))
 
 
 def _residual_sizes(where: str, value: dict[str, Any]) -> None:

@@ -1,7 +1,7 @@
 """COS and CKA between every pair of layers."""
 
 from collections.abc import Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from layerwise.analyses.base import Analysis, Metrics, Statistic, refuse_runner_options
 from layerwise.analyses.layer_spec import LayerSpec, per_layer, shaped
@@ -11,7 +11,7 @@ from layerwise.figures.style import SIMILARITY_LABELS
 from layerwise.figures.summary import similarity_figures
 from layerwise.metrics import LayerCKA, LayerCosineSimilarity, LayerRowSample, MinibatchCKA
 from layerwise.metrics.functional_distribution import histogram_quantiles
-from layerwise.metrics.functional_family import MEASURES, check_options
+from layerwise.metrics.functional_family import MEASURES, check_options, check_pairs, computed_pairs
 from layerwise.metrics.functional_neighbours import NEIGHBOUR_MEASURES, neighbour_measures
 
 CKAEstimator = Literal["exact", "minibatch", "none"]
@@ -19,7 +19,7 @@ Measure = Literal[
     "debiased_cka", "cca", "svcca", "pwcca", "procrustes", "shape", "effective_rank", "mutual_knn", "cknna"
 ]
 RankSpectrum = Literal["singular", "covariance"]
-MeasurePairs = Literal["all", "to_last", "adjacent"]
+Pairs = Literal["all", "to_last", "adjacent"]
 
 
 # The quantiles of the per-sample COS written to the summary (the box plots draw 0.01 ... 0.99 and the extremes).
@@ -53,13 +53,18 @@ class LayerSimilarityMonitor(Analysis):
     its variance), ``pwcca`` (Morcos et al.'s weights), ``procrustes`` (Ding et al.'s distance, in [0, √2]),
     ``shape`` (netrep's angular shape distance with ``shape_alpha``: 0 = CCA, 1 = Procrustes), ``effective_rank``
     (per layer; ``rank_spectrum`` ``"singular"``: Roy & Vetterli, RankMe; ``"covariance"``: the eigenvalues). Each
-    pair measure costs a few (d, d) decompositions per layer pair at the end of the validation; ``measure_pairs``
-    limits them to the ``to_last`` (l, L) or ``adjacent`` (l, l+1) pairs, NaN (null) elsewhere: L pairs instead of
-    L² (the sums kept are the same).
+    pair measure costs a few (d, d) decompositions per layer pair at the end of the validation.
+
+    Some layer pairs only (``pairs``, default ``"all"``): ``"to_last"`` (l, L) or ``"adjacent"`` (l, l+1) computes
+    the exact CKA and every measure at L pairs instead of L², NaN (null) elsewhere, and keeps only the cross-moment
+    blocks they read: ``8·(2L−1)·d²`` bytes instead of ``8·(L·d)²`` (BERT-base: 109 MB instead of 680 MB), so that
+    wider or deeper models fit exactly. The CKA heatmap then shows the other cells as not computed (hatched). The
+    COS stays on every pair (its state is L×L). With ``"adjacent"`` the CKA's and the measures' per-layer scalars are
+    each layer against the next, ``val/cka_to_next/layer_XX``, ``val/<measure>_to_next/layer_XX``.
 
     Neighbourhood alignment (``measures`` ``mutual_knn``, ``cknna``; any ``cka``): platonic-rep's mutual k-NN and
     CKNNA (Huh et al. 2024) with ``knn_k`` neighbours, cosine on L2-normalised features, between every pair of
-    layers (``measure_pairs`` as above). They read rows, not sums: on a seeded sample of at most ``knn_sample_size``
+    layers (``pairs`` as above). They read rows, not sums: on a seeded sample of at most ``knn_sample_size``
     evaluated samples, chosen by a seeded hash of each sample's global (dataset) index (``knn_seed``), so the same
     rows, and the same values, for any batch size and number of processes. Memory: ``8·L·knn_sample_size·d`` bytes
     per rank (12 × 768 at 1024: 75 MB), at the end twice ``8·L·knn_sample_size²`` (the kernels and masks) and, under
@@ -78,6 +83,10 @@ class LayerSimilarityMonitor(Analysis):
     name = "similarity"
     provides = ("cos", "cka")
     figures = staticmethod(similarity_figures)
+    # Options it took before, and where each went: the errors of Python and the command line name it
+    moved_options: ClassVar[dict[str, str]] = {
+        "measure_pairs": "renamed `pairs` (the same values), which also keeps the CKA's state to those pairs",
+    }
 
     def __init__(
         self,
@@ -89,12 +98,18 @@ class LayerSimilarityMonitor(Analysis):
         svcca_variance: float = 0.99,
         shape_alpha: float = 0.5,
         rank_spectrum: RankSpectrum = "singular",
-        measure_pairs: MeasurePairs = "all",
+        pairs: Pairs = "all",
         knn_k: int = 10,
         knn_sample_size: int = 1024,
         knn_seed: int = 0,
         **refused: Any,
     ) -> None:
+        if "measure_pairs" in refused:  # its name until the state followed the pairs (issue 50)
+            value = refused["measure_pairs"]
+            raise ValueError(
+                f"LayerSimilarityMonitor(measure_pairs={value!r}): {self.moved_options['measure_pairs']}: "
+                f"give pairs={value!r}."
+            )
         refuse_runner_options(type(self).__name__, refused)
         if cka not in ("exact", "minibatch", "none"):
             raise ValueError(f"`cka={cka!r}` must be 'exact', 'minibatch' or 'none'.")
@@ -111,9 +126,7 @@ class LayerSimilarityMonitor(Analysis):
         self.knn_k, self.knn_sample_size, self.knn_seed = knn_k, knn_sample_size, knn_seed
         if self._family and cka != "exact":
             raise ValueError(f"`measures` read the exact CKA's sums: set `cka='exact'` (got {cka!r}) or no measures.")
-        if measure_pairs not in ("all", "to_last", "adjacent"):
-            raise ValueError(f"`measure_pairs={measure_pairs!r}` must be 'all', 'to_last' or 'adjacent'.")
-        self.measure_pairs = measure_pairs
+        self.pairs = check_pairs(pairs)
         self.svcca_variance, self.shape_alpha, self.rank_spectrum = (
             float(svcca_variance),
             float(shape_alpha),
@@ -137,10 +150,12 @@ class LayerSimilarityMonitor(Analysis):
         }
         if self.cka == "exact":
             # the stacked cross-moments Z^T Z of every layer pair: any second-moment measure of layer pairs reads them
-            debiased = "debiased_cka" in self.measures  # two more sums beside the moments
+            # (with some `pairs`: only the blocks of those pairs and the diagonal ones, O(L d^2))
+            debiased, pairs = "debiased_cka" in self.measures, self.pairs  # two more sums beside the moments
+            name = "stacked_moments" if pairs == "all" else f"pair_moments(pairs={pairs})"
             statistics["cka"] = Statistic(
-                "stacked_moments(debiased=True)" if debiased else "stacked_moments",
-                lambda: LayerCKA(layers, spec.dim, debiased=debiased, sync_on_compute=False),
+                f"{name}(debiased=True)" if debiased else name,
+                lambda: LayerCKA(layers, spec.dim, debiased=debiased, pairs=pairs, sync_on_compute=False),
                 _feed_sampled,
             )
         if self._neighbours:
@@ -185,18 +200,13 @@ class LayerSimilarityMonitor(Analysis):
         """The ``measures`` from the exact CKA's (already reduced) sums, and their options; nothing when none."""
         if not self.measures:
             return {}
-        layers = self.spec.num_layers
-        pairs = {
-            "all": None,
-            "to_last": [(layer, layers - 1) for layer in range(layers)],
-            "adjacent": [(layer, min(layer + 1, layers - 1)) for layer in range(layers)],
-        }[self.measure_pairs]
+        pairs = computed_pairs(self.pairs, self.spec.num_layers)
         values: dict[str, Any] = {}
         options: dict[str, Any] = {
             "svcca_variance": self.svcca_variance,
             "shape_alpha": self.shape_alpha,
             "rank_spectrum": self.rank_spectrum,
-            "measure_pairs": self.measure_pairs,
+            "pairs": self.pairs,
         }
         if self._family:
             cka = metrics["cka"]
@@ -216,20 +226,36 @@ class LayerSimilarityMonitor(Analysis):
         spec = self.spec
         scalars = per_layer(results["cos"][:, -1], spec, "cos_to_last")
         if results["cka"] is not None:
-            scalars.update(per_layer(results["cka"][:, -1], spec, "cka_to_last"))
+            scalars.update(per_layer(*self._curve("cka", results["cka"])))
         if results.get("cos_negative_fraction") is not None:
             scalars.update(per_layer(results["cos_negative_fraction"][:, -1], spec, "cos_negative_to_last"))
         for name in self.measures:
             if name == "effective_rank":
                 scalars.update(per_layer(results[name], spec, name))
             else:
-                scalars.update(per_layer(results[name][:, -1], spec, f"{name}_to_last"))
+                scalars.update(per_layer(*self._curve(name, results[name])))
         return scalars
+
+    def _to_next(self, key: str) -> bool:
+        """Whether ``key``'s curve is to the next layer: ``pairs="adjacent"`` (COS and minibatch CKA: every pair)."""
+        every_pair = key in ("cos", "cos_negative") or (key == "cka" and self.cka != "exact")
+        return self.pairs == "adjacent" and not every_pair
+
+    def _curve(self, key: str, matrix: Any) -> tuple[Any, LayerSpec, str]:
+        """The per-layer curve of an L x L result: to the last layer, or with ``pairs="adjacent"`` to the next."""
+        if not self._to_next(key):
+            return matrix[:, -1], self.spec, f"{key}_to_last"
+        last = matrix.shape[0] - 1
+        rows = list(range(last + 1))
+        return matrix[rows, [min(layer + 1, last) for layer in rows]], self.spec, f"{key}_to_next"
 
     def layer_charts(self) -> dict[str, str]:
         quantities = {"COS": "cos", "CKA": "cka", "fraction of negative COS": "cos_negative"}
         quantities.update({SIMILARITY_LABELS[name]: name for name in self.measures if name != "effective_rank"})
-        charts = {f"{title} to last layer": rf"{key}_to_last/layer_\d+" for title, key in quantities.items()}
+        charts = {}
+        for title, key in quantities.items():
+            towards = "next" if self._to_next(key) else "last"
+            charts[f"{title} to {towards} layer"] = rf"{key}_to_{towards}/layer_\d+"
         if "effective_rank" in self.measures:
             charts["effective rank"] = r"effective_rank/layer_\d+"
         return charts

@@ -240,7 +240,8 @@ class LayerwiseAnalysis(AnalysisCallback):
             raise UsageError(
                 f"LayerwiseAnalysis: the statistics need {_gb(total)} per evaluation dataloader (largest: {largest}), "
                 f"more than {'max_state_bytes=' + str(budget) if self.max_state_bytes else 'the device'} "
-                f"({_gb(budget)}): select fewer `layers`, use similarity's cka='minibatch', or raise `max_state_bytes`."
+                f"({_gb(budget)}): select fewer `layers`, use similarity's pairs='to_last' (exact, O(L·d²)) or "
+                "cka='minibatch', or raise `max_state_bytes`."
             )
 
     def configure_analyses(self, datamodule: Any, spec: LayerSpec) -> None:

@@ -18,25 +18,25 @@ from layerwise.commands._options import (
 from layerwise.engines.compare import compare_models
 from layerwise.errors import UsageError
 
-COMPARE_FILES = ("compare.json", "compare_cka.png")  # what `compare` writes into --out
+COMPARE_FILES = ("compare.json", "compare_cka.png")  # what `compare` writes into --out (and compare_<measure>.png)
 
 
 def write_comparison(results: dict[str, Any], out: Path) -> list[Path]:
-    """``compare.json`` and ``compare_cka.png`` in ``out``."""
+    """``compare.json``, ``compare_cka.png`` and, with ``--measure``, ``compare_<measure>.png`` in ``out``."""
     import matplotlib.pyplot as plt
 
-    from layerwise.figures.compare import cka_across_models
+    from layerwise.figures.summary import compare_figures
     from layerwise.results import save_figure_atomic, to_json, write_text_atomic
 
-    json_name, figure_name = COMPARE_FILES
+    json_name = COMPARE_FILES[0]
     out.mkdir(parents=True, exist_ok=True)
     record = to_json(results)
     paths = [write_text_atomic(out / json_name, json.dumps(record, indent=1) + "\n")]
-    figure = cka_across_models(record)
-    try:
-        paths.append(save_figure_atomic(out / figure_name, figure))
-    finally:
-        plt.close(figure)
+    for name, figure in compare_figures(record).items():  # the callback's figures, drawn from the same record
+        try:
+            paths.append(save_figure_atomic(out / f"{name}.png", figure))
+        finally:
+            plt.close(figure)
     return paths
 
 
@@ -167,11 +167,13 @@ def compare(
     import torch
     from tqdm.auto import tqdm
 
+    from layerwise.figures.compare import CROSS_MEASURE_TITLES
     from layerwise.results import check_outputs_free
 
     _check_sizes(block_size, batch_size, max_blocks, chunk)
     TextSource(text, dataset, dataset_config).check()
-    check_outputs_free(out, COMPARE_FILES, overwrite)
+    drawn = tuple(f"compare_{name}.png" for name in CROSS_MEASURE_TITLES if name in (measure or ()))
+    check_outputs_free(out, COMPARE_FILES + drawn, overwrite)
     target = device or ("cuda" if torch.cuda.is_available() else "cpu")
     loaded = []
     for spec, name in ((model_a, "a"), (model_b, "b")):

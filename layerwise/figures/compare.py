@@ -5,7 +5,28 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
-from layerwise.figures.style import SIMILARITY_LABELS, colorbar, finish, layer_ticks, new_figure, similarity_map
+from layerwise.figures.style import (
+    SIMILARITY_LABELS,
+    SIMILARITY_RANGES,
+    cell_values,
+    colorbar,
+    finish,
+    fit_to_cells,
+    hatch_missing,
+    layer_ticks,
+    new_figure,
+    no_data_note,
+    similarity_map,
+)
+
+# the further measures across models drawn as a heatmap each (``effective_rank_a``/``_b`` are per layer, not drawn)
+CROSS_MEASURE_TITLES = {
+    "cca": "Mean CCA",
+    "svcca": "SVCCA",
+    "pwcca": "PWCCA",
+    "procrustes": "Procrustes distance",
+    "shape": "Shape distance",
+}
 
 
 def cka_across_models(compare: dict[str, Any]) -> Figure:
@@ -25,6 +46,49 @@ def cka_across_models(compare: dict[str, Any]) -> Figure:
     ax.set_title(title)
     colorbar(fig, image, ax, SIMILARITY_LABELS["cka"])
     return finish(fig)
+
+
+def measure_across_models(compare: dict[str, Any], measure: str) -> Figure:
+    """A further measure (``compare["measures"][measure]``) between every layer of model A (rows) and of model B.
+
+    As :func:`cka_across_models`, with square cells, each cell's value (up to 12 layers a side), the measure's map
+    (sequential over [0, 1] for the similarities; reversed from 0 for the distances, so that near is bright) and a
+    colour bar that says which way is similar. Cells without a value (``pairs="diagonal"``: all but the diagonal)
+    are hatched, not coloured.
+    """
+    values = np.asarray(
+        [[np.nan if v is None else v for v in row] for row in compare["measures"][measure]], dtype=float
+    )
+    fig, ax = new_figure(4.6, 4.0, colorbar=True)
+    layers_a, layers_b = compare["layers_a"], compare["layers_b"]
+    ax.set_ylabel(f"layer of model A ({_short(compare.get('model_a', 'the trained model'))})")
+    ax.set_xlabel(f"layer of model B ({_short(compare['model_b'])})")
+    ax.set_title(f"{CROSS_MEASURE_TITLES[measure]} across models")
+    finite = values[np.isfinite(values)]
+    if finite.size == 0:
+        no_data_note(ax, CROSS_MEASURE_TITLES[measure])
+    if values.ndim != 2 or values.size == 0:
+        return finish(fig)
+    fit_to_cells(fig, ax, *values.shape)
+    if finite.size and finite.size < values.size:
+        diagonal = compare.get("pairs") == "diagonal"  # the file's word is compared, never drawn
+        hatch_missing(ax, "not computed (pairs=diagonal)" if diagonal else "no value")
+    image = ax.imshow(values, aspect="auto", **similarity_map(values, measure))
+    layer_ticks(ax, layers_a, axis="y")
+    layer_ticks(ax, layers_b, axis="x", most=8)
+    direction = "0: the same, higher: farther" if measure in SIMILARITY_RANGES else "higher: more similar"
+    colorbar(fig, image, ax, f"{SIMILARITY_LABELS[measure]} ({direction})")
+    finish(fig)
+    cell_values(fig, ax, image, values)
+    return fig
+
+
+def compare_measure_figures(compare: dict[str, Any]) -> dict[str, Figure]:
+    """``compare_<measure>``: the heatmap of each further measure of the comparison (none without ``measures``)."""
+    measures = compare.get("measures") or {}
+    return {
+        f"compare_{name}": measure_across_models(compare, name) for name in CROSS_MEASURE_TITLES if name in measures
+    }
 
 
 def _short(name: str) -> str:

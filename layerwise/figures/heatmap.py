@@ -12,6 +12,7 @@ from layerwise.figures.style import (
     colorbar,
     finish,
     fit_to_cells,
+    hatch_missing,
     layer_ticks,
     new_figure,
     no_data_note,
@@ -20,11 +21,18 @@ from layerwise.figures.style import (
 
 
 def heatmap(
-    matrix: Any, layers: Sequence[int], title: str, quantity: str = "cos", name: Optional[str] = None
+    matrix: Any,
+    layers: Sequence[int],
+    title: str,
+    quantity: str = "cos",
+    name: Optional[str] = None,
+    missing: str = "no value",
 ) -> Figure:
     """Layer-by-layer similarity matrix (``quantity`` ``cos`` or ``cka``) with layer 1 at the top left.
 
     ``name``: what was computed, in the colour bar (e.g. "minibatch CKA"; default the quantity's linear measure).
+    A cell without a value (null, NaN) is hatched grey, never coloured as a value, and the x label says what the
+    hatching means (``missing``: "no value", or "not computed" for the pairs a run left out).
 
     COS with a negative value on a diverging map centred at 0 over [-1, 1], else (and CKA) a sequential map over
     [0, 1] (:func:`~layerwise.figures.style.similarity_map`); the colour bar says what it shows in words; up to 12
@@ -41,6 +49,8 @@ def heatmap(
     if values.ndim != 2 or values.size == 0:  # nothing analysed: no image to draw
         return finish(fig)
     fit_to_cells(fig, ax, *values.shape)
+    if finite.size and finite.size < values.size:
+        hatch_missing(ax, missing)
     image = ax.imshow(values, aspect="auto", **similarity_map(values, quantity))
     layer_ticks(ax, layers)
     colorbar(fig, image, ax, SIMILARITY_LABELS[quantity] if name in (None, "CKA") else name)

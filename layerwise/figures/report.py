@@ -22,7 +22,7 @@ from layerwise.results import find_summaries, load_summary, summary_order, write
 # figures of summary_figures() that belong to a section of their own, not to the general figures
 SECTION_FIGURES = {
     "coupling": ("coupling_depth", "coupling_spectra", "coupling_trajectory"),
-    "compare": ("compare_cka",),
+    "compare": ("compare_cka", "compare_cca", "compare_svcca", "compare_pwcca", "compare_procrustes", "compare_shape"),
     "detection_ap50": ("detection_ap50",),
 }
 CONFIG_FILES = ("config.yaml", "hparams.yaml")  # LightningCLI's copy of the config; a Python fit's hyper-parameters

@@ -573,6 +573,14 @@ def finite_values(values: Any) -> np.ndarray:
     return array[np.isfinite(array)]
 
 
+def hatch_missing(ax: Any, what: str = "no value") -> None:
+    """Show the cells of an image without a value (NaN: drawn transparent) as hatched grey, said in the x label."""
+    ax.set_facecolor("0.93")
+    ax.patch.set_hatch("////")
+    ax.patch.set_edgecolor("0.65")
+    ax.set_xlabel(f"{ax.get_xlabel()}  (hatched: {what})".strip())
+
+
 def no_data_note(ax: Any, what: str) -> None:
     """Say on the axes that ``what`` has no finite value to draw (NaN inputs, or nothing analysed)."""
     ax.text(

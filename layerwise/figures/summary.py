@@ -9,7 +9,7 @@ import numpy as np
 from matplotlib.ticker import MaxNLocator, NullFormatter
 
 from layerwise.errors import LayerwiseWarning
-from layerwise.figures.compare import cka_across_models
+from layerwise.figures.compare import cka_across_models, compare_measure_figures
 from layerwise.figures.coupling import coupling_figures
 from layerwise.figures.heatmap import heatmap
 from layerwise.figures.registry import (
@@ -53,6 +53,11 @@ CAPTIONS = {
     "detection_ap50": "Detection AP50 of every decoder layer",
     "residual_norm_ratio": "Residual norm ratio ‖x‖ / ‖F(x)‖ per block and branch",
     "compare_cka": "CKA between the layers of model A and model B",
+    "compare_cca": "Mean canonical correlation between the layers of model A and model B",
+    "compare_svcca": "SVCCA between the layers of model A and model B",
+    "compare_pwcca": "PWCCA (projection-weighted CCA) between the layers of model A and model B",
+    "compare_procrustes": "Orthogonal Procrustes distance between the layers of model A and model B",
+    "compare_shape": "Angular shape distance (netrep) between the layers of model A and model B",
     "neural_collapse": "Neural collapse per layer: NC1 and CDNV, NC2, NC3 against the shared head, NC4",
     "debiased_cka": "Debiased CKA (Song et al.'s unbiased HSIC) between every pair of layers",
     "cca": "Mean canonical correlation between every pair of layers",
@@ -351,10 +356,14 @@ def effective_depth(summary: dict[str, Any]) -> Figure:
     return finish(fig)
 
 
+def _similarity_options(summary: dict[str, Any]) -> dict[str, Any]:
+    """The options of the similarity analysis the summary's ``analyses`` records (empty for an older summary)."""
+    return ((summary.get("analyses") or {}).get("similarity") or {}).get("options") or {}
+
+
 def cka_name(summary: dict[str, Any]) -> str:
     """What the summary's ``cka`` is: "minibatch CKA" (the estimator the summary's ``analyses`` records), else CKA."""
-    options = ((summary.get("analyses") or {}).get("similarity") or {}).get("options") or {}
-    return "minibatch CKA" if options.get("cka") == "minibatch" else "CKA"
+    return "minibatch CKA" if _similarity_options(summary).get("cka") == "minibatch" else "CKA"
 
 
 # The panels of the neural-collapse figure: (y label, log scale, [(key, legend label)]), top to bottom
@@ -425,14 +434,20 @@ def similarity_figures(summary: dict[str, Any]) -> dict[str, Figure]:
     """The figures of ``LayerSimilarityMonitor``: the COS and CKA heatmaps, the COS box plots, the per-layer profile."""
     layers = summary.get("layers")
     figures: dict[str, Figure] = {}
+    pairs = _similarity_options(summary).get("pairs")
+    pairs = pairs if pairs in ("to_last", "adjacent") else "all"  # the file's word is compared, never drawn
+    missing = "no value" if pairs == "all" else f"not computed (pairs={pairs})"
     if summary.get("cos") is not None:
         figures["cos"] = heatmap(summary["cos"], layers, "COS between every pair of layers", "cos")
     if summary.get("cka") is not None:
         name = cka_name(summary)
-        figures["cka"] = heatmap(summary["cka"], layers, f"{name} between every pair of layers", "cka", name)
+        some = pairs != "all" and name == "CKA"  # the minibatch CKA is on every pair
+        title = f"{name} between {'pairs' if some else 'every pair'} of layers"
+        figures["cka"] = heatmap(summary["cka"], layers, title, "cka", name, missing=missing)
     for key in MEASURE_TITLES:  # the further measures a user asked for (LayerSimilarityMonitor's `measures`)
         if summary.get(key) is not None:
-            figures[key] = heatmap(summary[key], layers, f"{MEASURE_TITLES[key]} between every pair of layers", key)
+            title = f"{MEASURE_TITLES[key]} between {'every pair' if pairs == 'all' else 'pairs'} of layers"
+            figures[key] = heatmap(summary[key], layers, title, key, missing=missing)
     if summary.get("effective_rank") is not None:
         figures["effective_rank"] = effective_rank_per_layer(summary["effective_rank"], layers)
     if summary.get("cos_quantiles") is not None:
@@ -481,8 +496,8 @@ def residual_figures(results: dict[str, Any]) -> dict[str, Figure]:
 
 
 def compare_figures(results: dict[str, Any]) -> dict[str, Figure]:
-    """The figure of ``CrossModelComparison``: CKA between the layers of the two models."""
-    return {"compare_cka": cka_across_models(results)}
+    """The figures of ``CrossModelComparison``: CKA between the layers of the two models, and each of ``measures``."""
+    return {"compare_cka": cka_across_models(results), **compare_measure_figures(results)}
 
 
 # The package's analyses' figure functions with the key each reads (None: the whole summary), in the order a summary

@@ -346,16 +346,211 @@ def second_moment_measures(
     pairs: Optional[Iterable[tuple[int, int]]] = None,
 ) -> dict[str, Tensor]:
     """The pair measures (L, L) and ``effective_rank`` (L,) from ``LayerCKA``'s sums (around any shift)."""
+    block = _centred_stacked(feature_sum.to(_F64), cross, float(count))
+    return _measures_of(feature_sum, block, cross.device, measures, svcca_variance, alpha, spectrum, pairs)
+
+
+def _measures_of(
+    feature_sum: Tensor,
+    block: Callable[[int, int], Tensor],
+    device: torch.device,
+    measures: Sequence[str],
+    svcca_variance: float,
+    alpha: float,
+    spectrum: str,
+    pairs: Optional[Iterable[tuple[int, int]]],
+) -> dict[str, Tensor]:
+    """The pair measures and ``effective_rank`` of one model from its centred blocks ``block(i, j)``."""
     check_options(svcca_variance, alpha, spectrum)
-    n = float(count)
-    block = _centred_stacked(feature_sum.to(_F64), cross, n)
     spectra = [layer_spectrum(block(layer, layer)) for layer in range(feature_sum.shape[0])]
     values = pair_measures(spectra, spectra, block, measures, pairs, svcca_variance, alpha, same=True)
-    out = {name: value.to(cross.device) for name, value in values.items()}
+    out = {name: value.to(device) for name, value in values.items()}
     if "effective_rank" in measures:
         ranks = [effective_rank_of(layer, spectrum) for layer in spectra]
-        out["effective_rank"] = torch.tensor(ranks, dtype=_F64, device=cross.device)
+        out["effective_rank"] = torch.tensor(ranks, dtype=_F64, device=device)
     return out
+
+
+# ------------------------------------------------------------------ the blocks of some layer pairs (``pairs``)
+# ``LayerCKA(pairs="to_last" | "adjacent")`` keeps, instead of the stacked (L d, L d) second moment, only the (d, d)
+# blocks S_ab of the layer pairs it needs: every diagonal block (a, a) and the off-diagonal pairs, a < b, so
+# 2L - 1 blocks, O(L d^2). Debiased CKA's two extra sums are kept for the same blocks: Q_ab (K,) and
+# R[a, b], R[b, a] (K, 2, d). Every formula is the stacked one restricted to the blocks (exact algebra).
+PAIRS = ("all", "to_last", "adjacent")
+
+
+def check_pairs(pairs: str, option: str = "pairs") -> str:
+    """``pairs`` if one of :data:`PAIRS`, else a ValueError naming ``option``."""
+    if pairs not in PAIRS:
+        raise ValueError(f"`{option}={pairs!r}` must be 'all', 'to_last' or 'adjacent'.")
+    return pairs
+
+
+def computed_pairs(pairs: str, num_layers: int) -> Optional[list[tuple[int, int]]]:
+    """The (a, b) pairs a measure is computed for: None for ``all``; (l, L) or (l, l + 1) (the last: (L, L))."""
+    if check_pairs(pairs) == "all":
+        return None
+    last = num_layers - 1
+    return [(layer, last if pairs == "to_last" else min(layer + 1, last)) for layer in range(num_layers)]
+
+
+def kept_blocks(pairs: str, num_layers: int) -> Optional[list[tuple[int, int]]]:
+    """The (a, b) blocks, a <= b, the state keeps for ``pairs``: every diagonal one, then the computed pairs."""
+    computed = computed_pairs(pairs, num_layers)
+    if computed is None:
+        return None
+    diagonal = [(layer, layer) for layer in range(num_layers)]
+    return diagonal + sorted({(min(a, b), max(a, b)) for a, b in computed if a != b})
+
+
+def _block_index(blocks: Sequence[tuple[int, int]], device: torch.device) -> tuple[Tensor, Tensor]:
+    """The row layers a and column layers b of ``blocks``, as index tensors on ``device``."""
+    index = torch.tensor(list(blocks), dtype=torch.long, device=device).reshape(-1, 2)
+    return index[:, 0], index[:, 1]
+
+
+def _block_moments_update(x: Tensor, blocks: Sequence[tuple[int, int]], moments: Tensor) -> Tensor:
+    """Add sum_i x_i^a x_i^b^T of shifted float64 features x (L, B, d) to ``moments`` (K, d, d) in place.
+
+    One (d, d) product per block: nothing of the batch's size is held beside ``x``.
+    """
+    for k, (a, b) in enumerate(blocks):
+        moments[k].addmm_(x[a].T, x[b])
+    return moments
+
+
+def _block_norm_product_update(x: Tensor, blocks: Sequence[tuple[int, int]]) -> tuple[Tensor, Tensor]:
+    """Debiased CKA's sums of one batch for ``blocks``: Q (K,) and (R[a, b], R[b, a]) (K, 2, d)."""
+    sq = x.square().sum(dim=-1)  # (L, B)
+    q = torch.stack([sq[a] @ sq[b] for a, b in blocks])
+    r = torch.stack([torch.stack([sq[b] @ x[a], sq[a] @ x[b]]) for a, b in blocks])  # one block at a time
+    return q, r
+
+
+def _recentred_blocks(
+    blocks: Sequence[tuple[int, int]],
+    count: Tensor,
+    feature_sum: Tensor,
+    moments: Tensor,
+    delta: Tensor,
+    norm_products: Optional[Tensor] = None,
+    weighted_sums: Optional[Tensor] = None,
+    move_moments: bool = True,
+) -> tuple[Optional[Tensor], Optional[Tensor], Optional[Tensor]]:
+    """The blocks (and Q, R) of the features moved by ``delta`` (L, d), from the sums around the old shift.
+
+    The formulas of :func:`~layerwise.metrics.functional_similarity._recentred_moments` and
+    :func:`_recentred_norm_products`, block by block: S'_ab = S_ab + s_a delta_b^T + delta_a s_b^T + n delta_a
+    delta_b^T. The feature sums themselves move by n delta (the caller's). ``move_moments=False``: Q and R only.
+    """
+    rows, columns = _block_index(blocks, moments.device)
+    delta = delta.to(device=moments.device, dtype=_F64).reshape(feature_sum.shape)
+    m_a, m_b, d_a, d_b = feature_sum[rows], feature_sum[columns], delta[rows], delta[columns]
+    moved = None
+    if move_moments:  # one block at a time: one copy of the state, no (K, d, d) temporaries
+        moved = moments.clone()
+        for k in range(len(blocks)):
+            moved[k] += torch.outer(m_a[k], d_b[k]) + torch.outer(d_a[k], m_b[k] + count * d_b[k])
+    if norm_products is None or weighted_sums is None:
+        return moved, None, None
+    diagonal = {a: k for k, (a, b) in enumerate(blocks) if a == b}
+    trace = torch.stack([moments[diagonal[layer]].trace() for layer in range(feature_sum.shape[0])])
+    e = delta.square().sum(dim=-1)  # (L,)
+    ds = (delta * feature_sum).sum(dim=-1)  # delta_l . s_l (L,)
+    s_db = torch.einsum("kde,ke->kd", moments, d_b)  # S_ab delta_b
+    s_da = torch.einsum("kde,kd->ke", moments, d_a)  # S_ba delta_a = S_ab^T delta_a
+    r_ab, r_ba = weighted_sums[:, 0], weighted_sums[:, 1]
+    q = norm_products + 2 * (d_b * r_ba).sum(-1) + 2 * (d_a * r_ab).sum(-1) + 4 * (d_a * s_db).sum(-1)
+    q = q + e[columns] * trace[rows] + e[rows] * trace[columns] + 2 * e[columns] * ds[rows] + 2 * e[rows] * ds[columns]
+    q = q + count * e[rows] * e[columns]
+    new_ab = r_ab + 2 * s_db + e[columns, None] * m_a + (trace + 2 * ds + count * e)[columns, None] * d_a
+    new_ba = r_ba + 2 * s_da + e[rows, None] * m_b + (trace + 2 * ds + count * e)[rows, None] * d_b
+    return moved, q, torch.stack([new_ab, new_ba], dim=1)
+
+
+def _centred_blocks(
+    blocks: Sequence[tuple[int, int]], feature_sum: Tensor, moments: Tensor, n: float
+) -> Callable[[int, int], Tensor]:
+    """``(i, j) -> C_ij`` (d, d) for a pair among ``blocks`` (either order); a KeyError names any other pair."""
+    where = {pair: k for k, pair in enumerate(blocks)}
+
+    def block(i: int, j: int) -> Tensor:
+        if (i, j) not in where and (j, i) not in where:
+            raise KeyError(f"the layer pair ({i}, {j}) is not kept: the metric was built for other `pairs`")
+        centred = (
+            moments[where[(min(i, j), max(i, j))]] - torch.outer(feature_sum[min(i, j)], feature_sum[max(i, j)]) / n
+        )
+        return centred if i <= j else centred.T
+
+    return block
+
+
+def _block_frobenius(blocks: Sequence[tuple[int, int]], feature_sum: Tensor, moments: Tensor, n: float) -> Tensor:
+    """||C_ab||_F^2 (K,) of the centred blocks, one block at a time."""
+    block = _centred_blocks(blocks, feature_sum, moments, n)
+    return torch.stack([block(a, b).square().sum() for a, b in blocks])
+
+
+def _block_matrix(blocks: Sequence[tuple[int, int]], values: Tensor, num_layers: int) -> Tensor:
+    """(L, L) float64 with ``values`` (K,) at (a, b) and (b, a) of each block, NaN at the pairs not kept."""
+    out = torch.full((num_layers, num_layers), float("nan"), dtype=_F64, device=values.device)
+    rows, columns = _block_index(blocks, values.device)
+    out[rows, columns] = values.to(_F64)
+    out[columns, rows] = values.to(_F64)
+    return out
+
+
+def _block_cka_compute(
+    blocks: Sequence[tuple[int, int]], feature_sum: Tensor, moments: Tensor, count: Union[Tensor, float]
+) -> Tensor:
+    """Linear CKA (L, L) at the kept pairs (both orders), NaN elsewhere; NaN for a constant layer."""
+    n = float(count)
+    frob = _block_frobenius(blocks, feature_sum, moments, n)
+    rows, columns = _block_index(blocks, moments.device)
+    diagonal = frob[: feature_sum.shape[0]]  # kept_blocks puts the diagonal first
+    return _block_matrix(blocks, frob / torch.sqrt(diagonal[rows] * diagonal[columns]), feature_sum.shape[0])
+
+
+def _block_debiased_cka_compute(
+    blocks: Sequence[tuple[int, int]],
+    feature_sum: Tensor,
+    moments: Tensor,
+    count: Union[Tensor, float],
+    norm_products: Tensor,
+    weighted_sums: Tensor,
+) -> Tensor:
+    """Debiased CKA (L, L) at the kept pairs (both orders), NaN elsewhere and for fewer than 4 samples."""
+    n, layers = float(count), feature_sum.shape[0]
+    if n < 4:
+        return torch.full((layers, layers), float("nan"), dtype=_F64, device=moments.device)
+    total = torch.tensor(n, dtype=_F64, device=moments.device)
+    mean = -feature_sum / n
+    _, q, _ = _recentred_blocks(blocks, total, feature_sum, moments, mean, norm_products, weighted_sums, False)
+    assert q is not None
+    frob = _block_frobenius(blocks, feature_sum, moments, n)
+    rows, columns = _block_index(blocks, moments.device)
+    trace = torch.stack([_centred_blocks(blocks, feature_sum, moments, n)(a, a).trace() for a in range(layers)])
+    hsic = frob - n / (n - 2) * q + trace[rows] * trace[columns] / ((n - 1) * (n - 2))
+    hsic = hsic / (n * (n - 3))
+    diagonal = hsic[:layers]
+    return _block_matrix(blocks, hsic / torch.sqrt(diagonal[rows] * diagonal[columns]), layers)
+
+
+def block_measures(
+    blocks: Sequence[tuple[int, int]],
+    feature_sum: Tensor,
+    moments: Tensor,
+    count: Union[Tensor, float],
+    measures: Sequence[str],
+    svcca_variance: float = 0.99,
+    alpha: float = 0.5,
+    spectrum: str = "singular",
+    pairs: Optional[Iterable[tuple[int, int]]] = None,
+) -> dict[str, Tensor]:
+    """:func:`second_moment_measures` from the kept ``blocks`` (K, d, d); ``pairs`` among them (default: all kept)."""
+    block = _centred_blocks(blocks, feature_sum.to(_F64), moments, float(count))
+    todo = [pair for pair in blocks if pair[0] != pair[1]] if pairs is None else pairs
+    return _measures_of(feature_sum, block, moments.device, measures, svcca_variance, alpha, spectrum, todo)
 
 
 def cross_model_measures(

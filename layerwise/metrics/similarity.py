@@ -15,10 +15,18 @@ from layerwise.metrics._base import _check_positive_int, _ShiftedSumStateMetric,
 from layerwise.metrics.functional import _check_features
 from layerwise.metrics.functional_distribution import counted_fraction
 from layerwise.metrics.functional_family import (
+    _block_cka_compute,
+    _block_debiased_cka_compute,
+    _block_moments_update,
+    _block_norm_product_update,
     _debiased_cka_compute,
     _norm_product_update,
+    _recentred_blocks,
     _recentred_norm_products,
+    block_measures,
     check_measures,
+    check_pairs,
+    kept_blocks,
     second_moment_measures,
 )
 from layerwise.metrics.functional_similarity import (
@@ -392,10 +400,19 @@ class LayerCKA(_ShiftedSumStateMetric):
     ``weighted_sums`` (L, L, d), 8 L^2 (d + 1) bytes (0.9 MB for 12 x 768); ``compute_measures`` then also gives
     ``debiased_cka``.
 
+    Some pairs only (``pairs="to_last"``: (l, L) for every l; ``"adjacent"``: (l, l + 1)): instead of ``cross`` the
+    metric keeps ``blocks`` (K, d, d), the (d, d) blocks S_ab of the K = 2L - 1 pairs a <= b it needs (every
+    diagonal block and the L - 1 pairs), so 8 (2L - 1) d^2 bytes, O(L d^2) instead of O(L^2 d^2): 109 MB instead of
+    680 MB for 12 x 768, 394 MB instead of 4.8 GB for 24 x 1024; with ``debiased``, Q (K,) and R (K, 2, d). The
+    same float64 sums around the same shift, reduced the same way: at the kept pairs every value equals the
+    ``"all"`` metric's; ``compute`` and ``compute_measures`` give NaN at the other pairs (CKA at both orders of a
+    kept pair and on the diagonal).
+
     Args:
         num_layers: L.
         dim: feature width d.
         debiased: also keep the sums of debiased CKA.
+        pairs: ``"all"`` (default), ``"to_last"`` or ``"adjacent"``: the layer pairs whose blocks are kept.
         kwargs: torchmetrics ``Metric`` options.
 
     Shapes:
@@ -404,20 +421,27 @@ class LayerCKA(_ShiftedSumStateMetric):
     """
 
     cross: Tensor  # a sum state, reassigned by update
+    blocks: Tensor  # the same with some pairs only
 
-    def __init__(self, num_layers: int, dim: int, debiased: bool = False, **kwargs: Any) -> None:
+    def __init__(self, num_layers: int, dim: int, debiased: bool = False, pairs: str = "all", **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.num_layers = _check_positive_int("num_layers", num_layers)
         self.dim = _check_positive_int("dim", dim)
         if not isinstance(debiased, bool):
             raise ValueError(f"Expected `debiased` to be a bool, got {debiased!r}.")
         self.debiased = debiased
+        self.pairs = check_pairs(pairs)
+        self.kept_blocks = kept_blocks(pairs, num_layers)  # None: the stacked moments of every pair
+        kept = self.kept_blocks
         self._add_sum_state("feature_sum", (num_layers, dim))
-        self._add_sum_state("cross", (num_layers * dim, num_layers * dim))
+        if kept is None:
+            self._add_sum_state("cross", (num_layers * dim, num_layers * dim))
+        else:
+            self._add_sum_state("blocks", (len(kept), dim, dim))
         self._add_sum_state("count", ())
         if debiased:
-            self._add_sum_state("norm_products", (num_layers, num_layers))
-            self._add_sum_state("weighted_sums", (num_layers, num_layers, dim))
+            self._add_sum_state("norm_products", (num_layers, num_layers) if kept is None else (len(kept),))
+            self._add_sum_state("weighted_sums", (num_layers, num_layers, dim) if kept is None else (len(kept), 2, dim))
 
         self._add_shift_state((num_layers, dim))
 
@@ -425,6 +449,15 @@ class LayerCKA(_ShiftedSumStateMetric):
         """Accumulate a batch of features (L, B, d)."""
         _check_features(features, self.num_layers, self.dim)
         shifted = self._shifted(features)
+        if self.kept_blocks is not None:
+            _block_moments_update(shifted, self.kept_blocks, self.blocks)
+            self.feature_sum += shifted.sum(dim=1)
+            self.count += shifted.shape[1]
+            if self.debiased:
+                norm_products, weighted_sums = _block_norm_product_update(shifted, self.kept_blocks)
+                self.norm_products += norm_products
+                self.weighted_sums += weighted_sums
+            return
         feature_sum, self.cross, batch_size = _linear_cka_update(shifted, self.num_layers, self.dim, self.cross)
         self.feature_sum += feature_sum
         self.count += batch_size
@@ -443,13 +476,24 @@ class LayerCKA(_ShiftedSumStateMetric):
     ) -> dict[str, Tensor]:
         """The second-moment measures of ``measures`` (see ``functional_family.MEASURES``) on the whole set.
 
-        ``pairs``: the (a, b) pairs to compute (default all; the others NaN); ``svcca_variance``: the share of each
-        layer's variance SVCCA keeps; ``alpha``: the shape metric's (0: CCA, 1: Procrustes); ``spectrum``: the
-        effective rank on ``"singular"`` values (Roy & Vetterli, RankMe) or ``"covariance"`` eigenvalues.
+        ``pairs``: the (a, b) pairs to compute (default all, or all kept; the others NaN); ``svcca_variance``: the
+        share of each layer's variance SVCCA keeps; ``alpha``: the shape metric's (0: CCA, 1: Procrustes);
+        ``spectrum``: the effective rank on ``"singular"`` values (Roy & Vetterli, RankMe) or ``"covariance"``
+        eigenvalues.
         """
         names = check_measures(measures)
         if "debiased_cka" in names and not self.debiased:
             raise ValueError("`debiased_cka` needs the metric built with `debiased=True` (its two extra sums).")
+        kept = self.kept_blocks
+        if kept is not None:
+            out = block_measures(
+                kept, self.feature_sum, self.blocks, self.count, names, svcca_variance, alpha, spectrum, pairs
+            )
+            if "debiased_cka" in names:
+                out["debiased_cka"] = _block_debiased_cka_compute(
+                    kept, self.feature_sum, self.blocks, self.count, self.norm_products, self.weighted_sums
+                )
+            return {name: out[name] for name in names}
         out = second_moment_measures(
             self.feature_sum, self.cross, self.count, names, svcca_variance, alpha, spectrum, pairs
         )
@@ -466,13 +510,25 @@ class LayerCKA(_ShiftedSumStateMetric):
         return self._forward_cache
 
     def compute(self) -> Tensor:
-        """Return the CKA matrix (L, L) float64."""
+        """Return the CKA matrix (L, L) float64 (with some ``pairs``: NaN at the others)."""
+        if self.kept_blocks is not None:
+            return _block_cka_compute(self.kept_blocks, self.feature_sum, self.blocks, self.count)
         return _linear_cka_compute(self.feature_sum, self.cross, self.count)
 
     def _sample_count(self, states: dict[str, Tensor]) -> Tensor:
         return states["count"]
 
     def _recentred(self, states: dict[str, Tensor], delta: Tensor) -> dict[str, Tensor]:
+        if self.kept_blocks is not None:
+            count, sums = states["count"], states["feature_sum"]
+            delta = delta.to(device=sums.device, dtype=torch.float64)
+            extra = (states["norm_products"], states["weighted_sums"]) if self.debiased else (None, None)
+            blocks, q, r = _recentred_blocks(self.kept_blocks, count, sums, states["blocks"], delta, *extra)
+            assert blocks is not None
+            moved = {"count": count, "feature_sum": sums + count * delta, "blocks": blocks}
+            if q is not None and r is not None:  # debiased
+                moved.update(norm_products=q, weighted_sums=r)
+            return moved
         moved = _recentred_moments(states, delta, count="count", sums="feature_sum", cross="cross")
         if self.debiased:  # from the old sums, before they move
             moved["norm_products"], moved["weighted_sums"] = _recentred_norm_products(

@@ -79,7 +79,7 @@ def test_neighbour_measures_are_off_by_default_scalars_figures_and_options(tmp_p
 
 
 def test_to_last_pairs_only(tmp_path):
-    summary = validate(tmp_path, 16, measure_pairs="to_last")
+    summary = validate(tmp_path, 16, pairs="to_last")
     for name in ("mutual_knn", "cknna"):
         values = np.array(summary[name], dtype=float)
         assert np.isnan(values[:, :-1]).all() and np.isfinite(values[:, -1]).all()

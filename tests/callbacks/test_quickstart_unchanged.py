@@ -54,7 +54,7 @@ def test_the_quickstart_summary_equals_the_one_before_the_pool_key_for_key(tmp_p
         "cos_bins": 400,
         # the further measures, off (issue 50), with their options' defaults
         "measures": [],
-        "measure_pairs": "all",
+        "pairs": "all",
         "svcca_variance": 0.99,
         "shape_alpha": 0.5,
         "rank_spectrum": "singular",

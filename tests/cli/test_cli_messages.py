@@ -331,3 +331,16 @@ def test_a_reader_that_stops_early_gets_no_traceback():
     result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120)
     assert len(result.stdout.splitlines()) == 1
     assert "Traceback" not in result.stderr and "BrokenPipeError" not in result.stderr, result.stderr
+
+
+def test_similarity_measure_pairs_says_it_is_now_pairs(tmp_path, capsys):
+    config = tmp_path / "old.yaml"
+    config.write_text(
+        "trainer:\n  callbacks:\n    - class_path: layerwise.callbacks.LayerwiseAnalysis\n      init_args:\n"
+        "        similarity:\n          class_path: layerwise.callbacks.LayerSimilarityMonitor\n"
+        "          init_args:\n            measure_pairs: to_last\n"
+    )
+    with pytest.raises(SystemExit) as exit_info:
+        quickstart(tmp_path, "--config", str(config))
+    line = one_line(capsys, exit_info)
+    assert "Option 'measure_pairs' is not accepted; it moved: renamed `pairs`" in line, line

@@ -125,6 +125,8 @@ def corpus(canary: Path) -> dict[str, Union[dict, list, str, bytes]]:
     residual["residual_norm_ratio"]["quantile_levels"] = [0.1, 0.9, 0.95]
     compare = with_residual_and_compare()
     compare["compare"]["cka"] = [[1.0, 0.5]]
+    measures = with_residual_and_compare()
+    measures["compare"]["measures"] = {"cca": [[SCRIPT, 0.5, 0.2]] * 2}  # CrossModelComparison(measures=...)
     files: dict[str, Union[dict, list, str, bytes]] = {
         # wrong types
         "layers_a_string": changed(layers="1,2,3"),
@@ -155,6 +157,7 @@ def corpus(canary: Path) -> dict[str, Union[dict, list, str, bytes]]:
         "coupling_without_matrices": changed(coupling={"ks": [1], "coupling_score": [0.1], "num_prompts": 2}),
         "residual_without_the_median": residual,
         "compare_cka_of_the_wrong_shape": compare,
+        "compare_measure_of_markup": measures,
         # huge arrays
         "layers_beyond_any_model": changed(layers=list(range(1, 100_001))),
         "accuracy_of_a_million_layers": changed(accuracy=[0.5] * 1_000_000),
