@@ -5,17 +5,14 @@ from typing import Any
 import numpy as np
 from matplotlib.figure import Figure
 
+from layerwise.figures.heatmap import heatmap
 from layerwise.figures.style import (
     SIMILARITY_LABELS,
     SIMILARITY_RANGES,
-    cell_values,
     colorbar,
     finish,
-    fit_to_cells,
-    hatch_missing,
     layer_ticks,
     new_figure,
-    no_data_note,
     similarity_map,
 )
 
@@ -37,8 +34,8 @@ def cka_across_models(compare: dict[str, Any]) -> Figure:
     layers_a, layers_b = compare["layers_a"], compare["layers_b"]
     layer_ticks(ax, layers_a, axis="y")
     layer_ticks(ax, layers_b, axis="x", most=8)
-    ax.set_ylabel(f"layer of model A ({_short(compare.get('model_a', 'the trained model'))})")
-    ax.set_xlabel(f"layer of model B ({_short(compare['model_b'])})")
+    ax.set_ylabel(_model_axes(compare)[0])
+    ax.set_xlabel(_model_axes(compare)[1])
     distance = compare.get("arccos_distance")
     title = "CKA across models" + (f" · arccos distance {distance:.3f}" if distance is not None else "")
     if compare.get("precision") == "fast":  # float32 products: say so on the figure, not only in the JSON
@@ -56,31 +53,19 @@ def measure_across_models(compare: dict[str, Any], measure: str) -> Figure:
     colour bar that says which way is similar. Cells without a value (``pairs="diagonal"``: all but the diagonal)
     are hatched, not coloured.
     """
-    values = np.asarray(
-        [[np.nan if v is None else v for v in row] for row in compare["measures"][measure]], dtype=float
-    )
-    fig, ax = new_figure(4.6, 4.0, colorbar=True)
-    layers_a, layers_b = compare["layers_a"], compare["layers_b"]
-    ax.set_ylabel(f"layer of model A ({_short(compare.get('model_a', 'the trained model'))})")
-    ax.set_xlabel(f"layer of model B ({_short(compare['model_b'])})")
-    ax.set_title(f"{CROSS_MEASURE_TITLES[measure]} across models")
-    finite = values[np.isfinite(values)]
-    if finite.size == 0:
-        no_data_note(ax, CROSS_MEASURE_TITLES[measure])
-    if values.ndim != 2 or values.size == 0:
-        return finish(fig)
-    fit_to_cells(fig, ax, *values.shape)
-    if finite.size and finite.size < values.size:
-        diagonal = compare.get("pairs") == "diagonal"  # the file's word is compared, never drawn
-        hatch_missing(ax, "not computed (pairs=diagonal)" if diagonal else "no value")
-    image = ax.imshow(values, aspect="auto", **similarity_map(values, measure))
-    layer_ticks(ax, layers_a, axis="y")
-    layer_ticks(ax, layers_b, axis="x", most=8)
+    diagonal = compare.get("pairs") == "diagonal"  # the file's word is compared, never drawn
     direction = "0: the same, higher: farther" if measure in SIMILARITY_RANGES else "higher: more similar"
-    colorbar(fig, image, ax, f"{SIMILARITY_LABELS[measure]} ({direction})")
-    finish(fig)
-    cell_values(fig, ax, image, values)
-    return fig
+    return heatmap(
+        compare["measures"][measure],
+        compare["layers_a"],
+        f"{CROSS_MEASURE_TITLES[measure]} across models",
+        quantity=measure,
+        name=f"{SIMILARITY_LABELS[measure]} ({direction})",
+        missing="not computed (pairs=diagonal)" if diagonal else "no value",
+        columns=compare["layers_b"],
+        axis_labels=_model_axes(compare),
+        what=CROSS_MEASURE_TITLES[measure],
+    )
 
 
 def compare_measure_figures(compare: dict[str, Any]) -> dict[str, Figure]:
@@ -89,6 +74,12 @@ def compare_measure_figures(compare: dict[str, Any]) -> dict[str, Figure]:
     return {
         f"compare_{name}": measure_across_models(compare, name) for name in CROSS_MEASURE_TITLES if name in measures
     }
+
+
+def _model_axes(compare: dict[str, Any]) -> tuple[str, str]:
+    """The axis labels of a comparison's heatmaps: (rows, columns)."""
+    model_a = _short(compare.get("model_a", "the trained model"))
+    return f"layer of model A ({model_a})", f"layer of model B ({_short(compare['model_b'])})"
 
 
 def _short(name: str) -> str:
