@@ -344,9 +344,18 @@ def second_moment_measures(
     alpha: float = 0.5,
     spectrum: str = "singular",
     pairs: Optional[Iterable[tuple[int, int]]] = None,
+    blocks: Optional[Sequence[tuple[int, int]]] = None,
 ) -> dict[str, Tensor]:
-    """The pair measures (L, L) and ``effective_rank`` (L,) from ``LayerCKA``'s sums (around any shift)."""
-    block = _centred_stacked(feature_sum.to(_F64), cross, float(count))
+    """The pair measures (L, L) and ``effective_rank`` (L,) from ``LayerCKA``'s sums (around any shift).
+
+    ``cross``: the stacked (L·d, L·d) cross-moments, or with ``blocks`` (``LayerCKA(pairs=...)``) the kept (K, d, d)
+    blocks of those (a, b) pairs; ``pairs`` among them (default: every pair, or every kept pair off the diagonal).
+    """
+    if blocks is None:
+        block = _centred_stacked(feature_sum.to(_F64), cross, float(count))
+    else:
+        block = _centred_blocks(blocks, feature_sum.to(_F64), cross, float(count))
+        pairs = [pair for pair in blocks if pair[0] != pair[1]] if pairs is None else pairs
     return _measures_of(feature_sum, block, cross.device, measures, svcca_variance, alpha, spectrum, pairs)
 
 
@@ -534,23 +543,6 @@ def _block_debiased_cka_compute(
     hsic = hsic / (n * (n - 3))
     diagonal = hsic[:layers]
     return _block_matrix(blocks, hsic / torch.sqrt(diagonal[rows] * diagonal[columns]), layers)
-
-
-def block_measures(
-    blocks: Sequence[tuple[int, int]],
-    feature_sum: Tensor,
-    moments: Tensor,
-    count: Union[Tensor, float],
-    measures: Sequence[str],
-    svcca_variance: float = 0.99,
-    alpha: float = 0.5,
-    spectrum: str = "singular",
-    pairs: Optional[Iterable[tuple[int, int]]] = None,
-) -> dict[str, Tensor]:
-    """:func:`second_moment_measures` from the kept ``blocks`` (K, d, d); ``pairs`` among them (default: all kept)."""
-    block = _centred_blocks(blocks, feature_sum.to(_F64), moments, float(count))
-    todo = [pair for pair in blocks if pair[0] != pair[1]] if pairs is None else pairs
-    return _measures_of(feature_sum, block, moments.device, measures, svcca_variance, alpha, spectrum, todo)
 
 
 def cross_model_measures(

@@ -23,7 +23,6 @@ from layerwise.metrics.functional_family import (
     _norm_product_update,
     _recentred_blocks,
     _recentred_norm_products,
-    block_measures,
     check_measures,
     check_pairs,
     kept_blocks,
@@ -485,19 +484,15 @@ class LayerCKA(_ShiftedSumStateMetric):
         if "debiased_cka" in names and not self.debiased:
             raise ValueError("`debiased_cka` needs the metric built with `debiased=True` (its two extra sums).")
         kept = self.kept_blocks
-        if kept is not None:
-            out = block_measures(
-                kept, self.feature_sum, self.blocks, self.count, names, svcca_variance, alpha, spectrum, pairs
-            )
-            if "debiased_cka" in names:
-                out["debiased_cka"] = _block_debiased_cka_compute(
-                    kept, self.feature_sum, self.blocks, self.count, self.norm_products, self.weighted_sums
-                )
-            return {name: out[name] for name in names}
+        moments = self.cross if kept is None else self.blocks
         out = second_moment_measures(
-            self.feature_sum, self.cross, self.count, names, svcca_variance, alpha, spectrum, pairs
+            self.feature_sum, moments, self.count, names, svcca_variance, alpha, spectrum, pairs, blocks=kept
         )
-        if "debiased_cka" in names:
+        if "debiased_cka" in names and kept is not None:
+            out["debiased_cka"] = _block_debiased_cka_compute(
+                kept, self.feature_sum, self.blocks, self.count, self.norm_products, self.weighted_sums
+            )
+        elif "debiased_cka" in names:
             out["debiased_cka"] = _debiased_cka_compute(
                 self.feature_sum, self.cross, self.count, self.norm_products, self.weighted_sums
             )
