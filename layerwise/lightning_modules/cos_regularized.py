@@ -20,12 +20,9 @@ class CosRegularized(LayerwiseModule):
     Args:
         beta: weight β of the similarity term (>= 0).
         center: centre features by the batch mean before the cosine.
-        backbone: see :class:`LayerwiseModule`.
-        optimizer: see :class:`LayerwiseModule`.
-        lr_scheduler: see :class:`LayerwiseModule`.
-        scheduler_interval: see :class:`LayerwiseModule`.
-        label_smoothing: see :class:`LayerwiseModule`.
-        chunk_size: see :class:`LayerwiseModule`.
+        backbone: the model, as in :class:`LayerwiseModule`.
+        kwargs: the other options of :class:`LayerwiseModule` (``optimizer``, ``lr_scheduler``,
+            ``scheduler_interval``, ``label_smoothing``, ``chunk_size``).
 
     Logged keys: ``train/cos_to_last`` (the batch's mean_{l<L} COS(h_l, h_L)), plus those of the base.
     """

@@ -28,12 +28,9 @@ class MultiExit(LayerwiseModule):
         layer_weights: λ as in :class:`Aligned` (default ``"linear"``).
         distill_weight: weight of the KL distillation term (0 disables it).
         distill_temperature: temperature ``T`` of the distillation.
-        backbone: see :class:`LayerwiseModule`.
-        optimizer: see :class:`LayerwiseModule`.
-        lr_scheduler: see :class:`LayerwiseModule`.
-        scheduler_interval: see :class:`LayerwiseModule`.
-        label_smoothing: see :class:`LayerwiseModule`.
-        chunk_size: see :class:`LayerwiseModule`.
+        backbone: the model, as in :class:`LayerwiseModule`.
+        kwargs: the other options of :class:`LayerwiseModule` (``optimizer``, ``lr_scheduler``,
+            ``scheduler_interval``, ``label_smoothing``, ``chunk_size``).
     """
 
     def __init__(
