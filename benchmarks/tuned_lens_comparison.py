@@ -60,6 +60,17 @@ FIGURES = REPO / "docs" / "figures"
 LENSES = ("logit", "tuned")
 
 
+def label(mode: str, lens: str) -> str:
+    """A group's legend, in words: ``standard + logit lens``."""
+    return f"{mode} + {lens} lens"
+
+
+def key(group: str) -> str:
+    """A group's key in the record: ``standard + logit lens`` -> ``standard_logit`` (the docs' claims cite it)."""
+    mode, lens = group.removesuffix(" lens").split(" + ")
+    return f"{mode}_{lens}"
+
+
 def steps_options(steps: Optional[int], scheduler: bool) -> list[str]:
     """Options that shorten a step-budgeted fit (the Shakespeare configs) to ``steps``; none for the config's own."""
     if steps is None:
@@ -175,8 +186,12 @@ def evaluate(
     seed: int,
     family: str = "digits",
     text: Optional[Path] = None,
+    reuse: bool = False,
 ) -> dict[str, Path]:
-    """The model of ``base`` validated through each lens: ``{lens: folder of its summary}``."""
+    """The model of ``base`` validated through each lens: ``{lens: folder of its summary}``.
+
+    ``reuse``: keep an evaluation already written after the model's and the lens's files (the same validation).
+    """
     import lightning.pytorch as pl
 
     from layerwise.callbacks import LayerwiseAnalysis, LogitLensMonitor
@@ -187,8 +202,14 @@ def evaluate(
     folders = {}
     for lens in LENSES:
         folder = run_dir / "evaluations" / f"{mode}_{lens}_seed{seed}"
-        shutil.rmtree(folder, ignore_errors=True)
         choice = "logit" if lens == "logit" else str(lens_run / "tuned_lens.safetensors")
+        written = sorted((folder / "version_0" / "layerwise").glob("val_epoch_*.json"))
+        inputs = [base / "checkpoints" / "last.ckpt", *([] if lens == "logit" else [Path(choice)])]
+        if reuse and written and written[-1].stat().st_mtime > max(path.stat().st_mtime for path in inputs):
+            print(f"reusing {folder}", flush=True)
+            folders[lens] = folder / "version_0"
+            continue
+        shutil.rmtree(folder, ignore_errors=True)
         analysis = LayerwiseAnalysis(
             logit_lens=LogitLensMonitor(lens=choice), log_figures=False, print_table=False, **stride
         )
@@ -228,7 +249,7 @@ def values_from(
     for row in rows:
         if row["quantity"] not in ("accuracy", "kl_to_final"):
             continue
-        entry = table.setdefault(row["quantity"], {}).setdefault(row["group"].replace("+", "_"), {})
+        entry = table.setdefault(row["quantity"], {}).setdefault(key(row["group"]), {})
         scale = 100 if row["quantity"] == "accuracy" else 1
         entry[row["x"]] = {
             "mean": round(scale * float(row["mean"]), 4 if scale == 1 else 1),
@@ -284,7 +305,7 @@ def main() -> int:
     load_before = load_now()
     modes = [mode for mode in MODES if mode in args.modes]
     seeds = tuple(args.seeds)
-    groups: dict[str, list[Path]] = {f"{mode}+{lens}": [] for mode in modes for lens in LENSES}
+    groups: dict[str, list[Path]] = {label(mode, lens): [] for mode in modes for lens in LENSES}
     try:
         for mode in modes:
             for seed in seeds:
@@ -293,8 +314,9 @@ def main() -> int:
                 else:
                     base, _ = fit_shakespeare(run_dir, mode, seed, args.steps, text, args.reuse)
                 lens_run = fit_lens(run_dir, base, mode, seed, lens_budget, args.reuse, args.family, text)
-                for lens, folder in evaluate(run_dir, base, lens_run, mode, seed, args.family, text).items():
-                    groups[f"{mode}+{lens}"].append(folder)
+                folders = evaluate(run_dir, base, lens_run, mode, seed, args.family, text, args.reuse)
+                for lens, folder in folders.items():
+                    groups[label(mode, lens)].append(folder)
         if len(modes) < len(MODES):  # one mode's share of the work: the comparison needs both
             print(f"fitted {', '.join(modes)} only: run again with both modes and --reuse to compare", flush=True)
             return 0
