@@ -92,8 +92,8 @@ def values_from(rows: list[dict[str, str]], epochs: int, seconds: list[float], r
         # the record keeps the model classes' names the docs' claims cite (the legends say them in words now)
         group = {"standard": "Standard", "alternating aligned": "AlternatingAligned"}.get(row["group"], row["group"])
         entry = table.setdefault(row["quantity"], {}).setdefault(group, {})
-        entry[row["x"]] = {
-            "mean": round(float(row["mean"]), 4),
+        entry[row["x"]] = {  # no mean: not reached (ε-effective depth where no layer reaches 1 - ε)
+            "mean": None if row["mean"] == "" else round(float(row["mean"]), 4),
             "half_width": None if row["half_width"] == "" else round(float(row["half_width"]), 4),
             "seeds": int(row["seeds"]),
         }
