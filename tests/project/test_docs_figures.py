@@ -18,10 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PICTURES = sorted((ROOT / "docs" / "figures").glob("*.png"))
 # Pictures not drawn again yet with this style version (each needs fits that take minutes; the command beside it
 # in benchmarks/docs_figures.py draws it): expected to fail, strictly, so that drawing one makes this list shrink.
-STALE: set[str] = {
-    "training_modes_accuracy.png",
-    "training_modes_cos.png",
-}
+STALE: set[str] = set()
 
 
 def commands() -> dict[str, str]:
