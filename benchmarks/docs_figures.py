@@ -12,6 +12,8 @@ fails when one records an older version than the style module's, or when a pictu
     python benchmarks/docs_figures.py ablation      # ablation_residual.png, ablation_plain.png (benchmarks/demos.py)
     python benchmarks/docs_figures.py transfer      # transfer.png (benchmarks/demos.py)
     python benchmarks/training_modes.py             # training_modes_accuracy.png, training_modes_cos.png
+    python benchmarks/tuned_lens_comparison.py      # tuned_lens_accuracy.png, tuned_lens_kl.png (digits)
+    python benchmarks/tuned_lens_comparison.py --family shakespeare   # tuned_lens_shakespeare_*.png
     python benchmarks/docs_figures.py --check       # which pictures are older than the style (exit 1 if any)
 
 ``--run-dir DIR`` keeps the runs (and reuses a finished quickstart run there); ``--epochs N`` shortens the
@@ -41,6 +43,8 @@ FIGURES = {
     "training_modes_cos.png": "python benchmarks/training_modes.py",
     "tuned_lens_accuracy.png": "python benchmarks/tuned_lens_comparison.py",
     "tuned_lens_kl.png": "python benchmarks/tuned_lens_comparison.py",
+    "tuned_lens_shakespeare_accuracy.png": "python benchmarks/tuned_lens_comparison.py --family shakespeare",
+    "tuned_lens_shakespeare_kl.png": "python benchmarks/tuned_lens_comparison.py --family shakespeare",
 }
 DPI = 200  # the docs' pictures: sharp on a high-density screen, small enough for the repository
 

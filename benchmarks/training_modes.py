@@ -37,6 +37,8 @@ CONFIG = REPO / "configs" / "quickstart.yaml"
 FIGURES = REPO / "docs" / "figures"
 MODES = {"standard": ["--model.class_path=layerwise.lightning_modules.Standard"], "aligned": []}
 SEEDS = (0, 1, 2)
+# a group's label (the --label the script gives, or the class in words) -> the class name the record keeps
+CLASSES = {"standard": "Standard", "aligned": "AlternatingAligned", "alternating aligned": "AlternatingAligned"}
 
 
 def fit(run_dir: Path, mode: str, seed: int, epochs: Optional[int], reuse: bool) -> tuple[Path, Optional[float]]:
@@ -75,9 +77,10 @@ def fit(run_dir: Path, mode: str, seed: int, epochs: Optional[int], reuse: bool)
     return run, seconds
 
 
-def compare(runs: list[Path], out: Path) -> list[dict[str, str]]:
-    """``layerwise plot RUN... --out out`` as a user runs it; the rows of its ``comparison.csv``."""
+def compare(runs: list[Path], out: Path, labels: Optional[list[str]] = None) -> list[dict[str, str]]:
+    """``layerwise plot RUN... --out out [--label ...]`` as a user runs it; the rows of its ``comparison.csv``."""
     command = [sys.executable, "-m", "layerwise", "plot", *map(str, runs), "--out", str(out), "--format", "png"]
+    command += ["--label", *labels] if labels else []  # the modes as the docs name them: standard, aligned
     command += ["--dpi", "200"]  # the docs' pictures (benchmarks/docs_figures.py draws them at 200 dpi too)
     print("running:", " ".join(command), flush=True)
     subprocess.run(command, check=True)
@@ -90,10 +93,10 @@ def values_from(rows: list[dict[str, str]], epochs: int, seconds: list[float], r
     table: dict[str, Any] = {}
     for row in rows:
         # the record keeps the model classes' names the docs' claims cite (the legends say them in words now)
-        group = {"standard": "Standard", "alternating aligned": "AlternatingAligned"}.get(row["group"], row["group"])
+        group = CLASSES.get(row["group"], row["group"])
         entry = table.setdefault(row["quantity"], {}).setdefault(group, {})
-        entry[row["x"]] = {
-            "mean": round(float(row["mean"]), 4),
+        entry[row["x"]] = {  # no mean: not reached (ε-effective depth where no layer reaches 1 - ε)
+            "mean": None if row["mean"] == "" else round(float(row["mean"]), 4),
             "half_width": None if row["half_width"] == "" else round(float(row["half_width"]), 4),
             "seeds": int(row["seeds"]),
         }
@@ -144,7 +147,7 @@ def main() -> int:
                 runs.append(run)
                 seconds += [] if took is None else [took]
                 reused += took is None
-        rows = compare(runs, run_dir / "comparison")
+        rows = compare(runs, run_dir / "comparison", [mode for mode in MODES for _ in SEEDS])
     except (RuntimeError, subprocess.CalledProcessError) as error:
         print(error, file=sys.stderr)
         return 2

@@ -626,6 +626,7 @@ SUMMARY_SCHEMA: dict[str, Check] = {
         + ("exit_accuracy", "exit_loss")
         + ("cdnv", "nc2_equinorm", "nc2_cos_std", "nc2_equiangular", "nc2_etf", "nc3", "nc3_duality")
         + ("nc4_agreement", "nc4_ncc_accuracy")
+        + ("kl_to_final", "entropy", "final_rank")  # the logit lens's divergence (or a tuned lens's)
     },
     "nc1_classes": _numbers(integer=True),
     "effective_depth": _effective_depth,

@@ -32,8 +32,10 @@ from layerwise.figures.seeds import (
     markdown,
 )
 from layerwise.figures.style import (
+    DIRECT_LABEL,
     Figure,
     FigureCanvasAgg,
+    direct_labels,
     dodge,
     drawn_at,
     finish,
@@ -179,9 +181,14 @@ def _lines(comparison: Comparison, quantity: str) -> dict[str, list[Row]]:
     return out
 
 
-def _legend_entries(ax: Any, comparison: Comparison, unreached: bool = False) -> tuple[list, list]:
-    """The groups' lines, then what a band and the dots are (only where a band is drawn), then "not reached"."""
-    handles, labels = ax.get_legend_handles_labels()
+def _legend_entries(
+    ax: Any, comparison: Comparison, unreached: bool = False, labelled: bool = False
+) -> tuple[list, list]:
+    """The legend's entries: the groups' lines, what a band and the dots are, "not reached".
+
+    The groups' lines only where they are not ``labelled`` at their ends; the band's words only where one is drawn.
+    """
+    handles, labels = ([], []) if labelled else ax.get_legend_handles_labels()
     if comparison.banded:
         handles.append(
             (Patch(facecolor="0.5", alpha=0.25, linewidth=0), Line2D([], [], color="0.3", marker="o", markersize=3.5))
@@ -193,8 +200,10 @@ def _legend_entries(ax: Any, comparison: Comparison, unreached: bool = False) ->
     return handles, labels
 
 
-def _finish(fig: Figure, ax: Any, comparison: Comparison, title: str, unreached: bool = False) -> Figure:
-    handles, labels = _legend_entries(ax, comparison, unreached)
+def _finish(
+    fig: Figure, ax: Any, comparison: Comparison, title: str, unreached: bool = False, labelled: bool = False
+) -> Figure:
+    handles, labels = _legend_entries(ax, comparison, unreached, labelled)
     if handles:
         legend_below(fig, handles, labels, max_columns=2)
     ax.grid(alpha=0.3)
@@ -263,14 +272,45 @@ def draw_quantity(ax: Any, comparison: Comparison, name: str) -> bool:
     return unreached
 
 
+def label_ends(fig: Figure, ax: Any, comparison: Comparison, name: str) -> bool:
+    """Name each group at the right end of its mean line, in its colour, where that fits; returns whether it did.
+
+    Per-layer quantities only (not ε-effective depth, whose steps end at the largest ε), and only when every group
+    holds the same number of runs, two or more (the legend's "n = 3" then speaks for each; groups of one run or of
+    different sizes keep their "(1 run)", "(n = 2)" in the legend); every group's line must end at the last layer,
+    and the ends must lie apart (:func:`~layerwise.figures.style.direct_labels`). Where it does not fit, the legend
+    names the groups as before.
+    """
+    quantity = FIGURES[name][0]
+    counts = {len(group.members) for group in comparison.groups}
+    if quantity == "effective_depth" or len(counts) != 1 or counts == {1}:
+        return False
+    lines = _lines(comparison, quantity)
+    drawn = {line.get_label(): line for line in ax.get_lines()}
+    ends, texts, colours = [], [], []
+    for group, rows in lines.items():
+        line = drawn.get(comparison.legend(group))
+        if line is None or not rows or not math.isfinite(rows[-1].mean):
+            return False
+        xs, ys = line.get_xdata(), line.get_ydata()
+        ends.append((float(xs[-1]), float(ys[-1])))
+        texts.append(group)
+        colours.append(line.get_color())
+    return direct_labels(fig, ax, ends, texts, colours)
+
+
 def per_point_figure(comparison: Comparison, name: str) -> Figure:
     """One quantity against the layer (or ε): a line per group at its mean, its band the t-interval over seeds.
 
-    See :func:`draw_quantity`; one legend below the axes says what the band and the dots are.
+    See :func:`draw_quantity`; each group named at its line's end where that fits (:func:`label_ends`), else in the
+    legend below the axes, which says what the band and the dots are.
     """
     fig, ax = new_figure(5.2, 3.6)
     unreached = draw_quantity(ax, comparison, name)
-    return _finish(fig, ax, comparison, FIGURES[name][2], unreached)
+    ax.set_title(FIGURES[name][2])
+    finish(fig)  # the sizes the labels are measured at
+    labelled = label_ends(fig, ax, comparison, name)
+    return _finish(fig, ax, comparison, FIGURES[name][2], unreached, labelled)
 
 
 def early_exit_figure(comparison: Comparison) -> Figure:
@@ -374,7 +414,15 @@ def panels_figure(comparison: Comparison, names: Sequence[str]) -> Figure:
         panel_letter(ax, index)
     for ax in axes[len(names) :]:
         ax.remove()
-    handles, labels = _legend_entries(axes[0], comparison, unreached)
+    finish(fig)
+    # the groups named at their lines' ends in every panel, or in the legend (a panel where they do not fit: none)
+    fits = [label_ends(fig, ax, comparison, name) for ax, name in zip(axes, names)]
+    labelled = all(fits)
+    if not labelled:
+        for ax in axes[: len(names)]:
+            for text in [child for child in ax.texts if child.get_gid() == DIRECT_LABEL]:
+                text.remove()
+    handles, labels = _legend_entries(axes[0], comparison, unreached, labelled)
     legend_below(fig, handles, labels, max_columns=2)
     fig.suptitle(", ".join(FIGURES[name][2] for name in names), fontsize=p.title)
     finish(fig)  # sizes only: the letters stay bold

@@ -17,8 +17,8 @@ draw their figures and write their table from :func:`comparison_rows`.
 - **Range.** The interval is a statement about a mean the quantity can take: its ends (:attr:`Row.low`,
   :attr:`Row.high`, the band drawn, the table's ``low``/``high``) are clipped to the quantity's range
   (:data:`RANGES`: accuracy and CKA in [0, 1], COS in [-1, 1], NC1, CDNV, NC2 and NC3 >= 0, NC4's agreement and
-  accuracy in [0, 1], speedup >= 1, ε-effective depth between the first and the last layer); ``half_width`` stays
-  the unclipped t-interval's.
+  accuracy in [0, 1], the lens's KL to the final distribution >= 0, speedup >= 1, ε-effective depth between the
+  first and the last layer; every quantity drawn has its range); ``half_width`` stays the unclipped t-interval's.
 - **Not reached.** ε-effective depth where no layer reaches ``1 − ε`` is the last layer by the paper's convention;
   a summary that says so (``effective_depth_reached``: false) gives no value there (NaN), and the row counts the
   runs that did not reach it (:attr:`Row.unreached`): the table writes "not reached", never the last layer.
@@ -64,6 +64,7 @@ RANGES = {
     ),
     "nc4_agreement": (0.0, 1.0),
     "nc4_ncc_accuracy": (0.0, 1.0),
+    "kl_to_final": (0.0, math.inf),  # a KL divergence: >= 0, unbounded above
     "early_exit_accuracy": (0.0, 1.0),
     "early_exit_speedup": (1.0, math.inf),
 }

@@ -378,6 +378,22 @@ def synthetic_charts(num_layers: int) -> dict:
     }
 
 
+def named_groups(figure) -> set:
+    """How a comparison figure names its groups, as the legend would: its legend's entries, and each line's direct
+    label (``standard`` at a line's end) as ``standard (n = 3)``, n from the legend's words on the band (a direct label
+    without them names no count: the test fails)."""
+    import re
+
+    from layerwise.figures.style import DIRECT_LABEL
+
+    legend = {text.get_text() for legend in figure.legends for text in legend.get_texts()}
+    direct = [text.get_text() for ax in figure.axes for text in ax.texts if text.get_gid() == DIRECT_LABEL]
+    if not direct:
+        return legend
+    (count,) = re.findall(r"t-interval, n = (\d+);", " ".join(legend))
+    return legend | {f"{label} (n = {count})" for label in direct}
+
+
 def drawn_texts(figure) -> list:
     """The texts Agg actually draws for ``figure`` (titles, labels, tick labels, legends, notes), once each."""
     canvas = figure.canvas

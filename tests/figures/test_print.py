@@ -16,7 +16,7 @@ import pytest
 from matplotlib.collections import PolyCollection
 from matplotlib.colors import to_hex
 from matplotlib.text import Text
-from test_figures import drawn_texts, every_figure, synthetic_summary
+from test_figures import drawn_texts, every_figure, named_groups, synthetic_summary
 
 from layerwise.figures.style import PRINTS, QUANTITY_COLOURS, drawn_at, layer_colour
 from layerwise.figures.summary import summary_figures
@@ -366,7 +366,7 @@ def test_runs_side_by_side_are_drawn_in_the_house_style(tmp_path, width):
         assert bands and set(bands) <= set(colours) and not set(bands) & tab10, (name, bands)
         title = ax.get_title().replace("\n", " ")
         assert "validation, epoch 1 (the last)" in title and "95 % confidence interval over seeds" in title, title
-        legend = [text.get_text() for legend in figure.legends for text in legend.get_texts()]
+        legend = named_groups(figure)  # the legend's entries, or the groups' direct labels at their lines' ends
         expected = ["standard (n = 3)", "alternating aligned (n = 3)", "mean ± 95 % t-interval, n = 3; dots: each seed"]
         assert set(expected) <= set(legend), (name, legend)  # in reading order by rows, so not in list order
     depth = figures["effective_depth"].axes[0]

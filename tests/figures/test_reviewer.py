@@ -310,6 +310,121 @@ def test_layers_are_ordered_in_greyscale():
         assert layer_colors(depth) == [to_hex(layer_colour(layer, depth)) for layer in range(1, depth + 1)]
 
 
+def direct_labels_of(ax) -> list:
+    from layerwise.figures.style import DIRECT_LABEL
+
+    return [text for text in ax.texts if text.get_gid() == DIRECT_LABEL]
+
+
+def set_last_layer(runs, quantity: str, values) -> None:
+    """Put each run's ``quantity`` at the last layer at ``values[i]`` (all its epochs)."""
+    for run, value in zip(runs, values):
+        for path in (run / "layerwise").glob("val_epoch_*.json"):
+            summary = json.loads(path.read_text())
+            if quantity == "cos":
+                summary["cos"][-1][-1] = value
+            else:
+                summary[quantity][-1] = value
+            path.write_text(json.dumps(summary))
+
+
+def test_groups_are_named_at_their_lines_ends_where_they_fit(tmp_path):
+    """Each group's name at the right end of its mean line, in its colour, inside the axes, beside its last point;
+    the legend then keeps what the band and dots are (with n) and no longer lists the groups."""
+    from layerwise.figures.overlay import load_comparison, per_point_figure
+
+    runs = synthetic_runs(tmp_path, 6)
+    comparison = load_comparison(runs, labels=["standard"] * 3 + ["aligned"] * 3)
+    for width in ("column", "page"):
+        with drawn_at(width):
+            figure = per_point_figure(comparison, "accuracy")
+        (ax,) = figure.axes
+        labels = direct_labels_of(ax)
+        assert [text.get_text() for text in labels] == ["standard", "aligned"], width
+        figure.canvas.draw()
+        renderer = figure.canvas.get_renderer()
+        area = ax.get_window_extent(renderer)
+        lines = [line for line in ax.get_lines() if line.get_label().endswith("(n = 3)")]
+        boxes = []
+        for text, line in zip(labels, lines):
+            assert text.get_color() == line.get_color(), "in the group's colour"
+            right = max(other.get_xdata()[-1] for other in lines)  # the ends nudged apart: one column of labels
+            assert text.xy == (right, line.get_ydata()[-1]), "level with the line's end, right of every end"
+            box = text.get_window_extent(renderer)
+            end = ax.transData.transform(text.xy)
+            assert box.x0 > end[0] and box.y0 < end[1] < box.y1, "right of the end, level with it"
+            assert area.x0 <= box.x0 and box.x1 <= area.x1, (width, "inside the axes")
+            assert text.get_fontsize() >= MIN_TEXT_SIZE
+            boxes.append(box)
+        assert not boxes[0].overlaps(boxes[1])
+        legend = [text.get_text() for legend in figure.legends for text in legend.get_texts()]
+        assert legend == ["mean ± 95 % t-interval, n = 3; dots: each seed"], legend
+    plt.close("all")
+
+
+def test_groups_whose_lines_end_together_keep_the_legend(tmp_path):
+    """Ends closer than a label's height, labels too wide for the axes, groups of one run or of different sizes:
+    no direct label, the legend names each group as before."""
+    from layerwise.figures.overlay import load_comparison, panels_figure, per_point_figure
+
+    runs = synthetic_runs(tmp_path / "level", 6)
+    set_last_layer(runs, "accuracy", [0.9] * 6)  # both groups end at the same accuracy
+    figure = per_point_figure(load_comparison(runs), "accuracy")
+    assert not direct_labels_of(figure.axes[0])
+    legend = {text.get_text() for legend in figure.legends for text in legend.get_texts()}
+    assert {"standard (n = 3)", "alternating aligned (n = 3)"} <= legend
+    with drawn_at("column"):  # "alternating aligned" is over 30 % of a column-wide axes
+        figure = per_point_figure(load_comparison(synthetic_runs(tmp_path / "wide", 6)), "cos")
+    assert not direct_labels_of(figure.axes[0])
+    assert "alternating aligned (n = 3)" in {text.get_text() for text in figure.legends[0].get_texts()}
+    uneven = synthetic_runs(tmp_path / "uneven", 6, seeds=(0, 1))[:3]  # two standard runs, one aligned
+    figure = per_point_figure(load_comparison(uneven), "accuracy")
+    assert not direct_labels_of(figure.axes[0])
+    # the panels: the groups named at the ends in every panel, or in the legend (never both, never in some panels)
+    comparison = load_comparison(synthetic_runs(tmp_path / "panels", 6), labels=["standard"] * 3 + ["aligned"] * 3)
+    figure = panels_figure(comparison, ["accuracy", "cos"])
+    named = [bool(direct_labels_of(ax)) for ax in figure.axes]
+    legend = {text.get_text() for legend in figure.legends for text in legend.get_texts()}
+    assert all(named) != ("standard (n = 3)" in legend) and len(set(named)) == 1, (named, legend)
+    plt.close("all")
+
+
+def test_every_drawn_quantity_has_its_range():
+    """A band is clipped to what its quantity can take (seeds.RANGES): every per-layer key of the summary schema that
+    a comparison draws has a range there (the lens's KL had none, so its band could go below 0)."""
+    from layerwise.figures.seeds import PER_LAYER, QUANTITIES, RANGES
+    from layerwise.results import SUMMARY_SCHEMA
+
+    per_layer = {*PER_LAYER, "cos", "cka"}
+    assert per_layer <= set(SUMMARY_SCHEMA), per_layer - set(SUMMARY_SCHEMA)
+    drawn = {quantity for quantity in QUANTITIES if quantity in SUMMARY_SCHEMA and quantity != "effective_depth"}
+    assert per_layer <= drawn
+    assert drawn <= set(RANGES), drawn - set(RANGES)  # effective depth: the layers, set per comparison
+    assert set(QUANTITIES) - {"effective_depth"} <= set(RANGES)
+    assert RANGES["kl_to_final"] == (0.0, math.inf)
+
+
+def test_the_kl_band_stays_at_or_above_zero(tmp_path):
+    from layerwise.figures.overlay import load_comparison, per_point_figure
+
+    runs = synthetic_runs(tmp_path, 6)
+    for run in runs:  # near 0 and spread: an unclipped 95 % interval goes below 0
+        seed = int(run.parent.name[-1])
+        for path in (run / "layerwise").glob("val_epoch_*.json"):
+            summary = json.loads(path.read_text())
+            summary["kl_to_final"] = [0.002 + 0.05 * seed * (6 - k) / 6 for k in range(6)]
+            path.write_text(json.dumps(summary))
+    comparison = load_comparison(runs)
+    rows = [row for row in comparison.rows if row.quantity == "kl_to_final"]
+    assert any(row.mean - row.half_width < 0 for row in rows), "the data must put an unclipped interval below 0"
+    (ax,) = per_point_figure(comparison, "kl_to_final").axes
+    bands = [band for band in ax.collections if isinstance(band, PolyCollection)]
+    assert len(bands) == 2
+    for band in bands:
+        assert min(path.vertices[:, 1].min() for path in band.get_paths()) >= 0.0
+    plt.close("all")
+
+
 def test_the_cos_distribution_has_no_twin_axis_and_names_its_whiskers():
     from layerwise.figures.summary import summary_figures
 

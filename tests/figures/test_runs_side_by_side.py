@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from matplotlib.collections import PolyCollection
 from scipy import stats
+from test_figures import named_groups
 
 from layerwise.cli import main
 from layerwise.figures.overlay import FIGURES as EVERY_FIGURE
@@ -129,7 +130,7 @@ def test_two_modes_by_three_seeds_give_one_figure_per_quantity_with_two_bands(ru
             assert not bands and len(opened) == 2, name
         else:
             assert len(bands) == 2, name
-        legend = [text.get_text() for legend in figure.legends for text in legend.get_texts()]
+        legend = named_groups(figure)  # the legend's entries, or the groups' direct labels at their lines' ends
         expected = {"standard (n = 3)", "aligned (n = 3)", "mean ± 95 % t-interval, n = 3; dots: each seed"}
         assert expected <= set(legend), (name, legend)
         assert "validation, epoch 1 (the last)" in ax.get_title(), name

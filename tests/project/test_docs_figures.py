@@ -18,13 +18,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PICTURES = sorted((ROOT / "docs" / "figures").glob("*.png"))
 # Pictures not drawn again yet with this style version (each needs fits that take minutes; the command beside it
 # in benchmarks/docs_figures.py draws it): expected to fail, strictly, so that drawing one makes this list shrink.
-# tuned_lens_*.png: issue 51's, drawn on main before this branch's style (six fits and their lenses) came in by merge
-STALE: set[str] = {
-    "training_modes_accuracy.png",
-    "training_modes_cos.png",
-    "tuned_lens_accuracy.png",
-    "tuned_lens_kl.png",
-}
+STALE: set[str] = set()
 
 
 def commands() -> dict[str, str]:
