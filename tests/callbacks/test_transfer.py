@@ -271,7 +271,8 @@ def test_probes_on_the_shipped_transfer_pipeline_equal_logistic_regression(tmp_p
 def test_linear_probes_refuse_bad_options(tmp_path):
     from layerwise.lightning_modules import LinearProbes
 
-    with pytest.raises(ValueError, match="exactly one of `--model.init_args.checkpoint` and `--model.init_args.backbone`"):
+    option = "--model.init_args"
+    with pytest.raises(ValueError, match=f"exactly one of `{option}.checkpoint` and `{option}.backbone`"):
         LinearProbes(num_classes=5)
     with pytest.raises(ValueError, match="--model.init_args.checkpoint=.*no such file"):
         LinearProbes(num_classes=5, checkpoint=str(tmp_path / "missing.ckpt"))
