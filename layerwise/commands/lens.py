@@ -222,8 +222,6 @@ def _evaluation_sample(checkpoint: Path, sample: int) -> tuple[Any, list[str]]:
     layerwise's (as :func:`~layerwise.engines.checkpoint.load_module` trusts only layerwise's classes), built with its
     ``init_args``; the evaluation set is its first validation dataloader's.
     """
-    import importlib
-
     import yaml
 
     run = Path(checkpoint).resolve().parent.parent
@@ -232,10 +230,12 @@ def _evaluation_sample(checkpoint: Path, sample: int) -> tuple[Any, list[str]]:
         raise ValueError(f"`--sample`: no config.yaml in {run} (the run of --checkpoint) to find its evaluation set.")
     data = (yaml.safe_load(config.read_text(encoding="utf-8")) or {}).get("data") or {}
     class_path = str(data.get("class_path", "")) if isinstance(data, dict) else ""
-    if not class_path.startswith("layerwise."):
+    import layerwise.datamodules as datamodules
+
+    name = class_path.rpartition(".")[2]  # one of the package's datamodules, from its static table: no other import
+    if not class_path.startswith("layerwise.datamodules.") or name not in datamodules.__all__:
         raise ValueError(f"`--sample`: {config} names no layerwise datamodule under `data.class_path`.")
-    module_name, _, name = class_path.rpartition(".")
-    datamodule = getattr(importlib.import_module(module_name), name)(**(data.get("init_args") or {}))
+    datamodule = getattr(datamodules, name)(**(data.get("init_args") or {}))
     datamodule.setup("validate")
     loaders = datamodule.val_dataloader()
     loader = next(iter(loaders.values())) if isinstance(loaders, dict) else loaders

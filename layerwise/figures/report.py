@@ -17,6 +17,7 @@ import json
 from pathlib import Path
 from typing import Any, Literal, Optional
 
+from layerwise.errors import LayerwiseWarning
 from layerwise.results import find_summaries, load_summary, summary_order, write_text_atomic
 
 # figures of summary_figures() that belong to a section of their own, not to the general figures
@@ -320,7 +321,7 @@ def _trajectory_section(run: Path) -> str:
     except ValueError as error:
         data = str(error)
     if isinstance(data, str):
-        warnings.warn(f"{data} The report leaves the prediction trajectory out.", stacklevel=2)
+        warnings.warn(f"{data} The report leaves the prediction trajectory out.", LayerwiseWarning, stacklevel=2)
         return ""
     import matplotlib.pyplot as plt
 
