@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -41,11 +42,18 @@ SEEDS = (0, 1, 2)
 CLASSES = {"standard": "Standard", "aligned": "AlternatingAligned", "alternating aligned": "AlternatingAligned"}
 
 
-def fit(run_dir: Path, mode: str, seed: int, epochs: Optional[int], reuse: bool) -> tuple[Path, Optional[float]]:
-    """One quickstart fit in ``mode`` with ``seed``: its run folder and wall seconds (None: reused)."""
-    name = f"{mode}_seed{seed}"
+def fitted(run: Path) -> bool:
+    """A finished fit's run folder: its summaries and its last checkpoint are there."""
+    return bool(list((run / "layerwise").glob("val_epoch_*.json"))) and (run / "checkpoints" / "last.ckpt").exists()
+
+
+def run_fit(
+    run_dir: Path, name: str, arguments: list[str], finished: Optional[Callable[[Path], bool]] = None
+) -> tuple[Path, Optional[float]]:
+    """``layerwise fit`` with ``arguments`` (``--config`` first) as run ``name`` under ``run_dir/runs``, its output in
+    ``run_dir/<name>.log``: the run folder and wall seconds, or (folder, None) where ``finished`` says it is done."""
     run = run_dir / "runs" / name / "version_0"
-    if reuse and list((run / "layerwise").glob("val_epoch_*.json")) and (run / "checkpoints" / "last.ckpt").exists():
+    if finished is not None and finished(run):
         print(f"reusing {run}", flush=True)
         return run, None
     if run.parent.exists():
@@ -55,16 +63,11 @@ def fit(run_dir: Path, mode: str, seed: int, epochs: Optional[int], reuse: bool)
         "-m",
         "layerwise",
         "fit",
-        "--config",
-        str(CONFIG),
-        f"--seed_everything={seed}",
+        *arguments,
         f"--trainer.logger.init_args.save_dir={run_dir / 'runs'}",
         f"--trainer.logger.init_args.name={name}",
         "--trainer.enable_progress_bar=false",
-        *MODES[mode],
     ]
-    if epochs is not None:
-        command += [f"--trainer.max_epochs={epochs}", f"--model.init_args.lr_scheduler.init_args.max_epochs={epochs}"]
     print("running:", " ".join(command), flush=True)
     log = run_dir / f"{name}.log"
     with log.open("w") as output:
@@ -75,6 +78,14 @@ def fit(run_dir: Path, mode: str, seed: int, epochs: Optional[int], reuse: bool)
         raise RuntimeError(f"the {name} fit exited with {status}:\n{log.read_text(errors='replace')[-3000:]}")
     print(f"{name}: {seconds:.1f} s", flush=True)
     return run, seconds
+
+
+def fit(run_dir: Path, mode: str, seed: int, epochs: Optional[int], reuse: bool) -> tuple[Path, Optional[float]]:
+    """One quickstart fit in ``mode`` with ``seed``: its run folder and wall seconds (None: reused)."""
+    arguments = ["--config", str(CONFIG), f"--seed_everything={seed}", *MODES[mode]]
+    if epochs is not None:
+        arguments += [f"--trainer.max_epochs={epochs}", f"--model.init_args.lr_scheduler.init_args.max_epochs={epochs}"]
+    return run_fit(run_dir, f"{mode}_seed{seed}", arguments, fitted if reuse else None)
 
 
 def compare(runs: list[Path], out: Path, labels: Optional[list[str]] = None) -> list[dict[str, str]]:

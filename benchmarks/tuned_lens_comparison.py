@@ -43,7 +43,7 @@ from typing import Any, Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _record import load_now, record  # noqa: E402
-from training_modes import MODES, SEEDS, fit  # noqa: E402
+from training_modes import MODES, SEEDS, fit, fitted, run_fit  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 LENS_CONFIGS = {
@@ -85,37 +85,14 @@ def fit_shakespeare(
     run_dir: Path, mode: str, seed: int, steps: Optional[int], text: Path, reuse: bool
 ) -> tuple[Path, Optional[float]]:
     """One Tiny Shakespeare GPT fit in ``mode`` with ``seed`` (its shipped config): its run folder and wall seconds."""
-    name = f"{mode}_seed{seed}"
-    run = run_dir / "runs" / name / "version_0"
-    if reuse and list((run / "layerwise").glob("val_epoch_*.json")) and (run / "checkpoints" / "last.ckpt").exists():
-        print(f"reusing {run}", flush=True)
-        return run, None
-    if run.parent.exists():
-        shutil.rmtree(run.parent)
-    command = [
-        sys.executable,
-        "-m",
-        "layerwise",
-        "fit",
+    arguments = [
         "--config",
         str(SHAKESPEARE[mode]),
         f"--seed_everything={seed}",
         f"--data.init_args.train_files=[{text}]",
-        f"--trainer.logger.init_args.save_dir={run_dir / 'runs'}",
-        f"--trainer.logger.init_args.name={name}",
-        "--trainer.enable_progress_bar=false",
         *steps_options(steps, scheduler=True),
     ]
-    print("running:", " ".join(command), flush=True)
-    log = run_dir / f"{name}.log"
-    with log.open("w") as output:
-        start = time.perf_counter()
-        status = subprocess.call(command, cwd=run_dir, stdout=output, stderr=subprocess.STDOUT)
-        seconds = time.perf_counter() - start
-    if status != 0:
-        raise RuntimeError(f"the {name} fit exited with {status}:\n{log.read_text(errors='replace')[-3000:]}")
-    print(f"{name}: {seconds:.1f} s", flush=True)
-    return run, seconds
+    return run_fit(run_dir, f"{mode}_seed{seed}", arguments, fitted if reuse else None)
 
 
 def fit_lens(
@@ -132,39 +109,18 @@ def fit_lens(
 
     ``epochs``: the digits lens's epochs, or the Shakespeare lens's steps (None: the config's).
     """
-    name = f"{mode}_seed{seed}_lens"
-    run = run_dir / "runs" / name / "version_0"
-    if reuse and (run / "tuned_lens.safetensors").exists():
-        print(f"reusing {run}", flush=True)
-        return run
-    if run.parent.exists():
-        shutil.rmtree(run.parent)
-    command = [
-        sys.executable,
-        "-m",
-        "layerwise",
-        "fit",
+    arguments = [
         "--config",
         str(LENS_CONFIGS[family]),
         f"--model.init_args.checkpoint={base / 'checkpoints' / 'last.ckpt'}",
         f"--seed_everything={seed}",
-        f"--trainer.logger.init_args.save_dir={run_dir / 'runs'}",
-        f"--trainer.logger.init_args.name={name}",
-        "--trainer.enable_progress_bar=false",
     ]
     if family == "shakespeare":
-        command += [f"--data.init_args.train_files=[{text}]", *steps_options(epochs, scheduler=False)]
+        arguments += [f"--data.init_args.train_files=[{text}]", *steps_options(epochs, scheduler=False)]
     elif epochs is not None:
-        command += [f"--trainer.max_epochs={epochs}"]
-    print("running:", " ".join(command), flush=True)
-    log = run_dir / f"{name}.log"
-    with log.open("w") as output:
-        start = time.perf_counter()
-        status = subprocess.call(command, cwd=run_dir, stdout=output, stderr=subprocess.STDOUT)
-    if status != 0:
-        raise RuntimeError(f"the {name} fit exited with {status}:\n{log.read_text(errors='replace')[-3000:]}")
-    print(f"{name}: {time.perf_counter() - start:.1f} s", flush=True)
-    return run
+        arguments += [f"--trainer.max_epochs={epochs}"]
+    lens_done = (lambda run: (run / "tuned_lens.safetensors").exists()) if reuse else None
+    return run_fit(run_dir, f"{mode}_seed{seed}_lens", arguments, lens_done)[0]
 
 
 def datamodule(family: str, text: Optional[Path]) -> Any:
