@@ -265,3 +265,17 @@ def chromium_context(playwright: Any, profile: Path) -> Any:
         args=CHROMIUM_FLAGS,
         viewport={"width": 1300, "height": 900},
     )
+
+
+def quiet_trainer(steps: int, **kwargs: Any) -> pl.Trainer:
+    """A CPU Trainer of ``steps`` steps that logs, prints and saves nothing (``kwargs`` override any option)."""
+    options = dict(
+        accelerator="cpu",
+        max_steps=steps,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        enable_checkpointing=False,
+        gradient_clip_val=1.0,
+    )
+    return pl.Trainer(**{**options, **kwargs})

@@ -6,7 +6,7 @@ import lightning.pytorch as pl
 import numpy as np
 import pytest
 import torch
-from helpers import FROZEN_IN_EVAL, TRAINING_ONLY
+from helpers import FROZEN_IN_EVAL, TRAINING_ONLY, quiet_trainer
 from tiny_models import tiny_config
 from torch.utils.data import DataLoader
 from transformers import AutoModelForCausalLM
@@ -74,19 +74,6 @@ def oracle():
     )
     rows = [{"input_ids": row, "attention_mask": torch.ones_like(row)} for row in ids]
     return a, b, q, DataLoader(rows[:64], batch_size=8, shuffle=True), DataLoader(rows[64:], batch_size=8)
-
-
-def quiet_trainer(steps: int, **kwargs) -> pl.Trainer:
-    options = dict(
-        accelerator="cpu",
-        max_steps=steps,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        gradient_clip_val=1.0,
-    )
-    return pl.Trainer(**{**options, **kwargs})
 
 
 def test_the_rotated_model_computes_the_same_function(oracle):

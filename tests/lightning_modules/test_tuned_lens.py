@@ -1,8 +1,10 @@
 """The tuned lens: its translators and loss against the paper's definition, against the tuned-lens package, trained on
 Tiny Shakespeare, and on 1 and 2 processes."""
 
+from functools import partial
 from pathlib import Path
 
+import helpers
 import lightning.pytorch as pl
 import numpy as np
 import pytest
@@ -130,19 +132,8 @@ def test_tuned_lens_needs_exactly_one_backbone_source():
         TunedLens(backbone=decoder("gpt2"), momentum=1.0)
 
 
-def quiet_trainer(steps: int, **kwargs) -> pl.Trainer:
-    options = dict(
-        accelerator="cpu",
-        max_steps=steps,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        enable_checkpointing=False,
-        num_sanity_val_steps=0,
-        limit_val_batches=0,
-        gradient_clip_val=1.0,
-    )
-    return pl.Trainer(**{**options, **kwargs})
+# the translators' fits validate nothing unless a test asks (limit_val_batches=None)
+quiet_trainer = partial(helpers.quiet_trainer, num_sanity_val_steps=0, limit_val_batches=0)
 
 
 @FROZEN_IN_EVAL
